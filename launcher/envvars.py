@@ -1,0 +1,28 @@
+"""Names of the variables the launcher gives each worker (CONTRACT section 3).
+
+The plan writes them and the runtime reads them, both from here.
+"""
+
+SELECTED_GPUS = "FLAGS_selected_gpus"
+TRAINER_ID = "PADDLE_TRAINER_ID"
+CURRENT_ENDPOINT = "PADDLE_CURRENT_ENDPOINT"
+TRAINERS_NUM = "PADDLE_TRAINERS_NUM"
+TRAINER_ENDPOINTS = "PADDLE_TRAINER_ENDPOINTS"
+TRAINER_ENDPOINTS_FILE = "PADDLE_TRAINER_ENDPOINTS_FILE"
+
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+
+# Marks every process of one launch, so that a process a worker started is found
+# and stopped even when it left the worker's process group.
+RUN_ID = "LAUNCHER_RUN_ID"
