@@ -1,0 +1,163 @@
+"""``python -m launcher``: the command line, merged with --config, turned into a plan and run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from launcher import logs
+from launcher.errors import LaunchError
+
+LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
+
+
+class LogLevel(click.ParamType):
+    name = "level"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().upper()
+        if text in LOG_LEVELS:
+            return LOG_LEVELS[text]
+        if text.isdigit() and 10 <= int(text) <= 40:
+            return int(text)
+        self.fail(f"{value!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or a number from 10 to 40.", param, ctx)
+
+
+def _option(name: str, **kwargs):
+    """An option spelled with underscores (Paddle) and with dashes (torchrun)."""
+    dashed = name.replace("_", "-")
+    spellings = [f"--{name}"] + ([f"--{dashed}"] if dashed != name else [])
+    return click.option(*kwargs.pop("short", ()), *spellings, name, **kwargs)
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.command(context_settings=CONTEXT, epilog="""\b
+Examples:
+  python -m launcher train.py                        # one worker per GPU, or 2 CPU workers
+  python -m launcher --selected_gpus=0,1,2,3 --log_dir mylog train.py --lr 0.1
+  python -m launcher --cluster_node_ips=192.168.1.2,192.168.1.3 \\
+      --node_ip=192.168.1.2 --started_port=6170 train.py   # on each node, its own --node_ip
+""")
+@_option("cluster_node_ips", default="127.0.0.1", show_default=True, metavar="IPS",
+         help="Comma-separated IPs or host names of all nodes, in node-rank order.")
+@_option("node_ip", default="127.0.0.1", show_default=True, metavar="IP",
+         help="This node's IP, as it appears in --cluster_node_ips.")
+@_option("started_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+         help="First port of this node's workers; worker i uses PORT+i. "
+              "Default: free ports on one node, 6070 on several.")
+@_option("selected_gpus", default=None, metavar="IDS",
+         help="Comma-separated GPU ids, one worker each. Default: all visible GPUs.")
+@_option("nproc_per_node", type=int, default=None, metavar="N",
+         help="Workers on this node: CPU workers when there is no GPU (default 2), "
+              "or how many of the visible GPUs to use.")
+@_option("log_dir", default=None, metavar="DIR",
+         help="Write each worker's output to DIR/workerlog.RANK (appended); "
+              "the node's first worker is also shown on the console.")
+@_option("use_paddlecloud", is_flag=True, default=False,
+         help="Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).")
+@_option("print_config", type=click.BOOL, default=True, show_default=True, metavar="BOOL",
+         help="Print the launch plan before starting (true/false/1/0/yes/no).")
+@_option("log_level", type=LogLevel(), default="INFO", show_default=True,
+         help="The launcher's own messages: DEBUG, INFO, WARNING, ERROR, or 10-40.")
+@_option("config", default=None, metavar="FILE.yaml",
+         help="A YAML file of options (underscore names), training_script, "
+              "training_script_args and env. The command line wins over it.")
+@_option("module", short=("-m",), is_flag=True, default=False,
+         help="Run training_script as a module: python -m training_script.")
+@_option("no_python", is_flag=True, default=False,
+         help="Run training_script as an executable, not through Python.")
+@_option("shutdown_timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+         help="Grace between SIGTERM and SIGKILL when workers are stopped.")
+@click.argument("training_script", required=False)
+@click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def launch(ctx: click.Context, **values) -> int:
+    """Start one training worker per GPU (or --nproc_per_node CPU workers) on this node,
+    keep their logs, and stop them all as soon as one fails.
+
+    Run the same command on every node of the cluster, each with its own --node_ip.
+    TRAINING_SCRIPT and everything after it go to every worker unchanged. Each worker
+    gets FLAGS_selected_gpus, the PADDLE_TRAINER_* variables, and torch's RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+    """
+    values = _with_config(ctx, values)
+    logs.setup_messages(values["log_level"])
+    opts = _options(values)
+
+    from launcher import preflight
+    from launcher.plan import make_plan
+
+    host = preflight.probe_host()
+    plan = make_plan(opts, os.environ, host, preflight.find_free_ports)
+    preflight.check(plan, opts, host)
+    for note in plan.notes:
+        logs.log.warning(note)
+    if values["print_config"]:
+        sys.stderr.write(logs.format_plan(plan) + "\n")
+        sys.stderr.flush()
+
+    from launcher import supervisor
+
+    return supervisor.run(plan)
+
+
+def _with_config(ctx: click.Context, values: dict) -> dict:
+    """Command line, then the --config file, then defaults."""
+    if not values["config"]:
+        return values
+    from launcher import config
+
+    options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
+    settings = config.load(values["config"], options)
+    merged = dict(values)
+    for name, value in settings.items():
+        given = name in values and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+        if name in ("training_script", "training_script_args") and values["training_script"]:
+            continue
+        if not given:
+            merged[name] = value
+    return merged
+
+
+def _options(values: dict):
+    from launcher.plan import LaunchOptions
+
+    if not values["training_script"]:
+        raise LaunchError("no training script given; usage: python -m launcher [OPTIONS] training_script [ARGS]...")
+    return LaunchOptions(
+        training_script=values["training_script"],
+        training_script_args=tuple(values["training_script_args"] or ()),
+        cluster_node_ips=values["cluster_node_ips"],
+        node_ip=values["node_ip"],
+        started_port=values["started_port"],
+        selected_gpus=values["selected_gpus"],
+        nproc_per_node=values["nproc_per_node"],
+        log_dir=values["log_dir"],
+        use_paddlecloud=values["use_paddlecloud"],
+        module=values["module"],
+        no_python=values["no_python"],
+        shutdown_timeout=values["shutdown_timeout"],
+        extra_env=tuple(values.get("env", ())),
+    )
+
+
+def main(argv=None) -> None:
+    try:
+        code = launch.main(args=argv, prog_name="python -m launcher", standalone_mode=False)
+    except (LaunchError, click.ClickException) as e:
+        logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
+        sys.exit(2)
+    except (KeyboardInterrupt, click.Abort):
+        sys.exit(130)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        logs.error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
+        sys.exit(1)
+    sys.exit(code or 0)

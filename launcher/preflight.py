@@ -1,0 +1,156 @@
+"""Read-only looks at this machine: facts for the plan, and the checks made before anything starts."""
+
+from __future__ import annotations
+
+import glob
+import ipaddress
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import uuid
+
+from launcher.errors import LaunchError
+from launcher.plan import HostFacts, Interface, LaunchOptions, Plan
+
+
+def probe_host() -> HostFacts:
+    return HostFacts(
+        gpu_count=count_gpus(),
+        cpu_count=len(os.sched_getaffinity(0)),
+        interfaces=tuple(_interfaces()),
+        python=sys.executable,
+        run_id=uuid.uuid4().hex[:12],
+        temp_dir=tempfile.gettempdir(),
+    )
+
+
+def count_gpus():
+    """NVIDIA GPUs the driver reports, without loading CUDA; None when none can be detected."""
+    found = glob.glob("/proc/driver/nvidia/gpus/*") or glob.glob("/dev/nvidia[0-9]*")
+    return len(found) or None
+
+
+def _interfaces():
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                yield Interface(name, a.address.split("%")[0], a.netmask)
+
+
+def find_free_ports(ip: str, count: int) -> list:
+    """``count`` distinct ports that are free on ``ip`` right now."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(_family(ip), socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((ip, 0))
+        return [s.getsockname()[1] for s in socks]
+    except OSError:
+        return []
+    finally:
+        for s in socks:
+            s.close()
+
+
+def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
+    """Refuse, with one sentence, anything that would make the job fail right after it starts."""
+    _check_script(opts)
+    _check_node_ip(plan.node_ip, host)
+    for port in plan.ports:
+        _check_port(plan.node_ip, port)
+    if plan.log_dir:
+        _check_log_dir(plan.log_dir)
+
+
+def _check_script(opts: LaunchOptions) -> None:
+    script = opts.training_script
+    if opts.module:
+        return  # a module is found by the worker's interpreter, with its own sys.path
+    if opts.no_python:
+        if not (shutil.which(script) or os.access(script, os.X_OK)):
+            raise LaunchError(f"training script {script} is not an executable file or a command on PATH; check the path, or drop --no_python to run it with Python.")
+        return
+    if not os.path.isfile(script):
+        raise LaunchError(f"training script {script} does not exist; check the path (relative paths start from {os.getcwd()}).")
+
+
+def is_local_address(ip: str, host: HostFacts) -> bool:
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return addr.is_loopback or any(ipaddress.ip_address(i.address) == addr for i in host.interfaces)
+
+
+def _check_node_ip(node_ip: str, host: HostFacts) -> None:
+    if is_local_address(node_ip, host) or any(is_local_address(a, host) for a in _resolve(node_ip)):
+        return
+    mine = ", ".join(sorted({i.address for i in host.interfaces})) or "none found"
+    raise LaunchError(f"--node_ip {node_ip} is not an address of this machine (its addresses: {mine}); give this node's own address.")
+
+
+def _resolve(name: str) -> list:
+    try:
+        return [info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)]
+    except (socket.gaierror, UnicodeError):
+        return []
+
+
+def _family(ip: str) -> int:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
+def _check_port(ip: str, port: int) -> None:
+    addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
+    s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addresses[0], port))
+    except OSError as e:
+        holder = _port_holder(port)
+        who = f" by {holder}" if holder else ""
+        raise LaunchError(f"port {port} on {ip} is already in use{who} ({e.strerror}); stop that process or choose another --started_port.") from None
+    finally:
+        s.close()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _port_holder(port: int):
+    """'pid N (command)' of the process listening on ``port``, when it can be found."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.AccessDenied, OSError):
+        return None
+    for c in conns:
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline()) or psutil.Process(c.pid).name()
+            except psutil.Error:
+                cmd = "?"
+            return f"pid {c.pid} ({cmd})"
+    return None
+
+
+def _check_log_dir(log_dir: str) -> None:
+    path = os.path.abspath(log_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise LaunchError(f"--log_dir {log_dir} cannot be created: {existing} is a file, not a folder; choose another --log_dir.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise LaunchError(f"--log_dir {log_dir} is not writable by this user; choose a folder you can write to.")
