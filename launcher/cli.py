@@ -33,7 +33,7 @@ def _option(name: str, **kwargs):
     return click.option(*kwargs.pop("short", ()), *spellings, name, **kwargs)
 
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "allow_interspersed_args": False}
 
 
 @click.command(context_settings=CONTEXT, epilog="""\b
@@ -93,7 +93,7 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher.plan import make_plan
 
     host = preflight.probe_host()
-    plan = make_plan(opts, os.environ, host, preflight.find_free_ports)
+    plan = make_plan(opts, os.environ, host, preflight.port_finder(host))
     preflight.check(plan, opts, host)
     for note in plan.notes:
         logs.log.warning(note)

@@ -41,8 +41,17 @@ def _interfaces():
                 yield Interface(name, a.address.split("%")[0], a.netmask)
 
 
+def port_finder(host: HostFacts):
+    """For the plan: ``count`` distinct ports free on this node's ``ip`` right now."""
+
+    def find(ip: str, count: int) -> list:
+        _check_node_ip(ip, host)
+        return find_free_ports(ip, count)
+
+    return find
+
+
 def find_free_ports(ip: str, count: int) -> list:
-    """``count`` distinct ports that are free on ``ip`` right now."""
     socks = []
     try:
         for _ in range(count):

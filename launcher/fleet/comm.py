@@ -1,0 +1,158 @@
+"""How averaged gradients travel: buckets (fusion), channels (communicators, hierarchical), and the sync.
+
+A channel averages one flat tensor over all ranks. All ranks must build channels in the same order,
+because creating a process group is itself collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket size
+UNFUSED_BUCKET_MB = 1e-6  # smaller than any tensor: one bucket per gradient
+
+
+@dataclass(frozen=True)
+class BucketLimits:
+    fuse: bool
+    cap_mb: float = DEFAULT_BUCKET_MB
+    max_tensors: Optional[int] = None
+
+
+def make_buckets(params: Sequence[torch.Tensor], limits: BucketLimits) -> List[list]:
+    """Parameters in buckets, last layer first (the order backward produces gradients)."""
+    ordered = list(reversed(list(params)))
+    if not limits.fuse:
+        return [[p] for p in ordered]
+    cap = limits.cap_mb * 1024 * 1024
+    buckets, current, size = [], [], 0
+    for p in ordered:
+        nbytes = p.numel() * p.element_size()
+        full = size + nbytes > cap or (limits.max_tensors is not None and len(current) >= limits.max_tensors)
+        if current and (full or p.dtype != current[0].dtype or p.device != current[0].device):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class FlatChannel:
+    """A plain all-reduce on one communicator (process group)."""
+
+    def __init__(self, group, world_size: int):
+        self.group = group
+        self.world_size = world_size
+
+    def start(self, flat: torch.Tensor):
+        """Begin averaging ``flat`` in place; returns the Work to wait for."""
+        flat.div_(self.world_size)
+        return dist.all_reduce(flat, group=self.group, async_op=True)
+
+
+class HierarchicalChannel:
+    """Reduce to the node's first worker, all-reduce among nodes' first workers, broadcast in the node."""
+
+    def __init__(self, intra, leader: int, inter, world_size: int):
+        self.intra = intra
+        self.leader = leader  # global rank of this node's first worker
+        self.inter = inter  # None on the other workers of the node
+        self.world_size = world_size
+
+    def start(self, flat: torch.Tensor):
+        flat.div_(self.world_size)
+        dist.reduce(flat, dst=self.leader, group=self.intra)
+        if self.inter is not None:
+            dist.all_reduce(flat, group=self.inter)
+        dist.broadcast(flat, src=self.leader, group=self.intra)
+        return None
+
+
+def make_channels(comm_num: int, hierarchical: bool, inter_nranks: int) -> list:
+    """``comm_num`` channels over the whole world, flat or hierarchical with ``inter_nranks`` per node."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if not hierarchical:
+        if comm_num == 1:
+            return [FlatChannel(None, world)]
+        return [FlatChannel(dist.new_group(list(range(world))), world) for _ in range(comm_num)]
+    leaders = list(range(0, world, inter_nranks))
+    leader = rank - rank % inter_nranks
+    channels = []
+    for _ in range(comm_num):
+        intra = None
+        for first in leaders:
+            group = dist.new_group(list(range(first, first + inter_nranks)))
+            intra = group if first == leader else intra
+        inter = dist.new_group(leaders)
+        channels.append(HierarchicalChannel(intra, leader, inter if rank == leader else None, world))
+    return channels
+
+
+def is_default(channels: list) -> bool:
+    """Only the default group, flat: what DistributedDataParallel does by itself."""
+    return len(channels) == 1 and isinstance(channels[0], FlatChannel) and channels[0].group is None
+
+
+class GradientSync:
+    """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn."""
+
+    def __init__(self, params: Sequence[torch.Tensor], limits: BucketLimits, channels: list, wait_each: bool):
+        self.buckets = make_buckets([p for p in params if p.requires_grad], limits)
+        self.channels = channels
+        self.wait_each = wait_each  # FLAGS_sync_nccl_allreduce=1
+
+    def __call__(self) -> None:
+        pending = []
+        for index, bucket in enumerate(self.buckets):
+            grads = [_grad_of(p) for p in bucket]
+            flat = _flatten_dense_tensors(grads) if len(grads) > 1 else grads[0].view(-1)
+            work = self.channels[index % len(self.channels)].start(flat)
+            if self.wait_each:
+                wait(work, flat)
+                work = None
+            pending.append((grads, flat, work))
+        for grads, flat, work in pending:
+            if work is not None:
+                work.wait()
+            if len(grads) > 1:
+                for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                    grad.copy_(synced)
+
+
+def wait(work, flat: torch.Tensor) -> None:
+    """Wait for ``work`` to finish, also on the GPU (Paddle's FLAGS_sync_nccl_allreduce=1)."""
+    if work is not None:
+        work.wait()
+    if flat.is_cuda:
+        torch.cuda.current_stream(flat.device).synchronize()
+
+
+def _grad_of(p: torch.Tensor) -> torch.Tensor:
+    """The gradient to send; zeros (kept) when this rank produced none, so every rank sends the same."""
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    if p.grad.is_sparse:
+        raise ValueError("sparse gradients cannot be all-reduced by fleet, as in Paddle 1.8; use dense embeddings.")
+    if not p.grad.is_contiguous():
+        p.grad = p.grad.contiguous()
+    return p.grad
+
+
+def broadcast_parameters(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Make every rank's ``tensors`` equal to rank ``src``'s, one flat broadcast per dtype and device."""
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for same in groups.values():
+            flat = _flatten_dense_tensors([t.data for t in same])
+            dist.broadcast(flat, src)
+            for t, synced in zip(same, _unflatten_dense_tensors(flat, same)):
+                t.data.copy_(synced)

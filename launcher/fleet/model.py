@@ -1,0 +1,66 @@
+"""fleet.distributed_model: DistributedDataParallel configured from the strategy (all-reduce overlapped with backward)."""
+
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.fleet import state as st
+from launcher.fleet.comm import UNFUSED_BUCKET_MB, is_default, wait
+from launcher.fleet.strategy import DistributedStrategy
+from launcher.runtime.flags import SYNC_NCCL_ALLREDUCE, Flags, warn_once
+
+
+class ChannelHookState:
+    """What the communication hook needs: the channels to use in turn, and whether to wait on the spot."""
+
+    def __init__(self, channels: list, wait_each: bool):
+        self.channels = channels
+        self.wait_each = wait_each
+
+
+def channel_hook(state: ChannelHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average the bucket on channel ``bucket.index() % nccl_comm_num``."""
+    flat = bucket.buffer()
+    work = state.channels[bucket.index() % len(state.channels)].start(flat)
+    if work is not None and not state.wait_each:
+        return work.get_future().then(lambda _: flat)
+    wait(work, flat)
+    done = torch.futures.Future()
+    done.set_result(flat)
+    return done
+
+
+def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStrategy] = None) -> DistributedDataParallel:
+    """``model`` in DistributedDataParallel: buckets, communicators, hierarchy and local SGD from the strategy."""
+    strategy = st.strategy_in_force(strategy)
+    state = st.current()
+    flags = st.read_flags()
+    limits = st.bucket_limits(strategy, flags, ddp=True)
+    device = state.penv.device
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=limits.cap_mb if limits.fuse else UNFUSED_BUCKET_MB,
+        gradient_as_bucket_view=True,
+    )
+    _register_hook(ddp, strategy, flags)
+    for p in model.parameters():
+        p._fleet_model_strategy = strategy  # tells fleet.distributed_optimizer that DDP all-reduces this one
+    return ddp
+
+
+def _register_hook(ddp: DistributedDataParallel, strategy: DistributedStrategy, flags: Flags) -> None:
+    channels = st.channels_for(strategy)
+    if strategy.use_local_sgd:
+        if not is_default(channels) or flags.sync_allreduce:
+            warn_once("local_sgd_ddp", "with use_local_sgd, fleet.distributed_model uses torch's post-local-SGD hook: "
+                      f"nccl_comm_num, use_hierarchical_allreduce and {SYNC_NCCL_ALLREDUCE} do not apply to its warm-up steps.")
+        local = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=strategy.local_sgd_is_warm_steps,
+                                  post_local_gradient_allreduce=False)
+        ddp.register_comm_hook(local, post_localSGD_hook)
+    elif not is_default(channels) or flags.sync_allreduce:
+        ddp.register_comm_hook(ChannelHookState(channels, flags.sync_allreduce), channel_hook)

@@ -1,0 +1,92 @@
+"""The fleet of this process: who we are, the strategy in force, and what the strategy does."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from launcher.fleet.comm import DEFAULT_BUCKET_MB, BucketLimits, make_channels
+from launcher.fleet.strategy import DistributedStrategy
+from launcher.runtime import ParallelEnv
+from launcher.runtime import flags as fl
+from launcher.runtime.flags import Flags, warn_once
+
+
+@dataclass
+class FleetState:
+    penv: ParallelEnv
+    strategy: DistributedStrategy
+    channels: dict = field(default_factory=dict)  # (comm_num, hierarchical, inter_nranks) -> channels
+
+
+_state: Optional[FleetState] = None
+
+
+def current() -> FleetState:
+    if _state is None:
+        raise RuntimeError("fleet is not initialised: call fleet.init() first.")
+    return _state
+
+
+def set_current(state: Optional[FleetState]) -> None:
+    global _state
+    _state = state
+
+
+def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy]) -> FleetState:
+    return FleetState(penv, strategy or DistributedStrategy())
+
+
+def read_flags() -> Flags:
+    """The environment flags as they are now (read when a model or optimizer is wrapped)."""
+    return fl.read_flags(os.environ)
+
+
+def strategy_in_force(strategy: Optional[DistributedStrategy]) -> DistributedStrategy:
+    """``strategy`` (which becomes the fleet's), or the fleet's; checked and applied."""
+    state = current()
+    if strategy is not None:
+        state.strategy = strategy
+    strategy = state.strategy
+    strategy.check(state.penv.world_size, state.penv.local_world_size)
+    apply_exec_options(strategy)
+    return strategy
+
+
+def apply_exec_options(strategy: DistributedStrategy) -> None:
+    """num_threads sets torch's CPU threads; the two Paddle executor knobs are warned about."""
+    if strategy.num_threads is not None and torch.get_num_threads() != strategy.num_threads:
+        torch.set_num_threads(strategy.num_threads)
+    if strategy.num_iteration_per_drop_scope != 1:
+        warn_once("num_iteration_per_drop_scope", "num_iteration_per_drop_scope has no effect on PyTorch: there is no "
+                  "scope to drop, every temporary tensor is freed as soon as nothing refers to it.")
+    if strategy.fetch_frequency != 1:
+        warn_once("fetch_frequency", "fetch_frequency has no effect on PyTorch: a loss is copied to the host only when the "
+                  "script calls .item(); fetch every N steps in the training loop, as examples/train_tuned.py does.")
+
+
+def bucket_limits(strategy: DistributedStrategy, flags: Flags, ddp: bool) -> BucketLimits:
+    """Buckets from fuse_all_reduce_ops and FLAGS_fuse_parameter_memory_size / _groups_size."""
+    if not strategy.fuse_all_reduce_ops:
+        if flags.fuse_memory_mb is not None or flags.fuse_groups_size is not None:
+            warn_once("fuse_flags", f"{fl.FUSE_PARAMETER_MEMORY_SIZE} and {fl.FUSE_PARAMETER_GROUPS_SIZE} size the fused "
+                      "all-reduce buckets; they have no effect while fuse_all_reduce_ops is False.")
+        return BucketLimits(fuse=False)
+    if ddp and flags.fuse_groups_size is not None:
+        warn_once("fuse_groups_ddp", f"{fl.FUSE_PARAMETER_GROUPS_SIZE} has no effect on fleet.distributed_model: "
+                  "DistributedDataParallel sizes its buckets in bytes only; use fleet.distributed_optimizer alone for a count limit.")
+    cap = flags.fuse_memory_mb if flags.fuse_memory_mb is not None else DEFAULT_BUCKET_MB
+    return BucketLimits(fuse=True, cap_mb=cap, max_tensors=None if ddp else flags.fuse_groups_size)
+
+
+def channels_for(strategy: DistributedStrategy) -> list:
+    """The communicators the strategy asks for, created once per process (collectively)."""
+    state = current()
+    inner = strategy.inter_nranks(state.penv.local_world_size) if strategy.use_hierarchical_allreduce else 0
+    key = (strategy.nccl_comm_num, strategy.use_hierarchical_allreduce, inner)
+    if key not in state.channels:
+        state.channels[key] = make_channels(*key)
+    return state.channels[key]

@@ -1,0 +1,96 @@
+"""DistributedStrategy: the seed's tuning options (sections 2.5.2 and 2.5.3), as plain attributes.
+
+An option that is not one of these is refused (AttributeError naming the valid ones), so a typo or a
+Paddle option that has no meaning here never passes silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+
+@dataclass
+class ExecutionStrategy:
+    """``fluid.ExecutionStrategy``'s two options from the seed."""
+
+    num_threads: Optional[int] = None  # None: keep OMP_NUM_THREADS (the launcher's share of the cores)
+    num_iteration_per_drop_scope: int = 1
+
+    def __setattr__(self, name, value):
+        _refuse_unknown(self, name)
+        object.__setattr__(self, name, value)
+
+
+@dataclass
+class DistributedStrategy:
+    """How gradients travel between workers (``fleet.DistributedStrategy`` of Paddle 1.8)."""
+
+    nccl_comm_num: int = 1  # communicators used in turn, one bucket each
+    fuse_all_reduce_ops: bool = False  # gradients in buckets (FLAGS_fuse_parameter_*) or one all-reduce each
+    use_hierarchical_allreduce: bool = False  # reduce in the node, all-reduce across nodes, broadcast in the node
+    hierarchical_allreduce_inter_nranks: int = 0  # workers per node for it; 0: LOCAL_WORLD_SIZE
+    use_local_sgd: bool = False
+    local_sgd_steps: int = 1  # average the parameters every this many steps
+    local_sgd_is_warm_steps: int = 1  # plain synchronous steps before local SGD starts
+    fetch_frequency: int = 1  # the training loop's business in PyTorch: warned about
+    exec_strategy: ExecutionStrategy = field(default_factory=ExecutionStrategy)
+
+    # Paddle puts these two on exec_strategy; they are accepted here as well.
+    @property
+    def num_threads(self) -> Optional[int]:
+        return self.exec_strategy.num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: Optional[int]) -> None:
+        self.exec_strategy.num_threads = value
+
+    @property
+    def num_iteration_per_drop_scope(self) -> int:
+        return self.exec_strategy.num_iteration_per_drop_scope
+
+    @num_iteration_per_drop_scope.setter
+    def num_iteration_per_drop_scope(self, value: int) -> None:
+        self.exec_strategy.num_iteration_per_drop_scope = value
+
+    def __setattr__(self, name, value):
+        _refuse_unknown(self, name, extra=("num_threads", "num_iteration_per_drop_scope"))
+        object.__setattr__(self, name, value)
+
+    def check(self, world_size: int, local_world_size: int) -> None:
+        """Refuse values that cannot work for this world (ValueError naming the option)."""
+        _at_least(self, "nccl_comm_num", 1)
+        _at_least(self, "local_sgd_steps", 1)
+        _at_least(self, "local_sgd_is_warm_steps", 0)
+        _at_least(self, "fetch_frequency", 1)
+        _at_least(self, "num_iteration_per_drop_scope", 1)
+        _at_least(self, "hierarchical_allreduce_inter_nranks", 0)
+        if self.num_threads is not None:
+            _at_least(self, "num_threads", 1)
+        if self.exec_strategy is None or not isinstance(self.exec_strategy, ExecutionStrategy):
+            raise ValueError("exec_strategy must be a fleet.ExecutionStrategy.")
+        if self.use_hierarchical_allreduce:
+            inner = self.inter_nranks(local_world_size)
+            if world_size % inner:
+                raise ValueError(f"hierarchical_allreduce_inter_nranks={inner} does not divide the {world_size} workers into nodes.")
+
+    def inter_nranks(self, local_world_size: int) -> int:
+        """Workers per node for hierarchical all-reduce."""
+        return self.hierarchical_allreduce_inter_nranks or local_world_size
+
+
+def _refuse_unknown(obj, name: str, extra: tuple = ()) -> None:
+    known = [f.name for f in fields(obj)] + list(extra)
+    if name in known:
+        return
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise AttributeError(f"{type(obj).__name__} has no option {name!r}: only the options of the Paddle 1.8 "
+                         f"collective docs have a meaning on PyTorch ({', '.join(known)}).{hint}")
+
+
+def _at_least(strategy, name: str, low: int) -> None:
+    value = getattr(strategy, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"DistributedStrategy.{name}={value!r} must be a whole number of at least {low}.")

@@ -1,0 +1,90 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = REPO / "tests" / "integration" / "workers"
+PROBE = str(WORKERS / "probe.py")
+
+
+def launcher_cmd(*args):
+    return [sys.executable, "-m", "launcher", *map(str, args)]
+
+
+def run_launcher(*args, env=None, timeout=60, cwd=None):
+    """Run `python -m launcher ARGS` to the end; the CompletedProcess, output as text."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(launcher_cmd(*args), capture_output=True, text=True, env=full_env,
+                          timeout=timeout, cwd=cwd or REPO)
+
+
+def start_launcher(*args, env=None, **kwargs):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.Popen(launcher_cmd(*args), env=full_env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def read_dumps(folder, count):
+    wait_for(lambda: len(list(Path(folder).glob("env.*.json"))) >= count, what=f"{count} env dumps")
+    dumps = {}
+    for path in Path(folder).glob("env.*.json"):
+        record = json.loads(path.read_text())
+        dumps[int(path.name.split(".")[1])] = record
+    return dumps
+
+
+def pids_of(dumps):
+    pids = []
+    for record in dumps.values():
+        pids.append(record["pid"])
+        pids.extend(record["children"])
+    return pids
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_all_gone(pids, timeout=10.0):
+    wait_for(lambda: not any(alive(p) for p in pids), timeout, what=f"processes {pids} to end")
+
+
+def free_port_pair(host="127.0.0.1"):
+    """A port P such that P and P+1 are free on host right now."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port < 65535:
+            try:
+                with socket.socket() as s1, socket.socket() as s2:
+                    s1.bind((host, port))
+                    s2.bind((host, port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture
+def probe():
+    return PROBE

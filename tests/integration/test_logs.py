@@ -1,0 +1,81 @@
+"""Log files, console echo and rank prefixes (CONTRACT section 4)."""
+
+import re
+
+from conftest import PROBE, read_dumps, run_launcher
+
+LINE = re.compile(r"^r(\d) n(\d{12}) x+$")
+
+
+def test_log_files_by_rank_appended_with_a_header_per_run(tmp_path):
+    log = tmp_path / "mylog"
+    for _ in range(2):
+        r = run_launcher("--nproc_per_node", 2, "--log_dir", log, PROBE, "--lr", "0.1")
+        assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        text = (log / f"workerlog.{rank}").read_text()
+        headers = [line for line in text.splitlines() if line.startswith("=====")]
+        assert len(headers) == 2
+        assert all(f"rank {rank} starts:" in h and "probe.py --lr 0.1" in h for h in headers)
+        assert text.count(f"worker rank {rank} done") == 2
+
+
+def test_first_worker_is_echoed_to_the_console_and_the_others_are_not(tmp_path):
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", tmp_path, PROBE, "--sleep", 0.3)
+    assert r.returncode == 0
+    assert "worker rank 0 up" in r.stdout and "worker rank 0 done" in r.stdout
+    assert "rank 1" not in r.stdout
+    assert "=====" not in r.stdout  # the header is for the file only
+
+
+def test_without_log_dir_every_line_is_prefixed_with_its_rank(tmp_path):
+    r = run_launcher("--nproc_per_node", 2, PROBE, "--lines", 3, "--stderr-every", 1)
+    assert r.returncode == 0
+    out = r.stdout.splitlines()
+    assert "[rank 0] worker rank 0 up" in out and "[rank 1] worker rank 1 done" in out
+    assert all(line.startswith(("[rank 0] ", "[rank 1] ")) for line in out)
+    err = [line for line in r.stderr.splitlines() if not line.startswith("launcher")]
+    assert err and all(re.match(r"^\[rank (\d)\] e\1 n", line) for line in err if not line.startswith("  "))
+
+
+def check_burst(lines, rank, count):
+    numbers = []
+    for line in lines:
+        m = LINE.match(line)
+        assert m and m.group(1) == str(rank), f"cut or foreign line: {line[:80]!r}"
+        numbers.append(int(m.group(2)))
+    assert numbers == list(range(count))
+
+
+COUNT = 200_000  # 200,000 lines of 100 bytes: 20 MB per worker
+
+
+def test_burst_to_log_files_is_whole_and_in_order(tmp_path):
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", tmp_path, PROBE, "--lines", COUNT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in (0, 1):
+        lines = (tmp_path / f"workerlog.{rank}").read_text().splitlines()
+        check_burst([l for l in lines if l.startswith("r")], rank, COUNT)
+    echoed = [l for l in r.stdout.splitlines() if l.startswith("r")]
+    check_burst(echoed, 0, COUNT)
+
+
+def test_burst_to_the_console_is_whole_prefixed_and_in_order(tmp_path):
+    r = run_launcher("--nproc_per_node", 2, PROBE, "--lines", COUNT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in (0, 1):
+        prefix = f"[rank {rank}] "
+        mine = [l[len(prefix):] for l in r.stdout.splitlines() if l.startswith(prefix)]
+        check_burst([l for l in mine if l.startswith("r")], rank, COUNT)
+
+
+def test_unfinished_last_line_of_a_crashing_worker_is_kept(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import os, sys\nsys.stdout.write('partial line without newline')\nsys.stdout.flush()\nos._exit(4)\n")
+    r = run_launcher("--nproc_per_node", 1, script)
+    assert r.returncode == 4
+    assert "[rank 0] partial line without newline\n" in r.stdout
+    r = run_launcher("--nproc_per_node", 1, "--log_dir", tmp_path / "log", script)
+    assert r.returncode == 4
+    assert "partial line without newline\n" in r.stdout
+    assert (tmp_path / "log" / "workerlog.0").read_text().endswith("partial line without newline")

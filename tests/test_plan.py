@@ -1,0 +1,202 @@
+"""The pure plan: options, environment values and host facts in, worker specs out."""
+
+import time
+
+import pytest
+
+from launcher import envvars as ev
+from launcher.errors import LaunchError
+from launcher.plan import MAX_ENV_STRING, HostFacts, Interface, LaunchOptions, make_plan
+
+CPU_HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
+                     python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
+GPU_HOST = HostFacts(gpu_count=8, cpu_count=64, interfaces=(Interface("eth0", "10.0.0.1", "255.255.255.0"),),
+                     python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
+
+
+def plan(host=CPU_HOST, env=None, free=tuple(range(40000, 40016)), **opts):
+    opts.setdefault("training_script", "train.py")
+    return make_plan(LaunchOptions(**opts), env or {}, host, lambda ip, n: free[:n])
+
+
+def test_one_cpu_node_defaults_to_two_workers_on_free_ports():
+    p = plan()
+    assert p.device == "cpu" and len(p.workers) == 2 and p.world_size == 2
+    assert p.ports == (40000, 40001)
+    assert any("2 CPU workers" in n for n in p.notes)
+    w0, w1 = p.workers
+    assert w0.env[ev.MASTER_ADDR] == "127.0.0.1" and w0.env[ev.MASTER_PORT] == "40000"
+    assert w1.env[ev.CURRENT_ENDPOINT] == "127.0.0.1:40001"
+    assert w1.env[ev.TRAINER_ENDPOINTS] == "127.0.0.1:40000,127.0.0.1:40001"
+    assert ev.SELECTED_GPUS not in w0.env
+    assert w0.env[ev.OMP_NUM_THREADS] == "4"
+    assert w0.env[ev.GLOO_SOCKET_IFNAME] == "lo"
+    assert w0.cmd == ("/usr/bin/python3", "-u", "train.py")
+
+
+def test_cpu_worker_does_not_inherit_selected_gpus():
+    p = plan(env={ev.SELECTED_GPUS: "3", "HOME": "/root"})
+    assert ev.SELECTED_GPUS not in p.base_env and p.base_env["HOME"] == "/root"
+
+
+def test_two_nodes_rank_and_endpoints_follow_node_order():
+    host = HostFacts(gpu_count=4, cpu_count=16, interfaces=(Interface("eth0", "192.168.1.3", "255.255.255.0"),))
+    p = plan(host, cluster_node_ips="192.168.1.2,192.168.1.3", node_ip="192.168.1.3")
+    assert p.ports == (6070, 6071, 6072, 6073)  # Paddle's default for several nodes
+    assert [w.rank for w in p.workers] == [4, 5, 6, 7]
+    assert [w.gpu for w in p.workers] == ["0", "1", "2", "3"]
+    env = p.workers[1].env
+    assert env[ev.TRAINER_ID] == env[ev.RANK] == "5" and env[ev.LOCAL_RANK] == "1"
+    assert env[ev.WORLD_SIZE] == env[ev.TRAINERS_NUM] == "8"
+    assert env[ev.GROUP_RANK] == "1" and env[ev.GROUP_WORLD_SIZE] == "2"
+    assert env[ev.LOCAL_WORLD_SIZE] == "4"
+    assert env[ev.MASTER_ADDR] == "192.168.1.2" and env[ev.MASTER_PORT] == "6070"
+    assert env[ev.CURRENT_ENDPOINT] == "192.168.1.3:6071"
+    assert env[ev.TRAINER_ENDPOINTS].split(",")[4] == "192.168.1.3:6070"
+    assert env[ev.SELECTED_GPUS] == "1"
+    assert env[ev.GLOO_SOCKET_IFNAME] == "eth0"
+
+
+def test_started_port_gives_consecutive_ports():
+    p = plan(started_port=51340, nproc_per_node=3)
+    assert p.ports == (51340, 51341, 51342)
+
+
+def test_all_gpus_by_default_and_nproc_as_a_count():
+    assert [w.gpu for w in plan(GPU_HOST).workers] == [str(i) for i in range(8)]
+    assert [w.gpu for w in plan(GPU_HOST, nproc_per_node=2).workers] == ["0", "1"]
+    assert plan(GPU_HOST).workers[0].env[ev.OMP_NUM_THREADS] == "8"
+
+
+def test_selected_gpus_relative_to_cuda_visible_devices():
+    p = plan(GPU_HOST, env={ev.CUDA_VISIBLE_DEVICES: "4,5,6"}, selected_gpus="6,4")
+    assert [w.gpu for w in p.workers] == ["2", "0"]
+    p = plan(GPU_HOST, env={ev.CUDA_VISIBLE_DEVICES: "4,5,6"})
+    assert [w.gpu for w in p.workers] == ["0", "1", "2"]
+
+
+def test_no_gpu_detected_passes_selected_gpus_on_with_a_warning():
+    p = plan(selected_gpus="0,1")
+    assert p.device == "gpu" and [w.gpu for w in p.workers] == ["0", "1"]
+    assert any("no GPU detected" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("gpus,env,fragment", [
+    ("0,a", {}, "malformed GPU id 'a'"),
+    ("0,,1", {}, "malformed GPU id ''"),
+    ("1,1", {}, "names GPU 1 twice"),
+    ("8", {}, "this machine has 8 GPU(s)"),
+    ("1", {ev.CUDA_VISIBLE_DEVICES: "2,3"}, "not in CUDA_VISIBLE_DEVICES=2,3"),
+])
+def test_bad_gpu_ids_are_refused(gpus, env, fragment):
+    with pytest.raises(LaunchError, match=None) as e:
+        plan(GPU_HOST, env=env, selected_gpus=gpus)
+    assert fragment in str(e.value)
+
+
+def test_user_omp_and_gloo_settings_are_kept():
+    p = plan(env={ev.OMP_NUM_THREADS: "3", ev.GLOO_SOCKET_IFNAME: "eth9"})
+    assert ev.OMP_NUM_THREADS not in p.workers[0].env and p.base_env[ev.OMP_NUM_THREADS] == "3"
+    assert ev.GLOO_SOCKET_IFNAME not in p.workers[0].env
+
+
+def test_config_env_is_added_for_every_worker():
+    p = plan(env={"A": "1"}, extra_env=(("NCCL_IB_DISABLE", "1"), ("A", "2")))
+    assert p.base_env["NCCL_IB_DISABLE"] == "1" and p.base_env["A"] == "2"
+
+
+def test_module_and_no_python_commands():
+    assert plan(module=True, training_script="pkg.train", training_script_args=("--lr", "0.1")).workers[0].cmd == \
+        ("/usr/bin/python3", "-u", "-m", "pkg.train", "--lr", "0.1")
+    assert plan(no_python=True, training_script="./run.sh").workers[0].cmd == ("./run.sh",)
+    with pytest.raises(LaunchError, match="exclude each other"):
+        plan(module=True, no_python=True)
+
+
+def test_log_files_are_named_by_global_rank():
+    p = plan(cluster_node_ips="127.0.0.1,127.0.0.2", node_ip="127.0.0.2", log_dir="mylog")
+    assert [w.log_file for w in p.workers] == ["mylog/workerlog.2", "mylog/workerlog.3"]
+
+
+@pytest.mark.parametrize("opts,fragment", [
+    (dict(cluster_node_ips="10.0.0.1,10.0.0.300"), "malformed address '10.0.0.300'"),
+    (dict(cluster_node_ips="10.0.0.1,,10.0.0.2"), "malformed address ''"),
+    (dict(cluster_node_ips="127.0.0.1,127.0.0.1"), "lists 127.0.0.1 twice"),
+    (dict(cluster_node_ips="10.0.0.1,10.0.0.2"), "--node_ip 127.0.0.1 is not in --cluster_node_ips"),
+    (dict(nproc_per_node=0), "--nproc_per_node 0 is below 1"),
+    (dict(started_port=65535, nproc_per_node=2), "outside 1-65535"),
+    (dict(selected_gpus="0,1", nproc_per_node=3), "disagrees with --selected_gpus"),
+])
+def test_bad_options_are_refused_with_the_value_named(opts, fragment):
+    with pytest.raises(LaunchError) as e:
+        plan(**opts)
+    assert fragment in str(e.value)
+
+
+def test_host_names_are_accepted():
+    p = plan(cluster_node_ips="node-a.example,node-b.example", node_ip="node-b.example", started_port=7000)
+    assert p.workers[0].endpoint == "node-b.example:7000" and p.workers[0].rank == 2
+
+
+def test_ipv6_endpoints_are_bracketed():
+    p = plan(cluster_node_ips="::1", node_ip="::1", started_port=7000, nproc_per_node=1)
+    assert p.workers[0].endpoint == "[::1]:7000"
+
+
+PADDLECLOUD = {"PADDLE_TRAINERS": "127.0.0.1,127.0.0.2", "POD_IP": "127.0.0.1", "PADDLE_TRAINER_ID": "0",
+               "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "2", "PADDLE_TRAINERS_NUM": "2"}
+
+
+def test_paddlecloud_example_of_the_contract():
+    p = plan(env=PADDLECLOUD, use_paddlecloud=True, selected_gpus="0,1")
+    assert p.world_size == 4 and [w.rank for w in p.workers] == [0, 1]
+    assert p.workers[0].env[ev.TRAINER_ENDPOINTS] == \
+        "127.0.0.1:35019,127.0.0.1:35020,127.0.0.2:35019,127.0.0.2:35020"
+
+
+def test_paddlecloud_values_replace_the_command_line_with_a_warning():
+    env = {**PADDLECLOUD, "POD_IP": "127.0.0.2", "PADDLE_TRAINER_ID": "1"}
+    p = plan(env=env, use_paddlecloud=True, selected_gpus="0,1", node_ip="127.0.0.9", cluster_node_ips="127.0.0.9")
+    assert [w.rank for w in p.workers] == [2, 3]
+    assert any("instead of --node_ip 127.0.0.9" in n for n in p.notes)
+
+
+def test_paddlecloud_port_rules():
+    one_port = {**PADDLECLOUD, "TRAINER_PORTS_NUM": "1"}  # fewer cloud ports than workers
+    assert plan(env=one_port, use_paddlecloud=True, selected_gpus="0,1").ports == (6170, 6171)
+    assert plan(env=one_port, use_paddlecloud=True, selected_gpus="0,1", started_port=9000).ports == (9000, 9001)
+    explicit = {**PADDLECLOUD, "DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:1000,127.0.0.1:1005,127.0.0.2:1000,127.0.0.2:1005"}
+    assert plan(env=explicit, use_paddlecloud=True, selected_gpus="0,1").ports == (1000, 1005)
+
+
+def test_paddlecloud_ignored_for_a_single_trainer():
+    p = plan(env={**PADDLECLOUD, "PADDLE_TRAINERS_NUM": "1"}, use_paddlecloud=True)
+    assert p.node_ips == ("127.0.0.1",)
+
+
+@pytest.mark.parametrize("drop,bad,fragment", [
+    ("POD_IP", {}, "needs the variable POD_IP"),
+    (None, {"TRAINER_PORTS_NUM": "two"}, "TRAINER_PORTS_NUM=two is not a whole number"),
+    (None, {"PADDLE_TRAINER_ID": "1"}, "PADDLE_TRAINER_ID=1 does not point at POD_IP=127.0.0.1"),
+    (None, {"PADDLE_TRAINERS": "127.0.0.1,300.1.1.1"}, "PADDLE_TRAINERS=127.0.0.1,300.1.1.1 has a malformed address"),
+])
+def test_paddlecloud_missing_or_malformed_variables_are_named(drop, bad, fragment):
+    env = {k: v for k, v in {**PADDLECLOUD, **bad}.items() if k != drop}
+    with pytest.raises(LaunchError) as e:
+        plan(env=env, use_paddlecloud=True, selected_gpus="0,1")
+    assert fragment in str(e.value)
+
+
+def test_ten_thousand_workers_plan_fast_with_endpoints_in_a_file():
+    ips = ",".join(["127.0.0.1"] + [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(1, 1250)])
+    started = time.perf_counter()
+    p = plan(GPU_HOST, cluster_node_ips=ips, started_port=6070)
+    elapsed = time.perf_counter() - started
+    assert p.world_size == 10_000 and len(p.endpoints) == 10_000
+    env = p.workers[0].env
+    assert ev.TRAINER_ENDPOINTS not in env
+    path = env[ev.TRAINER_ENDPOINTS_FILE]
+    assert p.files[path].split(",") == list(p.endpoints)
+    assert len(p.files[path]) > MAX_ENV_STRING
+    assert all(len(k) + len(v) + 2 < MAX_ENV_STRING for k, v in env.items())
+    print(f"plan for 10,000 workers: {elapsed * 1000:.1f} ms")
