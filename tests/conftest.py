@@ -68,21 +68,23 @@ def assert_all_gone(pids, timeout=10.0):
     wait_for(lambda: not any(alive(p) for p in pids), timeout, what=f"processes {pids} to end")
 
 
-def free_port_pair(host="127.0.0.1"):
-    """A port P such that P and P+1 are free on host right now."""
+def free_ports(count, host="127.0.0.1"):
+    """A port P such that P to P+count-1 are free on host right now."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port < 65535:
-            try:
-                with socket.socket() as s1, socket.socket() as s2:
-                    s1.bind((host, port))
-                    s2.bind((host, port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port pair")
+        socks = [socket.socket() for _ in range(count)]
+        try:
+            for i, sock in enumerate(socks):
+                sock.bind((host, port + i))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 @pytest.fixture
