@@ -1,0 +1,40 @@
+"""Output pieces: line cutting, prefixes, the plan table, failure summaries."""
+
+from launcher import logs
+from launcher.plan import HostFacts, LaunchOptions, make_plan
+from launcher.supervisor import Failure, exit_code
+
+
+def test_line_buffer_keeps_the_unfinished_line_for_later():
+    b = logs.LineBuffer()
+    assert b.feed(b"ab") == b""
+    assert b.feed(b"c\nde") == b"abc\n"
+    assert b.feed(b"f\ng\nh") == b"def\ng\n"
+    assert b.rest() == b"h\n" and b.rest() == b""
+
+
+def test_an_endless_line_is_not_held_forever(monkeypatch):
+    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 10)
+    b = logs.LineBuffer()
+    assert b.feed(b"x" * 11) == b"x" * 11 + b"\n"
+
+
+def test_prefix_goes_before_every_line():
+    assert logs.prefixed(b"[rank 1] ", b"a\nb\n") == b"[rank 1] a\n[rank 1] b\n"
+
+
+def test_plan_table_lists_every_local_worker():
+    plan = make_plan(LaunchOptions("train.py", nproc_per_node=3, log_dir="mylog"), {},
+                     HostFacts(gpu_count=None, cpu_count=4), lambda ip, n: [7000, 7001, 7002])
+    table = logs.format_plan(plan)
+    assert "3 CPU worker(s) here, world size 3" in table
+    assert "127.0.0.1:7002" in table and "mylog/workerlog.2" in table
+
+
+def test_failure_summary_names_rank_code_time_log_and_last_lines():
+    f = Failure(rank=3, local_rank=1, pid=42, returncode=-9, run_time=2.5, log_file="mylog/workerlog.3",
+                last_lines=("loss=nan", "Killed"))
+    text = logs.format_failure(f)
+    assert "rank 3 (local rank 1, pid 42) failed: killed by SIGKILL after 2.5 s; log: mylog/workerlog.3" in text
+    assert "  | Killed" in text
+    assert exit_code(-9) == 137 and exit_code(7) == 7
