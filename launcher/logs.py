@@ -216,9 +216,10 @@ class PipeOutput:
 def format_plan(plan) -> str:
     """The resolved plan as a small table (--print_config)."""
     nodes = len(plan.node_ips)
+    default = " (no GPU found: the default; --nproc_per_node sets it)" if plan.cpu_default else ""
     lines = [
         f"launcher: node {plan.node_rank} of {nodes} ({plan.node_ip}), "
-        f"{len(plan.workers)} {plan.device.upper()} worker(s) here, world size {plan.world_size}",
+        f"{len(plan.workers)} {plan.device.upper()} worker(s) here{default}, world size {plan.world_size}",
         f"  master (rank 0 store): {plan.workers[0].env['MASTER_ADDR']}:{plan.workers[0].env['MASTER_PORT']}",
     ]
     if nodes > 1:

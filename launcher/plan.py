@@ -85,6 +85,7 @@ class Plan:
     shutdown_timeout: float
     files: Mapping[str, str] = field(default_factory=dict)  # path -> text, written before start
     notes: tuple = ()  # warnings for the user, in plain sentences
+    cpu_default: bool = False  # no GPU and no --nproc_per_node: the default number of CPU workers
 
     @property
     def node_ip(self) -> str:
@@ -129,12 +130,10 @@ def make_plan(
         ports = tuple(find_free_ports(cluster.node_ips[cluster.node_rank], nper))
         if len(ports) != nper:
             raise LaunchError(f"could not find {nper} free ports on {cluster.node_ips[cluster.node_rank]}; give --started_port.")
-    notes = list(gpu_notes) + list(cluster.notes)
-    if gpus is None and opts.nproc_per_node is None:
-        notes.append(f"no GPU found: starting {nper} CPU workers (set the number with --nproc_per_node).")
+    notes = tuple(gpu_notes) + cluster.notes
     if gpus is None:
         base_env.pop(ev.SELECTED_GPUS, None)
-    return _assemble(opts, host, base_env, cluster, ports, gpus, tuple(notes))
+    return _assemble(opts, host, base_env, cluster, ports, gpus, notes)
 
 
 def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
@@ -186,6 +185,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shutdown_timeout=opts.shutdown_timeout,
         files=files,
         notes=notes,
+        cpu_default=gpus is None and opts.nproc_per_node is None,
     )
 
 

@@ -1,8 +1,9 @@
 """Every side effect of running a job: spawn the workers, watch them, pass signals on, stop them.
 
-One event loop on one selector: a pidfd per worker tells of its exit as it happens, the signal
-wakeup pipe tells of signals, pipes carry console output. Nothing polls on a timer except the
-console echo of a log file, and only while it has something to follow.
+One event loop on one selector. The signal wakeup pipe tells of signals, SIGCHLD among them, so
+a worker's exit is known as it happens (on any Linux kernel; no polling loop); pipes carry console
+output. Nothing wakes on a timer except the console echo of a log file, and only while it has
+something to follow.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from launcher.plan import Plan, WorkerSpec
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -48,7 +50,6 @@ class Failure:
 class Worker:
     spec: WorkerSpec
     proc: subprocess.Popen
-    pidfd: int
     output: object  # logs.FileOutput or logs.PipeOutput
     started: float
     returncode: Optional[int] = None
@@ -105,7 +106,7 @@ class Job:
     def _install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, ("signal", None))
-        for sig in STOPPING_SIGNALS + PASSED_ON_SIGNALS:
+        for sig in HANDLED_SIGNALS:
             self._old_handlers[sig] = signal.signal(sig, _note_signal)
 
     def _write_files(self) -> None:
@@ -135,9 +136,8 @@ class Job:
             raise LaunchError(f"cannot start rank {spec.rank} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
         finally:
             output.spawned()
-        worker = Worker(spec, proc, os.pidfd_open(proc.pid), output, time.monotonic())
+        worker = Worker(spec, proc, output, time.monotonic())
         self.workers.append(worker)
-        self.selector.register(worker.pidfd, selectors.EVENT_READ, ("exit", worker))
         for fd in output.pipes():
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", worker))
         self._tell_watchdog(f"pgid {proc.pid}")
@@ -150,8 +150,6 @@ class Job:
                 kind, worker = key.data
                 if kind == "signal":
                     self._on_signals()
-                elif kind == "exit":
-                    self._on_exit(worker)
                 elif not worker.output.read_pipe(key.fd):
                     self.selector.unregister(key.fd)
             self._follow_logs()
@@ -182,6 +180,11 @@ class Job:
             self._on_signal(signal.Signals(signum))
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        if sig == signal.SIGCHLD:
+            for w in self.workers:
+                if w.alive and w.proc.poll() is not None:
+                    self._on_exit(w)
+            return
         if sig in PASSED_ON_SIGNALS:
             log.info("passing %s on to the workers", sig.name)
             for w in self.workers:
@@ -197,10 +200,8 @@ class Job:
             self._kill_all()
 
     def _on_exit(self, worker: Worker) -> None:
-        worker.returncode = worker.proc.wait()
+        worker.returncode = worker.proc.returncode
         worker.ended = time.monotonic()
-        self.selector.unregister(worker.pidfd)
-        os.close(worker.pidfd)
         if worker.returncode == 0 or self.stop_deadline is not None:
             log.debug("rank %d: %s", worker.spec.rank, logs.describe_exit(worker.returncode))
             return
@@ -234,9 +235,10 @@ class Job:
         they left, which come back to the launcher because it is a child subreaper."""
         keep = {self.watchdog.pid} if self.watchdog else set()
         try:
-            return [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
+            children = psutil.Process().children(recursive=True)
         except psutil.Error:
             return []
+        return [p for p in children if p.pid not in keep and _running(p)]
 
     def _stop_leftovers(self) -> None:
         """Processes the workers started and left behind: SIGTERM, then SIGKILL after the grace."""
@@ -299,6 +301,7 @@ class Job:
             self._tell_watchdog("quit")
             self.watchdog.stdin.close()
             self.watchdog.wait()
+        _reap_orphans()
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         signal.set_wakeup_fd(-1)
@@ -334,6 +337,24 @@ def _start_watchdog(plan: Plan) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of orphans that came to the launcher as their subreaper."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _send_group(pgid: int, sig: int) -> None:

@@ -6,6 +6,8 @@ because creating a process group is itself collective.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -101,29 +103,66 @@ def is_default(channels: list) -> bool:
 
 
 class GradientSync:
-    """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn."""
+    """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn.
+
+    Called after backward it sends every bucket then waits; inside ``overlap()`` each bucket is sent
+    during backward as soon as its last gradient is ready (in bucket order, as DDP does).
+    """
 
     def __init__(self, params: Sequence[torch.Tensor], limits: BucketLimits, channels: list, wait_each: bool):
         self.buckets = make_buckets([p for p in params if p.requires_grad], limits)
         self.channels = channels
         self.wait_each = wait_each  # FLAGS_sync_nccl_allreduce=1
+        self.calls = 0
+        self._pending = []  # (grads, flat, work) of the buckets sent this step, in bucket order
+        self._ready = [0] * len(self.buckets)
+        self._armed = False
+        for index, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
+
+    @contextlib.contextmanager
+    def overlap(self):
+        """Send buckets during the one backward pass run inside this block."""
+        self._reset()
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
 
     def __call__(self) -> None:
-        pending = []
-        for index, bucket in enumerate(self.buckets):
-            grads = [_grad_of(p) for p in bucket]
-            flat = _flatten_dense_tensors(grads) if len(grads) > 1 else grads[0].view(-1)
-            work = self.channels[index % len(self.channels)].start(flat)
-            if self.wait_each:
-                wait(work, flat)
-                work = None
-            pending.append((grads, flat, work))
-        for grads, flat, work in pending:
+        """Send what is not sent yet, wait for everything, put the averages in place."""
+        self.calls += 1
+        for index in range(len(self._pending), len(self.buckets)):
+            self._send(index)
+        for grads, flat, work in self._pending:
             if work is not None:
                 work.wait()
             if len(grads) > 1:
                 for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                     grad.copy_(synced)
+        self._reset()
+
+    def _on_gradient(self, index: int, _param) -> None:
+        if not self._armed:
+            return
+        self._ready[index] += 1
+        while len(self._pending) < len(self.buckets) and self._ready[len(self._pending)] == len(self.buckets[len(self._pending)]):
+            self._send(len(self._pending))
+
+    def _send(self, index: int) -> None:
+        grads = [_grad_of(p) for p in self.buckets[index]]
+        flat = _flatten_dense_tensors(grads) if len(grads) > 1 else grads[0].view(-1)
+        work = self.channels[index % len(self.channels)].start(flat)
+        if self.wait_each:
+            wait(work, flat)
+            work = None
+        self._pending.append((grads, flat, work))
+
+    def _reset(self) -> None:
+        self._pending = []
+        self._ready = [0] * len(self.buckets)
 
 
 def wait(work, flat: torch.Tensor) -> None:

@@ -70,9 +70,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def minimize(self, loss: torch.Tensor) -> torch.Tensor:
-        """Paddle's minimize: zero the gradients, backward, average them over all ranks, step."""
+        """Paddle's minimize: zero the gradients, backward (sending gradients as they are ready), step."""
         self.zero_grad()
-        loss.backward()
+        if self._needs_gradient_sync():
+            with self._sync.overlap():
+                loss.backward()
+        else:
+            loss.backward()
         self.step()
         return loss
 

@@ -36,7 +36,9 @@ def test_print_config_shows_the_plan(tmp_path):
     assert r.returncode == 0
     assert "node 0 of 1 (127.0.0.1), 2 CPU worker(s) here, world size 2" in r.stderr
     assert f"{tmp_path / 'log' / 'workerlog.1'}" in r.stderr
-    assert "no GPU found: starting 2 CPU workers" not in r.stderr  # --nproc_per_node was given
+    assert "the default; --nproc_per_node sets it" not in r.stderr  # --nproc_per_node was given
+    r = run_launcher(PROBE)
+    assert "2 CPU worker(s) here (no GPU found: the default; --nproc_per_node sets it)" in r.stderr
 
 
 def test_selected_gpus_are_passed_on_relative_to_cuda_visible_devices(tmp_path):
