@@ -160,4 +160,6 @@ def main(argv=None) -> None:
         traceback.print_exc()
         logs.error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
         sys.exit(1)
-    sys.exit(code or 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
