@@ -12,8 +12,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Optional, Union
 
-import torch.distributed as dist
-
 from launcher.fleet import role_maker
 from launcher.fleet.role_maker import NO_PARAMETER_SERVER, PaddleCloudRoleMaker, RoleMakerBase
 from launcher.fleet import state as _st
@@ -55,8 +53,7 @@ def worker_endpoints() -> list:
 
 def barrier_worker() -> None:
     """Wait until every worker gets here."""
-    _st.current()
-    dist.barrier()
+    _st.barrier()
 
 
 def parallel_env() -> ParallelEnv:

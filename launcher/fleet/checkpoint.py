@@ -6,7 +6,6 @@ import os
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from launcher.fleet import state as st
 
@@ -21,8 +20,7 @@ def save_persistables(dirname: str, model: torch.nn.Module, optimizer: Optional[
         if optimizer is not None:
             _save_atomically(optimizer.state_dict(), os.path.join(dirname, OPTIMIZER_FILE))
         _save_atomically(_unwrap(model).state_dict(), os.path.join(dirname, MODEL_FILE))
-    if dist.get_world_size() > 1:
-        dist.barrier()
+    st.barrier()
 
 
 def load_persistables(dirname: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> None:

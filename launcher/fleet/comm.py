@@ -16,31 +16,38 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket size
+DEFAULT_FIRST_BUCKET_MB = 1.0  # and its first one, small so that sending starts early in backward
 UNFUSED_BUCKET_MB = 1e-6  # smaller than any tensor: one bucket per gradient
 
 
 @dataclass(frozen=True)
 class BucketLimits:
     fuse: bool
-    cap_mb: float = DEFAULT_BUCKET_MB
+    cap_mb: Optional[float] = None  # None: DDP's default sizes (1 MB first, 25 MB after)
     max_tensors: Optional[int] = None
 
 
 def make_buckets(params: Sequence[torch.Tensor], limits: BucketLimits) -> List[list]:
-    """Parameters in buckets, last layer first (the order backward produces gradients)."""
+    """Parameters in buckets, last layer first (the order backward produces gradients).
+
+    As in DDP, a bucket is closed once it reaches its size (or holds ``max_tensors``), and the first
+    one is small by default so that sending starts early in backward.
+    """
     ordered = list(reversed(list(params)))
     if not limits.fuse:
         return [[p] for p in ordered]
-    cap = limits.cap_mb * 1024 * 1024
+    cap = (limits.cap_mb or DEFAULT_BUCKET_MB) * 2**20
+    first_cap = (limits.cap_mb or DEFAULT_FIRST_BUCKET_MB) * 2**20
     buckets, current, size = [], [], 0
     for p in ordered:
-        nbytes = p.numel() * p.element_size()
-        full = size + nbytes > cap or (limits.max_tensors is not None and len(current) >= limits.max_tensors)
-        if current and (full or p.dtype != current[0].dtype or p.device != current[0].device):
+        if current and (p.dtype != current[0].dtype or p.device != current[0].device):
             buckets.append(current)
             current, size = [], 0
         current.append(p)
-        size += nbytes
+        size += p.numel() * p.element_size()
+        if size >= (cap if buckets else first_cap) or len(current) == limits.max_tensors:
+            buckets.append(current)
+            current, size = [], 0
     if current:
         buckets.append(current)
     return buckets
@@ -117,6 +124,7 @@ class GradientSync:
         self._pending = []  # (grads, flat, work) of the buckets sent this step, in bucket order
         self._ready = [0] * len(self.buckets)
         self._armed = False
+        self._buffers = [None] * len(self.buckets)  # one flat tensor per bucket, kept: no allocation per step
         for index, bucket in enumerate(self.buckets):
             for p in bucket:
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
@@ -153,12 +161,19 @@ class GradientSync:
 
     def _send(self, index: int) -> None:
         grads = [_grad_of(p) for p in self.buckets[index]]
-        flat = _flatten_dense_tensors(grads) if len(grads) > 1 else grads[0].view(-1)
+        flat = self._flatten(index, grads) if len(grads) > 1 else grads[0].view(-1)
         work = self.channels[index % len(self.channels)].start(flat)
         if self.wait_each:
             wait(work, flat)
             work = None
         self._pending.append((grads, flat, work))
+
+    def _flatten(self, index: int, grads: list) -> torch.Tensor:
+        if self._buffers[index] is None:
+            self._buffers[index] = _flatten_dense_tensors(grads)
+        else:
+            torch.cat([g.view(-1) for g in grads], out=self._buffers[index])
+        return self._buffers[index]
 
     def _reset(self) -> None:
         self._pending = []

@@ -44,13 +44,26 @@ def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStra
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=limits.cap_mb if limits.fuse else UNFUSED_BUCKET_MB,
+        bucket_cap_mb=limits.cap_mb if limits.fuse else UNFUSED_BUCKET_MB,  # None: DDP's own defaults
         gradient_as_bucket_view=True,
     )
     _register_hook(ddp, strategy, flags)
+    if strategy.use_local_sgd:
+        _require_averaging(ddp, strategy)
     for p in model.parameters():
         p._fleet_model_strategy = strategy  # tells fleet.distributed_optimizer that DDP all-reduces this one
     return ddp
+
+
+def _require_averaging(ddp: DistributedDataParallel, strategy: DistributedStrategy) -> None:
+    """Refuse local SGD with an optimizer that would never average the parameters (workers would drift apart)."""
+    def check(module, args):
+        if not any(getattr(p, "_fleet_averaged", False) for p in module.parameters()):
+            raise RuntimeError("use_local_sgd with fleet.distributed_model needs fleet.distributed_optimizer(optimizer, strategy): "
+                               f"it averages the parameters every {strategy.local_sgd_steps} steps; a plain optimizer never would.")
+        handle.remove()
+
+    handle = ddp.register_forward_pre_hook(check)
 
 
 def _register_hook(ddp: DistributedDataParallel, strategy: DistributedStrategy, flags: Flags) -> None:

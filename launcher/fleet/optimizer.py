@@ -28,6 +28,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._averager = None
         if strategy.use_local_sgd:
             self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps, warmup_steps=strategy.local_sgd_is_warm_steps)
+            for p in self._params():
+                p._fleet_averaged = True  # tells fleet.distributed_model that someone averages the parameters
         broadcast_parameters(self._params())
 
     # the wrapped optimizer's state, always the current objects (load_state_dict replaces them)

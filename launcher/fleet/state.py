@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
-from launcher.fleet.comm import DEFAULT_BUCKET_MB, BucketLimits, make_channels
+from launcher.fleet.comm import BucketLimits, make_channels
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime import ParallelEnv
 from launcher.runtime import flags as fl
@@ -38,6 +39,13 @@ def set_current(state: Optional[FleetState]) -> None:
 
 def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy]) -> FleetState:
     return FleetState(penv, strategy or DistributedStrategy())
+
+
+def barrier() -> None:
+    """Wait for every worker (on the worker's own GPU under NCCL)."""
+    device = current().penv.device
+    if dist.get_world_size() > 1:
+        dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def read_flags() -> Flags:
@@ -70,7 +78,7 @@ def apply_exec_options(strategy: DistributedStrategy) -> None:
 
 def bucket_limits(strategy: DistributedStrategy, flags: Flags, ddp: bool) -> BucketLimits:
     """Buckets from fuse_all_reduce_ops and FLAGS_fuse_parameter_memory_size / _groups_size."""
-    if not strategy.fuse_all_reduce_ops:
+    if strategy.fuse_all_reduce_ops is False:
         if flags.fuse_memory_mb is not None or flags.fuse_groups_size is not None:
             warn_once("fuse_flags", f"{fl.FUSE_PARAMETER_MEMORY_SIZE} and {fl.FUSE_PARAMETER_GROUPS_SIZE} size the fused "
                       "all-reduce buckets; they have no effect while fuse_all_reduce_ops is False.")
@@ -78,8 +86,7 @@ def bucket_limits(strategy: DistributedStrategy, flags: Flags, ddp: bool) -> Buc
     if ddp and flags.fuse_groups_size is not None:
         warn_once("fuse_groups_ddp", f"{fl.FUSE_PARAMETER_GROUPS_SIZE} has no effect on fleet.distributed_model: "
                   "DistributedDataParallel sizes its buckets in bytes only; use fleet.distributed_optimizer alone for a count limit.")
-    cap = flags.fuse_memory_mb if flags.fuse_memory_mb is not None else DEFAULT_BUCKET_MB
-    return BucketLimits(fuse=True, cap_mb=cap, max_tensors=None if ddp else flags.fuse_groups_size)
+    return BucketLimits(fuse=True, cap_mb=flags.fuse_memory_mb, max_tensors=None if ddp else flags.fuse_groups_size)
 
 
 def channels_for(strategy: DistributedStrategy) -> list:

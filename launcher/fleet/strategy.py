@@ -28,7 +28,9 @@ class DistributedStrategy:
     """How gradients travel between workers (``fleet.DistributedStrategy`` of Paddle 1.8)."""
 
     nccl_comm_num: int = 1  # communicators used in turn, one bucket each
-    fuse_all_reduce_ops: bool = False  # gradients in buckets (FLAGS_fuse_parameter_*) or one all-reduce each
+    # None (not set): PyTorch's default, DDP-sized buckets; True: buckets sized by FLAGS_fuse_parameter_*;
+    # False: one all-reduce per gradient (Paddle's BuildStrategy keeps this option unset by default too)
+    fuse_all_reduce_ops: Optional[bool] = None
     use_hierarchical_allreduce: bool = False  # reduce in the node, all-reduce across nodes, broadcast in the node
     hierarchical_allreduce_inter_nranks: int = 0  # workers per node for it; 0: LOCAL_WORLD_SIZE
     use_local_sgd: bool = False
@@ -68,6 +70,8 @@ class DistributedStrategy:
         _at_least(self, "hierarchical_allreduce_inter_nranks", 0)
         if self.num_threads is not None:
             _at_least(self, "num_threads", 1)
+        if self.fuse_all_reduce_ops not in (None, True, False):
+            raise ValueError(f"DistributedStrategy.fuse_all_reduce_ops={self.fuse_all_reduce_ops!r} must be True, False or None.")
         if self.exec_strategy is None or not isinstance(self.exec_strategy, ExecutionStrategy):
             raise ValueError("exec_strategy must be a fleet.ExecutionStrategy.")
         if self.use_hierarchical_allreduce:

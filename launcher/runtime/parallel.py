@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from launcher.runtime.environment import WorkerEnv, choose_backend, gpu_index, read_worker_env
-from launcher.runtime.flags import apply_flags, read_flags
+from launcher import envvars as ev
+from launcher.runtime.flags import apply_flags, read_flags, warn_once
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)
 _ARRIVED = "launcher/arrived/"
@@ -47,12 +49,16 @@ def init_parallel_env(
     """
     env = env or read_worker_env(os.environ)
     timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if env.selected_gpus and not torch.cuda.is_available():
+        warn_once(ev.SELECTED_GPUS, f"{ev.SELECTED_GPUS}={env.selected_gpus} is set, but this PyTorch sees no CUDA device: "
+                  "the worker runs on the CPU with gloo.")
     backend = choose_backend(env.selected_gpus, torch.cuda.is_available(), backend)
     device = _device(env, backend)
     apply_flags(read_flags(os.environ), backend, device)
     if not dist.is_initialized():
         store = dist.HashStore() if env.alone else rendezvous(env, timeout)
         dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=env.rank, world_size=env.world_size)
+        atexit.register(_destroy)
     elif (dist.get_rank(), dist.get_world_size()) != (env.rank, env.world_size):
         raise RuntimeError(f"torch.distributed is already set up as rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"not rank {env.rank} of {env.world_size} as the launcher says.")
@@ -82,6 +88,12 @@ def rendezvous(env: WorkerEnv, timeout: timedelta) -> dist.Store:
         raise RendezvousError(f"rank {env.rank} waited {timeout.total_seconds():g} s for all {env.world_size} ranks "
                               f"at {where}; missing: {names}.") from e
     return store
+
+
+def _destroy() -> None:
+    """Release the communicators at exit (NCCL complains when a process group is left to the destructor)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _arrived(store: dist.Store, rank: int) -> bool:

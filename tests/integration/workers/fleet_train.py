@@ -8,7 +8,6 @@ the largest difference to the reference, the largest difference between ranks af
 what the save/load round trip gave.
 """
 
-import copy
 import json
 import os
 import sys
@@ -24,15 +23,17 @@ GLOBAL_BATCH = 16
 # name: (api, strategy options, environment flags)
 SCENARIOS = {
     "opt": ("optimizer", {}, {}),
+    "opt_unfused": ("optimizer", {"fuse_all_reduce_ops": False}, {}),
     "opt_fused": ("optimizer", {"fuse_all_reduce_ops": True}, {"FLAGS_fuse_parameter_groups_size": "2"}),
-    "opt_comm3": ("optimizer", {"nccl_comm_num": 3, "fuse_all_reduce_ops": True}, {"FLAGS_fuse_parameter_memory_size": "0.0005"}),
+    "opt_comm3": ("optimizer", {"nccl_comm_num": 3, "fuse_all_reduce_ops": True}, {"FLAGS_fuse_parameter_memory_size": "0.0001"}),
     "opt_sync": ("optimizer", {"nccl_comm_num": 2}, {"FLAGS_sync_nccl_allreduce": "1"}),
     "minimize": ("minimize", {}, {}),
     "hier": ("optimizer", {"use_hierarchical_allreduce": True, "hierarchical_allreduce_inter_nranks": 2}, {}),
     "hier_comm2_fused": ("optimizer", {"use_hierarchical_allreduce": True, "hierarchical_allreduce_inter_nranks": 2,
                                        "nccl_comm_num": 2, "fuse_all_reduce_ops": True}, {"FLAGS_fuse_parameter_groups_size": "3"}),
     "model": ("model", {}, {}),
-    "model_fused": ("model", {"fuse_all_reduce_ops": True}, {}),
+    "model_unfused": ("model", {"fuse_all_reduce_ops": False}, {}),
+    "model_fused": ("model", {"fuse_all_reduce_ops": True}, {"FLAGS_fuse_parameter_memory_size": "0.0001"}),
     "model_comm2": ("model", {"nccl_comm_num": 2}, {}),
     "model_hier": ("model", {"use_hierarchical_allreduce": True, "hierarchical_allreduce_inter_nranks": 2}, {}),
     "local_sgd": ("optimizer", {"use_local_sgd": True, "local_sgd_steps": 3, "local_sgd_is_warm_steps": 2}, {}),
@@ -100,7 +101,10 @@ def run(name):
         torch.nn.functional.cross_entropy(reference(x), y).backward()
         ref_opt.step()
         spread.append(rank_spread(model))
-    return {"reference_diff": (flat(model) - flat(reference)).abs().max().item(), "spread": spread,
+    ddp_buckets = None
+    if api == "model":  # DDP's buckets as rebuilt after the first step
+        ddp_buckets = len(str(net._get_ddp_logging_data()["rebuilt_bucket_sizes"]).split(","))
+    return {"reference_diff": (flat(model) - flat(reference)).abs().max().item(), "spread": spread, "ddp_buckets": ddp_buckets,
             "buckets": len(optimizer._sync.buckets), "channels": len(optimizer._sync.channels),
             "optimizer_allreduces": optimizer._sync.calls}
 

@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+"""The seed's single-card program (Paddle 1.8 Fleet docs, section 2.3) on PyTorch: one process.
+
+    python examples/train_single.py
+
+examples/train_with_fleet.py is this file plus the four marked changes.
+"""
+import os
+
+import torch
+from torch import nn
+
+# define the network: fc(1280, tanh) -> fc(1280, tanh) -> fc(2); the softmax is in the loss
+def mlp(input_dim=32, hid_dim=1280, label_dim=2):
+    return nn.Sequential(nn.Linear(input_dim, hid_dim), nn.Tanh(),
+                         nn.Linear(hid_dim, hid_dim), nn.Tanh(),
+                         nn.Linear(hid_dim, label_dim))
+
+# generate the data: fresh random batches of 128 in every process, like np.random in the seed
+generator = torch.Generator()
+generator.seed()
+
+def gen_data():
+    return {"x": torch.rand(128, 32, generator=generator),
+            "y": torch.randint(2, (128,), generator=generator)}
+
+gpu_id = int(os.getenv("FLAGS_selected_gpus", "0"))
+device = torch.device("cuda", gpu_id) if torch.cuda.is_available() else torch.device("cpu")
+model = mlp().to(device)
+
+# define the loss: softmax cross-entropy, averaged over the batch
+cost_fn = nn.CrossEntropyLoss()
+
+# define the optimizer
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+step = 100
+# train
+for i in range(step):
+    data = gen_data()
+    cost = cost_fn(model(data["x"].to(device)), data["y"].to(device))
+    # Change 3 (fleet): these three lines become optimizer.minimize(cost)
+    optimizer.zero_grad()
+    cost.backward()
+    optimizer.step()
+
+    print("step%d cost=%f" % (i, cost.item()))
+
+# save the model
+model_path = "./output"
+# Change 4 (fleet): these two lines become fleet.save_persistables(model_path, model, optimizer)
+os.makedirs(model_path, exist_ok=True)
+torch.save(model.state_dict(), os.path.join(model_path, "model.pt"))

@@ -1,0 +1,54 @@
+"""The examples: train_with_fleet.py is train_single.py plus the four marked changes, and it runs as a job."""
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+def code_lines(path):
+    """The file's lines from the first import on, and the numbers of those inside '# Change N' blocks."""
+    lines = path.read_text().splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("import ")):]
+    marked, inside = set(), False
+    for i, line in enumerate(lines):
+        inside = line.strip().startswith("# Change") or (inside and line.strip() != "")
+        if inside:
+            marked.add(i)
+    return lines, marked
+
+
+def test_fleet_example_differs_from_the_single_one_only_by_the_four_changes():
+    single, single_marked = code_lines(EXAMPLES / "train_single.py")
+    fleet, fleet_marked = code_lines(EXAMPLES / "train_with_fleet.py")
+    changes = set()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=single, b=fleet, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        assert {i for i in range(i1, i2) if single[i].strip()} <= single_marked, single[i1:i2]
+        assert {j for j in range(j1, j2) if fleet[j].strip()} <= fleet_marked, fleet[j1:j2]
+        changes.update(re.findall(r"# Change (\d)", "\n".join(fleet[j1:j2])))
+    assert changes == {"1", "2", "3", "4"}
+
+
+def test_fleet_example_trains_and_saves_under_the_launcher(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    for name in ("RANK", "WORLD_SIZE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "launcher", "--nproc_per_node", "2", "--log_dir", "logs", str(EXAMPLES / "train_with_fleet.py")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        costs = re.findall(r"^step(\d+) cost=(\d+\.\d+)$", (tmp_path / "logs" / f"workerlog.{rank}").read_text(), re.M)
+        assert [int(step) for step, _ in costs] == list(range(100))
+    saved = torch.load(tmp_path / "output" / "model.pt", weights_only=True)
+    assert [tuple(t.shape) for t in saved.values()] == [(1280, 32), (1280,), (1280, 1280), (1280,), (2, 1280), (2,)]
+    assert (tmp_path / "output" / "optimizer.pt").exists()
+    assert sorted(p.name for p in (tmp_path / "output").iterdir()) == ["model.pt", "optimizer.pt"]
