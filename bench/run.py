@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -160,9 +159,12 @@ class Run:
 
     def _watch(self) -> None:
         # Wait for the exit but leave the zombie: its CPU time can still be read.
-        info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+            self.exit_code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        except ChildProcessError:  # cleanup() killed and reaped it first
+            self.exit_code = self.proc.returncode
         self.exit_time = time.time()
-        self.exit_code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         self._exited.set()
 
     def wait(self, timeout: float) -> int:
@@ -546,7 +548,6 @@ class Workload:
     run: Callable[[Launcher, Ctx], Any]
     metrics: tuple
     reps: Callable[[Sizes], int] = lambda s: s.reps
-    needs: tuple = ("launcher.cli",)  # our modules this workload cannot do without
 
 
 WORKLOADS = (
@@ -576,17 +577,17 @@ WORKLOADS = (
     Workload("planning", lambda s: f"7. planning: {s.plan_nodes} nodes x 8 GPUs", bench_planning, (
         Metric("ms", "plan of node 0 (ms)"),
         Metric("env_kib", "env added per worker (KiB)"),
-    ), needs=("launcher.plan",)),
+    )),
     Workload("train-optimizer", lambda s: f"8a. training, {s.train_steps} steps: distributed_optimizer vs DDP",
              bench_training("optimizer"), (
         Metric("steps_per_s", "steps/s", at_least(1.0)),
         Metric("cpu_ms", "worker CPU per step (ms)"),
-    ), reps=lambda s: s.train_reps, needs=("launcher.cli", "launcher.fleet")),
+    ), reps=lambda s: s.train_reps),
     Workload("train-model", lambda s: f"8b. training, {s.train_steps} steps: distributed_model vs DDP",
              bench_training("model"), (
         Metric("steps_per_s", "steps/s", at_least(1.0)),
         Metric("cpu_ms", "worker CPU per step (ms)"),
-    ), reps=lambda s: s.train_reps, needs=("launcher.cli", "launcher.fleet")),
+    ), reps=lambda s: s.train_reps),
 )
 
 
@@ -613,9 +614,6 @@ class Outcome:
 def measure(workload: Workload, sizes: Sizes, root: Path) -> Outcome:
     """Run ``workload`` with each launcher in turn, ``reps`` times; a side that fails once stops."""
     outcome = Outcome({l.name: [] for l in LAUNCHERS}, {}, [])
-    missing = [m for m in workload.needs if not module_exists(m)]
-    if missing:
-        outcome.errors["ours"] = f"not available yet: {', '.join(missing)} does not exist"
     for rep in range(workload.reps(sizes)):
         for launcher in LAUNCHERS:
             if launcher.name in outcome.errors:
@@ -633,15 +631,6 @@ def measure(workload: Workload, sizes: Sizes, root: Path) -> Outcome:
             state = "failed" if launcher.name in outcome.errors else "done"
             progress(f"  {workload.name}: {launcher.name} run {rep + 1} {state} ({time.monotonic() - began:.1f} s)")
     return outcome
-
-
-def module_exists(name: str) -> bool:
-    if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:
-        return False
 
 
 def rows_of(workload: Workload, outcome: Outcome, title: str) -> list:

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from conftest import (PROBE, REPO, assert_all_gone, pids_of, read_dumps, run_launcher,
-                      start_launcher, wait_for)
+from conftest import PROBE, REPO, assert_all_gone, pids_of, read_dumps, run_launcher, start_launcher
 
 
 def test_all_workers_succeed_exit_zero(tmp_path):

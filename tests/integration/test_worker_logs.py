@@ -2,7 +2,7 @@
 
 import re
 
-from conftest import PROBE, read_dumps, run_launcher
+from conftest import PROBE, run_launcher
 
 LINE = re.compile(r"^r(\d) n(\d{12}) x+$")
 
