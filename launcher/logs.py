@@ -15,6 +15,7 @@ from typing import Optional
 CHUNK = 1 << 20
 MAX_PARTIAL_LINE = 8 << 20  # a longer unterminated line is written out as it is
 TAIL_LINES = 20
+TAIL_BYTES = 64 * 1024  # how far back the failure summary looks for its last lines
 
 log = logging.getLogger("launcher")
 
@@ -155,8 +156,18 @@ class FileOutput:
     def last_lines(self, n: int = TAIL_LINES) -> list:
         with open(self.path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(self.start, size - 64 * 1024))
-            return f.read().decode(errors="replace").splitlines()[-n:]
+            begin = max(self.start, size - TAIL_BYTES)
+            f.seek(begin)
+            return _last_lines(f.read(), n, cut=begin > self.start)
+
+
+def _last_lines(data: bytes, n: int, cut: bool = False) -> list:
+    """The last ``n`` lines of ``data`` (the end of a longer text when ``cut``), none of them cut."""
+    if len(data) > TAIL_BYTES:
+        data, cut = data[-TAIL_BYTES:], True
+    if cut:
+        data = data[data.find(b"\n") + 1:]
+    return data.decode(errors="replace").splitlines()[-n:]
 
 
 class PipeOutput:
@@ -195,7 +206,7 @@ class PipeOutput:
     def _emit(self, dest: int, lines: bytes) -> None:
         if lines:
             console.write(dest, prefixed(self._prefix, lines))
-            self._tail.extend(lines[-16 * 1024:].decode(errors="replace").splitlines()[-TAIL_LINES:])
+            self._tail.extend(_last_lines(lines, TAIL_LINES))
 
     def follow(self) -> bool:
         return False

@@ -38,3 +38,10 @@ def test_failure_summary_names_rank_code_time_log_and_last_lines():
     assert "rank 3 (local rank 1, pid 42) failed: killed by SIGKILL after 2.5 s; log: mylog/workerlog.3" in text
     assert "  | Killed" in text
     assert exit_code(-9) == 137 and exit_code(7) == 7
+
+
+def test_last_lines_are_never_cut_at_the_start(monkeypatch):
+    monkeypatch.setattr(logs, "TAIL_BYTES", 10)
+    assert logs._last_lines(b"first line\nabc\ndef\n", 5) == ["abc", "def"]
+    assert logs._last_lines(b"a\nb\n", 1) == ["b"]
+    assert logs._last_lines(b"rt line\nwhole\n", 5, cut=True) == ["whole"]
