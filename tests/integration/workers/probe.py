@@ -38,6 +38,18 @@ if args.child or args.setsid_child:
     child = subprocess.Popen(["sleep", "300"], start_new_session=args.setsid_child)
     children.append(child.pid)
 
+# signal handlers first: a test sends signals as soon as the dump exists
+if args.signals:
+    def note(signum, frame):
+        open(os.path.join(args.signals, f"signal.{rank}.{signal.Signals(signum).name}"), "w").close()
+        if signum not in (signal.SIGUSR1, signal.SIGUSR2):
+            sys.exit(128 + signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, note)
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
 if args.dump:
     names = [k for k in os.environ if k.startswith(("PADDLE_", "FLAGS_", "MASTER_", "LOCAL_", "GROUP_", "CUDA_", "GLOO_", "LAUNCHER_", "EXTRA_"))]
     names += ["RANK", "WORLD_SIZE", "OMP_NUM_THREADS"]
@@ -53,17 +65,6 @@ if args.dump:
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(path + ".tmp", path)
-
-if args.signals:
-    def note(signum, frame):
-        open(os.path.join(args.signals, f"signal.{rank}.{signal.Signals(signum).name}"), "w").close()
-        if signum not in (signal.SIGUSR1, signal.SIGUSR2):
-            sys.exit(128 + signum)
-
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, note)
-if args.ignore_term:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 print(f"worker rank {rank} up", flush=True)
 if args.lines:
