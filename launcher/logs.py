@@ -13,6 +13,8 @@ import time
 from typing import Optional
 
 CHUNK = 1 << 20
+FOLLOW_CHUNKS = 16  # at most this many chunks of a log file are echoed before the next event
+ECHO_MAX_LAG = 64 << 20  # how far the console echo of a log file may fall behind the file
 MAX_PARTIAL_LINE = 8 << 20  # a longer unterminated line is written out as it is
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # how far back the failure summary looks for its last lines
@@ -134,17 +136,38 @@ class FileOutput:
         """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
             return False
+        self._skip_if_far_behind()
         moved = False
-        while True:
+        for _ in range(FOLLOW_CHUNKS):  # then back to the event loop, even if the worker writes on
             data = os.read(self._follow_fd, CHUNK)
             if data:
                 console.write(1, self._lines.feed(data))
                 moved = True
             if len(data) < CHUNK:
-                return moved
+                break
+        return moved
+
+    def _skip_if_far_behind(self) -> None:
+        """A worker that writes faster than the console takes would leave the echo ever further
+        behind (and the launcher echoing for minutes after the job ended): jump to a line start
+        near the end. The log file itself always has every line."""
+        at = os.lseek(self._follow_fd, 0, os.SEEK_CUR)
+        size = os.fstat(self._follow_fd).st_size
+        if size - at <= ECHO_MAX_LAG:
+            return
+        target = size - ECHO_MAX_LAG // 4
+        head = os.pread(self._follow_fd, CHUNK, target)
+        newline = head.find(b"\n")
+        if newline < 0:
+            return
+        os.lseek(self._follow_fd, target + newline + 1, os.SEEK_SET)
+        self._lines = LineBuffer()
+        log.warning("the console fell %d MB behind %s: skipping to its latest lines (the file has them all)",
+                    (target + newline + 1 - at) >> 20, self.path)
 
     def finish(self) -> None:
-        self.follow()
+        while self.follow():
+            pass
         if self._follow_fd is not None:
             console.write(1, self._lines.rest())
             os.close(self._follow_fd)

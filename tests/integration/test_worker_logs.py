@@ -79,3 +79,30 @@ def test_unfinished_last_line_of_a_crashing_worker_is_kept(tmp_path):
     assert r.returncode == 4
     assert "partial line without newline\n" in r.stdout
     assert (tmp_path / "log" / "workerlog.0").read_text().endswith("partial line without newline")
+
+
+def test_a_flooding_first_worker_does_not_hide_a_failure(tmp_path):
+    script = tmp_path / "flood.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(0.5)\n"
+        "    sys.exit(5)\n"
+        "line = 'y' * 99 + '\\n'\n"
+        "for _ in range(3000):  # 300 MB as fast as it goes, then quiet\n"
+        "    sys.stdout.write(line * 1000)\n"
+        "time.sleep(60)\n")
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", tmp_path / "log", script, timeout=60)
+    assert r.returncode == 5
+    assert "rank 1 (local rank 1" in r.stderr
+    # every line whole, but the last: the worker itself was stopped in the middle of writing it,
+    # and the console shows it as the file has it
+    lines = r.stdout.splitlines()
+    assert set(r.stdout) <= {"y", "\n"} and all(len(line) == 99 for line in lines[:-1])
+    with open(tmp_path / "log" / "workerlog.0", "rb") as f:
+        f.seek(-300, 2)
+        tail = f.read()
+    last = b"\n" + lines[-1].encode()
+    assert tail.endswith(last) or tail.endswith(last + b"\n")
+    if "skipping to its latest lines" in r.stderr:  # the console could not keep up; the file did
+        assert (tmp_path / "log" / "workerlog.0").stat().st_size > len(r.stdout)
