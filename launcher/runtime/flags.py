@@ -6,6 +6,8 @@ Every flag either takes effect or is warned about once with the reason.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -32,7 +34,16 @@ def warn_once(key: str, message: str) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, FleetWarning, stacklevel=3)
+    warnings.warn(message, FleetWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first caller outside this package, so the warning points at user code."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass(frozen=True)
