@@ -92,17 +92,25 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher.plan import make_plan
 
     host = preflight.probe_host()
-    plan = make_plan(opts, os.environ, host, preflight.port_finder(host))
-    preflight.check(plan, opts, host)
+    finder = preflight.port_finder(host)
+    try:
+        plan = make_plan(opts, os.environ, host, finder)
+        preflight.check(plan, opts, host)
+    except LaunchError:
+        for s in finder.held:
+            s.close()
+        raise
+    reserved = finder.held
+    if not reserved and plan.node_rank == 0:
+        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.ports[0])] if s is not None]
     for note in plan.notes:
         logs.log.warning(note)
     if values["print_config"]:
-        sys.stderr.write(logs.format_plan(plan) + "\n")
-        sys.stderr.flush()
+        logs.console.write(2, (logs.format_plan(plan) + "\n").encode(errors="replace"))
 
     from launcher import supervisor
 
-    return supervisor.run(plan)
+    return supervisor.run(plan, tuple(reserved))
 
 
 def _with_config(ctx: click.Context, values: dict) -> dict:
@@ -146,19 +154,47 @@ def _options(values: dict):
 
 
 def main(argv=None) -> None:
+    _open_standard_streams()
     try:
         code = launch.main(args=argv, prog_name="python -m launcher", standalone_mode=False)
     except (LaunchError, click.ClickException) as e:
         logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
-        sys.exit(2)
+        code = 2
     except (KeyboardInterrupt, click.Abort):
-        sys.exit(130)
+        code = 130
     except Exception:
         import traceback
 
-        traceback.print_exc()
+        logs.console.write(2, traceback.format_exc().encode(errors="replace"))
         logs.error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
-        sys.exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
+        code = 1
+    _finish_output()
     os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
+
+
+def _open_standard_streams() -> None:
+    """Started with stdin, stdout or stderr closed (``>&-``): put /dev/null there, so that no file
+    the launcher opens takes descriptor 1 or 2 and receives its messages."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
+
+
+def _finish_output() -> None:
+    """What the console could not take yet is written now, waiting for a slow reader as long as
+    it takes: every process of the job is gone by now. Ctrl-C ends the wait."""
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logs.console.finish()
+    except KeyboardInterrupt:
+        pass

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import select
 import shlex
 import signal
-import sys
+import stat
 import time
 from typing import Optional
+
+from launcher.errors import LaunchError
+from launcher.policy import describe_exit
 
 CHUNK = 1 << 20
 FOLLOW_CHUNKS = 16  # at most this many chunks of a log file are echoed before the next event
@@ -18,6 +22,7 @@ ECHO_MAX_LAG = 64 << 20  # how far the console echo of a log file may fall behin
 MAX_PARTIAL_LINE = 8 << 20  # a longer unterminated line is written out as it is
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # how far back the failure summary looks for its last lines
+CONSOLE_BUFFER = 4 << 20  # output the console may hold before a worker's output waits
 
 log = logging.getLogger("launcher")
 
@@ -32,7 +37,7 @@ class _MessageFormat(logging.Formatter):
 
 
 def setup_messages(level: int) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _ConsoleHandler()
     handler.setFormatter(_MessageFormat())
     log.handlers[:] = [handler]
     log.setLevel(level)
@@ -41,32 +46,137 @@ def setup_messages(level: int) -> None:
 
 def error(message: str) -> None:
     """A one-sentence user error, whatever the log level."""
-    sys.stderr.write(f"launcher: error: {message}\n")
-    sys.stderr.flush()
+    console.write(2, f"launcher: error: {message}\n".encode(errors="replace"))
 
 
 # ---------------------------------------------------------------- console
 
 
-class Console:
-    """Raw writes to stdout/stderr that survive a closed pipe (``| head``) without losing the job."""
+class _Stream:
+    """One of the launcher's standard streams, written without ever blocking.
 
-    def __init__(self) -> None:
-        self.closed = set()
+    A terminal, pipe or FIFO is reopened through /proc/self/fd with O_NONBLOCK: a description of
+    our own, so the flag never reaches the shell or the other programs sharing the terminal. A
+    socket is written with MSG_DONTWAIT. A regular file (or /dev/null) cannot make a writer wait
+    for a reader, and is written as it is. What cannot be written now waits in ``pending``.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.out = fd
+        self.pending = bytearray()
+        self.closed = False
+        self.owned = False  # self.out was opened here
+        self.sock = None
+        self.gated = False  # fallback: write only what poll says fits
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            self.closed = True
+            return
+        if stat.S_ISSOCK(mode):
+            import socket
+
+            self.sock = socket.socket(fileno=os.dup(fd))
+        elif stat.S_ISFIFO(mode) or os.isatty(fd):
+            try:
+                self.out = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+                self.owned = True
+            except OSError:
+                self.gated = True
+
+    def push(self) -> None:
+        """Write what is pending, as far as it goes without waiting."""
+        while self.pending and not self.closed:
+            try:
+                n = self._write(memoryview(self.pending))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # a closed pipe (| head), a hung-up terminal, a full disk
+                self.closed = True
+                self.pending.clear()
+                return
+            if n == 0:
+                return
+            del self.pending[:n]
+
+    def _write(self, data) -> int:
+        if self.sock is not None:
+            import socket
+
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        if self.gated:
+            if not select.select([], [self.out], [], 0)[1]:
+                return 0
+            return os.write(self.out, data[:select.PIPE_BUF])
+        return os.write(self.out, data)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.pending) and not self.closed
+
+
+class Console:
+    """The launcher's stdout (1) and stderr (2). Writes never block the event loop.
+
+    The launcher's own messages are always taken. Bulk output (a worker's lines) is offered only
+    while ``has_room``: without --log_dir the launcher stops reading that worker's pipe until the
+    console catches up (the worker then waits on its own write, as it would on a paused terminal);
+    with --log_dir the echo of the log file falls behind, and skips ahead with a note if it falls
+    too far (the file keeps every line).
+    """
+
+    def __init__(self, limit: int = CONSOLE_BUFFER) -> None:
+        self.limit = limit
+        self._streams: dict = {}
+
+    def stream(self, fd: int) -> _Stream:
+        if fd not in self._streams:
+            self._streams[fd] = _Stream(fd)
+        return self._streams[fd]
 
     def write(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view and fd not in self.closed:
-            try:
-                n = os.write(fd, view)
-                view = view[n:]
-            except BlockingIOError:
-                select.select([], [fd], [])
-            except (BrokenPipeError, OSError):
-                self.closed.add(fd)
+        s = self.stream(fd)
+        if data and not s.closed:
+            s.pending += data
+            s.push()
+
+    def has_room(self, fd: int) -> bool:
+        return len(self.stream(fd).pending) < self.limit
+
+    def waiting(self) -> dict:
+        """{descriptor to wait on for writing: stream} for the streams with output pending."""
+        return {s.out: s for s in self._streams.values() if s.waiting}
+
+    def finish(self) -> None:
+        """Write everything pending, waiting for the reader as long as it takes (a stop signal
+        interrupts this in the caller)."""
+        while True:
+            waiting = self.waiting()
+            if not waiting:
+                return
+            select.select([], list(waiting), [], 0.2)
+            for s in waiting.values():
+                s.push()
+
+    def reset(self) -> None:
+        for s in self._streams.values():
+            if s.owned:
+                os.close(s.out)
+            if s.sock is not None:
+                s.sock.close()
+        self._streams.clear()
 
 
 console = Console()
+
+
+class _ConsoleHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.write(2, (self.format(record) + "\n").encode(errors="replace"))
+        except Exception:
+            self.handleError(record)
 
 
 def prefixed(prefix: bytes, lines: bytes) -> bytes:
@@ -101,16 +211,82 @@ def header(rank: int, cmd) -> bytes:
     return f"===== {when} launcher: rank {rank} starts: {shlex.join(cmd)}\n".encode()
 
 
+def open_log(path: str, log_dir: str, rank: int, cmd) -> int:
+    """Open a worker's log file for appending and write this run's header; the descriptor.
+
+    Checked by doing, not by asking (``os.access`` says yes to root): whatever would keep the
+    file from taking the worker's output is refused here, before any worker starts.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise LaunchError(_log_problem(log_dir, path, e)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LaunchError(f"--log_dir {log_dir}: {path} is {_file_kind(mode)}, not a regular file; "
+                              f"remove it or choose another --log_dir.")
+        os.set_blocking(fd, True)
+        size = os.fstat(fd).st_size
+        glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
+        _write_all(fd, (b"\n" if glue else b"") + header(rank, cmd))
+    except OSError as e:
+        os.close(fd)
+        raise LaunchError(_log_problem(log_dir, path, e)) from None
+    except LaunchError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_log_dir(log_dir: str) -> None:
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as e:
+        if os.path.islink(log_dir) and not os.path.exists(log_dir):
+            raise LaunchError(_log_problem(log_dir, log_dir, e)) from None
+        why = "a part of its path is a file" if e.errno == errno.ENOTDIR else e.strerror
+        raise LaunchError(f"--log_dir {log_dir} cannot be created ({why}); choose a folder you can write to.") from None
+    if not os.path.isdir(log_dir):
+        raise LaunchError(f"--log_dir {log_dir} is not a folder; choose another --log_dir.")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _log_problem(log_dir: str, path: str, e: OSError) -> str:
+    if e.errno == errno.ENXIO:
+        return f"--log_dir {log_dir}: {path} is a FIFO nobody reads, not a regular file; remove it or choose another --log_dir."
+    if e.errno == errno.EISDIR:
+        return f"--log_dir {log_dir}: {path} is a folder, not a file; remove it or choose another --log_dir."
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"--log_dir {log_dir}: cannot write {path} ({e.strerror}); free some space or choose another --log_dir."
+    if os.path.islink(log_dir) and not os.path.exists(log_dir):
+        return f"--log_dir {log_dir} is a symbolic link to {os.readlink(log_dir)}, which does not exist; fix the link or choose another --log_dir."
+    return f"--log_dir {log_dir}: cannot write {path} ({e.strerror}); choose a folder you can write to."
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
 class FileOutput:
     """--log_dir: the worker writes its log file itself; the launcher may follow it onto the console."""
 
-    def __init__(self, path: str, rank: int, cmd, echo: bool) -> None:
+    def __init__(self, path: str, fd: int, echo: bool) -> None:
         self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        os.write(fd, header(rank, cmd))
         self.start = os.lseek(fd, 0, os.SEEK_END)
         self._child_fd: Optional[int] = fd
-        self._follow_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if echo else None
+        self._follow_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if echo else None
         if self._follow_fd is not None:
             os.lseek(self._follow_fd, self.start, os.SEEK_SET)
         self._lines = LineBuffer()
@@ -123,11 +299,15 @@ class FileOutput:
         return self._child_fd, self._child_fd
 
     def spawned(self) -> None:
-        os.close(self._child_fd)
-        self._child_fd = None
+        if self._child_fd is not None:
+            os.close(self._child_fd)
+            self._child_fd = None
 
     def pipes(self):
         return ()
+
+    def wants(self, fd: int) -> bool:
+        return False
 
     def read_pipe(self, fd: int) -> bool:
         raise AssertionError("a log file has no pipe")
@@ -136,9 +316,11 @@ class FileOutput:
         """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
             return False
-        self._skip_if_far_behind()
+        self._catch_up()
         moved = False
         for _ in range(FOLLOW_CHUNKS):  # then back to the event loop, even if the worker writes on
+            if not console.has_room(1):
+                break  # the console is slow: the echo falls behind (see _catch_up)
             data = os.read(self._follow_fd, CHUNK)
             if data:
                 console.write(1, self._lines.feed(data))
@@ -147,12 +329,18 @@ class FileOutput:
                 break
         return moved
 
-    def _skip_if_far_behind(self) -> None:
-        """A worker that writes faster than the console takes would leave the echo ever further
-        behind (and the launcher echoing for minutes after the job ended): jump to a line start
-        near the end. The log file itself always has every line."""
+    def _catch_up(self) -> None:
+        """Keep the echo on the file: start over when the file was truncated in place (logrotate's
+        copytruncate), and jump near the end when the echo fell far behind a worker that writes
+        faster than the console takes (or the launcher would echo for minutes after the job)."""
         at = os.lseek(self._follow_fd, 0, os.SEEK_CUR)
         size = os.fstat(self._follow_fd).st_size
+        if size < at:
+            os.lseek(self._follow_fd, 0, os.SEEK_SET)
+            self._lines = LineBuffer()
+            self.start = 0
+            log.debug("%s was truncated: following it from its start", self.path)
+            return
         if size - at <= ECHO_MAX_LAG:
             return
         target = size - ECHO_MAX_LAG // 4
@@ -166,19 +354,28 @@ class FileOutput:
                     (target + newline + 1 - at) >> 20, self.path)
 
     def finish(self) -> None:
-        while self.follow():
-            pass
         if self._follow_fd is not None:
+            while self.follow() or (console.has_room(1) is False and self._wait_console()):
+                pass
             console.write(1, self._lines.rest())
             os.close(self._follow_fd)
             self._follow_fd = None
-        if self._child_fd is not None:
-            os.close(self._child_fd)
-            self._child_fd = None
+        self.spawned()
+
+    @staticmethod
+    def _wait_console() -> bool:
+        """At the end, the rest of the echo waits for the console (a stop signal ends the wait)."""
+        waiting = console.waiting()
+        if waiting:
+            select.select([], list(waiting), [], 0.2)
+            for s in waiting.values():
+                s.push()
+        return bool(waiting)
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         with open(self.path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
+            self.start = min(self.start, size)
             begin = max(self.start, size - TAIL_BYTES)
             f.seek(begin)
             return _last_lines(f.read(), n, cut=begin > self.start)
@@ -210,11 +407,17 @@ class PipeOutput:
         return self._out_w, self._err_w
 
     def spawned(self) -> None:
-        os.close(self._out_w)
-        os.close(self._err_w)
+        for fd in (self._out_w, self._err_w):
+            if fd is not None:
+                os.close(fd)
+        self._out_w = self._err_w = None
 
     def pipes(self):
         return tuple(self._streams)
+
+    def wants(self, fd: int) -> bool:
+        """Whether to read ``fd`` now: not while the console it goes to is behind."""
+        return console.has_room(self._streams[fd][0])
 
     def read_pipe(self, fd: int) -> bool:
         """Relay what is waiting on ``fd``; False at end of file."""
@@ -268,16 +471,6 @@ def format_plan(plan) -> str:
         lines.append("  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip())
     lines.append(f"  command: {shlex.join(plan.workers[0].cmd)}")
     return "\n".join(lines)
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exit code {returncode}"
 
 
 def format_failure(failure) -> str:

@@ -41,29 +41,61 @@ def _interfaces():
                 yield Interface(name, a.address.split("%")[0], a.netmask)
 
 
-def port_finder(host: HostFacts):
-    """For the plan: ``count`` distinct ports free on this node's ``ip`` right now."""
+class PortFinder:
+    """For the plan: ``count`` distinct ports free on this node's ``ip``. The first (rank 0's store)
+    stays reserved in ``held`` until the job ends; see ``reserve_port``."""
 
-    def find(ip: str, count: int) -> list:
-        _check_node_ip(ip, host)
-        return find_free_ports(ip, count)
+    def __init__(self, host: HostFacts) -> None:
+        self.host = host
+        self.held: list = []
 
-    return find
+    def __call__(self, ip: str, count: int) -> list:
+        _check_node_ip(ip, self.host)
+        socks = find_free_ports(ip, count)
+        ports = [s.getsockname()[1] for s in socks]
+        for s in socks[1:]:
+            s.close()
+        self.held += socks[:1]
+        return ports
+
+
+def port_finder(host: HostFacts) -> PortFinder:
+    return PortFinder(host)
 
 
 def find_free_ports(ip: str, count: int) -> list:
+    """``count`` sockets bound to distinct free ports of ``ip``, not listening. SO_REUSEADDR is set
+    after the bind, so that the kernel picks ports nobody holds, and a store can bind them later."""
     socks = []
     try:
         for _ in range(count):
             s = socket.socket(_family(ip), socket.SOCK_STREAM)
             socks.append(s)
             s.bind((ip, 0))
-        return [s.getsockname()[1] for s in socks]
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return socks
     except OSError:
-        return []
-    finally:
         for s in socks:
             s.close()
+        return []
+
+
+def reserve_port(ip: str, port: int):
+    """Hold ``port`` so that nothing else takes it before rank 0's store binds it, or None.
+
+    The socket is bound with SO_REUSEADDR and never listens: torch's TCPStore (which sets
+    SO_REUSEADDR too) binds and listens on the port all the same, while a bind without
+    SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it.
+    """
+    addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
+    s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addresses[0], port))
+        return s
+    except OSError:
+        s.close()
+        return None
 
 
 def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
@@ -72,8 +104,6 @@ def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     _check_node_ip(plan.node_ip, host)
     for port in plan.ports:
         _check_port(plan.node_ip, port)
-    if plan.log_dir:
-        _check_log_dir(plan.log_dir)
 
 
 def _check_script(opts: LaunchOptions) -> None:
@@ -152,14 +182,3 @@ def _port_holder(port: int):
                 cmd = "?"
             return f"pid {c.pid} ({cmd})"
     return None
-
-
-def _check_log_dir(log_dir: str) -> None:
-    path = os.path.abspath(log_dir)
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise LaunchError(f"--log_dir {log_dir} cannot be created: {existing} is a file, not a folder; choose another --log_dir.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise LaunchError(f"--log_dir {log_dir} is not writable by this user; choose a folder you can write to.")

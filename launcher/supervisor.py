@@ -1,27 +1,41 @@
 """Every side effect of running a job: spawn the workers, watch them, pass signals on, stop them.
 
-One event loop on one selector. The signal wakeup pipe tells of signals, SIGCHLD among them, so
-a worker's exit is known as it happens (on any Linux kernel; no polling loop); pipes carry console
-output. Nothing wakes on a timer except the console echo of a log file, and only while it has
-something to follow.
+Three parts:
+
+- ``Launch``, once per launch: signal handling through the wakeup pipe, the selector, the
+  watchdog, the job's cgroup, files written for the workers, the reserved master port.
+- ``WorkerGroup``: the workers of one run of the plan. It starts them, learns of their exits,
+  signals and kills them, and finds what they left running.
+- ``supervise``: the event loop. What an event means is decided by ``launcher.policy`` (pure);
+  this loop only turns happenings into events and carries out the actions.
+
+One selector. SIGCHLD and every other signal arrive through the wakeup pipe, so an exit is known
+as it happens (no polling). Nothing wakes on a timer except the console echo of a log file while
+it has something to follow, and the deadlines of a stop.
+
+Never touching what is not ours: a worker is its own process group leader, and the launcher does
+not reap a worker until it forgets the worker's group, so the group's id cannot be given to anyone
+else while the launcher may still signal it. Every other process of the job (leftovers) is pinned
+through a pidfd and checked before it is signalled (``launcher.processes``). Orphans that come
+back to the launcher (it is their child subreaper) are reaped as they end.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
 
-import psutil
-
 from launcher import envvars as ev
-from launcher import logs
+from launcher import logs, policy, processes
 from launcher.errors import LaunchError
 from launcher.logs import log
 from launcher.plan import Plan, WorkerSpec
@@ -30,9 +44,19 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
+WATCHDOG_QUIT_WAIT = 2.0
+FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class StartFailed(Exception):
+    """A worker could not be started for want of a resource (descriptors, processes, memory)."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(f"could not start rank {rank}: {reason}")
+        self.rank = rank
 
 
 @dataclass(frozen=True)
@@ -54,54 +78,72 @@ class Worker:
     started: float
     returncode: Optional[int] = None
     ended: Optional[float] = None
+    reaped: bool = False
 
     @property
     def alive(self) -> bool:
         return self.returncode is None
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
 
 def exit_code(returncode: int) -> int:
-    """A worker's return code as a shell would report it: 128 + N for signal N."""
-    return 128 - returncode if returncode < 0 else returncode
+    return policy.shell_code(returncode)
 
 
-def run(plan: Plan) -> int:
-    """Start the plan's workers, supervise them to the end, and return the launcher's exit code."""
-    job = Job(plan)
+def run(plan: Plan, reserved: tuple = ()) -> int:
+    """Start the plan's workers, supervise them to the end, and return the launcher's exit code.
+
+    ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
+    """
+    launch = Launch(plan, reserved)
+    group = WorkerGroup(plan, launch)
     try:
-        job.start()
-        return job.supervise()
+        launch.open()
+        group.open_logs()
+        launch.start_watchdog()
+        try:
+            group.start()
+        except StartFailed as e:
+            return supervise(launch, group, start_failure=e)
+        return supervise(launch, group)
     finally:
-        job.close()
+        group.close()
+        launch.close()
 
 
-class Job:
-    def __init__(self, plan: Plan) -> None:
+# ---------------------------------------------------------------- once per launch
+
+
+class Launch:
+    def __init__(self, plan: Plan, reserved: tuple = ()) -> None:
         self.plan = plan
-        self.workers: list = []
+        self.reserved = list(reserved)
         self.selector = selectors.DefaultSelector()
-        self.first_failed: Optional[Worker] = None
-        self.stop_signal: Optional[int] = None  # the signal that stopped the job, if one did
-        self.stop_deadline: Optional[float] = None
-        self.killed = False
-        self.follow_delay = 0.02
+        self.cgroup: Optional[processes.JobCgroup] = None
         self.watchdog: Optional[subprocess.Popen] = None
+        self.watchdog_lost = False
+        self.watchdog_done = False  # told to quit: its exit is expected
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
-        self._started_at = time.monotonic()
+        self._files_written: list = []
 
-    # ------------------------------------------------------------ start
-
-    def start(self) -> None:
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    def open(self) -> None:
+        """Everything a launch needs before its first worker, checked and set up."""
         self._install_signal_handlers()
-        self._write_files()
+        check_limits(len(self.plan.workers), bool(self.plan.log_dir))
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if self.plan.log_dir:
-            os.makedirs(self.plan.log_dir, exist_ok=True)
-        self.watchdog = _start_watchdog(self.plan)
-        for spec in self.plan.workers:
-            self._spawn(spec)
-        log.debug("started %d worker(s)", len(self.workers))
+            logs.make_log_dir(self.plan.log_dir)
+        self._write_files()
+        self.cgroup = processes.JobCgroup.create(self.run_id, self.plan.base_env)
+        log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.workers[0].env[ev.RUN_ID]
 
     def _install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
@@ -111,16 +153,144 @@ class Job:
 
     def _write_files(self) -> None:
         for path, text in self.plan.files.items():
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                raise LaunchError(f"cannot write {path} ({e.strerror}); set TMPDIR to a writable folder.") from None
+            self._files_written.append(path)
+
+    def signals(self) -> list:
+        """Every signal received since the last call, in order (none is dropped)."""
+        received = []
+        while True:
+            try:
+                data = os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                return received
+            if not data:
+                return received
+            received += [signal.Signals(n) for n in data]
+
+    # ------------------------------------------------------------ watchdog
+
+    def start_watchdog(self) -> None:
+        self.watchdog = _start_watchdog(self.run_id, self.plan.shutdown_timeout)
+        if self.cgroup is not None:
+            self.tell_watchdog(f"cgroup {self.cgroup.path}")
+
+    def tell_watchdog(self, line: str) -> None:
+        if self.watchdog is None or self.watchdog_lost:
+            return
+        try:
+            self.watchdog.stdin.write(f"{line}\n".encode())
+            self.watchdog.stdin.flush()
+        except (OSError, ValueError):
+            self._check_watchdog()
+
+    def _check_watchdog(self) -> None:
+        """Once the watchdog is gone, say so once and go on: the job is not its to lose."""
+        if self.watchdog is None or self.watchdog_lost or self.watchdog_done:
+            return
+        try:
+            info = os.waitid(os.P_PID, self.watchdog.pid, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            info = True
+        if info is None:
+            return
+        self.watchdog_lost = True
+        self.watchdog.returncode = 0
+        log.warning("the watchdog (pid %d) died: protection against kill -9 of the launcher is gone; "
+                    "the job goes on", self.watchdog.pid)
+
+    def stop_watchdog(self) -> None:
+        if self.watchdog is None:
+            return
+        if not self.watchdog_lost:
+            self.tell_watchdog("quit")
+        self.watchdog_done = True
+        try:
+            self.watchdog.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.watchdog.wait(WATCHDOG_QUIT_WAIT)
+        except subprocess.TimeoutExpired:
+            self.watchdog.kill()
+            self.watchdog.wait()
+        except ChildProcessError:
+            pass
+
+    # ------------------------------------------------------------ children
+
+    def reap_orphans(self, keep) -> None:
+        """Collect every child that ended, except the workers (``keep``) and the watchdog."""
+        keep = set(keep) | ({self.watchdog.pid} if self.watchdog else set())
+        for pid in _children():
+            if pid not in keep:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        self._check_watchdog()
+
+    def close(self) -> None:
+        self.stop_watchdog()
+        self.reap_orphans(keep=())
+        if self.cgroup is not None and not self.cgroup.remove():
+            log.debug("could not remove %s", self.cgroup.path)
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        if self._old_handlers:
+            signal.set_wakeup_fd(-1)
+        for path in self._files_written:
+            _remove(path)
+        for s in self.reserved:
+            s.close()
+        self.selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+# ---------------------------------------------------------------- the workers of one run
+
+
+class WorkerGroup:
+    def __init__(self, plan: Plan, launch: Launch) -> None:
+        self.plan = plan
+        self.launch = launch
+        self.workers: dict = {}  # rank -> Worker
+        self.outputs: dict = {}  # rank -> output, opened before any worker starts
+        self.started_at = time.monotonic()
+        self._cgroup_fd: Optional[int] = None
+
+    @property
+    def ranks(self):
+        return list(self.workers)
+
+    def open_logs(self) -> None:
+        """Every log file opened (and its header written) before the first worker starts."""
+        for spec in self.plan.workers:
+            if spec.log_file:
+                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.rank, spec.cmd)
+                self.outputs[spec.rank] = logs.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
+
+    def start(self) -> None:
+        if self.launch.cgroup is not None:
+            self._cgroup_fd = self.launch.cgroup.open_procs()
+        self.started_at = time.monotonic()
+        for spec in self.plan.workers:
+            self._spawn(spec)
+        log.debug("started %d worker(s)", len(self.workers))
 
     def _spawn(self, spec: WorkerSpec) -> None:
-        if spec.log_file:
-            output = logs.FileOutput(spec.log_file, spec.rank, spec.cmd, echo=spec.local_rank == 0)
-        else:
-            output = logs.PipeOutput(spec.rank)
-        stdout, stderr = output.child_fds()
+        try:
+            output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.rank)
+            stdout, stderr = output.child_fds()
+        except OSError as e:
+            raise StartFailed(spec.rank, f"{e.strerror} while making its output pipes") from None
+        self.outputs[spec.rank] = output
         try:
             proc = subprocess.Popen(
                 spec.cmd,
@@ -129,244 +299,350 @@ class Job:
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=_stop_with_parent,
+                preexec_fn=_child_setup(os.getpid(), self._cgroup_fd),
             )
         except OSError as e:
-            output.finish()
-            raise LaunchError(f"cannot start rank {spec.rank} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
+            if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
+                raise LaunchError(f"cannot start rank {spec.rank} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
+            raise StartFailed(spec.rank, e.strerror or str(e)) from None
         finally:
             output.spawned()
         worker = Worker(spec, proc, output, time.monotonic())
-        self.workers.append(worker)
+        self.workers[spec.rank] = worker
         for fd in output.pipes():
-            self.selector.register(fd, selectors.EVENT_READ, ("pipe", worker))
-        self._tell_watchdog(f"pgid {proc.pid}")
+            self.launch.selector.register(fd, selectors.EVENT_READ, ("pipe", worker))
+        self.launch.tell_watchdog(f"pid {proc.pid}")
 
-    # ------------------------------------------------------------ supervise
+    # ------------------------------------------------------------ learning of exits
 
-    def supervise(self) -> int:
-        while any(w.alive for w in self.workers):
-            for key, _ in self.selector.select(self._next_timeout()):
-                kind, worker = key.data
-                if kind == "signal":
-                    self._on_signals()
-                elif not worker.output.read_pipe(key.fd):
-                    self.selector.unregister(key.fd)
-            self._follow_logs()
-            if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
-                self._kill_all()
-        self._stop_leftovers()
-        self._drain_output()
-        return self._result()
+    def exits(self) -> list:
+        """Workers that ended since the last call, as policy events. Not reaped: see the module doc."""
+        events = []
+        for w in self.workers.values():
+            if not w.alive:
+                continue
+            info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                w.returncode = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+                w.ended = time.monotonic()
+                log.debug("rank %d: %s", w.spec.rank, logs.describe_exit(w.returncode))
+                events.append(policy.WorkerExited(w.spec.rank, w.returncode))
+        return events
 
-    def _next_timeout(self) -> Optional[float]:
-        waits = []
-        if any(w.output.follows for w in self.workers):
-            waits.append(self.follow_delay)
-        if self.stop_deadline is not None and not self.killed:
-            waits.append(max(0.0, self.stop_deadline - time.monotonic()))
-        return min(waits) if waits else None
+    # ------------------------------------------------------------ signals
 
-    def _follow_logs(self) -> None:
-        moved = any([w.output.follow() for w in self.workers])
-        self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
+    def job(self) -> processes.Job:
+        return processes.Job(
+            run_id=self.launch.run_id,
+            groups=frozenset(w.pid for w in self.workers.values() if not w.reaped),
+            cgroup=self.launch.cgroup,
+            exclude=frozenset({os.getpid()} | ({self.launch.watchdog.pid} if self.launch.watchdog else set())),
+        )
 
-    def _on_signals(self) -> None:
-        try:
-            received = os.read(self._wake_r, 512)
-        except BlockingIOError:
-            return
-        for signum in received:
-            self._on_signal(signal.Signals(signum))
+    def leftovers(self) -> list:
+        """Pinned processes of the job other than the workers themselves. The caller closes them."""
+        found = processes.members(self.job(), self._candidates())
+        leaders = {w.pid for w in self.workers.values()}
+        processes.close_all(p for p in found if p.pid in leaders)
+        return [p for p in found if p.pid not in leaders]
 
-    def _on_signal(self, sig: signal.Signals) -> None:
-        if sig == signal.SIGCHLD:
-            for w in self.workers:
-                if w.alive and w.proc.poll() is not None:
-                    self._on_exit(w)
-            return
-        if sig in PASSED_ON_SIGNALS:
-            log.info("passing %s on to the workers", sig.name)
-            for w in self.workers:
-                if w.alive:
-                    _send(w.proc.pid, sig)
-            return
-        if self.stop_deadline is None:
-            log.warning("received %s: passing it on and stopping the workers", sig.name)
-            self.stop_signal = sig
-            self._begin_stop(sig)
-        else:
-            log.warning("received %s again: killing the workers now", sig.name)
-            self._kill_all()
+    def _candidates(self):
+        pids = set(_descendants())
+        if self.launch.cgroup is not None:
+            pids.update(self.launch.cgroup.pids())
+        return pids
 
-    def _on_exit(self, worker: Worker) -> None:
-        worker.returncode = worker.proc.returncode
-        worker.ended = time.monotonic()
-        if worker.returncode == 0 or self.stop_deadline is not None:
-            log.debug("rank %d: %s", worker.spec.rank, logs.describe_exit(worker.returncode))
-            return
-        self.first_failed = worker
-        others = sum(w.alive for w in self.workers)
-        log.error("rank %d failed (%s)%s", worker.spec.rank, logs.describe_exit(worker.returncode),
-                  f"; stopping the other {others} worker(s)" if others else "")
-        self._begin_stop(signal.SIGTERM)
+    def send(self, sig: int, leftovers: bool = True) -> None:
+        for w in self.workers.values():
+            if not w.reaped:
+                _killpg(w.pid, sig)  # safe: the leader is not reaped, so the group id is still its
+        if leftovers:
+            found = self.leftovers()
+            processes.signal_members(found, sig)
+            processes.close_all(found)
 
-    # ------------------------------------------------------------ stop
+    def kill(self) -> None:
+        if self.launch.cgroup is not None:
+            self.launch.cgroup.kill()
+        self.send(signal.SIGKILL)
 
-    def _begin_stop(self, sig: signal.Signals) -> None:
-        self.stop_deadline = time.monotonic() + self.plan.shutdown_timeout
-        for w in self.workers:
-            _send_group(w.proc.pid, sig)
+    def running_pids(self) -> list:
+        found = self.leftovers()
+        pids = [p.pid for p in found]
+        processes.close_all(found)
+        return sorted(pids + [w.pid for w in self.workers.values() if w.alive])
 
-    def _kill_all(self) -> None:
-        if not self.killed:
-            alive = [w.spec.rank for w in self.workers if w.alive]
-            if alive:
-                log.warning("rank(s) %s still running after %.1f s: sending SIGKILL",
-                            ",".join(map(str, alive)), self.plan.shutdown_timeout)
-        self.killed = True
-        for w in self.workers:
-            _send_group(w.proc.pid, signal.SIGKILL)
-        for p in self._descendants():
-            _send(p.pid, signal.SIGKILL)
+    # ------------------------------------------------------------ output
 
-    def _descendants(self) -> list:
-        """Every process below the launcher but the watchdog: workers, their children, and orphans
-        they left, which come back to the launcher because it is a child subreaper."""
-        keep = {self.watchdog.pid} if self.watchdog else set()
-        try:
-            children = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return []
-        return [p for p in children if p.pid not in keep and _running(p)]
+    def follow_logs(self) -> bool:
+        return any([w.output.follow() for w in self.workers.values()])
 
-    def _stop_leftovers(self) -> None:
-        """Processes the workers started and left behind: SIGTERM, then SIGKILL after the grace."""
-        leftovers = self._descendants()
-        if not leftovers:
-            return
-        log.info("stopping %d process(es) the workers left running", len(leftovers))
-        for w in self.workers:
-            _send_group(w.proc.pid, signal.SIGTERM)
-        for p in leftovers:
-            _send(p.pid, signal.SIGTERM)
-        _, survivors = psutil.wait_procs(leftovers, timeout=self.plan.shutdown_timeout)
-        for p in survivors:
-            _send(p.pid, signal.SIGKILL)
-        psutil.wait_procs(survivors, timeout=1)
+    def follows(self) -> bool:
+        return any(w.output.follows and w.alive for w in self.workers.values())
 
-    def _drain_output(self) -> None:
-        deadline = time.monotonic() + DRAIN_SECONDS
-        while self._pipes_open() and time.monotonic() < deadline:
-            for key, _ in self.selector.select(deadline - time.monotonic()):
-                kind, worker = key.data
-                if kind == "pipe" and not worker.output.read_pipe(key.fd):
-                    self.selector.unregister(key.fd)
-                elif kind == "signal":
-                    os.read(self._wake_r, 512)
-        for w in self.workers:
-            w.output.finish()
-
-    def _pipes_open(self) -> bool:
-        return any(key.data[0] == "pipe" for key in self.selector.get_map().values())
-
-    def _result(self) -> int:
-        if self.stop_signal is not None:
-            return 128 + self.stop_signal
-        if self.first_failed is not None:
-            w = self.first_failed
-            failure = Failure(w.spec.rank, w.spec.local_rank, w.proc.pid, w.returncode,
-                              w.ended - w.started, w.spec.log_file, tuple(w.output.last_lines()))
-            logs.console.write(2, (logs.format_failure(failure) + "\n").encode())
-            return exit_code(w.returncode)
-        log.info("all %d worker(s) finished in %.1f s", len(self.workers), time.monotonic() - self._started_at)
-        return 0
+    def failure(self, rank: int) -> Failure:
+        w = self.workers[rank]
+        return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
+                       w.spec.log_file, tuple(w.output.last_lines()))
 
     # ------------------------------------------------------------ close
 
     def close(self) -> None:
-        """Always runs: whatever is still alive is stopped, then the watchdog is released."""
-        if any(w.alive for w in self.workers) or self._descendants():
-            self._begin_stop(signal.SIGTERM)
-            procs = [w.proc for w in self.workers if w.alive]
-            deadline = time.monotonic() + self.plan.shutdown_timeout
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            self._kill_all()
-            for p in procs:
-                p.wait()
-            for w in self.workers:
-                w.output.finish()
-        if self.watchdog is not None:
-            self._tell_watchdog("quit")
-            self.watchdog.stdin.close()
-            self.watchdog.wait()
-        _reap_orphans()
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        signal.set_wakeup_fd(-1)
-        for path in self.plan.files:
-            _remove(path)
-        self.selector.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        """Always runs. Whatever still lives (after an internal error) is stopped, bounded;
+        then the leaders are reaped, which lets their group ids go."""
+        if any(w.alive for w in self.workers.values()) or self.running_pids():
+            emergency_stop(self, self.plan.shutdown_timeout)
+        for w in self.workers.values():
+            w.output.finish()
+            if not w.reaped:
+                w.reaped = _reap(w.pid, wait=not w.alive)
+            w.proc.returncode = w.returncode  # Popen must not wait for it again
+        for rank, output in self.outputs.items():
+            if rank not in self.workers:  # opened, but its worker never started
+                output.finish()
+        if self._cgroup_fd is not None:
+            os.close(self._cgroup_fd)
+            self._cgroup_fd = None
 
-    def _tell_watchdog(self, line: str) -> None:
-        try:
-            self.watchdog.stdin.write(f"{line}\n".encode())
-            self.watchdog.stdin.flush()
-        except (OSError, ValueError):
-            log.debug("the watchdog is gone; %r not delivered", line)
+
+# ---------------------------------------------------------------- the event loop
+
+
+def supervise(launch: Launch, group: WorkerGroup, start_failure: Optional[StartFailed] = None) -> int:
+    state = policy.start(group.ranks, launch.plan.shutdown_timeout)
+    if start_failure is not None:
+        state = _carry_out(group, *policy.decide(state, policy.StartFailed(start_failure.rank, str(start_failure)),
+                                                 time.monotonic()))
+    loop = _Loop(launch, group)
+    while True:
+        now = time.monotonic()
+        if policy.gave_up(state, now):
+            log.warning("process(es) %s did not end after SIGKILL (uninterruptible sleep?); giving up on them",
+                        ",".join(map(str, group.running_pids())) or "?")
+            break
+        events = loop.wait(state)
+        if not state.running:
+            found = group.leftovers()
+            if found:
+                events.append(policy.LeftoversRunning(len(found)))
+            processes.close_all(found)
+            if not found and loop.drained():
+                break
+        events.append(policy.TimePassed())
+        for event in events:
+            state = _carry_out(group, *policy.decide(state, event, time.monotonic()))
+    return _result(group, state)
+
+
+class _Loop:
+    """What one turn of the event loop waits on: the wakeup pipe, pipes, the console, deadlines."""
+
+    def __init__(self, launch: Launch, group: WorkerGroup) -> None:
+        self.launch = launch
+        self.group = group
+        self.selector = launch.selector
+        self.follow_delay = 0.02
+        self.quiet_since: Optional[float] = None  # when the last process of the job was gone
+        self.pipes_open = {fd: w for w in group.workers.values() for fd in w.output.pipes()}
+
+    def wait(self, state: policy.State) -> list:
+        self._sync_registrations()
+        for key, _ in self.selector.select(self._timeout(state)):
+            kind, obj = key.data
+            if kind == "pipe" and not obj.output.read_pipe(key.fd):
+                self.selector.unregister(key.fd)
+                del self.pipes_open[key.fd]
+            elif kind == "console":
+                obj.push()
+        moved = self.group.follow_logs()
+        self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
+        return self._events()
+
+    def _events(self) -> list:
+        events = []
+        for sig in self.launch.signals():
+            if sig == signal.SIGCHLD:
+                continue
+            if sig in PASSED_ON_SIGNALS:
+                events.append(policy.UserSignal(sig))
+            else:
+                events.append(policy.StopSignal(sig))
+        # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
+        events[:0] = self.group.exits()
+        self.launch.reap_orphans(keep=[w.pid for w in self.group.workers.values()])
+        return events
+
+    def _timeout(self, state: policy.State) -> Optional[float]:
+        now = time.monotonic()
+        waits = []
+        deadline = policy.next_deadline(state)
+        if deadline is not None:
+            waits.append(max(0.0, deadline - now))
+        if self.group.follows():
+            waits.append(self.follow_delay)
+        if not state.running:
+            waits.append(0.05)  # leftovers and the drain: looked at while they last
+        return min(waits) if waits else None
+
+    def _sync_registrations(self) -> None:
+        for fd, worker in self.pipes_open.items():
+            self._register(fd, selectors.EVENT_READ, ("pipe", worker), worker.output.wants(fd))
+        waiting = logs.console.waiting()
+        for key in list(self.selector.get_map().values()):
+            if key.data[0] == "console" and key.fd not in waiting:
+                self.selector.unregister(key.fd)
+        for fd, stream in waiting.items():
+            self._register(fd, selectors.EVENT_WRITE, ("console", stream), True)
+
+    def _register(self, fd, events, data, wanted: bool) -> None:
+        known = fd in self.selector.get_map()
+        if wanted and not known:
+            self.selector.register(fd, events, data)
+        elif known and not wanted:
+            self.selector.unregister(fd)
+
+    def drained(self) -> bool:
+        """All output read, or the drain time over (a process outside the job may hold a pipe)."""
+        if not self.pipes_open:
+            return True
+        now = time.monotonic()
+        if self.quiet_since is None:
+            self.quiet_since = now
+        if now - self.quiet_since < DRAIN_SECONDS:
+            return False
+        log.debug("pipes still open after %.0f s: not waiting for them", DRAIN_SECONDS)
+        return True
+
+
+def _carry_out(group: WorkerGroup, state: policy.State, actions) -> policy.State:
+    for action in actions:
+        if isinstance(action, policy.Say):
+            log.log(action.level, "%s", action.text)
+        elif isinstance(action, policy.Send):
+            group.send(action.sig, action.leftovers)
+        elif isinstance(action, policy.Kill):
+            group.kill()
+    return state
+
+
+def _result(group: WorkerGroup, state: policy.State) -> int:
+    if state.failure is not None and state.start_failure is None:
+        logs.console.write(2, (logs.format_failure(group.failure(state.failure[0])) + "\n").encode(errors="replace"))
+    elif state.stop_signal is None and state.start_failure is None:
+        log.info("all %d worker(s) finished in %.1f s", len(group.workers), time.monotonic() - group.started_at)
+    return policy.exit_code(state)
+
+
+def emergency_stop(group: WorkerGroup, grace: float) -> None:
+    """After an internal error, when the loop cannot be trusted: SIGTERM, grace, SIGKILL, bounded.
+    A stop signal arriving meanwhile kills at once."""
+    group.send(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group.running_pids():
+        group.exits()
+        if any(s in STOPPING_SIGNALS for s in group.launch.signals()):
+            break
+        time.sleep(0.02)
+    group.kill()
+    deadline = time.monotonic() + policy.KILL_WAIT
+    while time.monotonic() < deadline:
+        group.exits()
+        if not any(w.alive for w in group.workers.values()):
+            break
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- limits
+
+
+def check_limits(workers: int, log_dir: bool) -> None:
+    """Refuse, before anything starts, a launch that would run out of file descriptors; raise the
+    soft limit up to the hard one where that is enough."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = _open_fds() + FD_MARGIN + workers * (1 if log_dir else 2) + 4
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard == resource.RLIM_INFINITY or hard >= need:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else hard, hard))
+            return
+        raise LaunchError(f"{workers} worker(s) need about {need} open files in the launcher, but the limit "
+                          f"is {hard} (ulimit -n); raise it (ulimit -n {need}) or start fewer workers.")
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 16
+
+
+# ---------------------------------------------------------------- process helpers
 
 
 def _note_signal(signum, frame) -> None:
     """The work is done in the event loop, which the wakeup pipe tells of the signal."""
 
 
-def _stop_with_parent() -> None:
-    """In the worker, before exec: SIGTERM when the launcher dies (the watchdog does the rest)."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _child_setup(launcher_pid: int, cgroup_fd: Optional[int]):
+    def setup() -> None:
+        """In the worker, before exec: enter the job's cgroup; SIGTERM when the launcher dies."""
+        if cgroup_fd is not None:
+            try:
+                os.write(cgroup_fd, b"0")
+            except OSError:
+                pass
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != launcher_pid:  # the launcher died before the line above
+            os._exit(1)
+
+    return setup
 
 
-def _start_watchdog(plan: Plan) -> subprocess.Popen:
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
-    run_id = plan.workers[0].env[ev.RUN_ID]
+def _start_watchdog(run_id: str, grace: float) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {root!r}); from launcher import watchdog; watchdog.main()"
     return subprocess.Popen(
-        [sys.executable, script, run_id, str(plan.shutdown_timeout)],
+        [sys.executable, "-c", code, run_id, repr(grace)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
 
 
-def _running(p: psutil.Process) -> bool:
+def _children() -> list:
+    """This process's children, from /proc (no psutil scan of the whole table where avoidable)."""
+    pid = os.getpid()
     try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        import psutil
 
-
-def _reap_orphans() -> None:
-    """Collect the exit status of orphans that came to the launcher as their subreaper."""
-    while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            return [p.pid for p in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
 
 
-def _send_group(pgid: int, sig: int) -> None:
+def _descendants() -> list:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _reap(pid: int, wait: bool) -> bool:
+    try:
+        done, _ = os.waitpid(pid, 0 if wait else os.WNOHANG)
+        return done == pid
+    except ChildProcessError:
+        return True
+
+
+def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

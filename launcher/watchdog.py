@@ -1,83 +1,94 @@
 """Stops a job's processes when its launcher dies without doing it (kill -9, OOM killer).
 
-Started by the launcher as ``python watchdog.py RUN_ID GRACE`` in a session of its own, it reads
-its standard input: ``pgid N`` lines name the workers' process groups, ``quit`` means the
-launcher cleaned up itself. End of file without ``quit`` means the launcher is gone: then every
-named process group and every process whose environment carries the job's run id gets SIGTERM,
-and SIGKILL after GRACE seconds. Standalone on purpose (stdlib and psutil only), so that it
-starts fast and works from any directory.
+Started by the launcher in a session of its own, with the job's run id and the grace time as
+arguments, it reads its standard input:
+
+- ``pid N``: a worker started; it is pinned at once (a pidfd), while the launcher still holds it;
+- ``cgroup PATH``: the job's cgroup, when the launcher could make one;
+- ``quit``: the launcher cleaned up itself.
+
+End of file without ``quit`` means the launcher is gone. Then every process of the job gets
+SIGTERM, and whatever still runs after the grace time SIGKILL: with a cgroup, the kernel's
+``cgroup.kill`` takes everything in it; without, the job is the workers, the processes in their
+groups while the group's leader lives, and every process whose environment carries the run id
+(see ``launcher.processes``). Needs only the standard library, psutil and that module.
 """
+
+from __future__ import annotations
 
 import os
 import signal
 import sys
 import time
 
-RUN_ID_VAR = "LAUNCHER_RUN_ID"
+from launcher import processes
+
+POLL = 0.05
+EMPTY_WAIT = 5.0  # after cgroup.kill, how long to wait for the cgroup to empty before removing it
 
 
-def main(run_id: str, grace: float) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    groups = []
-    for line in sys.stdin:
+class Watch:
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.leaders: dict = {}  # pid -> processes.Pinned
+        self.cgroup = None
+
+    def take(self, line: str) -> bool:
+        """Apply one line of the launcher; False for ``quit``."""
         word, _, arg = line.strip().partition(" ")
         if word == "quit":
+            return False
+        if word == "pid" and arg.isdigit():
+            pinned = processes.pin(int(arg), processes.Job(self.run_id, groups=frozenset({int(arg)})))
+            if pinned is not None:
+                self.leaders[pinned.pid] = pinned
+        elif word == "cgroup" and arg:
+            self.cgroup = processes.JobCgroup.at(arg)
+        return True
+
+    def job(self) -> processes.Job:
+        live = frozenset(pid for pid, p in self.leaders.items() if p.running())
+        return processes.Job(self.run_id, groups=live, cgroup=self.cgroup, exclude=frozenset({os.getpid()}))
+
+    def targets(self) -> list:
+        job = self.job()
+        found = processes.members(job)
+        found += [p for pid, p in self.leaders.items() if p.running() and pid not in {f.pid for f in found}]
+        return found
+
+    def sweep(self, grace: float) -> int:
+        """SIGTERM, grace, SIGKILL; the number of processes stopped."""
+        targets = self.targets()
+        processes.signal_members(targets, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.running() for p in targets):
+            time.sleep(POLL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        rest = self.targets()
+        processes.signal_members(rest, signal.SIGKILL)
+        processes.close_all(rest)
+        processes.close_all(targets)
+        self._remove_cgroup()
+        return len(targets)
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup is None:
+            return
+        deadline = time.monotonic() + EMPTY_WAIT
+        while not self.cgroup.remove() and time.monotonic() < deadline:
+            time.sleep(POLL)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_id, grace = argv[0], float(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch = Watch(run_id)
+    for line in sys.stdin:
+        if not watch.take(line):
             os._exit(0)  # the launcher waits for this exit: skip the interpreter's teardown
-        if word == "pgid":
-            groups.append(int(arg))
-    stopped = sweep(groups, run_id, grace)
+    stopped = watch.sweep(grace)
     if stopped:
         sys.stderr.write(f"launcher: watchdog: the launcher died; stopped {stopped} leftover process(es)\n")
-    return 0
-
-
-def sweep(groups, run_id: str, grace: float) -> int:
-    targets = members(groups, run_id)
-    signal_all(groups, targets, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and alive(targets):
-        time.sleep(0.05)
-    signal_all(groups, members(groups, run_id), signal.SIGKILL)
-    return len(targets)
-
-
-def members(groups, run_id: str) -> list:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) in groups or p.environ().get(RUN_ID_VAR) == run_id:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def signal_all(groups, procs, sig) -> None:
-    for g in groups:
-        try:
-            os.killpg(g, sig)
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except Exception:
-            pass
-
-
-def alive(procs) -> bool:
-    import psutil
-
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.Error:
-            continue
-    return False
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], float(sys.argv[2])))
+    os._exit(0)

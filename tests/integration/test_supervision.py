@@ -128,10 +128,13 @@ def test_leftover_processes_are_stopped_when_workers_finish(tmp_path):
 
 INJECT = """
 import sys
-from launcher import cli, supervisor
-def broken(self, worker):
-    raise RuntimeError("injected fault")
-supervisor.Job._on_exit = broken
+from launcher import cli, policy
+decide = policy.decide
+def broken(state, event, now):
+    if isinstance(event, policy.WorkerExited):
+        raise RuntimeError("injected fault")
+    return decide(state, event, now)
+policy.decide = broken
 sys.argv[0] = "launcher"
 cli.main(sys.argv[1:])
 """

@@ -1,0 +1,216 @@
+"""What each event means for a running job: a pure function of (state, event, time).
+
+The supervisor turns what happens (a worker exits, a signal arrives, a deadline passes) into the
+events below, feeds them to ``decide`` and carries out the actions it returns. Nothing here
+touches a process, so every rule is tested with plain tables (tests/test_policy.py).
+
+The stop sequence, the same whatever started it: the signal that stops the job (SIGTERM after a
+failure or for leftovers; the received one for INT/HUP/QUIT/TERM), then SIGTERM to whatever still
+runs after ``TERM_FOLLOWS`` (so a worker that saves a checkpoint on SIGTERM gets to), then
+SIGKILL when the grace time (``--shutdown_timeout``) has passed since the stop began. A second
+stop signal kills at once. After SIGKILL, the supervisor waits at most ``KILL_WAIT`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple, Union
+
+TERM_FOLLOWS = 1.0  # seconds from a passed-on INT/HUP/QUIT to the SIGTERM after it (at most grace/2)
+KILL_WAIT = 5.0  # how long processes may take to vanish after SIGKILL before the launcher gives up
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    rank: int
+    returncode: int  # negative: killed by that signal
+
+
+@dataclass(frozen=True)
+class StopSignal:
+    sig: int  # INT, TERM, HUP or QUIT reached the launcher
+
+
+@dataclass(frozen=True)
+class UserSignal:
+    sig: int  # USR1 or USR2: passed on, nothing else
+
+
+@dataclass(frozen=True)
+class LeftoversRunning:
+    count: int  # every worker has exited, these processes of the job still run
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    rank: int
+    reason: str  # a worker could not be started (no descriptors, no processes left, ...)
+
+
+@dataclass(frozen=True)
+class TimePassed:
+    pass  # a deadline of the state may have come
+
+
+Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, TimePassed]
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Send:
+    sig: int
+    leftovers: bool = True  # also to the job's processes outside the workers' groups
+
+
+@dataclass(frozen=True)
+class Kill:
+    pass  # SIGKILL to everything of the job
+
+
+@dataclass(frozen=True)
+class Say:
+    level: int
+    text: str
+
+
+Action = Union[Send, Kill, Say]
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class State:
+    running: frozenset  # ranks whose worker has not exited
+    grace: float
+    failure: Optional[Tuple[int, int]] = None  # (rank, returncode) of the first failure
+    stop_signal: Optional[int] = None  # the signal that stopped the job
+    start_failure: Optional[str] = None  # why the workers could not all be started
+    stop_began: Optional[float] = None
+    term_at: Optional[float] = None  # a SIGTERM still to follow a passed-on signal
+    kill_at: Optional[float] = None
+    killed_at: Optional[float] = None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_began is not None
+
+    @property
+    def gave_up_at(self) -> Optional[float]:
+        return None if self.killed_at is None else self.killed_at + KILL_WAIT
+
+
+def start(ranks, grace: float) -> State:
+    return State(running=frozenset(ranks), grace=grace)
+
+
+def next_deadline(state: State) -> Optional[float]:
+    times = [t for t in (state.term_at, state.kill_at, state.gave_up_at) if t is not None]
+    return min(times) if times else None
+
+
+def exit_code(state: State) -> int:
+    """The launcher's exit code once the job is over: the first failure's, else the signal's;
+    1 when the workers could not all be started (a resource ran out: not the user's input)."""
+    if state.start_failure is not None:
+        return 1
+    if state.failure is not None:
+        return shell_code(state.failure[1])
+    if state.stop_signal is not None:
+        return 128 + state.stop_signal
+    return 0
+
+
+def shell_code(returncode: int) -> int:
+    """A return code as a shell reports it: 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def gave_up(state: State, now: float) -> bool:
+    return state.gave_up_at is not None and now >= state.gave_up_at
+
+
+# ---------------------------------------------------------------- rules
+
+
+def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
+    if isinstance(event, WorkerExited):
+        return _on_exit(state, event, now)
+    if isinstance(event, StopSignal):
+        return _on_stop_signal(state, event.sig, now)
+    if isinstance(event, UserSignal):
+        name = signal.Signals(event.sig).name
+        return state, (Say(logging.INFO, f"passing {name} on to the workers"), Send(event.sig, leftovers=False))
+    if isinstance(event, StartFailed):
+        state = replace(state, start_failure=event.reason)
+        say = Say(logging.ERROR, f"{event.reason}; stopping the {len(state.running)} worker(s) already started")
+        return _begin_stop(state, now, signal.SIGTERM, say)
+    if isinstance(event, LeftoversRunning):
+        if state.stopping:
+            return state, ()
+        say = Say(logging.INFO, f"stopping {event.count} process(es) the workers left running")
+        return _begin_stop(state, now, signal.SIGTERM, say)
+    return _on_time(state, now)
+
+
+def _on_exit(state: State, event: WorkerExited, now: float):
+    state = replace(state, running=state.running - {event.rank})
+    if event.returncode == 0 or state.stopping:
+        return state, ()
+    state = replace(state, failure=(event.rank, event.returncode))
+    others = len(state.running)
+    rest = f"; stopping the other {others} worker(s)" if others else ""
+    say = Say(logging.ERROR, f"rank {event.rank} failed ({describe_exit(event.returncode)}){rest}")
+    return _begin_stop(state, now, signal.SIGTERM, say)
+
+
+def _on_stop_signal(state: State, sig: int, now: float):
+    name = signal.Signals(sig).name
+    if state.stopping:
+        if state.killed_at is not None:
+            return state, ()
+        again = "again" if state.stop_signal is not None else "while stopping"
+        say = Say(logging.WARNING, f"received {name} {again}: killing everything now "
+                                   f"({now - state.stop_began:.1f} s after the stop began)")
+        return replace(state, killed_at=now, term_at=None), (say, Kill())
+    state = replace(state, stop_signal=sig)
+    say = Say(logging.WARNING, f"received {name}: passing it on and stopping the workers")
+    return _begin_stop(state, now, sig, say)
+
+
+def _begin_stop(state: State, now: float, sig: int, say: Say):
+    term_at = None if sig == signal.SIGTERM else now + min(TERM_FOLLOWS, state.grace / 2)
+    state = replace(state, stop_began=now, term_at=term_at, kill_at=now + state.grace)
+    return state, (say, Send(sig))
+
+
+def _on_time(state: State, now: float):
+    actions = []
+    if state.term_at is not None and now >= state.term_at:
+        state = replace(state, term_at=None)
+        actions.append(Send(signal.SIGTERM))
+    if state.kill_at is not None and state.killed_at is None and now >= state.kill_at:
+        who = (f"rank(s) {','.join(map(str, sorted(state.running)))}" if state.running
+               else "processes the workers left")
+        actions.append(Say(logging.WARNING, f"{who} still running {now - state.stop_began:.1f} s "
+                                            f"after the stop began: sending SIGKILL"))
+        actions.append(Kill())
+        state = replace(state, killed_at=now, term_at=None)
+    return state, tuple(actions)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exit code {returncode}"
