@@ -112,7 +112,8 @@ def start(ranks, grace: float) -> State:
 
 
 def next_deadline(state: State) -> Optional[float]:
-    times = [t for t in (state.term_at, state.kill_at, state.gave_up_at) if t is not None]
+    kill_at = state.kill_at if state.killed_at is None else None
+    times = [t for t in (state.term_at, kill_at, state.gave_up_at) if t is not None]
     return min(times) if times else None
 
 
@@ -179,7 +180,7 @@ def _on_stop_signal(state: State, sig: int, now: float):
         again = "again" if state.stop_signal is not None else "while stopping"
         say = Say(logging.WARNING, f"received {name} {again}: killing everything now "
                                    f"({now - state.stop_began:.1f} s after the stop began)")
-        return replace(state, killed_at=now, term_at=None), (say, Kill())
+        return replace(state, killed_at=now, term_at=None, stop_signal=state.stop_signal or sig), (say, Kill())
     state = replace(state, stop_signal=sig)
     say = Say(logging.WARNING, f"received {name}: passing it on and stopping the workers")
     return _begin_stop(state, now, sig, say)

@@ -1,0 +1,117 @@
+"""The supervisor's rules as tables: (state, event, time) -> (state, actions), no processes."""
+
+import logging
+import signal
+
+import pytest
+
+from launcher import policy as p
+
+GRACE = 10.0
+
+
+def run(events, ranks=(0, 1, 2), grace=GRACE):
+    """Feed (time, event) pairs; the final state and every action with its time."""
+    state = p.start(ranks, grace)
+    seen = []
+    for now, event in events:
+        state, actions = p.decide(state, event, now)
+        seen += [(now, a) for a in actions]
+    return state, seen
+
+
+def sends(seen):
+    return [(t, type(a).__name__, getattr(a, "sig", None)) for t, a in seen if not isinstance(a, p.Say)]
+
+
+def test_all_exit_zero_means_exit_zero_and_no_action():
+    state, seen = run([(1, p.WorkerExited(0, 0)), (2, p.WorkerExited(1, 0)), (3, p.WorkerExited(2, 0))])
+    assert seen == [] and not state.running and p.exit_code(state) == 0
+
+
+@pytest.mark.parametrize("returncode, code", [(7, 7), (-signal.SIGKILL, 137), (-signal.SIGSEGV, 139), (255, 255)])
+def test_a_failure_stops_the_others_and_gives_its_code(returncode, code):
+    state, seen = run([(1.0, p.WorkerExited(1, returncode)), (1.1, p.WorkerExited(0, -signal.SIGTERM))])
+    assert sends(seen) == [(1.0, "Send", signal.SIGTERM)]
+    assert p.exit_code(state) == code
+    assert state.failure == (1, returncode)
+    assert "rank 1 failed" in seen[0][1].text and seen[0][1].level == logging.ERROR
+
+
+def test_only_the_first_failure_counts():
+    state, _ = run([(1, p.WorkerExited(2, 3)), (1.1, p.WorkerExited(0, 9)), (1.2, p.WorkerExited(1, -15))])
+    assert p.exit_code(state) == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
+def test_a_stop_signal_is_passed_on_then_sigterm_then_sigkill(sig):
+    state, seen = run([(0.0, p.StopSignal(sig)), (1.0, p.TimePassed()), (5.0, p.TimePassed()), (10.0, p.TimePassed())])
+    assert sends(seen) == [(0.0, "Send", sig), (1.0, "Send", signal.SIGTERM), (10.0, "Kill", None)]
+    assert p.exit_code(state) == 128 + sig
+
+
+def test_sigterm_is_not_sent_twice():
+    state, seen = run([(0.0, p.StopSignal(signal.SIGTERM)), (1.0, p.TimePassed()), (10.0, p.TimePassed())])
+    assert sends(seen) == [(0.0, "Send", signal.SIGTERM), (10.0, "Kill", None)]
+
+
+def test_sigterm_follows_within_half_a_short_grace():
+    _, seen = run([(0.0, p.StopSignal(signal.SIGINT)), (0.25, p.TimePassed()), (0.5, p.TimePassed())], grace=0.5)
+    assert sends(seen) == [(0.0, "Send", signal.SIGINT), (0.25, "Send", signal.SIGTERM), (0.5, "Kill", None)]
+
+
+def test_a_second_stop_signal_kills_at_once_and_says_the_true_time():
+    state, seen = run([(0.0, p.StopSignal(signal.SIGTERM)), (0.3, p.StopSignal(signal.SIGINT)), (10.0, p.TimePassed())])
+    assert sends(seen) == [(0.0, "Send", signal.SIGTERM), (0.3, "Kill", None)]
+    text = [a.text for _, a in seen if isinstance(a, p.Say)][-1]
+    assert "0.3 s after the stop began" in text
+    assert p.exit_code(state) == 128 + signal.SIGTERM
+
+
+def test_a_signal_while_stopping_after_a_failure_kills_and_keeps_the_failure_code():
+    state, seen = run([(0.0, p.WorkerExited(0, 4)), (2.0, p.StopSignal(signal.SIGINT))])
+    assert sends(seen) == [(0.0, "Send", signal.SIGTERM), (2.0, "Kill", None)]
+    assert p.exit_code(state) == 4
+
+
+def test_leftovers_get_the_same_stop_sequence_and_a_signal_ends_the_wait():
+    events = [(0, p.WorkerExited(0, 0)), (0, p.WorkerExited(1, 0)), (0, p.WorkerExited(2, 0)),
+              (1, p.LeftoversRunning(3)), (2, p.LeftoversRunning(3)), (3, p.StopSignal(signal.SIGINT))]
+    state, seen = run(events)
+    assert sends(seen) == [(1, "Send", signal.SIGTERM), (3, "Kill", None)]
+    assert p.exit_code(state) == 128 + signal.SIGINT
+
+
+def test_leftovers_not_stopped_in_time_are_killed():
+    events = [(0, p.WorkerExited(0, 0)), (1, p.LeftoversRunning(1)), (11, p.TimePassed())]
+    _, seen = run(events, ranks=(0,))
+    assert sends(seen) == [(1, "Send", signal.SIGTERM), (11, "Kill", None)]
+    assert "processes the workers left still running 10.0 s" in [a.text for _, a in seen if isinstance(a, p.Say)][-1]
+
+
+def test_user_signals_are_passed_to_the_workers_only():
+    state, seen = run([(0, p.UserSignal(signal.SIGUSR1))])
+    assert sends(seen) == [(0, "Send", signal.SIGUSR1)]
+    assert seen[-1][1].leftovers is False and not state.stopping
+
+
+def test_a_worker_that_could_not_start_stops_the_rest_with_code_1():
+    state, seen = run([(0, p.StartFailed(43, "could not start rank 43: Too many open files"))], ranks=range(43))
+    assert sends(seen) == [(0, "Send", signal.SIGTERM)]
+    assert "stopping the 43 worker(s) already started" in seen[0][1].text
+    assert p.exit_code(state) == 1
+
+
+def test_deadlines_and_giving_up_after_sigkill():
+    state, _ = run([(0.0, p.StopSignal(signal.SIGINT))])
+    assert p.next_deadline(state) == 1.0
+    state, _ = p.decide(state, p.TimePassed(), 1.0)
+    assert p.next_deadline(state) == GRACE
+    state, _ = p.decide(state, p.TimePassed(), GRACE)
+    assert p.next_deadline(state) == GRACE + p.KILL_WAIT
+    assert not p.gave_up(state, GRACE + 1) and p.gave_up(state, GRACE + p.KILL_WAIT)
+
+
+def test_nothing_happens_before_a_deadline():
+    state, seen = run([(0.0, p.StopSignal(signal.SIGTERM)), (3.0, p.TimePassed())])
+    assert sends(seen) == [(0.0, "Send", signal.SIGTERM)]
