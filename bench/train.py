@@ -1,4 +1,4 @@
-"""Benchmark worker for training: the seed's MLP (Paddle 1.8 Fleet tutorial) on CPU workers.
+"""Benchmark worker for training: the MLP of Paddle 1.8's Fleet tutorial on CPU workers.
 
     train.py API STEPS OUT_DIR
 
@@ -28,7 +28,7 @@ BATCH, IN_DIM, HID_DIM, LABEL_DIM = 128, 32, 1280, 2
 
 
 def mlp() -> nn.Module:
-    """fc(1280, tanh) -> fc(1280, tanh) -> fc(2, softmax), as in the seed."""
+    """fc(1280, tanh) -> fc(1280, tanh) -> fc(2, softmax), as in the Fleet tutorial."""
     return nn.Sequential(
         nn.Linear(IN_DIM, HID_DIM), nn.Tanh(),
         nn.Linear(HID_DIM, HID_DIM), nn.Tanh(),

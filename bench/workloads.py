@@ -1,0 +1,285 @@
+"""The eight workloads: what each one runs, what it measures, and the goal for each figure.
+
+A workload is a ``Workload``: a name, a title, a function that does one run with one launcher
+(``Ctx`` -> a result dataclass) and the ``Metric``s read from that result. The worker scripts
+are the small files next to this one. Sizes depend on the mode (``MODES``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import spew  # the log-volume worker: its line format is the check's reference
+from harness import BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, wait_for_files
+from report import Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Sizes:
+    reps: int  # runs per launcher, for most workloads
+    help_reps: int
+    idle_s: float
+    log_mb: float  # per worker
+    scale_workers: int
+    plan_nodes: int
+    plan_repeats: int  # plans timed inside one planning run
+    train_steps: int
+    train_reps: int
+
+
+MODES = {
+    "full": Sizes(reps=3, help_reps=10, idle_s=10, log_mb=200, scale_workers=64,
+                  plan_nodes=1000, plan_repeats=20, train_steps=150, train_reps=3),
+    "quick": Sizes(reps=1, help_reps=3, idle_s=3, log_mb=20, scale_workers=64,
+                   plan_nodes=1000, plan_repeats=5, train_steps=50, train_reps=1),
+    "tiny": Sizes(reps=1, help_reps=1, idle_s=0.5, log_mb=0.5, scale_workers=4,
+                  plan_nodes=10, plan_repeats=1, train_steps=2, train_reps=1),
+}
+
+
+# ---------------------------------------------------------------- 1. start-up
+
+
+@dataclass
+class Startup:
+    seconds: float
+
+
+def startup(ctx: Ctx, sizes: Sizes) -> Startup:
+    """``--help``: wall time until exit."""
+    with ctx.launch_help() as run:
+        run.expect_success(60)
+        return Startup(run.seconds())
+
+
+# ---------------------------------------------------------------- 2. a 2-worker job
+
+
+@dataclass
+class JobTime:
+    seconds: float
+
+
+def job(ctx: Ctx, sizes: Sizes) -> JobTime:
+    """Two workers: gloo init and one all-reduce, end to end."""
+    with ctx.launch(Job(2, "allreduce.py")) as run:
+        run.expect_success(180)
+        return JobTime(run.seconds())
+
+
+# ---------------------------------------------------------------- 3. teardown
+
+
+@dataclass
+class Teardown:
+    seconds: float  # from the failing worker's exit to the launcher's exit
+    exit_code: int
+
+
+def teardown(ctx: Ctx, sizes: Sizes) -> Teardown:
+    """One of 3 workers exits 7 while the others sleep."""
+    ready, stamp = ctx.tmp / "ready", ctx.tmp / "stamp"
+    ready.mkdir()
+    with ctx.launch(Job(3, "fail.py", (ready, stamp))) as run:
+        code = run.wait(120)
+        if not stamp.exists():
+            raise BenchError(f"the failing worker never exited (launcher exit code {code}){run.stderr_tail()}")
+        return Teardown(run.exit_time - float(stamp.read_text()), code)
+
+
+# ---------------------------------------------------------------- 4. idle
+
+
+@dataclass
+class Idle:
+    cpu_s: float  # during the idle window
+    rss_mib: float  # largest seen during the idle window
+
+
+def idle(ctx: Ctx, sizes: Sizes) -> Idle:
+    """Two sleeping workers: the launcher's CPU time and memory over ``idle_s`` seconds."""
+    ready = ctx.tmp / "ready"
+    ready.mkdir()
+    with ctx.launch(Job(2, "sleeper.py", (sizes.idle_s + 120, ready))) as run:
+        wait_for_files(ready, 2, 120, run)
+        with TreeSampler(run.proc.pid, interval=0.5) as sampler:
+            cpu0, _ = sampler.snapshot()
+            time.sleep(sizes.idle_s)
+            cpu1, _ = sampler.snapshot()
+        if run.exited:
+            raise BenchError(f"the launcher exited early ({run.wait(1)}){run.stderr_tail()}")
+        return Idle(cpu1 - cpu0, sampler.max_rss / MiB)
+
+
+# ---------------------------------------------------------------- 5. log volume
+
+
+@dataclass
+class LogVolume:
+    seconds: float
+    cpu_s: float  # the launcher's and its helpers', whole run
+    bad_lines: int  # lines lost, cut or garbled, over both log files and the console
+
+
+def logs(ctx: Ctx, sizes: Sizes) -> LogVolume:
+    """Two workers writing ``log_mb`` MB each; logs to files, worker 0 also on the console."""
+    log_dir = ctx.tmp / "logs"
+    with ctx.launch(Job(2, "spew.py", (sizes.log_mb,), log_dir)) as run, TreeSampler(run.proc.pid) as sampler:
+        code = run.wait(600)
+        cpu = run.self_cpu() + sampler.helpers_cpu()
+        if code != 0:
+            raise BenchError(f"exit code {code}{run.stderr_tail()}")
+    expected = [expected_lines(rank, spew.line_count(sizes.log_mb)) for rank in (0, 1)]
+    bad = sum(bad_lines(ctx.launcher.log_file(log_dir, r).read_bytes(), r, expected[r]) for r in (0, 1))
+    bad += bad_lines(run.stdout_path.read_bytes(), 0, expected[0])
+    return LogVolume(run.seconds(), cpu, bad)
+
+
+def expected_lines(rank: int, n: int) -> list[bytes]:
+    """The ``n`` lines worker ``rank`` writes, without their newline."""
+    return [spew.line(rank, i)[:-1] for i in range(n)]
+
+
+def bad_lines(data: bytes, rank: int, expected: list[bytes]) -> int:
+    """How many of the ``expected`` lines of worker ``rank`` are missing from ``data`` or not whole.
+
+    Other lines (headers, the launcher's messages) are ignored; a line may carry a prefix.
+    """
+    marker = f"bench r{rank} n".encode()
+    found = [line[line.find(marker):] for line in data.split(b"\n") if marker in line]
+    if found == expected:
+        return 0
+    good = set(expected).intersection(found)
+    return (len(expected) - len(good)) + sum(1 for line in found if line not in good)
+
+
+# ---------------------------------------------------------------- 6. scale
+
+
+@dataclass
+class Scale:
+    running_s: float  # from the launcher's start until every worker runs
+    stopped_s: float  # from SIGTERM to the launcher until the launcher and every worker are gone
+    exit_code: int
+
+
+def scale(ctx: Ctx, sizes: Sizes) -> Scale:
+    """``scale_workers`` sleeping CPU workers: up, then SIGTERM to the launcher."""
+    n, ready = sizes.scale_workers, ctx.tmp / "ready"
+    ready.mkdir()
+    with ctx.launch(Job(n, "sleeper.py", (600, ready))) as run:
+        all_running = wait_for_files(ready, n, 180, run)
+        pids = [int(f.read_text()) for f in ready.glob("*.ready")]
+        sigterm = time.time()
+        os.kill(run.proc.pid, signal.SIGTERM)
+        code = run.wait(120)
+        stopped = gone_at(pids, run.exit_time, 60)
+        return Scale(all_running - run.start_time, stopped - sigterm, code)
+
+
+# ---------------------------------------------------------------- 7. planning
+
+
+@dataclass
+class Planning:
+    ms: float  # one plan for node 0
+    env_kib: float  # variables the launcher adds for one worker
+
+
+def planning(ctx: Ctx, sizes: Sizes) -> Planning:
+    """The plan for ``plan_nodes`` nodes x 8 GPUs, computed in one process, nothing started."""
+    argv = [sys.executable, str(BENCH / "plan_time.py"), ctx.launcher.name,
+            str(sizes.plan_nodes), "8", str(sizes.plan_repeats)]
+    with ctx.start(argv) as run:
+        run.expect_success(120)
+        result = json.loads(run.stdout_path.read_text().strip().splitlines()[-1])
+    return Planning(result["seconds"] * 1000, result["env_bytes"] / 1024)
+
+
+# ---------------------------------------------------------------- 8. training
+
+
+@dataclass
+class Training:
+    steps_per_s: float  # rank 0's
+    cpu_ms: float  # rank 0's CPU time per step, all threads: less sensitive to other load
+
+
+def training(api: str) -> Callable[[Ctx, Sizes], Training]:
+    """The tutorial's MLP on 2 CPU workers: ours through fleet's ``api``, torchrun through DDP."""
+    return lambda ctx, sizes: train(ctx, sizes, api if ctx.launcher.name == "ours" else "ddp")
+
+
+def train(ctx: Ctx, sizes: Sizes, api: str) -> Training:
+    """Rank 0's steps per second and CPU ms per step in one training run through ``api``."""
+    out = ctx.tmp / api
+    out.mkdir()
+    with ctx.launch(Job(2, "train.py", (api, sizes.train_steps, out))) as run:
+        run.expect_success(300)
+    results = [json.loads((out / f"train.{r}.json").read_text()) for r in (0, 1)]
+    a, b = (r["checksum"] for r in results)
+    if abs(a - b) > 1e-6 * max(1.0, abs(a)):
+        raise BenchError(f"{api}: the ranks' parameters differ after training ({a} != {b}): gradients not synchronised")
+    return Training(results[0]["steps_per_s"], results[0]["cpu_ms_per_step"])
+
+
+# ---------------------------------------------------------------- the table's rows
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str  # for --only
+    title: Callable[[Sizes], str]
+    run: Callable[[Ctx, Sizes], Any]
+    metrics: tuple[Metric, ...]
+    reps: Callable[[Sizes], int] = lambda s: s.reps
+
+
+WORKLOADS = (
+    Workload("startup", lambda s: "1. start-up: --help", startup, (
+        Metric("seconds", "wall time (s)", ratio_at_most(0.1)),
+    ), reps=lambda s: s.help_reps),
+    Workload("job", lambda s: "2. 2-worker job: gloo + all-reduce", job, (
+        Metric("seconds", "wall time (s)", ratio_at_most(0.75)),
+    )),
+    Workload("teardown", lambda s: "3. teardown: 1 of 3 workers exits 7", teardown, (
+        Metric("seconds", "worker exit -> launcher exit (s)", ratio_at_most(0.15)),
+        Metric("exit_code", "launcher exit code", ours_equal(7), summary=same_codes, ratio=False),
+    )),
+    Workload("idle", lambda s: f"4. idle: 2 sleeping workers, {s.idle_s:g} s", idle, (
+        Metric("cpu_s", "launcher CPU in the idle window (s)", at_most_torchrun()),
+        Metric("rss_mib", "launcher resident memory (MiB)", ratio_at_most(0.25)),
+    )),
+    Workload("logs", lambda s: f"5. log volume: 2 workers x {s.log_mb:g} MB", logs, (
+        Metric("seconds", "wall time (s)", ratio_at_most(0.5)),
+        Metric("cpu_s", "launcher CPU (s)"),
+        Metric("bad_lines", "lines lost or cut", ours_equal(0), summary=max, ratio=False),
+    )),
+    Workload("scale", lambda s: f"6. scale: {s.scale_workers} sleeping CPU workers", scale, (
+        Metric("running_s", "start -> all running (s)"),
+        Metric("stopped_s", "SIGTERM -> all stopped (s)"),
+        Metric("exit_code", "launcher exit code after SIGTERM", summary=same_codes, ratio=False),
+    )),
+    Workload("planning", lambda s: f"7. planning: {s.plan_nodes} nodes x 8 GPUs", planning, (
+        Metric("ms", "plan of node 0 (ms)"),
+        Metric("env_kib", "env added per worker (KiB)"),
+    )),
+    Workload("train-optimizer", lambda s: f"8a. training, {s.train_steps} steps: distributed_optimizer vs DDP",
+             training("optimizer"), (
+        Metric("steps_per_s", "steps/s", ratio_at_least(1.0)),
+        Metric("cpu_ms", "worker CPU per step (ms)"),
+    ), reps=lambda s: s.train_reps),
+    Workload("train-model", lambda s: f"8b. training, {s.train_steps} steps: distributed_model vs DDP",
+             training("model"), (
+        Metric("steps_per_s", "steps/s", ratio_at_least(1.0)),
+        Metric("cpu_ms", "worker CPU per step (ms)"),
+    ), reps=lambda s: s.train_reps),
+)
