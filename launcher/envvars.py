@@ -1,4 +1,4 @@
-"""Names of the variables the launcher gives each worker (CONTRACT section 3).
+"""Names of the variables the launcher gives each worker.
 
 The plan writes them and the runtime reads them, both from here.
 """

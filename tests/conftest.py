@@ -40,6 +40,25 @@ def wait_for(predicate, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def read_until(proc, text, timeout=20.0):
+    """Read the launcher's stderr until ``text`` appears; what was read. Bounded by ``timeout``."""
+    import select
+
+    fd = proc.stderr.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out waiting for {text!r} in: {seen.decode(errors='replace')[-2000:]}")
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"{text!r} never came: {seen.decode(errors='replace')[-2000:]}")
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
 def read_dumps(folder, count):
     wait_for(lambda: len(list(Path(folder).glob("env.*.json"))) >= count, what=f"{count} env dumps")
     dumps = {}

@@ -1,4 +1,4 @@
-"""What each worker really gets: variables, arguments, command (CONTRACT sections 2, 3, 5, 6, 9)."""
+"""What each worker really gets: variables, arguments, command."""
 
 import os
 import stat

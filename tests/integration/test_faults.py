@@ -10,12 +10,11 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import PROBE, REPO, WORKERS, alive, assert_all_gone, pids_of, read_dumps, run_launcher, start_launcher, wait_for
+from conftest import PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, start_launcher, wait_for
 from launcher import processes
 
 ROOT = os.geteuid() == 0
@@ -155,8 +154,7 @@ def test_second_signal_during_cleanup_of_leftovers_kills_at_once(tmp_path):
     children = [c for d in dumps.values() for c in d["children"]]
     for c in children:  # the leftovers ignore SIGTERM (so the launcher must wait for the grace)
         os.kill(c, signal.SIGSTOP)
-    wait_for(lambda: not any(alive(d["pid"]) for d in dumps.values()), timeout=20, what="the workers to finish")
-    time.sleep(0.3)
+    read_until(launcher, "the workers left running")
     sent = time.monotonic()
     launcher.send_signal(signal.SIGINT)
     out, err = launcher.communicate(timeout=20)

@@ -1,4 +1,4 @@
-"""Two nodes, one command each, a real gloo all-reduce over 4 ranks (CONTRACT section 2)."""
+"""Two nodes, one command each, a real gloo all-reduce over 4 ranks."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Exit codes, failures, signals and teardown, with real worker processes (CONTRACT section 7)."""
+"""Exit codes, failures, signals and teardown, with real worker processes."""
 
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import PROBE, REPO, assert_all_gone, pids_of, read_dumps, run_launcher, start_launcher
+from conftest import PROBE, REPO, assert_all_gone, pids_of, read_dumps, read_until, run_launcher, start_launcher
 
 
 def test_all_workers_succeed_exit_zero(tmp_path):
@@ -92,7 +92,7 @@ def test_second_sigint_kills_at_once(tmp_path):
                               "--ignore-term", "--sleep", 60)
     dumps = read_dumps(tmp_path, 2)
     launcher.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    read_until(launcher, "received SIGTERM")
     launcher.send_signal(signal.SIGINT)
     launcher.communicate(timeout=15)
     assert launcher.returncode == 128 + signal.SIGTERM

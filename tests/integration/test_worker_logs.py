@@ -1,4 +1,4 @@
-"""Log files, console echo and rank prefixes (CONTRACT section 4)."""
+"""Log files, console echo and rank prefixes."""
 
 import re
 
