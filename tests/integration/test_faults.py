@@ -217,3 +217,30 @@ def test_rank_0_port_is_held_until_the_store_takes_it(tmp_path):
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.communicate(timeout=30)
+
+
+# ---------------------------------------------------------------- a start that runs out of something
+
+FORK_FAILS = """
+import errno, subprocess, sys
+from launcher import cli
+real, calls = subprocess.Popen, []
+class Popen(real):
+    def __init__(self, cmd, *a, **kw):
+        if "-u" in cmd:  # a worker, not the watchdog
+            calls.append(cmd)
+            if len(calls) == 3:
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        super().__init__(cmd, *a, **kw)
+subprocess.Popen = Popen
+cli.main(sys.argv[1:])
+"""
+
+
+def test_a_worker_that_cannot_be_started_stops_the_others_with_code_1(tmp_path):
+    cmd = [sys.executable, "-c", FORK_FAILS, "--nproc_per_node", "4", PROBE, "--dump", str(tmp_path), "--sleep", "60"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "could not start rank 2: Resource temporarily unavailable; stopping the 2 worker(s) already started" in r.stderr
+    assert "Traceback" not in r.stderr
+    wait_for(lambda: not _marked(str(tmp_path)), timeout=5, what="the started workers to be gone")
