@@ -86,7 +86,8 @@ Examples:
 @_option("module", short=("-m",), is_flag=True, default=False,
          help="Run training_script as a module: python -m training_script.")
 @_option("no_python", is_flag=True, default=False,
-         help="Run training_script as an executable, not through Python.")
+         help="Run training_script as an executable, not through Python: a path such as ./run.sh, "
+              "or a command on PATH.")
 @_option("shutdown_timeout", type=Seconds(), default=10.0, show_default=True, metavar="SECONDS",
          help=f"Grace between SIGTERM and SIGKILL when workers are stopped (0 to {MAX_SHUTDOWN_TIMEOUT:.0f}).")
 @click.version_option(__version__, "--version", message="%(prog)s %(version)s")
