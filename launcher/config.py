@@ -97,10 +97,7 @@ def _env(value, where: str) -> tuple:
     for k, v in value.items():
         _check_env_name(k, where)
         _check_scalar(v, f"{where}: {k}")
-        text = str(v).lower() if isinstance(v, bool) else str(v)
-        if "\0" in text:
-            raise LaunchError(f"{where}: {k} has a NUL character in its value, which no environment variable can hold; remove it.")
-        pairs.append((k, text))
+        pairs.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
     return tuple(pairs)
 
 
@@ -112,10 +109,12 @@ def _check_env_name(name, where: str) -> None:
         raise LaunchError(f"{where} has an empty variable name; give each variable a name.")
     for bad, what in (("=", "'='"), ("\0", "a NUL character")):
         if bad in name:
-            raise LaunchError(f"{where}: the variable name {name!r} contains {what}, which no variable name can hold; rename it.")
+            raise LaunchError(f"{where}: the variable name {_short.repr(name)} contains {what}, which no variable name can hold; rename it.")
 
 
 def _check_scalar(value, where: str) -> None:
+    if isinstance(value, str) and "\0" in value:
+        raise LaunchError(f"{where} has a NUL character in its value, which no argument, path or variable can hold; remove it.")
     if isinstance(value, SCALARS):
         return
     if isinstance(value, (list, dict)) or value is None:

@@ -124,7 +124,7 @@ def make_plan(
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
     _check_nproc(opts.nproc_per_node)
-    check_shutdown_timeout(opts.shutdown_timeout)
+    _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
     base_env = {**env, **dict(opts.extra_env)}
@@ -153,7 +153,7 @@ def _check_nproc(n) -> None:
         raise LaunchError(f"--nproc_per_node {n} is more workers than a node has ports; give at most {MAX_WORKERS_PER_NODE}.")
 
 
-def check_shutdown_timeout(seconds) -> None:
+def _check_shutdown_timeout(seconds) -> None:
     """A grace period the stop sequence can wait for: a finite number of seconds, up to one day."""
     ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
     if not ok or not 0 <= seconds <= MAX_SHUTDOWN_TIMEOUT:
@@ -344,12 +344,11 @@ def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int)
     dup = _first_duplicate([f"{_host_part(h)}:{p}" for h, p in parsed])
     if dup is not None:
         raise LaunchError(f"{name} lists the endpoint {dup} twice; give every worker an endpoint of its own.")
-    ports = []
-    for e, (host, port) in zip(endpoints[node_rank * nper:(node_rank + 1) * nper], parsed[node_rank * nper:(node_rank + 1) * nper]):
-        if host != node_ips[node_rank]:
-            raise LaunchError(f"{name} has {e!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
-        ports.append(port)
-    return tuple(ports)
+    mine = range(node_rank * nper, (node_rank + 1) * nper)
+    for i in mine:
+        if parsed[i][0] != node_ips[node_rank]:
+            raise LaunchError(f"{name} has {endpoints[i]!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
+    return tuple(parsed[i][1] for i in mine)
 
 
 def _endpoint(text: str, name: str):

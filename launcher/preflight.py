@@ -101,7 +101,8 @@ def _check_executable(script: str, path_var: str) -> None:
             raise LaunchError(f"training script {script} is not a command on PATH; give the path to the program, or drop --no_python to run a Python script.")
         script = found
     elif not os.path.isfile(script):
-        what = "is a folder, not a program" if os.path.isdir(script) else "does not exist"
+        what = "is a folder, not a program" if os.path.isdir(script) else \
+            "is not a regular file" if os.path.exists(script) else "does not exist"
         raise LaunchError(f"training script {script} {what}; check the path (relative paths start from {os.getcwd()}).")
     if not os.access(script, os.X_OK):
         raise LaunchError(f"training script {script} is not executable; run chmod +x {script}, or drop --no_python to run it with Python.")

@@ -135,6 +135,8 @@ def test_whole_and_fractional_numbers_that_fit_are_kept(tmp_path):
     ("env: {1: x}\n", "env: an int (1) is not a variable name; put the name in quotes"),
     ("env: {~: x}\n", "env: null (nothing) is not a variable name"),
     ('env: {A: "x\\0y"}\n', "env: A has a NUL character in its value"),
+    ('training_script_args: ["x\\0y"]\n', "training_script_args: item 1 has a NUL character in its value"),
+    ('log_dir: "x\\0y"\n', "log_dir has a NUL character in its value"),
 ])
 def test_env_names_and_values_the_kernel_cannot_pass_are_refused(tmp_path, text, fragment):
     assert fragment in refused(tmp_path, text)

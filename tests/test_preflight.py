@@ -162,6 +162,7 @@ def test_no_python_bare_name_is_looked_up_on_the_workers_path(tmp_path):
 def test_no_python_folder_or_missing_path(tmp_path):
     assert "is a folder, not a program" in refused(tmp_path, no_python=True)
     assert "does not exist" in refused(tmp_path / "nope", no_python=True)
+    assert "/dev/null is not a regular file" in refused("/dev/null", no_python=True)
 
 
 def test_check_uses_the_workers_path(tmp_path, monkeypatch):
