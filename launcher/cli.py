@@ -9,7 +9,6 @@ import click
 
 from launcher import __version__, logs
 from launcher.errors import LaunchError
-from launcher.plan import MAX_SHUTDOWN_TIMEOUT
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 DEFAULT_PROG = "python -m launcher"
@@ -33,6 +32,8 @@ class Seconds(click.ParamType):
     name = "seconds"
 
     def convert(self, value, param, ctx):
+        from launcher.plan import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
+
         try:
             seconds = float(value)
         except (TypeError, ValueError, OverflowError):
@@ -89,7 +90,7 @@ Examples:
          help="Run training_script as an executable, not through Python: a path such as ./run.sh, "
               "or a command on PATH.")
 @_option("shutdown_timeout", type=Seconds(), default=10.0, show_default=True, metavar="SECONDS",
-         help=f"Grace between SIGTERM and SIGKILL when workers are stopped (0 to {MAX_SHUTDOWN_TIMEOUT:.0f}).")
+         help="Grace between SIGTERM and SIGKILL when workers are stopped (up to one day).")
 @click.version_option(__version__, "--version", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
