@@ -7,10 +7,11 @@ import sys
 
 import click
 
-from launcher import logs
+from launcher import __version__, logs
 from launcher.errors import LaunchError
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
+DEFAULT_PROG = "python -m launcher"
 
 
 class LogLevel(click.ParamType):
@@ -20,9 +21,26 @@ class LogLevel(click.ParamType):
         text = str(value).strip().upper()
         if text in LOG_LEVELS:
             return LOG_LEVELS[text]
-        if text.isdigit() and 10 <= int(text) <= 40:
+        if text.isascii() and text.isdigit() and 10 <= int(text) <= 40:
             return int(text)
         self.fail(f"{value!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or a number from 10 to 40.", param, ctx)
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from 0 to one day: nan never expires, inf cannot be added to a clock."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        from launcher.plan import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
+
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError, OverflowError):
+            seconds = None
+        if seconds is None or not 0 <= seconds <= MAX_SHUTDOWN_TIMEOUT:  # also false for nan
+            self.fail(f"{value!r} is not a number of seconds from 0 to {MAX_SHUTDOWN_TIMEOUT:.0f} (one day).", param, ctx)
+        return seconds
 
 
 def _option(name: str, **kwargs):
@@ -69,9 +87,11 @@ Examples:
 @_option("module", short=("-m",), is_flag=True, default=False,
          help="Run training_script as a module: python -m training_script.")
 @_option("no_python", is_flag=True, default=False,
-         help="Run training_script as an executable, not through Python.")
-@_option("shutdown_timeout", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
-         help="Grace between SIGTERM and SIGKILL when workers are stopped.")
+         help="Run training_script as an executable, not through Python: a path such as ./run.sh, "
+              "or a command on PATH.")
+@_option("shutdown_timeout", type=Seconds(), default=10.0, show_default=True, metavar="SECONDS",
+         help="Grace between SIGTERM and SIGKILL when workers are stopped (up to one day).")
+@click.version_option(__version__, "--version", message="%(prog)s %(version)s")
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -86,7 +106,7 @@ def launch(ctx: click.Context, **values) -> int:
     """
     values = _with_config(ctx, values)
     logs.setup_messages(values["log_level"])
-    opts = _options(values)
+    opts = _options(values, ctx.command_path)
 
     from launcher import preflight
     from launcher.plan import make_plan
@@ -131,11 +151,11 @@ def _with_config(ctx: click.Context, values: dict) -> dict:
     return merged
 
 
-def _options(values: dict):
+def _options(values: dict, prog: str = DEFAULT_PROG):
     from launcher.plan import LaunchOptions
 
     if not values["training_script"]:
-        raise LaunchError("no training script given; usage: python -m launcher [OPTIONS] training_script [ARGS]...")
+        raise LaunchError(f"no training script given; usage: {prog} [OPTIONS] training_script [ARGS]...")
     return LaunchOptions(
         training_script=values["training_script"],
         training_script_args=tuple(values["training_script_args"] or ()),
@@ -153,10 +173,16 @@ def _options(values: dict):
     )
 
 
+def prog_name(argv0: str) -> str:
+    """How the user invoked us: ``launcher`` (the console script), else ``python -m launcher``."""
+    name = os.path.basename(argv0 or "")
+    return DEFAULT_PROG if name in ("", "__main__.py", "-c", "-m") or name.endswith(".py") else name
+
+
 def main(argv=None) -> None:
     _open_standard_streams()
     try:
-        code = launch.main(args=argv, prog_name="python -m launcher", standalone_mode=False)
+        code = launch.main(args=argv, prog_name=prog_name(sys.argv[0] if sys.argv else ""), standalone_mode=False)
     except (LaunchError, click.ClickException) as e:
         logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from typing import Mapping
 
 import click
@@ -11,6 +12,10 @@ from launcher.errors import LaunchError
 
 LIST_KEYS = ("cluster_node_ips", "selected_gpus")  # a YAML list is joined with commas
 EXTRA_KEYS = ("training_script", "training_script_args", "env")
+SCALARS = (str, int, float, bool)  # YAML also makes dates, timestamps and bytes: refused, not guessed at
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 60
+_short.maxlevel = 2
 
 
 def load(path: str, options: Mapping[str, click.Parameter]) -> dict:
@@ -32,7 +37,7 @@ def load(path: str, options: Mapping[str, click.Parameter]) -> dict:
         else:
             near = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {near[0]}?" if near else f"; valid keys: {', '.join(known)}."
-            raise LaunchError(f"config file {path} has an unknown key {key!r}{hint}")
+            raise LaunchError(f"config file {path} has an unknown key {_short.repr(key)}{hint}")
     return settings
 
 
@@ -40,12 +45,23 @@ def _read(path: str) -> dict:
     import yaml
 
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise LaunchError(f"config file {path} does not exist; check the path given to --config.") from None
     except OSError as e:
-        raise LaunchError(f"config file {path} cannot be read ({e.strerror}); check its permissions.") from None
+        raise LaunchError(f"config file {path} cannot be read ({e.strerror}); check its path and permissions.") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise LaunchError(f"config file {path} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); save it as UTF-8.") from None
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise LaunchError(f"config file {path} nests its values too deeply to read; a launcher config is a flat mapping of option names to values.") from None
+    except yaml.reader.ReaderError as e:
+        char = e.character if isinstance(e.character, int) else ord(e.character)
+        raise LaunchError(f"config file {path} holds a character YAML does not allow (U+{char:04X} at offset {e.position}); remove it.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -54,19 +70,20 @@ def _read(path: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise LaunchError(f"config file {path} holds a {type(data).__name__}, not a mapping of option names to values.")
+        raise LaunchError(f"config file {path} holds {_kind(data)}, not a mapping of option names to values.")
     return data
 
 
 def _convert(param: click.Parameter, name: str, value, where: str):
     if isinstance(value, list) and name in LIST_KEYS:
         value = ",".join(_scalar_list(value, where))
-    if isinstance(value, (list, dict)) or value is None:
-        raise LaunchError(f"{where} must be a single value, not {_kind(value)}.")
+    _check_scalar(value, where)
     is_bool = getattr(param, "is_flag", False) or param.type is click.BOOL
     if isinstance(value, bool) != is_bool:
         want = "true or false" if is_bool else param.type.name
-        raise LaunchError(f"{where} expects {want}, not {value!r}.")
+        raise LaunchError(f"{where} expects {want}, not {_short.repr(value)}.")
+    if isinstance(param.type, click.types.IntParamType) and isinstance(value, float):
+        raise LaunchError(f"{where} expects a whole number, not {_short.repr(value)}.")
     try:
         return param.type.convert(value, param, None)
     except click.BadParameter as e:
@@ -78,15 +95,38 @@ def _env(value, where: str) -> tuple:
         raise LaunchError(f"{where} must be a mapping of variable names to values, not {_kind(value)}.")
     pairs = []
     for k, v in value.items():
-        if isinstance(v, (list, dict)) or v is None:
-            raise LaunchError(f"{where}: {k} must be a single value, not {_kind(v)}.")
-        pairs.append((str(k), str(v).lower() if isinstance(v, bool) else str(v)))
+        _check_env_name(k, where)
+        _check_scalar(v, f"{where}: {k}")
+        pairs.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
     return tuple(pairs)
 
 
+def _check_env_name(name, where: str) -> None:
+    """A name the kernel can pass on: text, not empty, without '=' or NUL."""
+    if not isinstance(name, str):
+        raise LaunchError(f"{where}: {_kind(name)} is not a variable name; put the name in quotes.")
+    if not name:
+        raise LaunchError(f"{where} has an empty variable name; give each variable a name.")
+    for bad, what in (("=", "'='"), ("\0", "a NUL character")):
+        if bad in name:
+            raise LaunchError(f"{where}: the variable name {_short.repr(name)} contains {what}, which no variable name can hold; rename it.")
+
+
+def _check_scalar(value, where: str) -> None:
+    if isinstance(value, str) and "\0" in value:
+        raise LaunchError(f"{where} has a NUL character in its value, which no argument, path or variable can hold; remove it.")
+    if isinstance(value, SCALARS):
+        return
+    if isinstance(value, (list, dict)) or value is None:
+        raise LaunchError(f"{where} must be a single value, not {_kind(value)}.")
+    raise LaunchError(f"{where} is {_kind(value)}, not text, a number or true/false; put it in quotes to give it as text.")
+
+
 def _scalar_list(value, where: str) -> list:
-    if not isinstance(value, list) or any(isinstance(v, (list, dict)) or v is None for v in value):
+    if not isinstance(value, list):
         raise LaunchError(f"{where} must be a list of values, not {_kind(value)}.")
+    for i, v in enumerate(value):
+        _check_scalar(v, f"{where}: item {i + 1}")
     return [str(v) for v in value]
 
 
@@ -97,4 +137,10 @@ def _string(value, where: str) -> str:
 
 
 def _kind(value) -> str:
-    return "nothing" if value is None else f"a {type(value).__name__} ({value!r})"
+    """What a YAML value is, briefly: the type's name and a shortened repr."""
+    if value is None:
+        return "null (nothing)"
+    name = type(value).__name__
+    kind = {"date": "a date", "datetime": "a timestamp", "bytes": "binary data", "dict": "a mapping"}
+    article = "an" if name[0] in "aeiou" else "a"
+    return f"{kind.get(name, f'{article} {name}')} ({_short.repr(value)})"

@@ -453,10 +453,17 @@ class PipeOutput:
 def format_plan(plan) -> str:
     """The resolved plan as a small table (--print_config)."""
     nodes = len(plan.node_ips)
-    default = " (no GPU found: the default; --nproc_per_node sets it)" if plan.cpu_default else ""
+    unverified = plan.gpus_not_found
+    if plan.cpu_default:
+        workers = "CPU worker(s) here (no GPU found: the default; --nproc_per_node sets it)"
+    elif unverified:
+        workers = ("worker(s) here, GPU ids passed on as given (no GPU detected on this machine; FLAGS_selected_gpus is set, "
+                   "so a worker uses a GPU only if CUDA finds one)")
+    else:
+        workers = f"{plan.device.upper()} worker(s) here"
     lines = [
         f"launcher: node {plan.node_rank} of {nodes} ({plan.node_ip}), "
-        f"{len(plan.workers)} {plan.device.upper()} worker(s) here{default}, world size {plan.world_size}",
+        f"{len(plan.workers)} {workers}, world size {plan.world_size}",
         f"  master (rank 0 store): {plan.workers[0].env['MASTER_ADDR']}:{plan.workers[0].env['MASTER_PORT']}",
     ]
     if nodes > 1:
@@ -464,7 +471,7 @@ def format_plan(plan) -> str:
         lines.append(f"  nodes: {shown}")
     rows = [("rank", "local", "endpoint", "device", "log")]
     for w in plan.workers:
-        device = f"gpu {w.gpu}" if w.gpu is not None else "cpu"
+        device = "cpu" if w.gpu is None else f"gpu {w.gpu} (not found)" if unverified else f"gpu {w.gpu}"
         rows.append((str(w.rank), str(w.local_rank), w.endpoint, device, w.log_file or "console"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:

@@ -6,6 +6,7 @@ Everything here is pure: no I/O, no ``os.environ``. Bad input raises LaunchError
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,9 +18,13 @@ from launcher.errors import LaunchError
 DEFAULT_CPU_WORKERS = 2
 MULTI_NODE_PORT = 6070  # Paddle 1.8's default when several nodes are given
 PADDLECLOUD_PORT = 6170  # Paddle 1.8's default under --use_paddlecloud
+MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
+MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
 # Linux refuses a single "NAME=value" string longer than MAX_ARG_STRLEN (32 pages).
 MAX_ENV_STRING = 128 * 1024
 
+_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (fullmatch): "²".isdigit() is true, but int("²") fails
+_INTEGER = re.compile(r"-?[0-9]+")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
@@ -86,6 +91,7 @@ class Plan:
     files: Mapping[str, str] = field(default_factory=dict)  # path -> text, written before start
     notes: tuple = ()  # warnings for the user, in plain sentences
     cpu_default: bool = False  # no GPU and no --nproc_per_node: the default number of CPU workers
+    gpus_not_found: bool = False  # no GPU detected: the --selected_gpus ids are passed on as given
 
     @property
     def node_ip(self) -> str:
@@ -117,8 +123,8 @@ def make_plan(
 
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
-    if opts.nproc_per_node is not None and opts.nproc_per_node < 1:
-        raise LaunchError(f"--nproc_per_node {opts.nproc_per_node} is below 1; give at least 1 worker per node.")
+    _check_nproc(opts.nproc_per_node)
+    _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
     base_env = {**env, **dict(opts.extra_env)}
@@ -134,6 +140,25 @@ def make_plan(
     if gpus is None:
         base_env.pop(ev.SELECTED_GPUS, None)
     return _assemble(opts, host, base_env, cluster, ports, gpus, notes)
+
+
+def _check_nproc(n) -> None:
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise LaunchError(f"--nproc_per_node {n!r} is not a whole number; give a count of workers such as 2.")
+    if n < 1:
+        raise LaunchError(f"--nproc_per_node {n} is below 1; give at least 1 worker per node.")
+    if n > MAX_WORKERS_PER_NODE:
+        raise LaunchError(f"--nproc_per_node {n} is more workers than a node has ports; give at most {MAX_WORKERS_PER_NODE}.")
+
+
+def _check_shutdown_timeout(seconds) -> None:
+    """A grace period the stop sequence can wait for: a finite number of seconds, up to one day."""
+    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
+    if not ok or not 0 <= seconds <= MAX_SHUTDOWN_TIMEOUT:
+        raise LaunchError(f"--shutdown_timeout {seconds} is not a grace period the launcher can wait for; "
+                          f"give a number of seconds from 0 to {MAX_SHUTDOWN_TIMEOUT:.0f} (one day).")
 
 
 def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
@@ -186,6 +211,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         files=files,
         notes=notes,
         cpu_default=gpus is None and opts.nproc_per_node is None,
+        gpus_not_found=gpus is not None and not host.gpu_count,
     )
 
 
@@ -207,7 +233,7 @@ def _select_gpus(opts: LaunchOptions, env: Mapping[str, str], gpu_count: Optiona
     if opts.nproc_per_node is not None and opts.nproc_per_node != len(ids):
         raise LaunchError(f"--nproc_per_node {opts.nproc_per_node} disagrees with --selected_gpus={opts.selected_gpus} ({len(ids)} GPUs); give one of them, or make them match.")
     if visible is not None:
-        missing = [g for g in ids if g not in visible]
+        missing = [g for g in ids if _gpu_key(g) not in map(_gpu_key, visible)]
         if missing:
             raise LaunchError(f"GPU {missing[0]} of --selected_gpus={opts.selected_gpus} is not in CUDA_VISIBLE_DEVICES={','.join(visible)}; choose among those.")
     elif gpu_count is not None:
@@ -216,7 +242,8 @@ def _select_gpus(opts: LaunchOptions, env: Mapping[str, str], gpu_count: Optiona
             raise LaunchError(f"GPU {missing[0]} of --selected_gpus={opts.selected_gpus} does not exist: this machine has {gpu_count} GPU(s), ids 0 to {gpu_count - 1}.")
     notes = ()
     if not gpu_count:
-        notes = (f"no GPU detected on this machine: passing --selected_gpus={opts.selected_gpus} on to the workers as given.",)
+        notes = (f"no GPU detected on this machine: passing --selected_gpus={opts.selected_gpus} on to the workers "
+                 f"as given (FLAGS_selected_gpus); they run on a GPU only if CUDA finds one in the worker.",)
     return tuple(_gpu_flag(g, visible) for g in ids), notes
 
 
@@ -229,19 +256,29 @@ def _visible_devices(env: Mapping[str, str]):
 
 def _parse_gpu_ids(text: str, visible) -> list:
     ids = [g.strip() for g in text.split(",")]
+    named = {_gpu_key(v) for v in visible or ()}
     for g in ids:
-        named = visible is not None and g in visible
-        if not (g.isdigit() or named):
+        if not (_DIGITS.fullmatch(g) or _gpu_key(g) in named):
             raise LaunchError(f"--selected_gpus={text} has a malformed GPU id {g!r}; give comma-separated ids such as 0,1,2,3.")
-    dup = _first_duplicate(ids)
+    keys = [_gpu_key(g) for g in ids]
+    dup = _first_duplicate(keys)
     if dup is not None:
-        raise LaunchError(f"--selected_gpus={text} names GPU {dup} twice; give each GPU once.")
+        same = [g for g, k in zip(ids, keys) if k == dup]
+        spelled = f" ({' and '.join(same)})" if len(set(same)) > 1 else ""
+        raise LaunchError(f"--selected_gpus={text} names GPU {dup} twice{spelled}; give each GPU once.")
     return ids
+
+
+def _gpu_key(gpu: str) -> str:
+    """A GPU id as a device is known: a number without leading zeros (00 is GPU 0), or a name such as a UUID."""
+    return str(int(gpu)) if _DIGITS.fullmatch(gpu) else gpu
 
 
 def _gpu_flag(gpu: str, visible) -> str:
     """A GPU id as the worker sees it: its index in CUDA_VISIBLE_DEVICES when that is set."""
-    return str(visible.index(gpu)) if visible is not None else gpu
+    if visible is None:
+        return _gpu_key(gpu)
+    return str([_gpu_key(v) for v in visible].index(_gpu_key(gpu)))
 
 
 # ---------------------------------------------------------------- nodes and ports
@@ -250,10 +287,13 @@ def _gpu_flag(gpu: str, visible) -> str:
 def _cli_cluster(opts: LaunchOptions, nper: int) -> _Cluster:
     node_ips = parse_node_list(opts.cluster_node_ips, "--cluster_node_ips")
     node_rank = _node_rank(node_ips, opts.node_ip, "--node_ip", "--cluster_node_ips")
-    port = opts.started_port
-    if port is None and len(node_ips) > 1:
-        port = MULTI_NODE_PORT
-    return _Cluster(node_ips, node_rank, None if port is None else _port_range(port, nper, "--started_port"))
+    if opts.started_port is not None:
+        ports = _port_range(opts.started_port, nper, f"--started_port {opts.started_port}")
+    elif len(node_ips) > 1:
+        ports = _port_range(MULTI_NODE_PORT, nper, f"the default start port {MULTI_NODE_PORT} (several nodes)")
+    else:
+        ports = None
+    return _Cluster(node_ips, node_rank, ports)
 
 
 def _uses_paddlecloud(opts: LaunchOptions, env: Mapping[str, str]) -> bool:
@@ -266,7 +306,6 @@ def _paddlecloud_cluster(opts: LaunchOptions, env: Mapping[str, str], nper: int)
     node_ips = parse_node_list(_need_var(env, "PADDLE_TRAINERS"), "PADDLE_TRAINERS")
     pod_ip = _need_var(env, "POD_IP")
     node_rank = _int_var(env, "PADDLE_TRAINER_ID")
-    ports_num = _int_var(env, "TRAINER_PORTS_NUM")
     if not 0 <= node_rank < len(node_ips) or node_ips[node_rank] != pod_ip:
         raise LaunchError(f"PADDLE_TRAINER_ID={node_rank} does not point at POD_IP={pod_ip} in PADDLE_TRAINERS={','.join(node_ips)}; fix the PaddleCloud environment.")
     notes = []
@@ -274,33 +313,59 @@ def _paddlecloud_cluster(opts: LaunchOptions, env: Mapping[str, str], nper: int)
         notes.append(f"--use_paddlecloud: using POD_IP={pod_ip} instead of --node_ip {opts.node_ip}.")
     if opts.cluster_node_ips not in ("127.0.0.1", ",".join(node_ips)):
         notes.append(f"--use_paddlecloud: using PADDLE_TRAINERS={','.join(node_ips)} instead of --cluster_node_ips {opts.cluster_node_ips}.")
-    explicit = env.get("DISTRIBUTED_TRAINER_ENDPOINTS")
+    explicit = env.get("DISTRIBUTED_TRAINER_ENDPOINTS", "").strip()
     if explicit:
         ports = _ports_from_endpoints(explicit, node_ips, node_rank, nper)
         return _Cluster(node_ips, node_rank, ports, tuple(notes))
-    port = opts.started_port
-    if len(node_ips) > 1 and ports_num >= nper:
-        port = _int_var(env, "PADDLE_PORT")
-    return _Cluster(node_ips, node_rank, _port_range(port or PADDLECLOUD_PORT, nper, "the start port"), tuple(notes))
+    port, given_as = _paddlecloud_start_port(opts, env, len(node_ips), nper)
+    return _Cluster(node_ips, node_rank, _port_range(port, nper, given_as), tuple(notes))
+
+
+def _paddlecloud_start_port(opts: LaunchOptions, env: Mapping[str, str], nodes: int, nper: int):
+    """PADDLE_PORT (several nodes, enough TRAINER_PORTS_NUM), else --started_port, else 6170, as Paddle 1.8.
+
+    Both variables are optional: Paddle 1.8 falls back when either is unset.
+    """
+    paddle_port = _int_var(env, "PADDLE_PORT", optional=True)
+    ports_num = _int_var(env, "TRAINER_PORTS_NUM", optional=True)
+    if nodes > 1 and paddle_port is not None and ports_num is not None and ports_num >= nper:
+        return paddle_port, f"PADDLE_PORT={paddle_port}"
+    if opts.started_port is not None:
+        return opts.started_port, f"--started_port {opts.started_port}"
+    return PADDLECLOUD_PORT, f"the PaddleCloud default start port {PADDLECLOUD_PORT}"
 
 
 def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int) -> tuple:
+    name = "DISTRIBUTED_TRAINER_ENDPOINTS"
     endpoints = [e.strip() for e in text.split(",")]
     if len(endpoints) != nper * len(node_ips):
-        raise LaunchError(f"DISTRIBUTED_TRAINER_ENDPOINTS has {len(endpoints)} endpoints, but {len(node_ips)} nodes of {nper} workers need {nper * len(node_ips)}.")
-    mine = endpoints[node_rank * nper:(node_rank + 1) * nper]
-    ports = []
-    for e in mine:
-        host, _, port = e.rpartition(":")
-        if host.strip("[]") != node_ips[node_rank] or not port.isdigit():
-            raise LaunchError(f"DISTRIBUTED_TRAINER_ENDPOINTS has {e!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
-        ports.append(int(port))
-    return tuple(ports)
+        raise LaunchError(f"{name} has {len(endpoints)} endpoints, but {len(node_ips)} nodes of {nper} workers need {nper * len(node_ips)}.")
+    parsed = [_endpoint(e, name) for e in endpoints]
+    dup = _first_duplicate([f"{_host_part(h)}:{p}" for h, p in parsed])
+    if dup is not None:
+        raise LaunchError(f"{name} lists the endpoint {dup} twice; give every worker an endpoint of its own.")
+    mine = range(node_rank * nper, (node_rank + 1) * nper)
+    for i in mine:
+        if parsed[i][0] != node_ips[node_rank]:
+            raise LaunchError(f"{name} has {endpoints[i]!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
+    return tuple(parsed[i][1] for i in mine)
 
 
-def _port_range(first: int, count: int, name: str) -> tuple:
+def _endpoint(text: str, name: str):
+    """``host:port`` (``[v6]:port``) as (host, port), the port within 1-65535."""
+    host, _, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not _DIGITS.fullmatch(port):
+        raise LaunchError(f"{name} has a malformed endpoint {text!r}; give comma-separated host:port pairs such as 10.0.0.1:6170.")
+    if not 1 <= int(port) <= 65535:
+        raise LaunchError(f"{name} has the endpoint {text!r}, whose port {port} is outside 1-65535; give a port in that range.")
+    return host, int(port)
+
+
+def _port_range(first: int, count: int, given_as: str) -> tuple:
+    """Ports ``first`` to ``first + count - 1``; ``given_as`` names the start port as the user gave it."""
     if not 1 <= first or first + count - 1 > 65535:
-        raise LaunchError(f"{name} {first} with {count} workers needs ports {first} to {first + count - 1}, outside 1-65535; choose a start port between 1024 and {65535 - count + 1}.")
+        raise LaunchError(f"{given_as} with {count} workers needs ports {first} to {first + count - 1}, outside 1-65535; choose a start port between 1024 and {65535 - count + 1}.")
     return tuple(range(first, first + count))
 
 
@@ -383,14 +448,14 @@ def _need_var(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _int_var(env: Mapping[str, str], name: str, default: Optional[int] = None) -> int:
-    if default is not None and not env.get(name, "").strip():
+def _int_var(env: Mapping[str, str], name: str, default: Optional[int] = None, optional: bool = False):
+    """The whole number in ``name``; ``default`` (or None when ``optional``) when it is unset or empty."""
+    if (default is not None or optional) and not env.get(name, "").strip():
         return default
     value = _need_var(env, name)
-    try:
-        return int(value)
-    except ValueError:
-        raise LaunchError(f"--use_paddlecloud: {name}={value} is not a whole number; fix the variable.") from None
+    if not _INTEGER.fullmatch(value):
+        raise LaunchError(f"--use_paddlecloud: {name}={value} is not a whole number; fix the variable.")
+    return int(value)
 
 
 def _first_duplicate(items: Sequence[str]):

@@ -100,22 +100,93 @@ def reserve_port(ip: str, port: int):
 
 def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     """Refuse, with one sentence, anything that would make the job fail right after it starts."""
-    _check_script(opts)
+    _check_script(opts, plan.base_env.get("PATH", os.defpath))
     _check_node_ip(plan.node_ip, host)
     for port in plan.ports:
         _check_port(plan.node_ip, port)
 
 
-def _check_script(opts: LaunchOptions) -> None:
-    script = opts.training_script
+ELF_MAGIC = b"\x7fELF"
+PYTHON_RUNNERS = ("uv", "uvx", "pipx")  # #! programs that run a Python script (besides python*, pypy*)
+SHELL_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh")
+
+
+def _check_script(opts: LaunchOptions, path_var: str) -> None:
+    """The script can be run the way the workers will run it (``path_var``: the workers' PATH)."""
     if opts.module:
         return  # a module is found by the worker's interpreter, with its own sys.path
     if opts.no_python:
-        if not (shutil.which(script) or os.access(script, os.X_OK)):
-            raise LaunchError(f"training script {script} is not an executable file or a command on PATH; check the path, or drop --no_python to run it with Python.")
+        _check_executable(opts.training_script, path_var)
+    else:
+        _check_python_script(opts.training_script)
+
+
+def _check_executable(script: str, path_var: str) -> None:
+    """``script`` is what exec finds and the kernel can start: a path with a slash, or a command on PATH."""
+    if "/" not in script:
+        found = shutil.which(script, path=path_var)
+        if found is None and os.path.isfile(script):
+            raise LaunchError(f"training script {script} is not a command on PATH, and exec runs a file of the current folder only by its path; write ./{script}.")
+        if found is None:
+            raise LaunchError(f"training script {script} is not a command on PATH; give the path to the program, or drop --no_python to run a Python script.")
+        script = found
+    elif not os.path.isfile(script):
+        what = "is a folder, not a program" if os.path.isdir(script) else \
+            "is not a regular file" if os.path.exists(script) else "does not exist"
+        raise LaunchError(f"training script {script} {what}; check the path (relative paths start from {os.getcwd()}).")
+    if not os.access(script, os.X_OK):
+        raise LaunchError(f"training script {script} is not executable; run chmod +x {script}, or drop --no_python to run it with Python.")
+    head = _head(script)
+    if head.startswith(ELF_MAGIC):
         return
+    if not head.startswith(b"#!"):
+        raise LaunchError(f"training script {script} has no #! line, so the system cannot run it as a program; add one as its first line (such as #!/bin/sh), or drop --no_python to run it with Python.")
+    words = _shebang(head).split()
+    interpreter = words[0] if words else ""
+    if not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+        raise LaunchError(f"training script {script} names {interpreter or 'no interpreter'} in its #! line, which is not an executable file on this machine; fix that line.")
+
+
+def _check_python_script(script: str) -> None:
+    if os.path.isdir(script):
+        if os.path.isfile(os.path.join(script, "__main__.py")):
+            return  # python runs a folder's __main__.py
+        raise LaunchError(f"training script {script} is a folder without __main__.py; give the Python file to run.")
     if not os.path.isfile(script):
         raise LaunchError(f"training script {script} does not exist; check the path (relative paths start from {os.getcwd()}).")
+    head = _head(script)
+    if head.startswith(ELF_MAGIC):
+        raise LaunchError(f"training script {script} is a compiled program, not a Python script; add --no_python to run it as a program.")
+    shebang = _shebang(head)
+    if shebang and not _runs_python(shebang):
+        raise LaunchError(f"training script {script} is a script for {shebang} (its #! line), not Python; add --no_python to run it as a program.")
+    if not head.startswith(b"#!") and script.endswith(SHELL_SUFFIXES):
+        raise LaunchError(f"training script {script} looks like a shell script, not Python; add --no_python to run it as a program, and a #! line such as #!/bin/bash as its first line.")
+
+
+def _runs_python(shebang: str) -> bool:
+    """Whether a #! line runs Python: /usr/bin/python3, /usr/bin/env python, env -S uv run --script, ..."""
+    words = shebang.split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    name = os.path.basename(words[0]) if words else ""
+    return name.startswith(("python", "pypy")) or name in PYTHON_RUNNERS
+
+
+def _head(path: str) -> bytes:
+    """The first bytes of a file: enough for its magic number or its #! line."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(256)
+    except OSError as e:
+        raise LaunchError(f"training script {path} cannot be read ({e.strerror}); check its permissions.") from None
+
+
+def _shebang(head: bytes) -> str:
+    """The interpreter and its arguments from a #! line ('' when there is none)."""
+    if not head.startswith(b"#!"):
+        return ""
+    return head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
 
 
 def is_local_address(ip: str, host: HostFacts) -> bool:

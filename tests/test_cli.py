@@ -3,10 +3,13 @@
 import subprocess
 import sys
 
+import click
+import pytest
 from click.testing import CliRunner
 
 from conftest import PROBE, REPO, read_dumps, start_launcher
-from launcher.cli import launch
+from launcher import __version__
+from launcher.cli import launch, prog_name
 
 
 def test_help_reads_like_torchrun_and_paddle():
@@ -36,3 +39,45 @@ def test_running_launcher_has_no_torch_mapped(tmp_path):
         launcher.terminate()
         launcher.communicate(timeout=30)
     assert launcher.returncode == 143
+
+
+def test_version():
+    r = CliRunner().invoke(launch, ["--version"], prog_name="launcher")
+    assert r.exit_code == 0 and r.output == f"launcher {__version__}\n"
+    r = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and r.stdout == f"python -m launcher {__version__}\n", r.stderr
+
+
+def test_console_script_shows_its_own_name():
+    # what pip's console_scripts wrapper does: argv[0] is the program's path, then main()
+    code = "import sys; sys.argv[0] = '/usr/local/bin/launcher'; from launcher.cli import main; main()"
+    help_text = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=REPO).stdout
+    assert help_text.startswith("Usage: launcher [OPTIONS]"), help_text
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "usage: launcher [OPTIONS] training_script" in r.stderr, r.stderr
+    assert "python -m" not in r.stderr
+
+
+def test_prog_name():
+    assert prog_name("/usr/local/bin/launcher") == "launcher"
+    assert prog_name("/src/launcher/__main__.py") == "python -m launcher"
+    assert prog_name("") == "python -m launcher"
+
+
+@pytest.mark.parametrize("value", ["²", "٢٠", "20.0", "9", "41", ""])
+def test_log_level_refuses_what_is_not_a_level(value):
+    r = CliRunner().invoke(launch, ["--log_level", value, "train.py"], standalone_mode=False)
+    assert isinstance(r.exception, click.BadParameter) and "is not a log level" in r.exception.message
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "86401", "-1", "²", "soon"])
+def test_shutdown_timeout_refuses_what_the_stop_sequence_cannot_wait_for(value):
+    r = CliRunner().invoke(launch, ["--shutdown_timeout", value, "train.py"], standalone_mode=False)
+    assert isinstance(r.exception, click.BadParameter)
+    assert "is not a number of seconds from 0 to 86400 (one day)" in r.exception.message
+
+
+@pytest.mark.parametrize("value,seconds", [("0", 0.0), ("2.5", 2.5), ("86400", 86400.0)])
+def test_shutdown_timeout_accepts_a_day_at_most(value, seconds):
+    ctx = launch.make_context("launcher", ["--shutdown_timeout", value, "train.py"])
+    assert ctx.params["shutdown_timeout"] == seconds

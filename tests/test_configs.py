@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import _options, _with_config, launch
+from launcher.errors import LaunchError
 from launcher.plan import HostFacts, Interface, make_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -54,3 +55,93 @@ def test_command_line_wins_over_the_file(name):
     p = plan_from(["--config", str(CONFIGS / name), "--log_dir", "elsewhere", "--nproc_per_node", "1", "t.py"],
                   GPU_HOST if name == "single_node.yaml" else CPU_HOST)
     assert p.log_dir == "elsewhere" and len(p.workers) == 1
+
+
+# ---------------------------------------------------------------- bad files: one sentence each, never a traceback
+
+
+def load(tmp_path, text):
+    from launcher import config
+
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    options = {p.name: p for p in launch.params if p.name not in ("config", "training_script", "training_script_args")}
+    return config.load(str(path), options)
+
+
+def refused(tmp_path, text) -> str:
+    with pytest.raises(LaunchError) as e:
+        load(tmp_path, text)
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 300, message
+    return message
+
+
+@pytest.mark.parametrize("text,fragment", [
+    (b"log_dir: \xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 9); save it as UTF-8"),
+    ("log_dir: x\x00y\n".encode(), "holds a character YAML does not allow (U+0000 at offset 10)"),
+    ("nproc_per_node: " + "[" * 600 + "]" * 600 + "\n", "nests its values too deeply"),
+], ids=["latin1", "nul", "nested"])
+def test_unreadable_files(tmp_path, text, fragment):
+    assert fragment in refused(tmp_path, text)
+
+
+def test_utf8_with_a_byte_order_mark_is_read(tmp_path):
+    assert load(tmp_path, "\ufefflog_dir: mylog\n") == {"log_dir": "mylog"}
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("log_dir: 2020-01-01\n", "log_dir is a date (datetime.date(2020, 1, 1)), not text, a number or true/false; put it in quotes"),
+    ("nproc_per_node: 2020-01-01\n", "nproc_per_node is a date"),
+    ("shutdown_timeout: 2020-01-01\n", "shutdown_timeout is a date"),
+    ("started_port: 2020-01-01 10:00:00\n", "started_port is a timestamp"),
+    ("node_ip: !!binary aGVsbG8=\n", "node_ip is binary data"),
+    ("training_script_args: [--day, 2020-01-01]\n", "training_script_args: item 2 is a date"),
+    ("selected_gpus: [0, 2020-01-01]\n", "selected_gpus: item 2 is a date"),
+    ("env: {DAY: 2020-01-01}\n", "env: DAY is a date"),
+])
+def test_yaml_dates_and_binary_are_refused_with_the_quote_hint(tmp_path, text, fragment):
+    assert fragment in refused(tmp_path, text)
+
+
+def test_quoted_dates_are_text(tmp_path):
+    assert load(tmp_path, "log_dir: '2020-01-01'\nenv: {DAY: '2020-01-01'}\n") == \
+        {"log_dir": "2020-01-01", "env": (("DAY", "2020-01-01"),)}
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("nproc_per_node: 2.5\n", "nproc_per_node expects a whole number, not 2.5"),
+    ("nproc_per_node: .inf\n", "nproc_per_node expects a whole number, not inf"),
+    ("started_port: .inf\n", "started_port expects a whole number, not inf"),
+    ("started_port: 6170.0\n", "started_port expects a whole number, not 6170.0"),
+    ("shutdown_timeout: .inf\n", "shutdown_timeout: inf is not a number of seconds from 0 to 86400 (one day)"),
+    ("shutdown_timeout: .nan\n", "shutdown_timeout: nan is not a number of seconds from 0 to 86400"),
+    ("shutdown_timeout: 1.0e+300\n", "is not a number of seconds from 0 to 86400"),
+    ("shutdown_timeout: -1\n", "is not a number of seconds from 0 to 86400"),
+])
+def test_numbers_must_be_whole_and_finite(tmp_path, text, fragment):
+    assert fragment in refused(tmp_path, text)
+
+
+def test_whole_and_fractional_numbers_that_fit_are_kept(tmp_path):
+    assert load(tmp_path, "nproc_per_node: 3\nshutdown_timeout: 2.5\nstarted_port: '6170'\n") == \
+        {"nproc_per_node": 3, "shutdown_timeout": 2.5, "started_port": 6170}
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('env: {"A=B": 1}\n', "the variable name 'A=B' contains '=', which no variable name can hold; rename it"),
+    ('env: {"A\\0B": 1}\n', "the variable name 'A\\x00B' contains a NUL character"),
+    ('env: {"": 1}\n', "env has an empty variable name"),
+    ("env: {1: x}\n", "env: an int (1) is not a variable name; put the name in quotes"),
+    ("env: {~: x}\n", "env: null (nothing) is not a variable name"),
+    ('env: {A: "x\\0y"}\n', "env: A has a NUL character in its value"),
+    ('training_script_args: ["x\\0y"]\n', "training_script_args: item 1 has a NUL character in its value"),
+    ('log_dir: "x\\0y"\n', "log_dir has a NUL character in its value"),
+])
+def test_env_names_and_values_the_kernel_cannot_pass_are_refused(tmp_path, text, fragment):
+    assert fragment in refused(tmp_path, text)
+
+
+def test_long_values_are_shortened_in_messages(tmp_path):
+    message = refused(tmp_path, "env: {A: " + "[" * 200 + "]" * 200 + "}\n")
+    assert "env: A must be a single value, not a list" in message

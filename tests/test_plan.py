@@ -6,6 +6,7 @@ import pytest
 
 from launcher import envvars as ev
 from launcher.errors import LaunchError
+from launcher.logs import format_plan
 from launcher.plan import MAX_ENV_STRING, HostFacts, Interface, LaunchOptions, make_plan
 
 CPU_HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
@@ -78,7 +79,60 @@ def test_selected_gpus_relative_to_cuda_visible_devices():
 def test_no_gpu_detected_passes_selected_gpus_on_with_a_warning():
     p = plan(selected_gpus="0,1")
     assert p.device == "gpu" and [w.gpu for w in p.workers] == ["0", "1"]
+    assert p.workers[1].env[ev.SELECTED_GPUS] == "1"
     assert any("no GPU detected" in n for n in p.notes)
+    assert p.gpus_not_found and not plan(GPU_HOST, selected_gpus="0,1").gpus_not_found
+
+
+def test_plan_table_says_when_the_gpus_were_not_found():
+    header, *rest = format_plan(plan(selected_gpus="0,1")).splitlines()
+    assert "GPU worker(s)" not in header  # they may well run on the CPU
+    assert "2 worker(s) here, GPU ids passed on as given (no GPU detected on this machine; FLAGS_selected_gpus is set" in header
+    assert "world size 2" in header
+    assert any("gpu 1 (not found)" in line for line in rest)
+    found = format_plan(plan(GPU_HOST, selected_gpus="0,1"))
+    assert "2 GPU worker(s) here, world size 2" in found and "not found" not in found
+
+
+def test_gpu_ids_are_compared_as_numbers():
+    with pytest.raises(LaunchError, match=r"names GPU 0 twice \(0 and 00\)"):
+        plan(GPU_HOST, selected_gpus="0,00")
+    with pytest.raises(LaunchError, match=r"names GPU 0 twice \(0 and 00\)"):
+        plan(selected_gpus="0,00")  # no GPU detected: still one GPU, not two
+    assert [w.gpu for w in plan(GPU_HOST, selected_gpus="01,2").workers] == ["1", "2"]
+    p = plan(GPU_HOST, env={ev.CUDA_VISIBLE_DEVICES: "4,5"}, selected_gpus="05")
+    assert [w.gpu for w in p.workers] == ["1"]
+
+
+@pytest.mark.parametrize("host", [CPU_HOST, GPU_HOST])
+@pytest.mark.parametrize("gpus", ["²", "0,١", "1 2", "+1", "-1", " "])
+def test_gpu_ids_are_ascii_digits_only(host, gpus):
+    with pytest.raises(LaunchError, match="has a malformed GPU id"):
+        plan(host, selected_gpus=gpus)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -float("inf"), 1e300, -1.0, 86400.5, "10", True])
+def test_shutdown_timeout_is_a_finite_grace_of_at_most_a_day(seconds):
+    with pytest.raises(LaunchError, match=r"give a number of seconds from 0 to 86400 \(one day\)"):
+        plan(shutdown_timeout=seconds)
+
+
+def test_shutdown_timeout_bounds_are_accepted():
+    assert plan(shutdown_timeout=0).shutdown_timeout == 0
+    assert plan(shutdown_timeout=86400.0).shutdown_timeout == 86400.0
+
+
+@pytest.mark.parametrize("n,fragment", [
+    (2.5, "--nproc_per_node 2.5 is not a whole number"),
+    (True, "--nproc_per_node True is not a whole number"),
+    (10 ** 20, f"--nproc_per_node {10 ** 20} is more workers than a node has ports; give at most 65535"),
+])
+def test_nproc_per_node_is_a_sane_whole_count(n, fragment):
+    started = time.perf_counter()
+    with pytest.raises(LaunchError) as e:
+        plan(nproc_per_node=n)
+    assert fragment in str(e.value)
+    assert time.perf_counter() - started < 1
 
 
 @pytest.mark.parametrize("gpus,env,fragment", [
@@ -147,7 +201,7 @@ PADDLECLOUD = {"PADDLE_TRAINERS": "127.0.0.1,127.0.0.2", "POD_IP": "127.0.0.1", 
                "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "2", "PADDLE_TRAINERS_NUM": "2"}
 
 
-def test_paddlecloud_example_of_the_contract():
+def test_paddlecloud_two_nodes_of_two_gpus():
     p = plan(env=PADDLECLOUD, use_paddlecloud=True, selected_gpus="0,1")
     assert p.world_size == 4 and [w.rank for w in p.workers] == [0, 1]
     assert p.workers[0].env[ev.TRAINER_ENDPOINTS] == \
@@ -167,6 +221,51 @@ def test_paddlecloud_port_rules():
     assert plan(env=one_port, use_paddlecloud=True, selected_gpus="0,1", started_port=9000).ports == (9000, 9001)
     explicit = {**PADDLECLOUD, "DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:1000,127.0.0.1:1005,127.0.0.2:1000,127.0.0.2:1005"}
     assert plan(env=explicit, use_paddlecloud=True, selected_gpus="0,1").ports == (1000, 1005)
+
+
+def test_paddlecloud_port_variables_are_optional_as_in_paddle():
+    # Paddle 1.8's own launcher test unsets both and expects 6170
+    bare = {k: v for k, v in PADDLECLOUD.items() if k not in ("PADDLE_PORT", "TRAINER_PORTS_NUM")}
+    p = plan(env=bare, use_paddlecloud=True, selected_gpus="0,1")
+    assert p.ports == (6170, 6171)
+    assert p.workers[0].env[ev.TRAINER_ENDPOINTS] == "127.0.0.1:6170,127.0.0.1:6171,127.0.0.2:6170,127.0.0.2:6171"
+    assert plan(env=bare, use_paddlecloud=True, selected_gpus="0,1", started_port=9000).ports == (9000, 9001)
+    only_port = {**bare, "PADDLE_PORT": "35019"}
+    only_num = {**bare, "TRAINER_PORTS_NUM": "2"}
+    assert plan(env=only_port, use_paddlecloud=True, selected_gpus="0,1").ports == (6170, 6171)
+    assert plan(env=only_num, use_paddlecloud=True, selected_gpus="0,1").ports == (6170, 6171)
+    empty = {**bare, "PADDLE_PORT": "", "TRAINER_PORTS_NUM": " "}
+    assert plan(env=empty, use_paddlecloud=True, selected_gpus="0,1").ports == (6170, 6171)
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    ({"PADDLE_PORT": "0"}, "PADDLE_PORT=0 with 2 workers needs ports 0 to 1, outside 1-65535"),
+    ({"PADDLE_PORT": "65535"}, "PADDLE_PORT=65535 with 2 workers needs ports 65535 to 65536, outside 1-65535"),
+    ({"PADDLE_PORT": "35O19"}, "PADDLE_PORT=35O19 is not a whole number"),
+    ({"PADDLE_PORT": "３５０１９"}, "is not a whole number"),
+    ({"TRAINER_PORTS_NUM": "2.0"}, "TRAINER_PORTS_NUM=2.0 is not a whole number"),
+])
+def test_paddlecloud_bad_port_variables_are_refused_not_replaced(bad, fragment):
+    with pytest.raises(LaunchError) as e:
+        plan(env={**PADDLECLOUD, **bad}, use_paddlecloud=True, selected_gpus="0,1")
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("endpoints,fragment", [
+    ("127.0.0.1:1000,127.0.0.1:99999,127.0.0.2:1000,127.0.0.2:1001", "'127.0.0.1:99999', whose port 99999 is outside 1-65535"),
+    ("127.0.0.1:0,127.0.0.1:1001,127.0.0.2:1000,127.0.0.2:1001", "'127.0.0.1:0', whose port 0 is outside 1-65535"),
+    ("127.0.0.1:1000,127.0.0.1:1001,127.0.0.2:1000,127.0.0.2:99999", "'127.0.0.2:99999', whose port 99999"),
+    ("127.0.0.1:1000,127.0.0.1:1000,127.0.0.2:1000,127.0.0.2:1001", "lists the endpoint 127.0.0.1:1000 twice"),
+    ("127.0.0.1:1000,127.0.0.1:1001,127.0.0.2:1000,127.0.0.2:1000", "lists the endpoint 127.0.0.2:1000 twice"),
+    ("127.0.0.1:1000,127.0.0.1:1001,127.0.0.2:1000,127.0.0.2", "malformed endpoint '127.0.0.2'"),
+    ("127.0.0.1:1000,127.0.0.1:²,127.0.0.2:1000,127.0.0.2:1001", "malformed endpoint '127.0.0.1:²'"),
+    ("127.0.0.1:1000,127.0.0.3:1001,127.0.0.2:1000,127.0.0.2:1001", "'127.0.0.3:1001' where an endpoint of 127.0.0.1"),
+])
+def test_paddlecloud_explicit_endpoints_are_checked_whole(endpoints, fragment):
+    env = {**PADDLECLOUD, "DISTRIBUTED_TRAINER_ENDPOINTS": endpoints}
+    with pytest.raises(LaunchError) as e:
+        plan(env=env, use_paddlecloud=True, selected_gpus="0,1")
+    assert "DISTRIBUTED_TRAINER_ENDPOINTS" in str(e.value) and fragment in str(e.value)
 
 
 def test_paddlecloud_ignored_for_a_single_trainer():

@@ -1,11 +1,12 @@
-"""Bad input is refused before anything starts: exit code 2, one sentence, no worker (CONTRACT section 8)."""
+"""Bad input is refused before anything starts: exit code 2, one sentence, no traceback, no worker."""
 
+import json
 import os
 import socket
 
 import pytest
 
-from conftest import PROBE, run_launcher
+from conftest import PROBE, REPO, run_launcher
 
 
 def refused(tmp_path, *args, env=None):
@@ -38,6 +39,13 @@ def probe_args(tmp_path):
     (["--nproc_per_node", "0"], "--nproc_per_node 0 is below 1"),
     (["--log_level", "LOUD"], "'LOUD' is not a log level"),
     (["--print_config", "maybe"], "maybe"),
+    (["--log_level", "²"], "'²' is not a log level"),
+    (["--selected_gpus", "²"], "malformed GPU id '²'"),
+    (["--selected_gpus", "0,00"], "names GPU 0 twice (0 and 00); give each GPU once"),
+    (["--shutdown_timeout", "nan"], "'nan' is not a number of seconds from 0 to 86400 (one day)"),
+    (["--shutdown_timeout", "inf"], "'inf' is not a number of seconds from 0 to 86400 (one day)"),
+    (["--shutdown_timeout", "1e300"], "'1e300' is not a number of seconds from 0 to 86400 (one day)"),
+    (["--nproc_per_node", "99999999999999999999"], "give at most 65535"),
 ])
 def test_bad_options(tmp_path, args, fragment):
     assert fragment in refused(tmp_path, *args, *probe_args(tmp_path))
@@ -73,13 +81,21 @@ def test_log_dir_that_cannot_be_written(tmp_path):
 @pytest.mark.parametrize("text,fragment", [
     (None, "does not exist"),
     ("nproc_per_node: [1\n", "is not valid YAML at line"),
-    ("- 1\n- 2\n", "holds a list, not a mapping"),
+    ("- 1\n- 2\n", "holds a list ([1, 2]), not a mapping"),
     ("nproc_per_nod: 2\n", "unknown key 'nproc_per_nod'; did you mean nproc_per_node?"),
     ("nproc_per_node: two\n", "nproc_per_node: 'two' is not a valid integer"),
     ("use_paddlecloud: 3\n", "use_paddlecloud expects true or false"),
     ("env: [1, 2]\n", "env must be a mapping"),
     ("nproc_per_node: 0\n", "--nproc_per_node 0 is below 1"),
-])
+    ("nproc_per_node: 2.5\n", "nproc_per_node expects a whole number, not 2.5"),
+    ("nproc_per_node: .inf\n", "nproc_per_node expects a whole number, not inf"),
+    ("shutdown_timeout: .inf\n", "shutdown_timeout: inf is not a number of seconds from 0 to 86400"),
+    ("log_dir: 2020-01-01\n", "log_dir is a date (datetime.date(2020, 1, 1)), not text, a number or true/false; put it in quotes"),
+    ("nproc_per_node: " + "[" * 600 + "]" * 600 + "\n", "nests its values too deeply"),
+    ('env: {"A=B": 1}\n', "the variable name 'A=B' contains '='"),
+    ('env: {"A\\0B": 1}\n', "the variable name 'A\\x00B' contains a NUL character"),
+    ('env: {"": 1}\n', "env has an empty variable name"),
+], ids=lambda v: v[:40] if isinstance(v, str) else None)
 def test_bad_config_file(tmp_path, text, fragment):
     path = tmp_path / "job.yaml"
     if text is not None:
@@ -92,3 +108,78 @@ def test_paddlecloud_variable_missing(tmp_path):
            "TRAINER_PORTS_NUM": "2", "POD_IP": ""}
     msg = refused(tmp_path, "--use_paddlecloud", *probe_args(tmp_path), env=env)
     assert "needs the variable POD_IP" in msg
+
+
+def test_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"log_dir: \xe9t\xe9\n")  # Latin-1
+    msg = refused(tmp_path, "--config", path, *probe_args(tmp_path))
+    assert "is not UTF-8 text (byte 0xe9 at offset 9); save it as UTF-8" in msg
+
+
+PADDLECLOUD = {"PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINERS": "127.0.0.1,127.0.0.2", "POD_IP": "127.0.0.1",
+               "PADDLE_TRAINER_ID": "0", "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "2"}
+
+
+@pytest.mark.parametrize("env,fragment", [
+    ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:35019,127.0.0.1:99999,127.0.0.2:35019,127.0.0.2:35020"},
+     "'127.0.0.1:99999', whose port 99999 is outside 1-65535"),
+    ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:0,127.0.0.1:35020,127.0.0.2:35019,127.0.0.2:35020"},
+     "'127.0.0.1:0', whose port 0 is outside 1-65535"),
+    ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:35019,127.0.0.1:35019,127.0.0.2:35019,127.0.0.2:35020"},
+     "DISTRIBUTED_TRAINER_ENDPOINTS lists the endpoint 127.0.0.1:35019 twice"),
+    ({"PADDLE_PORT": "0"}, "PADDLE_PORT=0 with 2 workers needs ports 0 to 1, outside 1-65535"),
+    ({"PADDLE_PORT": "x"}, "PADDLE_PORT=x is not a whole number"),
+], ids=["port-99999", "port-0", "duplicate", "paddle-port-0", "paddle-port-x"])
+def test_paddlecloud_bad_ports(tmp_path, env, fragment):
+    msg = refused(tmp_path, "--use_paddlecloud", "--selected_gpus=0,1", *probe_args(tmp_path),
+                  env={**PADDLECLOUD, "CUDA_VISIBLE_DEVICES": "0,1", **env})
+    assert fragment in msg
+
+
+def test_paddlecloud_without_port_variables_runs_on_6170_as_paddle(tmp_path):
+    # Paddle 1.8's own launcher test unsets PADDLE_PORT and TRAINER_PORTS_NUM and expects 6170
+    env = {k: v for k, v in PADDLECLOUD.items() if k not in ("PADDLE_PORT", "TRAINER_PORTS_NUM")}
+    r = run_launcher("--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path,
+                     env={**env, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert r.returncode == 0, r.stderr
+    dumps = {rank: json.loads((tmp_path / f"env.{rank}.json").read_text())["env"] for rank in (0, 1)}
+    assert dumps[1]["PADDLE_TRAINER_ENDPOINTS"] == "127.0.0.1:6170,127.0.0.1:6171,127.0.0.2:6170,127.0.0.2:6171"
+    assert dumps[1]["PADDLE_CURRENT_ENDPOINT"] == "127.0.0.1:6171"
+
+
+# ---------------------------------------------------------------- scripts that cannot run as asked
+
+
+def shell_script(tmp_path, name, first_line):
+    """A script that would leave a file in the dump folder if it ever ran."""
+    path = tmp_path / name
+    path.write_text(f"{first_line}touch {tmp_path / 'dumps' / 'started'}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_no_python_script_without_a_shebang_line(tmp_path):
+    path = shell_script(tmp_path, "exe.sh", "")
+    msg = refused(tmp_path, "--no_python", path)
+    assert f"training script {path} has no #! line, so the system cannot run it as a program" in msg
+
+
+def test_no_python_bare_name_of_a_file_in_the_current_folder(tmp_path):
+    shell_script(tmp_path, "exe.sh", "#!/bin/sh\n")
+    (tmp_path / "dumps").mkdir()
+    r = run_launcher("--no_python", "exe.sh", cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "training script exe.sh is not a command on PATH" in r.stderr and "write ./exe.sh" in r.stderr
+    assert not list((tmp_path / "dumps").iterdir()), "a worker started"
+    r = run_launcher("--no_python", "--nproc_per_node", 1, "./exe.sh", cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "dumps" / "started").exists()
+
+
+@pytest.mark.parametrize("name,first_line,fragment", [
+    ("train.sh", "#!/bin/bash\n", "is a script for /bin/bash (its #! line), not Python; add --no_python"),
+    ("train.sh", "", "looks like a shell script, not Python; add --no_python"),
+], ids=["shebang", "suffix"])
+def test_shell_script_without_no_python_gets_the_hint(tmp_path, name, first_line, fragment):
+    assert fragment in refused(tmp_path, shell_script(tmp_path, name, first_line))
