@@ -51,7 +51,7 @@ class PortFinder:
 
     def __call__(self, ip: str, count: int) -> list:
         _check_node_ip(ip, self.host)
-        socks = find_free_ports(ip, count)
+        socks = bind_free_ports(ip, count)
         ports = [s.getsockname()[1] for s in socks]
         for s in socks[1:]:
             s.close()
@@ -64,6 +64,15 @@ def port_finder(host: HostFacts) -> PortFinder:
 
 
 def find_free_ports(ip: str, count: int) -> list:
+    """``count`` distinct ports free on ``ip`` right now (nothing held)."""
+    socks = bind_free_ports(ip, count)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def bind_free_ports(ip: str, count: int) -> list:
     """``count`` sockets bound to distinct free ports of ``ip``, not listening. SO_REUSEADDR is set
     after the bind, so that the kernel picks ports nobody holds, and a store can bind them later."""
     socks = []

@@ -179,3 +179,23 @@ def test_check_uses_the_workers_path(tmp_path, monkeypatch):
     plan = make_plan(opts, {"PATH": "/bin"}, HOST, lambda ip, n: free)
     with pytest.raises(LaunchError, match="mytrain is not a command on PATH"):
         preflight.check(plan, opts, HOST)
+
+
+def test_port_finder_holds_rank_0_port_for_a_store_only():
+    finder = preflight.port_finder(HOST)
+    ports = finder("127.0.0.1", 3)
+    try:
+        assert len(set(ports)) == 3 and [s.getsockname()[1] for s in finder.held] == ports[:1]
+        with socket.socket() as s:
+            with pytest.raises(OSError):
+                s.bind(("127.0.0.1", ports[0]))
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", ports[0]))
+            s.listen()
+        for port in ports[1:]:  # the others are not held: a worker's own bind must work
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+    finally:
+        for s in finder.held:
+            s.close()
