@@ -92,6 +92,25 @@ Examples:
 @_option("shutdown_timeout", type=Seconds(), default=10.0, show_default=True, metavar="SECONDS",
          help="Grace between SIGTERM and SIGKILL when workers are stopped (up to one day).")
 @click.version_option(__version__, "--version", message="%(prog)s %(version)s")
+@_option("max_restarts", type=click.IntRange(0, 1000), default=0, show_default=True, metavar="N",
+         help="Restart the whole job (every node) up to N times after a worker fails.")
+@_option("control_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+         help="Several nodes: the port node 0's launcher listens on for the others. "
+              "Default: the first worker port minus one.")
+@_option("heartbeat_timeout", type=Seconds(), default=3.0, show_default=True, metavar="SECONDS",
+         help="Several nodes: a node silent this long is lost, and the job stops.")
+@_option("join_timeout", type=Seconds(), default=300.0, show_default=True, metavar="SECONDS",
+         help="Several nodes: a node that has not joined after this long is named, and the job stops.")
+@_option("job_id", default=None, metavar="ID",
+         help="Several nodes: the job's name, the same on every node. Default: a digest of the "
+              "nodes, ports and command. Set LAUNCHER_JOB_TOKEN to make nodes prove they belong.")
+@_option("dump_stacks", type=click.BOOL, default=False, show_default=True, metavar="BOOL",
+         help="Before stopping the workers after a failure or a signal, show where each one was "
+              "(its Python stack, with py-spy). Costs up to a few seconds of teardown; always done "
+              "for --hang_timeout.")
+@_option("hang_timeout", type=Seconds(), default=None, metavar="SECONDS",
+         help="Stop the job (showing every worker's stack) when no worker has written "
+              "a line for this long. Default: never.")
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -170,6 +189,13 @@ def _options(values: dict, prog: str = DEFAULT_PROG):
         no_python=values["no_python"],
         shutdown_timeout=values["shutdown_timeout"],
         extra_env=tuple(values.get("env", ())),
+        max_restarts=values["max_restarts"],
+        control_port=values["control_port"],
+        heartbeat_timeout=values["heartbeat_timeout"],
+        join_timeout=values["join_timeout"],
+        job_id=values["job_id"],
+        hang_timeout=values["hang_timeout"],
+        dump_stacks=values["dump_stacks"],
     )
 
 

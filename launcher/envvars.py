@@ -26,3 +26,9 @@ GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 # Marks every process of one launch, so that a process a worker started is found
 # and stopped even when it left the worker's process group.
 RUN_ID = "LAUNCHER_RUN_ID"
+
+# One job across nodes and restarts
+RESTART_COUNT = "PADDLE_RESTART_COUNT"
+ELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+JOB_ID = "LAUNCHER_JOB_ID"
+JOB_TOKEN = "LAUNCHER_JOB_TOKEN"

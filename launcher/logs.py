@@ -206,12 +206,13 @@ class LineBuffer:
 # ---------------------------------------------------------------- worker output
 
 
-def header(rank: int, cmd) -> bytes:
+def header(rank: int, cmd, attempt: int = 0) -> bytes:
     when = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"===== {when} launcher: rank {rank} starts: {shlex.join(cmd)}\n".encode()
+    again = f" (attempt {attempt + 1}, restart {attempt})" if attempt else ""
+    return f"===== {when} launcher: rank {rank} starts{again}: {shlex.join(cmd)}\n".encode()
 
 
-def open_log(path: str, log_dir: str, rank: int, cmd) -> int:
+def open_log(path: str, log_dir: str, rank: int, cmd, attempt: int = 0) -> int:
     """Open a worker's log file for appending and write this run's header; the descriptor.
 
     Checked by doing, not by asking (``os.access`` says yes to root): whatever would keep the
@@ -229,7 +230,7 @@ def open_log(path: str, log_dir: str, rank: int, cmd) -> int:
         os.set_blocking(fd, True)
         size = os.fstat(fd).st_size
         glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
-        _write_all(fd, (b"\n" if glue else b"") + header(rank, cmd))
+        _write_all(fd, (b"\n" if glue else b"") + header(rank, cmd, attempt))
     except OSError as e:
         os.close(fd)
         raise LaunchError(_log_problem(log_dir, path, e)) from None
@@ -305,6 +306,14 @@ class FileOutput:
 
     def pipes(self):
         return ()
+
+    def last_written(self) -> Optional[float]:
+        """When the worker last wrote to its log (time.time()), None before it wrote anything."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime if st.st_size > self.start else None
 
     def wants(self, fd: int) -> bool:
         return False
@@ -400,6 +409,7 @@ class PipeOutput:
         self._err_r, self._err_w = os.pipe2(os.O_CLOEXEC)
         self._streams = {self._out_r: (1, LineBuffer()), self._err_r: (2, LineBuffer())}
         self._tail = collections.deque(maxlen=TAIL_LINES)
+        self._last_read: Optional[float] = None
 
     follows = False
 
@@ -422,6 +432,7 @@ class PipeOutput:
     def read_pipe(self, fd: int) -> bool:
         """Relay what is waiting on ``fd``; False at end of file."""
         data = os.read(fd, CHUNK)
+        self._last_read = time.time()
         dest, lines = self._streams[fd]
         if not data:
             self._emit(dest, lines.rest())
@@ -436,6 +447,9 @@ class PipeOutput:
 
     def follow(self) -> bool:
         return False
+
+    def last_written(self) -> Optional[float]:
+        return self._last_read
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):

@@ -45,6 +45,13 @@ class LaunchOptions:
     no_python: bool = False
     shutdown_timeout: float = 10.0
     extra_env: tuple = ()  # (name, value) pairs from the config file's `env`
+    max_restarts: int = 0
+    control_port: Optional[int] = None
+    heartbeat_timeout: float = 3.0
+    join_timeout: float = 300.0
+    job_id: Optional[str] = None
+    hang_timeout: Optional[float] = None
+    dump_stacks: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,17 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class ControlSpec:
+    """The control channel of a job of several nodes: node 0 listens on ``port``."""
+
+    port: int
+    heartbeat_timeout: float
+    join_timeout: float
+    job_id: str
+    token: Optional[str]  # LAUNCHER_JOB_TOKEN: peers prove they know it
+
+
+@dataclass(frozen=True)
 class Plan:
     node_ips: tuple
     node_rank: int
@@ -92,6 +110,10 @@ class Plan:
     notes: tuple = ()  # warnings for the user, in plain sentences
     cpu_default: bool = False  # no GPU and no --nproc_per_node: the default number of CPU workers
     gpus_not_found: bool = False  # no GPU detected: the --selected_gpus ids are passed on as given
+    max_restarts: int = 0
+    control: Optional[ControlSpec] = None  # None: one node, no channel
+    hang_timeout: Optional[float] = None
+    dump_stacks: bool = False
 
     @property
     def node_ip(self) -> str:
@@ -127,6 +149,8 @@ def make_plan(
     _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
+    if opts.max_restarts < 0:
+        raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
     base_env = {**env, **dict(opts.extra_env)}
     gpus, gpu_notes = _select_gpus(opts, base_env, host.gpu_count)
     nper = len(gpus) if gpus is not None else (opts.nproc_per_node or DEFAULT_CPU_WORKERS)
@@ -212,7 +236,35 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         notes=notes,
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
+        max_restarts=opts.max_restarts,
+        control=_control(opts, base_env, cluster.node_ips, ports, cmd),
+        hang_timeout=opts.hang_timeout,
+        dump_stacks=opts.dump_stacks,
     )
+
+
+def _control(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple):
+    if len(node_ips) == 1:
+        return None
+    port = opts.control_port if opts.control_port is not None else ports[0] - 1
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"--control_port {port} is outside 1-65535; give a free port of node 0 with --control_port.")
+    if port in ports:
+        raise LaunchError(f"--control_port {port} is also a worker port ({ports[0]}-{ports[-1]}); choose another one.")
+    for name, value in (("--heartbeat_timeout", opts.heartbeat_timeout), ("--join_timeout", opts.join_timeout)):
+        if not 0.5 <= value <= MAX_SHUTDOWN_TIMEOUT:
+            raise LaunchError(f"{name} {value} is not a number of seconds from 0.5 to {MAX_SHUTDOWN_TIMEOUT:.0f}; give a sensible timeout.")
+    job_id = opts.job_id or env.get(ev.JOB_ID) or default_job_id(node_ips, ports, cmd)
+    return ControlSpec(port, opts.heartbeat_timeout, opts.join_timeout, job_id, env.get(ev.JOB_TOKEN) or None)
+
+
+def default_job_id(node_ips, ports, cmd) -> str:
+    """The same on every node of one job: a digest of the nodes, the ports and the command."""
+    import hashlib
+    import json
+
+    text = json.dumps([list(node_ips), list(ports), list(cmd[1:])])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 # ---------------------------------------------------------------- devices

@@ -53,11 +53,21 @@ class StartFailed:
 
 
 @dataclass(frozen=True)
+class StopOrdered:
+    reason: str  # the job stops for a cause elsewhere (another node, a lost node)
+
+
+@dataclass(frozen=True)
+class Hung:
+    seconds: float  # no worker wrote a line for this long (--hang_timeout)
+
+
+@dataclass(frozen=True)
 class TimePassed:
     pass  # a deadline of the state may have come
 
 
-Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, TimePassed]
+Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, StopOrdered, Hung, TimePassed]
 
 
 # ---------------------------------------------------------------- actions
@@ -75,12 +85,17 @@ class Kill:
 
 
 @dataclass(frozen=True)
+class TakeStacks:
+    pass  # record where each surviving worker is, before the stop signal
+
+
+@dataclass(frozen=True)
 class Say:
     level: int
     text: str
 
 
-Action = Union[Send, Kill, Say]
+Action = Union[Send, Kill, Say, TakeStacks]
 
 
 # ---------------------------------------------------------------- state
@@ -90,9 +105,11 @@ Action = Union[Send, Kill, Say]
 class State:
     running: frozenset  # ranks whose worker has not exited
     grace: float
+    stacks: bool = False  # take the workers' stacks before any stop (--dump_stacks); always on a hang
     failure: Optional[Tuple[int, int]] = None  # (rank, returncode) of the first failure
     stop_signal: Optional[int] = None  # the signal that stopped the job
     start_failure: Optional[str] = None  # why the workers could not all be started
+    hung: Optional[float] = None  # stopped because no worker wrote for this many seconds
     stop_began: Optional[float] = None
     term_at: Optional[float] = None  # a SIGTERM still to follow a passed-on signal
     kill_at: Optional[float] = None
@@ -107,8 +124,8 @@ class State:
         return None if self.killed_at is None else self.killed_at + KILL_WAIT
 
 
-def start(ranks, grace: float) -> State:
-    return State(running=frozenset(ranks), grace=grace)
+def start(ranks, grace: float, stacks: bool = False) -> State:
+    return State(running=frozenset(ranks), grace=grace, stacks=stacks)
 
 
 def next_deadline(state: State) -> Optional[float]:
@@ -120,7 +137,7 @@ def next_deadline(state: State) -> Optional[float]:
 def exit_code(state: State) -> int:
     """The launcher's exit code once the job is over: the first failure's, else the signal's;
     1 when the workers could not all be started (a resource ran out: not the user's input)."""
-    if state.start_failure is not None:
+    if state.start_failure is not None or state.hung is not None:
         return 1
     if state.failure is not None:
         return shell_code(state.failure[1])
@@ -152,6 +169,16 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, StartFailed):
         state = replace(state, start_failure=event.reason)
         say = Say(logging.ERROR, f"{event.reason}; stopping the {len(state.running)} worker(s) already started")
+        return _begin_stop(state, now, signal.SIGTERM, say)
+    if isinstance(event, StopOrdered):
+        if state.stopping:
+            return state, ()
+        return _begin_stop(state, now, signal.SIGTERM, Say(logging.ERROR, f"{event.reason}; stopping the workers"))
+    if isinstance(event, Hung):
+        if state.stopping:
+            return state, ()
+        state = replace(state, hung=event.seconds)
+        say = Say(logging.ERROR, f"no worker wrote a line for {event.seconds:g} s (--hang_timeout): stopping the job")
         return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, LeftoversRunning):
         if state.stopping:
@@ -188,8 +215,9 @@ def _on_stop_signal(state: State, sig: int, now: float):
 
 def _begin_stop(state: State, now: float, sig: int, say: Say):
     term_at = None if sig == signal.SIGTERM else now + min(TERM_FOLLOWS, state.grace / 2)
+    stacks = (TakeStacks(),) if (state.stacks or state.hung is not None) and state.running else ()
     state = replace(state, stop_began=now, term_at=term_at, kill_at=now + state.grace)
-    return state, (say, Send(sig))
+    return state, (say, *stacks, Send(sig))
 
 
 def _on_time(state: State, now: float):
@@ -215,3 +243,42 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exit code {returncode}"
+
+
+# ---------------------------------------------------------------- across attempts and nodes
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a job (or one attempt of it) stopped, as every node reports it."""
+
+    node: int
+    kind: str  # "worker" failed, "signal" to a launcher, "start" failed, "hang", "lost" node, "join" never
+    code: int  # the exit code every launcher of the job ends with
+    text: str  # one sentence
+    summary: str = ""  # the lines to show: the failing rank, its log, its last lines
+
+    @property
+    def restartable(self) -> bool:
+        return self.kind in ("worker", "hang")
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text, "summary": self.summary}
+
+    @classmethod
+    def from_dict(cls, d) -> Optional["Cause"]:
+        """From a peer's message; None when it is not one."""
+        try:
+            cause = cls(int(d["node"]), str(d["kind"]), int(d["code"]), str(d["text"]), str(d.get("summary", "")))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return cause if 0 <= cause.code <= 255 else None
+
+
+def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:
+    """("restart", next attempt) or ("end", exit code), once every node is done with an attempt."""
+    if cause is None:
+        return "end", 0
+    if cause.restartable and attempt < max_restarts:
+        return "restart", attempt + 1
+    return "end", cause.code

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher import envvars as ev
+from launcher import job as job_module
 from launcher import logs, policy, processes
 from launcher.errors import LaunchError
 from launcher.logs import log
@@ -44,6 +45,7 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
+STACK_TIMEOUT = 10.0  # how long taking the workers' stacks may hold up a stop
 WATCHDOG_QUIT_WAIT = 2.0
 FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 PR_SET_PDEATHSIG = 1
@@ -94,24 +96,60 @@ def exit_code(returncode: int) -> int:
 
 
 def run(plan: Plan, reserved: tuple = ()) -> int:
-    """Start the plan's workers, supervise them to the end, and return the launcher's exit code.
+    """Start the plan's workers, supervise them to the end (and again after a failure, up to
+    ``plan.max_restarts`` times), and return the launcher's exit code.
 
     ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
     """
     launch = Launch(plan, reserved)
-    group = WorkerGroup(plan, launch)
+    job = None
     try:
         launch.open()
-        group.open_logs()
+        job = job_module.for_plan(plan)
+        launch.job_label = job.node_label()
         launch.start_watchdog()
+        while True:
+            started = _run_attempt(launch, job)
+            what, code = job.finish_attempt(_Loop(launch, job).turn)
+            if what == "end":
+                _tell_the_end(job, code, started)
+                return code
+    finally:
+        if job is not None:
+            job.close()
+        launch.close()
+
+
+def _run_attempt(launch: Launch, job) -> tuple:
+    """One attempt of the job on this node; (when it started, how many workers)."""
+    group = WorkerGroup(launch.plan, launch, job.attempt)
+    try:
+        group.open_logs()
         try:
             group.start()
         except StartFailed as e:
-            return supervise(launch, group, start_failure=e)
-        return supervise(launch, group)
+            supervise(launch, group, job, start_failure=e)
+        else:
+            supervise(launch, group, job)
+        return group.started_at, len(group.workers)
     finally:
         group.close()
-        launch.close()
+
+
+def _tell_the_end(job, code: int, started: tuple) -> None:
+    """Every node shows the same root cause: the one node 0 decided on."""
+    cause = job.final_cause()
+    if cause is None:
+        if code == 0:
+            log.info("all %d worker(s) finished in %.1f s", started[1], time.monotonic() - started[0])
+        return
+    lines = []
+    if job.node_label():
+        lines.append(f"launcher: the job stopped: {cause.text}; exit code {code}")
+    if cause.summary:
+        lines.append(cause.summary)
+    if lines:
+        logs.console.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
 
 
 # ---------------------------------------------------------------- once per launch
@@ -126,6 +164,7 @@ class Launch:
         self.watchdog: Optional[subprocess.Popen] = None
         self.watchdog_lost = False
         self.watchdog_done = False  # told to quit: its exit is expected
+        self.job_label = ""  # "node N (ip)" in a job of several nodes
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
         self._files_written: list = []
@@ -257,12 +296,14 @@ class Launch:
 
 
 class WorkerGroup:
-    def __init__(self, plan: Plan, launch: Launch) -> None:
+    def __init__(self, plan: Plan, launch: Launch, attempt: int = 0) -> None:
         self.plan = plan
         self.launch = launch
+        self.attempt = attempt
         self.workers: dict = {}  # rank -> Worker
         self.outputs: dict = {}  # rank -> output, opened before any worker starts
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
         self._cgroup_fd: Optional[int] = None
 
     @property
@@ -273,13 +314,14 @@ class WorkerGroup:
         """Every log file opened (and its header written) before the first worker starts."""
         for spec in self.plan.workers:
             if spec.log_file:
-                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.rank, spec.cmd)
+                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.rank, spec.cmd, self.attempt)
                 self.outputs[spec.rank] = logs.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
 
     def start(self) -> None:
         if self.launch.cgroup is not None:
             self._cgroup_fd = self.launch.cgroup.open_procs()
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
         for spec in self.plan.workers:
             self._spawn(spec)
         log.debug("started %d worker(s)", len(self.workers))
@@ -294,7 +336,8 @@ class WorkerGroup:
         try:
             proc = subprocess.Popen(
                 spec.cmd,
-                env={**self.plan.base_env, **spec.env},
+                env={**self.plan.base_env, **spec.env, ev.RESTART_COUNT: str(self.attempt),
+                     ev.ELASTIC_RESTART_COUNT: str(self.attempt)},
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
@@ -380,6 +423,11 @@ class WorkerGroup:
     def follows(self) -> bool:
         return any(w.output.follows and w.alive for w in self.workers.values())
 
+    def last_output(self) -> float:
+        """When (time.time()) a worker last wrote a line, or the group started if none has."""
+        latest = [w.output.last_written() for w in self.workers.values()]
+        return max([t for t in latest if t is not None], default=self.started_wall)
+
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
@@ -400,6 +448,10 @@ class WorkerGroup:
         for rank, output in self.outputs.items():
             if rank not in self.workers:  # opened, but its worker never started
                 output.finish()
+        for w in self.workers.values():
+            for fd in w.output.pipes():
+                if fd in self.launch.selector.get_map():
+                    self.launch.selector.unregister(fd)
         if self._cgroup_fd is not None:
             os.close(self._cgroup_fd)
             self._cgroup_fd = None
@@ -408,19 +460,20 @@ class WorkerGroup:
 # ---------------------------------------------------------------- the event loop
 
 
-def supervise(launch: Launch, group: WorkerGroup, start_failure: Optional[StartFailed] = None) -> int:
-    state = policy.start(group.ranks, launch.plan.shutdown_timeout)
+def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[StartFailed] = None) -> policy.State:
+    """One attempt on this node, to the end of its last process; the policy's final state."""
+    state = policy.start(group.ranks, launch.plan.shutdown_timeout, stacks=launch.plan.dump_stacks)
+    loop = _Loop(launch, job, group)
     if start_failure is not None:
-        state = _carry_out(group, *policy.decide(state, policy.StartFailed(start_failure.rank, str(start_failure)),
-                                                 time.monotonic()))
-    loop = _Loop(launch, group)
+        event = policy.StartFailed(start_failure.rank, str(start_failure))
+        state = _step(state, event, loop)
     while True:
         now = time.monotonic()
         if policy.gave_up(state, now):
             log.warning("process(es) %s did not end after SIGKILL (uninterruptible sleep?); giving up on them",
                         ",".join(map(str, group.running_pids())) or "?")
             break
-        events = loop.wait(state)
+        events = loop.turn(state)
         if not state.running:
             found = group.leftovers()
             if found:
@@ -430,35 +483,73 @@ def supervise(launch: Launch, group: WorkerGroup, start_failure: Optional[StartF
                 break
         events.append(policy.TimePassed())
         for event in events:
-            state = _carry_out(group, *policy.decide(state, event, time.monotonic()))
-    return _result(group, state)
+            state = _step(state, event, loop)
+    return state
+
+
+def _step(state: policy.State, event, loop: "_Loop") -> policy.State:
+    """Decide, carry out, and tell the job when this node found a cause to stop."""
+    after, actions = policy.decide(state, event, time.monotonic())
+    _carry_out(loop.group, actions)
+    cause = _new_cause(state, after, loop)
+    if cause is not None:
+        loop.job.local_cause(cause)
+    return after
+
+
+def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Optional[policy.Cause]:
+    job, group = loop.job, loop.group
+    node, label = job.plan.node_rank, job.node_label()
+    on = f" on {label}" if label else ""
+    if after.failure is not None and before.failure is None:
+        rank, returncode = after.failure
+        summary = logs.format_failure(group.failure(rank))
+        text = f"rank {rank}{on} failed ({logs.describe_exit(returncode)})"
+        return policy.Cause(node, "worker", policy.shell_code(returncode), text, summary)
+    if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
+        name = signal.Signals(after.stop_signal).name
+        return policy.Cause(node, "signal", 128 + after.stop_signal, f"{label or 'the launcher'} received {name}")
+    if after.start_failure is not None and before.start_failure is None:
+        return policy.Cause(node, "start", 1, f"{after.start_failure}{on}")
+    if after.hung is not None and before.hung is None:
+        return policy.Cause(node, "hang", 1, f"no worker{on} wrote a line for {after.hung:g} s (--hang_timeout)")
+    return None
 
 
 class _Loop:
-    """What one turn of the event loop waits on: the wakeup pipe, pipes, the console, deadlines."""
+    """One turn of the event loop: the wakeup pipe, pipes, the console, the control channel,
+    deadlines. Without a worker group, it serves the time between two attempts."""
 
-    def __init__(self, launch: Launch, group: WorkerGroup) -> None:
+    def __init__(self, launch: Launch, job, group: Optional[WorkerGroup] = None) -> None:
         self.launch = launch
+        self.job = job
         self.group = group
         self.selector = launch.selector
         self.follow_delay = 0.02
         self.quiet_since: Optional[float] = None  # when the last process of the job was gone
-        self.pipes_open = {fd: w for w in group.workers.values() for fd in w.output.pipes()}
+        workers = group.workers.values() if group else ()
+        self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
 
-    def wait(self, state: policy.State) -> list:
+    def turn(self, state: Optional[policy.State] = None) -> list:
         self._sync_registrations()
-        for key, _ in self.selector.select(self._timeout(state)):
+        events = []
+        for key, mask in self.selector.select(self._timeout(state)):
             kind, obj = key.data
             if kind == "pipe" and not obj.output.read_pipe(key.fd):
                 self.selector.unregister(key.fd)
                 del self.pipes_open[key.fd]
             elif kind == "console":
                 obj.push()
-        moved = self.group.follow_logs()
-        self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
-        return self._events()
+            elif kind == "control":
+                events += self.job.on_events(obj.ready(key.fd, mask, time.monotonic()))
+        if self.group is not None:
+            moved = self.group.follow_logs()
+            self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
+        if self.job.channel is not None:
+            events += self.job.tick(time.monotonic())
+        return self._signal_events() + events + self._hang_events(state)
 
-    def _events(self) -> list:
+    def _signal_events(self) -> list:
         events = []
         for sig in self.launch.signals():
             if sig == signal.SIGCHLD:
@@ -467,32 +558,57 @@ class _Loop:
                 events.append(policy.UserSignal(sig))
             else:
                 events.append(policy.StopSignal(sig))
-        # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
-        events[:0] = self.group.exits()
-        self.launch.reap_orphans(keep=[w.pid for w in self.group.workers.values()])
+        workers = []
+        if self.group is not None:
+            # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
+            events[:0] = self.group.exits()
+            workers = [w.pid for w in self.group.workers.values()]
+        self.launch.reap_orphans(keep=workers)
         return events
 
-    def _timeout(self, state: policy.State) -> Optional[float]:
+    def _hang_events(self, state) -> list:
+        limit = self.launch.plan.hang_timeout
+        if limit is None or self.group is None or state is None or state.stopping or not state.running:
+            return []
+        quiet = time.time() - self.group.last_output()
+        return [policy.Hung(limit)] if quiet >= limit else []
+
+    def _timeout(self, state) -> Optional[float]:
         now = time.monotonic()
         waits = []
-        deadline = policy.next_deadline(state)
+        deadline = policy.next_deadline(state) if state is not None else None
         if deadline is not None:
             waits.append(max(0.0, deadline - now))
-        if self.group.follows():
+        if self.group is not None and self.group.follows():
             waits.append(self.follow_delay)
-        if not state.running:
+        if state is not None and not state.running:
             waits.append(0.05)  # leftovers and the drain: looked at while they last
+        if self.job.channel is not None:
+            t = self.job.channel.next_deadline()
+            if t is not None:
+                waits.append(max(0.0, t - now))
+        if self.launch.plan.hang_timeout is not None and self.group is not None:
+            waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
         return min(waits) if waits else None
 
     def _sync_registrations(self) -> None:
         for fd, worker in self.pipes_open.items():
             self._register(fd, selectors.EVENT_READ, ("pipe", worker), worker.output.wants(fd))
-        waiting = logs.console.waiting()
+        wanted = {}
+        for fd, stream in logs.console.waiting().items():
+            wanted[fd] = (selectors.EVENT_WRITE, ("console", stream))
+        if self.job.channel is not None:
+            for fd, events in self.job.channel.registrations().items():
+                wanted[fd] = (events, ("control", self.job.channel))
         for key in list(self.selector.get_map().values()):
-            if key.data[0] == "console" and key.fd not in waiting:
+            if key.data[0] in ("console", "control") and key.fd not in wanted:
                 self.selector.unregister(key.fd)
-        for fd, stream in waiting.items():
-            self._register(fd, selectors.EVENT_WRITE, ("console", stream), True)
+        for fd, (events, data) in wanted.items():
+            key = self.selector.get_map().get(fd)
+            if key is None:
+                self.selector.register(fd, events, data)
+            elif key.events != events or key.data is not data:
+                self.selector.modify(fd, events, data)
 
     def _register(self, fd, events, data, wanted: bool) -> None:
         known = fd in self.selector.get_map()
@@ -513,24 +629,47 @@ class _Loop:
         log.debug("pipes still open after %.0f s: not waiting for them", DRAIN_SECONDS)
         return True
 
+    def close(self) -> None:
+        """Leave the selector with nothing of this loop's worker group in it."""
+        for fd in list(self.pipes_open):
+            if fd in self.selector.get_map():
+                self.selector.unregister(fd)
+        self.pipes_open.clear()
 
-def _carry_out(group: WorkerGroup, state: policy.State, actions) -> policy.State:
+
+def _carry_out(group: WorkerGroup, actions) -> None:
     for action in actions:
         if isinstance(action, policy.Say):
             log.log(action.level, "%s", action.text)
+        elif isinstance(action, policy.TakeStacks):
+            _show_stacks(group)
         elif isinstance(action, policy.Send):
             group.send(action.sig, action.leftovers)
         elif isinstance(action, policy.Kill):
             group.kill()
-    return state
 
 
-def _result(group: WorkerGroup, state: policy.State) -> int:
-    if state.failure is not None and state.start_failure is None:
-        logs.console.write(2, (logs.format_failure(group.failure(state.failure[0])) + "\n").encode(errors="replace"))
-    elif state.stop_signal is None and state.start_failure is None:
-        log.info("all %d worker(s) finished in %.1f s", len(group.workers), time.monotonic() - group.started_at)
-    return policy.exit_code(state)
+def _show_stacks(group: WorkerGroup) -> None:
+    """Where each surviving worker was, before it is stopped (py-spy; a note where it cannot)."""
+    try:
+        from launcher import stacks
+    except ImportError:
+        return
+    alive = {w.spec.rank: w.pid for w in group.workers.values() if w.alive}
+    if not alive:
+        return
+    found = stacks.take(alive, timeout=STACK_TIMEOUT)
+    label = group.launch.job_label
+    logs.console.write(2, (logs.format_stacks(found, label) + "\n").encode(errors="replace"))
+    if group.plan.log_dir:
+        path = os.path.join(group.plan.log_dir, "stacks.txt")
+        logs.write_stacks(path, found, f"stacks of {label or 'this node'}, attempt {group.attempt + 1}, "
+                                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        log.info("full stacks: %s", path)
+    else:
+        for s in found:
+            if s.text:
+                logs.console.write(2, f"launcher: stack of rank {s.rank} (pid {s.pid}):\n{s.text}\n".encode(errors="replace"))
 
 
 def emergency_stop(group: WorkerGroup, grace: float) -> None:

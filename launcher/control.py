@@ -1,0 +1,534 @@
+"""The control channel between the launchers of one job, so that they act as one.
+
+Node 0's launcher listens on the control port (``--control_port``, default: the first worker
+port minus one); every other node's launcher connects to it, retrying until the join timeout.
+Single-node jobs open no port. Everything is non-blocking and driven by the launcher's selector:
+each socket is one more descriptor in its event loop, and the launcher never imports torch.
+
+Wire format: messages are JSON objects, each preceded by its length (4 bytes, big endian), at
+most ``MAX_MESSAGE`` bytes. A connection that sends anything else (junk, an oversized or
+malformed message, a wrong job, a wrong token, a second connection for a node already joined,
+nothing at all for ``HELLO_TIMEOUT`` seconds) is dropped and logged; it never stops the job.
+
+Handshake: node 0 sends ``challenge`` with a random nonce; the peer answers ``hello`` with the
+job's identity (job id, node list, ports, script), its node index and, when a job token is set
+(``LAUNCHER_JOB_TOKEN``), HMAC-SHA256(token, nonce + job id + node) as proof; node 0 answers
+``welcome``. Then both sides send ``beat`` every ``heartbeat_timeout / 6`` seconds; silence for
+``heartbeat_timeout`` seconds (or TCP's own keep-alive giving up) means the peer is lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import selectors
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from launcher.logs import log
+
+MAX_MESSAGE = 64 * 1024
+HELLO_TIMEOUT = 5.0
+MAX_PENDING = 64  # connections not yet introduced; more are closed at once
+RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
+TOKEN_VAR = "LAUNCHER_JOB_TOKEN"
+_LENGTH = struct.Struct("!I")
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def encode(message: dict) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_MESSAGE:
+        raise ValueError(f"control message of {len(body)} bytes is over {MAX_MESSAGE}")
+    return _LENGTH.pack(len(body)) + body
+
+
+class Framer:
+    """Cuts a byte stream into messages; ProtocolError on anything that is not one."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buffer += data
+        messages = []
+        while len(self.buffer) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(self.buffer)
+            if size > MAX_MESSAGE:
+                raise ProtocolError(f"a message of {size} bytes (the limit is {MAX_MESSAGE})")
+            if len(self.buffer) < _LENGTH.size + size:
+                break
+            body = bytes(self.buffer[_LENGTH.size:_LENGTH.size + size])
+            del self.buffer[:_LENGTH.size + size]
+            try:
+                message = json.loads(body)
+            except (UnicodeDecodeError, ValueError):
+                raise ProtocolError("a message that is not JSON") from None
+            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+                raise ProtocolError("a message without a type")
+            messages.append(message)
+        return messages
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes two launchers parts of the same job."""
+
+    job_id: str
+    nodes: tuple
+    ports: tuple
+    script: str
+
+    def as_dict(self) -> dict:
+        return {"job_id": self.job_id, "nodes": list(self.nodes), "ports": list(self.ports), "script": self.script}
+
+    def mismatch(self, other) -> Optional[str]:
+        """What differs in a peer's identity (a dict from the wire), or None."""
+        if not isinstance(other, dict):
+            return "no job identity"
+        for name in ("job_id", "nodes", "ports", "script"):
+            mine = self.as_dict()[name]
+            if other.get(name) != mine:
+                return f"its {name} is {other.get(name)!r}, this job's is {mine!r}"
+        return None
+
+
+def proof(token: str, nonce: str, job_id: str, node: int) -> str:
+    return hmac.new(token.encode(), f"{nonce}|{job_id}|{node}".encode(), hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------- events for the launcher
+
+
+@dataclass(frozen=True)
+class Joined:
+    node: int
+
+
+@dataclass(frozen=True)
+class Received:
+    node: int  # the sender: a peer for node 0, always 0 elsewhere
+    message: dict
+
+
+@dataclass(frozen=True)
+class Lost:
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NeverJoined:
+    nodes: tuple  # with their reason, one sentence for all
+    reason: str
+
+
+# ---------------------------------------------------------------- one connection
+
+
+@dataclass
+class Connection:
+    sock: socket.socket
+    where: str
+    opened: float
+    node: Optional[int] = None
+    nonce: str = ""
+    framer: Framer = field(default_factory=Framer)
+    out: bytearray = field(default_factory=bytearray)
+    heard: float = 0.0
+    said: float = 0.0
+
+    def send(self, message: dict, now: float) -> None:
+        self.out += encode(message)
+        self.said = now
+        self.flush()
+
+    def flush(self) -> None:
+        while self.out:
+            try:
+                n = self.sock.send(self.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.out.clear()  # the peer is gone: reading will say so
+                return
+            del self.out[:n]
+
+    def receive(self) -> list:
+        """Messages that arrived; ProtocolError for junk, ConnectionError at the end."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError as e:
+            raise ConnectionError(e.strerror or str(e)) from None
+        if not data:
+            raise ConnectionError("connection closed")
+        return self.framer.feed(data)
+
+
+def _tune(sock: socket.socket, heartbeat_timeout: float) -> None:
+    """Non-blocking, no Nagle delay, and TCP's own detection of a dead peer within the timeout."""
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(heartbeat_timeout)))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(heartbeat_timeout * 1000))
+
+
+# ---------------------------------------------------------------- both ends
+
+
+class Channel:
+    """What node 0's hub and the other nodes' spoke share: heartbeats and the selector's part."""
+
+    def __init__(self, identity: Identity, node: int, heartbeat_timeout: float, join_timeout: float,
+                 token: Optional[str]) -> None:
+        self.identity = identity
+        self.node = node
+        self.heartbeat_timeout = heartbeat_timeout
+        self.beat_every = heartbeat_timeout / 6
+        self.join_deadline = time.monotonic() + join_timeout
+        self.join_timeout = join_timeout
+        self.token = token or None
+        self.connections: dict = {}  # fd -> Connection
+        self.closed = False
+
+    def node_name(self, node: int) -> str:
+        return f"node {node} ({self.identity.nodes[node]})"
+
+    # the selector's part
+    def registrations(self) -> dict:
+        """{fd: selector events} this channel wants watched now."""
+        wanted = {}
+        for fd, c in self.connections.items():
+            wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        return wanted
+
+    def next_deadline(self) -> Optional[float]:
+        times = []
+        for c in self.connections.values():
+            if c.node is None:
+                times.append(c.opened + HELLO_TIMEOUT)
+            else:
+                times += [c.said + self.beat_every, c.heard + self.heartbeat_timeout]
+        return min(times) if times else None
+
+    def _beat_and_check(self, now: float) -> list:
+        events = []
+        for fd, c in list(self.connections.items()):
+            if c.node is None:
+                if now - c.opened >= HELLO_TIMEOUT:
+                    self._drop(fd, f"said nothing valid for {HELLO_TIMEOUT:.0f} s")
+                continue
+            if now - c.heard >= self.heartbeat_timeout:
+                events.append(self._lose(fd, f"no heartbeat for {now - c.heard:.1f} s"))
+                continue
+            if now - c.said >= self.beat_every:
+                c.send({"type": "beat"}, now)
+        return events
+
+    def _read(self, fd: int, now: float) -> list:
+        c = self.connections[fd]
+        try:
+            messages = c.receive()
+        except ProtocolError as e:
+            if c.node is not None:
+                return [self._lose(fd, f"sent {e}")]
+            self._drop(fd, f"sent {e}")
+            return []
+        except ConnectionError as e:
+            if c.node is not None:
+                return [self._lose(fd, f"connection lost ({e})")]
+            self._drop(fd, str(e))
+            return []
+        events = []
+        for message in messages:
+            if fd not in self.connections:
+                break
+            c.heard = now
+            events += self._on_message(fd, c, message, now)
+        return events
+
+    def _on_message(self, fd, c, message, now) -> list:
+        raise NotImplementedError
+
+    def _drop(self, fd: int, reason: str) -> None:
+        c = self.connections.pop(fd)
+        log.warning("control: dropped the connection from %s: %s", c.where, reason)
+        c.sock.close()
+
+    def _lose(self, fd: int, reason: str) -> Lost:
+        c = self.connections.pop(fd)
+        c.sock.close()
+        return Lost(c.node, f"{self.node_name(c.node)} lost: {reason}")
+
+    def close(self) -> None:
+        for c in self.connections.values():
+            c.flush()
+            c.sock.close()
+        self.connections.clear()
+        self.closed = True
+
+
+class Hub(Channel):
+    """Node 0: listens, checks who comes, and keeps one connection per node."""
+
+    def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
+                 join_timeout: float, token: Optional[str]) -> None:
+        super().__init__(identity, 0, heartbeat_timeout, join_timeout, token)
+        family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.port = port
+        self.peers: dict = {}  # node -> fd
+        self.ever_joined: set = set()
+        self.join_reported = False
+        self.dropped = 0
+
+    def registrations(self) -> dict:
+        wanted = super().registrations()
+        if not self.closed:
+            wanted[self.listener.fileno()] = selectors.EVENT_READ
+        return wanted
+
+    def next_deadline(self) -> Optional[float]:
+        times = [t for t in (super().next_deadline(),) if t is not None]
+        if not self.join_reported and len(self.ever_joined) < len(self.identity.nodes) - 1:
+            times.append(self.join_deadline)
+        return min(times) if times else None
+
+    def ready(self, fd: int, mask: int, now: float) -> list:
+        if fd == self.listener.fileno():
+            self._accept(now)
+            return []
+        if fd not in self.connections:
+            return []
+        if mask & selectors.EVENT_WRITE:
+            self.connections[fd].flush()
+        return self._read(fd, now) if mask & selectors.EVENT_READ else []
+
+    def tick(self, now: float) -> list:
+        events = self._beat_and_check(now)
+        missing = [n for n in range(1, len(self.identity.nodes)) if n not in self.ever_joined]
+        if missing and not self.join_reported and now >= self.join_deadline:
+            self.join_reported = True
+            names = ", ".join(self.node_name(n) for n in missing)
+            events.append(NeverJoined(tuple(missing), f"{names} never joined within {self.join_timeout:g} s "
+                                                      f"(node 0 listens on port {self.port})"))
+        return events
+
+    def _accept(self, now: float) -> None:
+        while True:
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    log.warning("control: out of file descriptors; not accepting connections now")
+                return
+            pending = sum(1 for c in self.connections.values() if c.node is None)
+            if pending >= MAX_PENDING:
+                self.dropped += 1
+                sock.close()
+                continue
+            _tune(sock, self.heartbeat_timeout)
+            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=now)
+            self.connections[sock.fileno()] = c
+            c.send({"type": "challenge", "nonce": c.nonce}, now)
+
+    def _on_message(self, fd, c, message, now) -> list:
+        if c.node is None:
+            return self._introduce(fd, c, message, now)
+        kind = message["type"]
+        if kind == "beat":
+            return []
+        return [Received(c.node, message)]
+
+    def _introduce(self, fd, c, message, now) -> list:
+        if message.get("type") != "hello":
+            self._drop(fd, f"a {str(message.get('type'))[:40]!r} message before saying hello")
+            return []
+        node = message.get("node")
+        problem = self.identity.mismatch(message.get("identity"))
+        if problem is None and not (isinstance(node, int) and 0 < node < len(self.identity.nodes)):
+            problem = f"node index {node!r} is not one of 1 to {len(self.identity.nodes) - 1}"
+        if problem is None:
+            problem = self._check_proof(c, message.get("proof"), node)
+        if problem is None and node in self.peers:
+            problem = f"{self.node_name(node)} is already joined"
+        if problem is not None:
+            self._drop(fd, f"not a node of this job: {problem}")
+            return []
+        c.node = node
+        self.peers[node] = fd
+        self.ever_joined.add(node)
+        c.send({"type": "welcome"}, now)
+        log.debug("control: %s joined from %s", self.node_name(node), c.where)
+        return [Joined(node)]
+
+    def _check_proof(self, c, given, node) -> Optional[str]:
+        if self.token is None:
+            return None if given is None else "it proves a job token, and this job has none"
+        if not isinstance(given, str):
+            return f"it gives no proof of the job token ({TOKEN_VAR})"
+        if not hmac.compare_digest(given, proof(self.token, c.nonce, self.identity.job_id, node)):
+            return f"its proof of the job token ({TOKEN_VAR}) is wrong"
+        return None
+
+    def _lose(self, fd: int, reason: str) -> Lost:
+        lost = super()._lose(fd, reason)
+        self.peers.pop(lost.node, None)
+        return lost
+
+    def send(self, node: int, message: dict) -> None:
+        fd = self.peers.get(node)
+        if fd is not None:
+            self.connections[fd].send(message, time.monotonic())
+
+    def broadcast(self, message: dict) -> None:
+        for node in list(self.peers):
+            self.send(node, message)
+
+    def joined(self) -> set:
+        return set(self.peers)
+
+    def close(self) -> None:
+        super().close()
+        self.listener.close()
+
+
+class Spoke(Channel):
+    """Every node but 0: connects to node 0 (retrying until the join timeout) and stays."""
+
+    def __init__(self, identity: Identity, node: int, hub_ip: str, port: int, heartbeat_timeout: float,
+                 join_timeout: float, token: Optional[str]) -> None:
+        super().__init__(identity, node, heartbeat_timeout, join_timeout, token)
+        self.address = (hub_ip, port)
+        self.next_try = time.monotonic()
+        self.welcomed = False
+        self.gave_up = False
+        self.last_error = "no answer"
+
+    @property
+    def hub(self) -> Optional[Connection]:
+        return next(iter(self.connections.values()), None)
+
+    def next_deadline(self) -> Optional[float]:
+        if self.gave_up or self.closed:
+            return None
+        times = [t for t in (super().next_deadline(),) if t is not None]
+        if not self.welcomed:
+            times += [self.join_deadline] + ([self.next_try] if self.hub is None else [])
+        return min(times) if times else None
+
+    def registrations(self) -> dict:
+        wanted = super().registrations()
+        c = self.hub
+        if c is not None and c.node is None and not getattr(c, "connected", False):
+            wanted[c.sock.fileno()] = selectors.EVENT_WRITE  # the connect() completes
+        return wanted
+
+    def tick(self, now: float) -> list:
+        if self.gave_up or self.closed:
+            return []
+        if not self.welcomed and now >= self.join_deadline:
+            self.gave_up = True
+            for fd in list(self.connections):
+                self.connections.pop(fd).sock.close()
+            return [NeverJoined((0,), f"{self.node_name(0)} never answered on port {self.address[1]} within "
+                                      f"{self.join_timeout:g} s ({self.last_error})")]
+        if self.hub is None and now >= self.next_try:
+            self._connect(now)
+        if self.welcomed:
+            return self._beat_and_check(now)
+        return []
+
+    def _connect(self, now: float) -> None:
+        family = socket.AF_INET6 if ":" in self.address[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        _tune(sock, self.heartbeat_timeout)
+        try:
+            sock.connect(self.address)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as e:
+            self.last_error = e.strerror or str(e)
+            sock.close()
+            self.next_try = now + RETRY_EVERY
+            return
+        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, heard=now)
+        c.connected = False
+        self.connections[sock.fileno()] = c
+
+    def ready(self, fd: int, mask: int, now: float) -> list:
+        c = self.connections.get(fd)
+        if c is None:
+            return []
+        if not getattr(c, "connected", True):
+            err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self.last_error = os.strerror(err)
+                self._retry(fd, now)
+                return []
+            c.connected = True
+        if mask & selectors.EVENT_WRITE:
+            c.flush()
+        if not mask & selectors.EVENT_READ:
+            return []
+        try:
+            return self._read(fd, now)
+        finally:
+            if not self.welcomed and fd not in self.connections and not self.gave_up:
+                self.next_try = now + RETRY_EVERY
+
+    def _retry(self, fd: int, now: float) -> None:
+        self.connections.pop(fd).sock.close()
+        self.next_try = now + RETRY_EVERY
+
+    def _drop(self, fd: int, reason: str) -> None:
+        self.last_error = reason
+        log.debug("control: node 0 at %s:%d: %s; trying again", *self.address, reason)
+        self._retry(fd, time.monotonic())
+
+    def _on_message(self, fd, c, message, now) -> list:
+        kind = message["type"]
+        if c.node is None:
+            if kind == "challenge" and isinstance(message.get("nonce"), str):
+                hello = {"type": "hello", "identity": self.identity.as_dict(), "node": self.node}
+                if self.token is not None:
+                    hello["proof"] = proof(self.token, message["nonce"], self.identity.job_id, self.node)
+                c.send(hello, now)
+                return []
+            if kind == "welcome":
+                c.node = 0
+                self.welcomed = True
+                log.debug("control: joined node 0 at %s:%d", *self.address)
+                return [Joined(0)]
+            self._drop(fd, f"unexpected {kind!r} before the welcome")
+            return []
+        if kind == "beat":
+            return []
+        return [Received(0, message)]
+
+    def send(self, message: dict) -> None:
+        c = self.hub
+        if c is not None and c.node is not None:
+            c.send(message, time.monotonic())

@@ -1,0 +1,248 @@
+"""One job across attempts and nodes: who decides that it stops, restarts or ends, and with what.
+
+- ``Solo``: a job of one node. The cause of a stop is the local one.
+- ``Leader``: node 0 of several. It keeps the control channel's hub, takes the first cause
+  reported anywhere as the job's root cause and orders every node to stop; once every node is
+  done with an attempt, it decides (``policy.after_attempt``) and orders a restart or the end,
+  with the root cause and exit code that every node then shows.
+- ``Follower``: every other node. It reports its own cause to node 0 and follows node 0's orders;
+  if node 0 is lost, it stops on its own and ends with code 1.
+
+The supervisor calls ``local_cause`` when something happens here, feeds ``on_events`` what the
+channel reports (getting back events for the attempt's policy), and calls ``finish_attempt``
+once this node's processes of an attempt are all gone.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Callable, Optional, Tuple
+
+from launcher import control, policy
+from launcher.errors import LaunchError
+from launcher.logs import log
+from launcher.plan import Plan
+from launcher.policy import Cause
+
+# How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
+REPORT_MARGIN = 10.0
+
+Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced
+
+
+class Solo:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.cause: Optional[Cause] = None
+        self.channel = None
+        self.attempt = 0
+
+    def node_label(self) -> str:
+        return ""
+
+    def local_cause(self, cause: Cause) -> None:
+        if self.cause is None:
+            self.cause = cause
+
+    def on_events(self, events) -> list:
+        return []
+
+    def tick(self, now: float) -> list:
+        return []
+
+    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
+        decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
+        return self._apply(decision)
+
+    def _apply(self, decision) -> Tuple[str, int]:
+        what, value = decision
+        if what == "restart":
+            log.error("%s: restarting the job, attempt %d of %d", self.cause.text, value + 1, self.plan.max_restarts + 1)
+            self.attempt, self.cause = value, None
+        return decision
+
+    def final_cause(self) -> Optional[Cause]:
+        return self.cause
+
+    def close(self) -> None:
+        pass
+
+
+class _Peered(Solo):
+    def node_label(self) -> str:
+        return f"node {self.plan.node_rank} ({self.plan.node_ip})"
+
+    def _identity(self) -> control.Identity:
+        spec = self.plan.control
+        return control.Identity(spec.job_id, tuple(self.plan.node_ips), tuple(self.plan.ports),
+                                " ".join(self.plan.workers[0].cmd[1:]))
+
+    def tick(self, now: float) -> list:
+        return self.on_events(self.channel.tick(now))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class Leader(_Peered):
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        spec = plan.control
+        try:
+            self.channel = control.Hub(self._identity(), plan.node_ip, spec.port, spec.heartbeat_timeout,
+                                       spec.join_timeout, spec.token)
+        except OSError as e:
+            raise LaunchError(f"cannot listen on the control port {spec.port} of node 0 ({e.strerror}); "
+                              f"free it or choose another --control_port (the same on every node).") from None
+        self.gone: set = set()  # nodes lost or never joined: not waited for
+        self.reports: dict = {}  # node -> its cause (or None) for the current attempt
+
+    def local_cause(self, cause: Cause) -> None:
+        self._root(cause)
+
+    def _root(self, cause: Cause) -> bool:
+        """Take ``cause`` as the attempt's root cause if it is the first; order every node to stop."""
+        if self.cause is not None:
+            return False
+        self.cause = cause
+        self.channel.broadcast({"type": "stop", "attempt": self.attempt, "cause": cause.as_dict()})
+        return True
+
+    def on_events(self, events) -> list:
+        out = []
+        for e in events:
+            if isinstance(e, control.Joined) and self.cause is not None:
+                self.channel.send(e.node, {"type": "stop", "attempt": self.attempt, "cause": self.cause.as_dict()})
+            elif isinstance(e, control.Lost):
+                self.gone.add(e.node)
+                out += self._stop_for(Cause(e.node, "lost", 1, e.reason))
+            elif isinstance(e, control.NeverJoined):
+                self.gone.update(e.nodes)
+                out += self._stop_for(Cause(e.nodes[0], "join", 1, e.reason))
+            elif isinstance(e, control.Received):
+                out += self._on_message(e.node, e.message)
+        return out
+
+    def _stop_for(self, cause: Cause) -> list:
+        return [policy.StopOrdered(cause.text)] if self._root(cause) else []
+
+    def _on_message(self, node: int, message: dict) -> list:
+        if message.get("attempt") != self.attempt:
+            return []
+        kind = message["type"]
+        cause = Cause.from_dict(message.get("cause")) if message.get("cause") is not None else None
+        if kind == "failed" and cause is not None:
+            return self._stop_for(cause)
+        if kind == "report":
+            self.reports[node] = cause
+            if cause is not None:
+                return self._stop_for(cause)
+        return []
+
+    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
+        deadline = None
+        while True:
+            waiting = [n for n in range(1, len(self.plan.node_ips)) if n not in self.reports and n not in self.gone]
+            if not waiting:
+                break
+            if self.cause is not None and deadline is None:
+                deadline = time.monotonic() + self.plan.shutdown_timeout + REPORT_MARGIN
+            if deadline is not None and time.monotonic() >= deadline:
+                log.warning("no word from %s after the stop; ending without it",
+                            ", ".join(self.channel.node_name(n) for n in waiting))
+                break
+            for e in turn():
+                if isinstance(e, policy.StopSignal):
+                    self._root(_signal_cause(self, e.sig))
+                    return self._end(("end", self.cause.code))
+        decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
+        if decision[0] == "restart":
+            self.channel.broadcast({"type": "start", "attempt": decision[1]})
+            self.reports.clear()
+            return self._apply(decision)
+        return self._end(decision)
+
+    def _end(self, decision) -> Tuple[str, int]:
+        message = {"type": "end", "attempt": self.attempt, "code": decision[1],
+                   "cause": self.cause.as_dict() if self.cause else None}
+        self.channel.broadcast(message)
+        return decision
+
+
+class Follower(_Peered):
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        spec = plan.control
+        self.channel = control.Spoke(self._identity(), plan.node_rank, plan.node_ips[0], spec.port,
+                                     spec.heartbeat_timeout, spec.join_timeout, spec.token)
+        self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
+        self.order: Optional[dict] = None  # node 0's "start" or "end" for this attempt
+        self.alone = False  # node 0 is lost or never answered
+
+    def local_cause(self, cause: Cause) -> None:
+        if self.cause is None:
+            self.cause = cause
+            self.channel.send({"type": "failed", "attempt": self.attempt, "cause": cause.as_dict()})
+
+    def on_events(self, events) -> list:
+        out = []
+        for e in events:
+            if isinstance(e, (control.Lost, control.NeverJoined)):
+                self.alone = True
+                cause = Cause(0, "lost" if isinstance(e, control.Lost) else "join", 1, e.reason)
+                self.root = self.root or cause
+                if self.cause is None:
+                    self.cause = cause
+                out.append(policy.StopOrdered(e.reason))
+            elif isinstance(e, control.Received):
+                out += self._on_message(e.message)
+        return out
+
+    def _on_message(self, message: dict) -> list:
+        kind = message["type"]
+        if kind in ("start", "end"):
+            self.order = message
+            return []
+        if kind == "stop" and message.get("attempt") == self.attempt:
+            cause = Cause.from_dict(message.get("cause"))
+            if cause is not None and self.root is None:
+                self.root = cause
+                return [policy.StopOrdered(cause.text)]
+        return []
+
+    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
+        self.channel.send({"type": "report", "attempt": self.attempt,
+                           "cause": self.cause.as_dict() if self.cause else None})
+        while self.order is None and not self.alone:
+            for e in turn():
+                if isinstance(e, policy.StopSignal):
+                    self.local_cause(_signal_cause(self, e.sig))
+                    self.root = self.root or self.cause
+                    return "end", self.cause.code
+        if self.order is None:  # node 0 is gone: end with what is known here
+            return "end", (self.root or self.cause).code if (self.root or self.cause) else 1
+        order, self.order = self.order, None
+        if order["type"] == "start" and isinstance(order.get("attempt"), int):
+            self.attempt, self.cause, self.root = order["attempt"], None, None
+            log.info("node 0 restarts the job: attempt %d of %d", self.attempt + 1, self.plan.max_restarts + 1)
+            return "restart", self.attempt
+        cause = Cause.from_dict(order.get("cause")) if order.get("cause") else None
+        self.root = cause or self.root
+        code = order.get("code")
+        return "end", code if isinstance(code, int) and 0 <= code <= 255 else 1
+
+    def final_cause(self) -> Optional[Cause]:
+        return self.root or self.cause
+
+
+def _signal_cause(job: Solo, sig: int) -> Cause:
+    name = signal.Signals(sig).name
+    where = job.node_label() or "the launcher"
+    return Cause(job.plan.node_rank, "signal", 128 + sig, f"{where} received {name}")
+
+
+def for_plan(plan: Plan) -> Solo:
+    if plan.control is None:
+        return Solo(plan)
+    return Leader(plan) if plan.node_rank == 0 else Follower(plan)
