@@ -22,6 +22,8 @@ MASTER_PORT = "MASTER_PORT"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+# Where torch's NCCL flight recorder writes its dumps; torch appends the rank.
+FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
 
 # Marks every process of one launch, so that a process a worker started is found
 # and stopped even when it left the worker's process group.

@@ -141,27 +141,35 @@ class Leader(_Peered):
         return []
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
+        """Success: wait until every node is done (one that never joins is named at the join
+        timeout). A failure that ends the job: say so at once. A restart: wait until every joined
+        node has stopped (bounded), then order the next attempt."""
         deadline = None
         while True:
-            waiting = [n for n in range(1, len(self.plan.node_ips)) if n not in self.reports and n not in self.gone]
+            decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
+            if self.cause is not None and decision[0] == "end":
+                return self._end(decision)
+            waiting = self._waiting_for(joined_only=self.cause is not None)
             if not waiting:
                 break
             if self.cause is not None and deadline is None:
                 deadline = time.monotonic() + self.plan.shutdown_timeout + REPORT_MARGIN
             if deadline is not None and time.monotonic() >= deadline:
-                log.warning("no word from %s after the stop; ending without it",
+                log.warning("no word from %s after the stop; going on without it",
                             ", ".join(self.channel.node_name(n) for n in waiting))
                 break
             for e in turn():
                 if isinstance(e, policy.StopSignal):
                     self._root(_signal_cause(self, e.sig))
-                    return self._end(("end", self.cause.code))
-        decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
         if decision[0] == "restart":
             self.channel.broadcast({"type": "start", "attempt": decision[1]})
             self.reports.clear()
             return self._apply(decision)
         return self._end(decision)
+
+    def _waiting_for(self, joined_only: bool) -> list:
+        nodes = self.channel.joined() if joined_only else range(1, len(self.plan.node_ips))
+        return [n for n in nodes if n not in self.reports and n not in self.gone]
 
     def _end(self, decision) -> Tuple[str, int]:
         message = {"type": "end", "attempt": self.attempt, "code": decision[1],

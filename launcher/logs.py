@@ -128,12 +128,35 @@ class Console:
 
     def __init__(self, limit: int = CONSOLE_BUFFER) -> None:
         self.limit = limit
+        self.abandoned = False
         self._streams: dict = {}
+
+    def abandon(self) -> None:
+        """The user asked the launcher to stop (a stop signal) while a console nobody reads holds
+        output: ``finish`` then writes only what the console takes at once, and does not wait."""
+        self.abandoned = True
 
     def stream(self, fd: int) -> _Stream:
         if fd not in self._streams:
-            self._streams[fd] = _Stream(fd)
+            self._streams[fd] = self._twin(fd) or _Stream(fd)
         return self._streams[fd]
+
+    def _twin(self, fd: int) -> Optional[_Stream]:
+        """The stream already made for the same file, when stdout and stderr are one (``2>&1 |
+        tee``, a terminal): they share one buffer, so that a write to one never lands in the
+        middle of a line the other could only write in part."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        for other, s in self._streams.items():
+            try:
+                o = os.fstat(other)
+            except OSError:
+                continue
+            if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+                return s
+        return None
 
     def write(self, fd: int, data: bytes) -> None:
         s = self.stream(fd)
@@ -150,17 +173,17 @@ class Console:
 
     def finish(self) -> None:
         """Write everything pending, waiting for the reader as long as it takes (a stop signal
-        interrupts this in the caller)."""
+        interrupts this in the caller), unless ``abandon`` was called."""
         while True:
             waiting = self.waiting()
-            if not waiting:
+            if not waiting or self.abandoned:
                 return
             select.select([], list(waiting), [], 0.2)
             for s in waiting.values():
                 s.push()
 
     def reset(self) -> None:
-        for s in self._streams.values():
+        for s in {id(s): s for s in self._streams.values()}.values():
             if s.owned:
                 os.close(s.out)
             if s.sock is not None:
@@ -222,6 +245,7 @@ def open_log(path: str, log_dir: str, rank: int, cmd, attempt: int = 0) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise LaunchError(_log_problem(log_dir, path, e)) from None
+    size = None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -232,6 +256,11 @@ def open_log(path: str, log_dir: str, rank: int, cmd, attempt: int = 0) -> int:
         glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
         _write_all(fd, (b"\n" if glue else b"") + header(rank, cmd, attempt))
     except OSError as e:
+        if size is not None:  # a full disk took part of the header: the old log is left as it was
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
         os.close(fd)
         raise LaunchError(_log_problem(log_dir, path, e)) from None
     except LaunchError:
@@ -363,23 +392,27 @@ class FileOutput:
                     (target + newline + 1 - at) >> 20, self.path)
 
     def finish(self) -> None:
+        """The rest of the echo goes into the console's buffer now, without waiting for the
+        console: a worker's last lines are never lost, and a console nobody reads cannot hold up
+        the launcher here, where a stop signal is only noted. The launcher writes the buffer out at
+        its very end (``cli._finish_output``), where Ctrl-C ends the wait. Bounded: the echo is
+        never more than ECHO_MAX_LAG behind (``_catch_up``), and what is written after this call
+        is not echoed."""
         if self._follow_fd is not None:
-            while self.follow() or (console.has_room(1) is False and self._wait_console()):
-                pass
-            console.write(1, self._lines.rest())
+            if not console.stream(1).closed:
+                self._catch_up()
+                at = os.lseek(self._follow_fd, 0, os.SEEK_CUR)
+                end = os.fstat(self._follow_fd).st_size
+                while at < end:
+                    data = os.read(self._follow_fd, min(CHUNK, end - at))
+                    if not data:
+                        break
+                    at += len(data)
+                    console.write(1, self._lines.feed(data))
+                console.write(1, self._lines.rest())
             os.close(self._follow_fd)
             self._follow_fd = None
         self.spawned()
-
-    @staticmethod
-    def _wait_console() -> bool:
-        """At the end, the rest of the echo waits for the console (a stop signal ends the wait)."""
-        waiting = console.waiting()
-        if waiting:
-            select.select([], list(waiting), [], 0.2)
-            for s in waiting.values():
-                s.push()
-        return bool(waiting)
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         with open(self.path, "rb") as f:
@@ -453,12 +486,31 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
+            self._emit(dest, lines.feed(_left_in(fd)))
             self._emit(dest, lines.rest())
             os.close(fd)
         self._streams.clear()
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         return list(self._tail)[-n:]
+
+
+def _left_in(fd: int) -> bytes:
+    """What a worker's pipe still holds at the end: the launcher stops reading a pipe while the
+    console is behind, and that output goes to the console's buffer now rather than being lost
+    (the console is written out at the launcher's very end). Never waits: a process outside the
+    job may still hold the pipe open; at most FOLLOW_CHUNKS reads."""
+    data = bytearray()
+    try:
+        os.set_blocking(fd, False)
+        for _ in range(FOLLOW_CHUNKS):
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:  # BlockingIOError: nothing more for now
+        pass
+    return bytes(data)
 
 
 # ---------------------------------------------------------------- plan and summaries
@@ -504,3 +556,45 @@ def format_failure(failure) -> str:
         lines.append(f"launcher: last lines of rank {failure.rank}:")
         lines += [f"  | {line}" for line in failure.last_lines]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- stacks of a stopped or hung job
+
+
+def format_stacks(stacks, node_label: str) -> str:
+    """Where each rank was (``launcher.stacks.Stack``), one line per rank, for the console.
+
+    When no rank has a stack and all for the same reason (py-spy not installed), that reason is given once.
+    """
+    notes = {s.note for s in stacks}
+    if stacks and not any(s.text for s in stacks) and len(notes) == 1:
+        return f"launcher: no stacks of the {len(stacks)} worker(s) of {node_label}: {notes.pop()}"
+    lines = [f"launcher: where each rank of {node_label} was:"]
+    lines += [f"  rank {s.rank} (pid {s.pid}): {_stack_summary(s)}" for s in stacks]
+    return "\n".join(lines)
+
+
+def format_dumps(stacks, header: str) -> str:
+    """The full py-spy dump of each rank under one dated header (for log_dir/stacks.txt, or the console)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    parts = [f"===== {when} launcher: {header}\n"]
+    for s in stacks:
+        parts.append(f"--- rank {s.rank} (pid {s.pid}): {_stack_summary(s)}\n")
+        if s.text:
+            parts.append(s.text if s.text.endswith("\n") else s.text + "\n")
+    return "".join(parts)
+
+
+def write_stacks(path: str, stacks, header: str) -> None:
+    """Append the full dumps to ``path``; a file that cannot be written is a warning, not an error."""
+    try:
+        with open(path, "a", encoding="utf-8", errors="replace") as f:
+            f.write(format_dumps(stacks, header))
+    except OSError as e:
+        log.warning("could not write the workers' stacks to %s (%s)", path, e.strerror or e)
+
+
+def _stack_summary(stack) -> str:
+    if stack.text is None:
+        return f"no stack: {stack.note}"
+    return stack.where or "no Python frame found in the dump"

@@ -71,6 +71,7 @@ class HostFacts:
     python: str = "python3"
     run_id: str = "run"
     temp_dir: str = "/tmp"
+    cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     iface = interface_of(node_ip, host.interfaces)
     if iface and ev.GLOO_SOCKET_IFNAME not in base_env:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
+    if opts.log_dir and ev.FR_DUMP_TEMP_FILE not in base_env:  # a GPU hang leaves its trace next to the logs
+        shared[ev.FR_DUMP_TEMP_FILE] = os.path.normpath(os.path.join(host.cwd, opts.log_dir, "nccl_trace_rank_"))
     cmd = _command(opts, host.python)
     workers = []
     for local in range(nper):
@@ -508,6 +511,14 @@ def _int_var(env: Mapping[str, str], name: str, default: Optional[int] = None, o
     if not _INTEGER.fullmatch(value):
         raise LaunchError(f"--use_paddlecloud: {name}={value} is not a whole number; fix the variable.")
     return int(value)
+
+
+def _current_dir() -> str:
+    """The launcher's folder, read once when the host facts are gathered (not by the plan)."""
+    try:
+        return os.getcwd()
+    except OSError:  # removed from under us: a relative path stays relative
+        return ""
 
 
 def _first_duplicate(items: Sequence[str]):

@@ -50,6 +50,7 @@ WATCHDOG_QUIT_WAIT = 2.0
 FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PTRACER = 0x59616D61
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -659,17 +660,14 @@ def _show_stacks(group: WorkerGroup) -> None:
     if not alive:
         return
     found = stacks.take(alive, timeout=STACK_TIMEOUT)
-    label = group.launch.job_label
+    label = group.launch.job_label or "this node"
     logs.console.write(2, (logs.format_stacks(found, label) + "\n").encode(errors="replace"))
     if group.plan.log_dir:
         path = os.path.join(group.plan.log_dir, "stacks.txt")
-        logs.write_stacks(path, found, f"stacks of {label or 'this node'}, attempt {group.attempt + 1}, "
-                                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        logs.write_stacks(path, found, f"stacks of {label}, attempt {group.attempt + 1}")
         log.info("full stacks: %s", path)
     else:
-        for s in found:
-            if s.text:
-                logs.console.write(2, f"launcher: stack of rank {s.rank} (pid {s.pid}):\n{s.text}\n".encode(errors="replace"))
+        logs.console.write(2, logs.format_dumps(found, f"stacks of {label}").encode(errors="replace"))
 
 
 def emergency_stop(group: WorkerGroup, grace: float) -> None:
@@ -730,6 +728,8 @@ def _child_setup(launcher_pid: int, cgroup_fd: Optional[int]):
             except OSError:
                 pass
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        # let the launcher's own helpers (py-spy, for stacks) trace the worker under Yama's ptrace_scope=1
+        _libc.prctl(PR_SET_PTRACER, launcher_pid, 0, 0, 0)
         if os.getppid() != launcher_pid:  # the launcher died before the line above
             os._exit(1)
 

@@ -68,6 +68,19 @@ def read_dumps(folder, count):
     return dumps
 
 
+def dumps_of_one_node(folder, count, *args, env=None):
+    """Run one node of a job of several nodes (it would wait for the others to join), read its
+    workers' dumps, then stop it."""
+    import signal
+
+    launcher = start_launcher(*args, env=env)
+    try:
+        return read_dumps(folder, count)
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.communicate(timeout=30)
+
+
 def pids_of(dumps):
     pids = []
     for record in dumps.values():

@@ -299,3 +299,15 @@ def test_ten_thousand_workers_plan_fast_with_endpoints_in_a_file():
     assert len(p.files[path]) > MAX_ENV_STRING
     assert all(len(k) + len(v) + 2 < MAX_ENV_STRING for k, v in env.items())
     print(f"plan for 10,000 workers: {elapsed * 1000:.1f} ms")
+
+
+def test_log_dir_gets_the_nccl_flight_recorder_dumps_unless_the_user_chose_a_place():
+    host = HostFacts(gpu_count=2, cpu_count=8, python="/usr/bin/python3", cwd="/work/job")
+    for log_dir, expected in (("mylog", "/work/job/mylog/nccl_trace_rank_"), ("/data/logs/", "/data/logs/nccl_trace_rank_")):
+        p = plan(host, log_dir=log_dir)
+        assert [w.env[ev.FR_DUMP_TEMP_FILE] for w in p.workers] == [expected] * 2  # torch appends the rank
+    assert ev.FR_DUMP_TEMP_FILE not in plan(host).workers[0].env  # no --log_dir: torch's default
+    for env in ({ev.FR_DUMP_TEMP_FILE: "/scratch/fr_"}, {}):
+        extra = () if env else ((ev.FR_DUMP_TEMP_FILE, "/scratch/fr_"),)  # from the environment or the config's env
+        p = plan(host, env=env, extra_env=extra, log_dir="mylog")
+        assert ev.FR_DUMP_TEMP_FILE not in p.workers[0].env and p.base_env[ev.FR_DUMP_TEMP_FILE] == "/scratch/fr_"

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from conftest import PROBE, REPO, run_launcher
+from conftest import dumps_of_one_node, PROBE, REPO, run_launcher
 
 
 def refused(tmp_path, *args, env=None):
@@ -140,10 +140,9 @@ def test_paddlecloud_bad_ports(tmp_path, env, fragment):
 def test_paddlecloud_without_port_variables_runs_on_6170_as_paddle(tmp_path):
     # Paddle 1.8's own launcher test unsets PADDLE_PORT and TRAINER_PORTS_NUM and expects 6170
     env = {k: v for k, v in PADDLECLOUD.items() if k not in ("PADDLE_PORT", "TRAINER_PORTS_NUM")}
-    r = run_launcher("--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path,
-                     env={**env, "CUDA_VISIBLE_DEVICES": "0,1"})
-    assert r.returncode == 0, r.stderr
-    dumps = {rank: json.loads((tmp_path / f"env.{rank}.json").read_text())["env"] for rank in (0, 1)}
+    found = dumps_of_one_node(tmp_path, 2, "--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path,
+                              env={**env, "CUDA_VISIBLE_DEVICES": "0,1"})
+    dumps = {rank: found[rank]["env"] for rank in (0, 1)}
     assert dumps[1]["PADDLE_TRAINER_ENDPOINTS"] == "127.0.0.1:6170,127.0.0.1:6171,127.0.0.2:6170,127.0.0.2:6171"
     assert dumps[1]["PADDLE_CURRENT_ENDPOINT"] == "127.0.0.1:6171"
 

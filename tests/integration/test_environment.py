@@ -5,7 +5,7 @@ import stat
 
 import yaml
 
-from conftest import PROBE, free_ports, read_dumps, run_launcher
+from conftest import dumps_of_one_node, PROBE, free_ports, read_dumps, run_launcher
 
 
 def test_worker_environment_on_one_node(tmp_path):
@@ -68,9 +68,7 @@ def test_module_and_executable_workers(tmp_path):
 def test_paddlecloud_environment_gives_the_cluster(tmp_path):
     env = {"PADDLE_TRAINERS": "127.0.0.1,127.0.0.2", "POD_IP": "127.0.0.1", "PADDLE_TRAINER_ID": "0",
            "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "2", "PADDLE_TRAINERS_NUM": "2"}
-    r = run_launcher("--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path, env=env)
-    assert r.returncode == 0, r.stderr
-    dumps = read_dumps(tmp_path, 2)
+    dumps = dumps_of_one_node(tmp_path, 2, "--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path, env=env)
     for rank in (0, 1):
         e = dumps[rank]["env"]
         assert e["PADDLE_TRAINER_ENDPOINTS"] == "127.0.0.1:35019,127.0.0.1:35020,127.0.0.2:35019,127.0.0.2:35020"
@@ -101,10 +99,12 @@ def test_huge_cluster_endpoints_reach_the_worker_through_a_file(tmp_path):
                                       "selected_gpus": list(range(8)), "print_config": False}))
     reader = tmp_path / "read_endpoints.py"
     reader.write_text(
-        "import os\n"
+        "import json, os, sys, time\n"
         "path = os.environ['PADDLE_TRAINER_ENDPOINTS_FILE']\n"
         "eps = open(path).read().split(',')\n"
-        "print('endpoints', len(eps), eps[int(os.environ['RANK'])], 'inline' if 'PADDLE_TRAINER_ENDPOINTS' in os.environ else 'file')\n")
-    r = run_launcher("--config", config, reader)
-    assert r.returncode == 0, r.stderr
-    assert "[rank 3] endpoints 10000 127.0.0.1:24003 file" in r.stdout
+        "rank = os.environ['RANK']\n"
+        "found = [len(eps), eps[int(rank)], 'inline' if 'PADDLE_TRAINER_ENDPOINTS' in os.environ else 'file']\n"
+        "json.dump({'env': {}, 'found': found, 'pid': os.getpid(), 'children': []}, open(os.path.join(sys.argv[1], f'env.{rank}.json'), 'w'))\n"
+        "time.sleep(60)\n")
+    dumps = dumps_of_one_node(tmp_path, 8, "--config", config, reader, tmp_path)
+    assert dumps[3]["found"] == [10000, "127.0.0.1:24003", "file"]
