@@ -115,3 +115,58 @@ def test_deadlines_and_giving_up_after_sigkill():
 def test_nothing_happens_before_a_deadline():
     state, seen = run([(0.0, p.StopSignal(signal.SIGTERM)), (3.0, p.TimePassed())])
     assert sends(seen) == [(0.0, "Send", signal.SIGTERM)]
+
+
+def test_a_stop_ordered_from_elsewhere_stops_with_sigterm_and_is_not_a_local_failure():
+    state, seen = run([(0, p.StopOrdered("rank 3 on node 1 (10.0.0.2) failed (exit code 7)")), (1, p.WorkerExited(0, -15))])
+    assert sends(seen) == [(0, "Send", signal.SIGTERM)]
+    assert state.failure is None and "node 1" in seen[0][1].text
+
+
+def test_a_hang_takes_stacks_then_stops():
+    state, seen = run([(0, p.Hung(60.0))])
+    assert [type(a).__name__ for _, a in seen] == ["Say", "TakeStacks", "Send"]
+    assert state.hung == 60.0 and p.exit_code(state) == 1
+
+
+def test_stacks_before_a_failure_stop_only_when_asked():
+    _, plain = run([(0, p.WorkerExited(1, 3))])
+    state = p.start((0, 1, 2), GRACE, stacks=True)
+    _, asked = p.decide(state, p.WorkerExited(1, 3), 0)
+    assert not any(isinstance(a, p.TakeStacks) for _, a in plain)
+    assert [type(a).__name__ for a in asked] == ["Say", "TakeStacks", "Send"]
+
+
+def test_no_stacks_when_no_worker_is_left():
+    state = p.start((0,), GRACE, stacks=True)
+    _, actions = p.decide(state, p.WorkerExited(0, 3), 0)
+    assert not any(isinstance(a, p.TakeStacks) for a in actions)
+
+
+CAUSE = p.Cause(1, "worker", 7, "rank 3 on node 1 failed")
+
+
+@pytest.mark.parametrize("attempt, restarts, cause, decision", [
+    (0, 0, None, ("end", 0)),
+    (0, 0, CAUSE, ("end", 7)),
+    (0, 2, CAUSE, ("restart", 1)),
+    (1, 2, CAUSE, ("restart", 2)),
+    (2, 2, CAUSE, ("end", 7)),
+    (0, 2, p.Cause(0, "signal", 130, "node 0 received SIGINT"), ("end", 130)),
+    (0, 2, p.Cause(1, "lost", 1, "node 1 lost"), ("end", 1)),
+    (0, 2, p.Cause(1, "join", 1, "node 1 never joined"), ("end", 1)),
+    (0, 2, p.Cause(0, "start", 1, "could not start rank 4"), ("end", 1)),
+    (0, 2, p.Cause(0, "hang", 1, "no worker wrote"), ("restart", 1)),
+])
+def test_after_an_attempt(attempt, restarts, cause, decision):
+    assert p.after_attempt(attempt, restarts, cause) == decision
+
+
+@pytest.mark.parametrize("wire", [None, "junk", {}, {"node": "x", "kind": "worker", "code": 7, "text": "t"},
+                                  {"node": 1, "kind": "worker", "code": 999, "text": "t"}])
+def test_a_cause_from_a_peer_is_checked(wire):
+    assert p.Cause.from_dict(wire) is None
+
+
+def test_a_cause_survives_the_wire():
+    assert p.Cause.from_dict(CAUSE.as_dict()) == CAUSE
