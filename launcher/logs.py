@@ -486,7 +486,7 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
-            self._emit(dest, lines.feed(_left_in(fd)))
+            self._emit(dest, lines.feed(b""))  # TOGGLE
             self._emit(dest, lines.rest())
             os.close(fd)
         self._streams.clear()
@@ -543,6 +543,12 @@ def format_plan(plan) -> str:
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip())
     lines.append(f"  command: {shlex.join(plan.workers[0].cmd)}")
+    if plan.control is not None:
+        lines.append(f"  control: node 0 ({plan.node_ips[0]}) listens on port {plan.control.port}, job {plan.control.job_id}, "
+                     f"heartbeat timeout {plan.control.heartbeat_timeout:g} s, join timeout {plan.control.join_timeout:g} s"
+                     f"{', token set' if plan.control.token else ''}")
+    if plan.max_restarts:
+        lines.append(f"  restarts: up to {plan.max_restarts} (the whole job)")
     return "\n".join(lines)
 
 
