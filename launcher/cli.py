@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -175,28 +176,9 @@ def _options(values: dict, prog: str = DEFAULT_PROG):
 
     if not values["training_script"]:
         raise LaunchError(f"no training script given; usage: {prog} [OPTIONS] training_script [ARGS]...")
-    return LaunchOptions(
-        training_script=values["training_script"],
-        training_script_args=tuple(values["training_script_args"] or ()),
-        cluster_node_ips=values["cluster_node_ips"],
-        node_ip=values["node_ip"],
-        started_port=values["started_port"],
-        selected_gpus=values["selected_gpus"],
-        nproc_per_node=values["nproc_per_node"],
-        log_dir=values["log_dir"],
-        use_paddlecloud=values["use_paddlecloud"],
-        module=values["module"],
-        no_python=values["no_python"],
-        shutdown_timeout=values["shutdown_timeout"],
-        extra_env=tuple(values.get("env", ())),
-        max_restarts=values["max_restarts"],
-        control_port=values["control_port"],
-        heartbeat_timeout=values["heartbeat_timeout"],
-        join_timeout=values["join_timeout"],
-        job_id=values["job_id"],
-        hang_timeout=values["hang_timeout"],
-        dump_stacks=values["dump_stacks"],
-    )
+    given = {f.name: values[f.name] for f in dataclasses.fields(LaunchOptions) if f.name in values}
+    given["training_script_args"] = tuple(values["training_script_args"] or ())
+    return LaunchOptions(**given, extra_env=tuple(values.get("env", ())))
 
 
 def prog_name(argv0: str) -> str:

@@ -66,12 +66,13 @@ def test_module_and_executable_workers(tmp_path):
 
 
 def test_paddlecloud_environment_gives_the_cluster(tmp_path):
+    port = free_ports(3) + 1  # and the one below it, node 0's control port
     env = {"PADDLE_TRAINERS": "127.0.0.1,127.0.0.2", "POD_IP": "127.0.0.1", "PADDLE_TRAINER_ID": "0",
-           "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "2", "PADDLE_TRAINERS_NUM": "2"}
+           "PADDLE_PORT": str(port), "TRAINER_PORTS_NUM": "2", "PADDLE_TRAINERS_NUM": "2"}
     dumps = dumps_of_one_node(tmp_path, 2, "--use_paddlecloud", "--selected_gpus=0,1", PROBE, "--dump", tmp_path, env=env)
     for rank in (0, 1):
         e = dumps[rank]["env"]
-        assert e["PADDLE_TRAINER_ENDPOINTS"] == "127.0.0.1:35019,127.0.0.1:35020,127.0.0.2:35019,127.0.0.2:35020"
+        assert e["PADDLE_TRAINER_ENDPOINTS"] == f"127.0.0.1:{port},127.0.0.1:{port + 1},127.0.0.2:{port},127.0.0.2:{port + 1}"
         assert e["PADDLE_TRAINERS_NUM"] == "4" and e["PADDLE_TRAINER_ID"] == str(rank)
         assert e["FLAGS_selected_gpus"] == str(rank)
 
