@@ -486,7 +486,7 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
-            self._emit(dest, lines.feed(b""))  # TOGGLE
+            self._emit(dest, lines.feed(_left_in(fd)))
             self._emit(dest, lines.rest())
             os.close(fd)
         self._streams.clear()

@@ -490,6 +490,8 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
 
 def _step(state: policy.State, event, loop: "_Loop") -> policy.State:
     """Decide, carry out, and tell the job when this node found a cause to stop."""
+    if isinstance(event, policy.StopSignal) and (state.stopping or not state.running):
+        loop.abandon()  # a stop signal on top of a stop: the console is not waited for either
     after, actions = policy.decide(state, event, time.monotonic())
     _carry_out(loop.group, actions)
     cause = _new_cause(state, after, loop)
@@ -528,6 +530,7 @@ class _Loop:
         self.selector = launch.selector
         self.follow_delay = 0.02
         self.quiet_since: Optional[float] = None  # when the last process of the job was gone
+        self.abandoned = False
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
 
@@ -618,9 +621,14 @@ class _Loop:
         elif known and not wanted:
             self.selector.unregister(fd)
 
+    def abandon(self) -> None:
+        self.abandoned = True
+        logs.console.abandon()
+
     def drained(self) -> bool:
-        """All output read, or the drain time over (a process outside the job may hold a pipe)."""
-        if not self.pipes_open:
+        """All output read, or the drain time over (a process outside the job may hold a pipe),
+        or the user asked twice to stop."""
+        if not self.pipes_open or self.abandoned:
             return True
         now = time.monotonic()
         if self.quiet_since is None:

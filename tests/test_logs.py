@@ -1,5 +1,8 @@
 """Output pieces: line cutting, prefixes, the plan table, failure summaries."""
 
+import os
+import time
+
 from launcher import logs
 from launcher.plan import HostFacts, LaunchOptions, make_plan
 from launcher.supervisor import Failure, exit_code
@@ -45,3 +48,39 @@ def test_last_lines_are_never_cut_at_the_start(monkeypatch):
     assert logs._last_lines(b"first line\nabc\ndef\n", 5) == ["abc", "def"]
     assert logs._last_lines(b"a\nb\n", 1) == ["b"]
     assert logs._last_lines(b"rt line\nwhole\n", 5, cut=True) == ["whole"]
+
+
+def test_two_descriptors_of_one_file_share_one_console_buffer():
+    """stdout and stderr on one pipe (2>&1 | tee): one buffer, so no write lands inside a line."""
+    r, w = os.pipe()
+    other_r, other_w = os.pipe()
+    twin = os.dup(w)
+    c = logs.Console()
+    try:
+        assert c.stream(w) is c.stream(twin)
+        assert c.stream(other_w) is not c.stream(w)
+    finally:
+        c.reset()
+        for fd in (r, w, other_r, other_w, twin):
+            os.close(fd)
+
+
+def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
+    r, w = os.pipe()
+    try:
+        os.write(w, b"last line\n")
+        started = time.monotonic()
+        assert logs._left_in(r) == b"last line\n"  # the write end is still open
+        assert logs._left_in(r) == b""
+        assert time.monotonic() - started < 1
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_an_endless_line_is_cut_into_bounded_pieces(monkeypatch):
+    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 10)
+    b = logs.LineBuffer()
+    out = b"".join(b.feed(b"y" * 4) for _ in range(10)) + b.feed(b"\n") + b.rest()
+    pieces = out.split(b"\n")[:-1]
+    assert b"".join(pieces) == b"y" * 40 and all(0 < len(p) <= 10 + 4 for p in pieces)

@@ -1,0 +1,516 @@
+"""Log files and the console under faults: unusable --log_dir, full and read-only file systems,
+old logs cut mid-line, copytruncate, endless lines, a console nobody reads, closed or socket
+standard streams. Every wait is bounded."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import PROBE, REPO, WORKERS, alive, launcher_cmd, run_launcher, wait_for
+
+LINES = str(WORKERS / "console_lines.py")
+MiB = 1 << 20
+NUMBERED = re.compile(rb"^n(\d{12}) x+$")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def refused(dumps: Path, *args, timeout=20):
+    """Run the launcher (1 worker, --dump into ``dumps``); assert it refused to start: exit 2, one
+    error line, no traceback, no worker. The error line."""
+    dumps.mkdir(exist_ok=True)
+    r = run_launcher("--nproc_per_node", 1, *args, PROBE, "--dump", dumps, timeout=timeout)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    errors = [line for line in r.stderr.splitlines() if line.startswith("launcher: error:")]
+    assert len(errors) == 1, r.stderr
+    assert not list(dumps.glob("env.*.json")), "a worker started"
+    return errors[0]
+
+
+def assert_names_value_and_fix(msg: str, log_dir) -> None:
+    assert f"--log_dir {log_dir}" in msg, msg
+    assert "choose another --log_dir" in msg or "choose a folder you can write to" in msg, msg
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size=64k, ro=False) -> a fresh tmpfs; every mount is undone at the end."""
+    mounted = []
+
+    def mount(size="64k", ro=False):
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        opts = f"size={size}" + (",ro" if ro else "")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+                           capture_output=True, text=True, timeout=10)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {r.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    try:
+        yield mount
+    finally:
+        for where in reversed(mounted):
+            r = subprocess.run(["umount", str(where)], capture_output=True, timeout=10)
+            if r.returncode != 0:
+                subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10)
+
+
+def fill(folder: Path) -> None:
+    """Fill a small file system up to its last byte."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (4096, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+class Reader(threading.Thread):
+    """Reads a descriptor (pipe or socket) to its end, recording every line with when it came."""
+
+    def __init__(self, fd, delay=0.0, chunk=65536):
+        super().__init__(daemon=True)
+        self.fd, self.delay, self.chunk = fd, delay, chunk
+        self.data = bytearray()
+        self.lines = []  # (monotonic time, line)
+        self.lock = threading.Lock()
+
+    def run(self):
+        partial = b""
+        while True:
+            try:
+                data = os.read(self.fd, self.chunk)
+            except OSError:
+                break
+            if not data:
+                break
+            now = time.monotonic()
+            with self.lock:
+                self.data += data
+                *whole, partial = (partial + data).split(b"\n")
+                self.lines += [(now, line) for line in whole]
+            if self.delay:
+                time.sleep(self.delay)
+
+    def numbers(self):
+        with self.lock:
+            return [int(m.group(1)) for _, line in self.lines if (m := NUMBERED.match(line))]
+
+
+def dump_pids(folder: Path, count: int) -> dict:
+    wait_for(lambda: len(list(folder.glob("env.*.json"))) >= count, 20, f"{count} env dumps")
+    return {int(p.name.split(".")[1]): json.loads(p.read_text())["pid"] for p in folder.glob("env.*.json")}
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"the launcher did not end within {timeout} s")
+
+
+# ---------------------------------------------------------------- A: a --log_dir that cannot be used
+
+
+@pytest.mark.parametrize("log_dir", ["/proc/launcher-logs", "/sys/launcher-logs", "/proc/self", "/sys/kernel"])
+def test_log_dir_in_proc_or_sys_is_refused(tmp_path, log_dir):
+    assert_names_value_and_fix(refused(tmp_path / "dumps", "--log_dir", log_dir), log_dir)
+    assert not os.path.exists(os.path.join(log_dir, "workerlog.0"))
+
+
+def test_dangling_symlink_as_log_dir_is_refused(tmp_path):
+    link = tmp_path / "logs"
+    link.symlink_to(tmp_path / "gone")
+    msg = refused(tmp_path / "dumps", "--log_dir", link)
+    assert_names_value_and_fix(msg, link)
+    assert "symbolic link" in msg and str(tmp_path / "gone") in msg
+    assert not (tmp_path / "gone").exists()
+
+
+def test_over_long_log_dir_name_is_refused(tmp_path):
+    log_dir = tmp_path / ("l" * 300)
+    msg = refused(tmp_path / "dumps", "--log_dir", log_dir)
+    assert_names_value_and_fix(msg, log_dir)
+    assert "too long" in msg
+
+
+def test_worker_log_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / "logs" / "workerlog.0").mkdir(parents=True)
+    msg = refused(tmp_path / "dumps", "--log_dir", tmp_path / "logs")
+    assert_names_value_and_fix(msg, tmp_path / "logs")
+    assert "is a folder" in msg and str(tmp_path / "logs" / "workerlog.0") in msg
+
+
+def test_worker_log_that_is_a_fifo_nobody_reads_is_refused_without_hanging(tmp_path):
+    (tmp_path / "logs").mkdir()
+    os.mkfifo(tmp_path / "logs" / "workerlog.0")
+    started = time.monotonic()
+    msg = refused(tmp_path / "dumps", "--log_dir", tmp_path / "logs", timeout=20)
+    assert time.monotonic() - started < 20
+    assert_names_value_and_fix(msg, tmp_path / "logs")
+    assert "FIFO" in msg
+
+
+def test_worker_log_that_links_to_dev_full_is_refused(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "workerlog.0").symlink_to("/dev/full")
+    msg = refused(tmp_path / "dumps", "--log_dir", tmp_path / "logs")
+    assert_names_value_and_fix(msg, tmp_path / "logs")
+    assert "not a regular file" in msg
+
+
+def test_full_file_system_is_refused_and_the_old_log_is_left_as_it_was(tmp_path, tmpfs):
+    logs = tmpfs("64k")
+    old = b"o" * 4095 + b"\n"  # one whole page: the header needs a new one
+    (logs / "workerlog.0").write_bytes(old)
+    fill(logs)
+    msg = refused(tmp_path / "dumps", "--log_dir", logs)
+    assert_names_value_and_fix(msg, logs)
+    assert "No space left on device" in msg and "free some space" in msg
+    assert (logs / "workerlog.0").read_bytes() == old
+
+
+def test_full_file_system_does_not_leave_half_a_header(tmp_path, tmpfs):
+    logs = tmpfs("64k")
+    old = b"o" * 4049 + b"\n"  # 46 bytes left in the page: the header starts there, and cannot end
+    (logs / "workerlog.0").write_bytes(old)
+    fill(logs)
+    refused(tmp_path / "dumps", "--log_dir", logs)
+    assert (logs / "workerlog.0").read_bytes() == old
+
+
+def test_read_only_file_system_is_refused(tmp_path, tmpfs):
+    logs = tmpfs("64k", ro=True)
+    assert_names_value_and_fix(refused(tmp_path / "dumps", "--log_dir", logs), logs)
+    msg = refused(tmp_path / "dumps", "--log_dir", logs / "sub")
+    assert_names_value_and_fix(msg, logs / "sub")
+    assert "Read-only file system" in msg
+
+
+# ---------------------------------------------------------------- B: headers
+
+
+def test_header_starts_its_own_line_after_a_log_that_ended_mid_line(tmp_path):
+    (tmp_path / "workerlog.0").write_bytes(b"first\nold last line without newline")
+    r = run_launcher("--nproc_per_node", 1, "--log_dir", tmp_path, PROBE, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "workerlog.0").read_text().splitlines()
+    assert lines[:2] == ["first", "old last line without newline"]
+    assert lines[2].startswith("===== ") and "launcher: rank 0 starts:" in lines[2]
+    assert lines[3:] == ["worker rank 0 up", "worker rank 0 done"]
+    assert "old last line" not in r.stdout  # the echo starts with this run
+
+
+# ---------------------------------------------------------------- C: copytruncate
+
+
+def test_console_echo_goes_on_after_the_log_is_truncated_in_place(tmp_path):
+    log = tmp_path / "workerlog.0"
+    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 1, "--log_dir", tmp_path, LINES,
+                                         "--lines", 150, "--interval", 0.02),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = Reader(proc.stdout.fileno()), Reader(proc.stderr.fileno())
+    out.start()
+    err.start()
+    try:
+        wait_for(lambda: len(out.numbers()) >= 40, 20, "40 lines on the console")
+        os.truncate(log, 0)  # logrotate's copytruncate
+        truncated_at = time.monotonic()
+        seen = max(out.numbers())
+        # no stall: lines written after the truncation show up as they are written
+        wait_for(lambda: max(out.numbers()) >= seen + 10, 3, "lines after the truncation on the console")
+        assert finish(proc, 30) == 0, bytes(err.data)[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out.join(10)
+    err.join(10)
+    after = [int(m.group(1)) for line in log.read_bytes().splitlines() if (m := NUMBERED.match(line))]
+    assert after and after[-1] == 149 and after == list(range(after[0], 150))
+    shown = out.numbers()
+    assert shown[-len(after):] == after, "a line written after the truncation is missing from the console"
+    late = [t for t, line in out.lines if (m := NUMBERED.match(line)) and int(m.group(1)) == seen + 10]
+    assert late and late[0] - truncated_at < 3
+
+
+# ---------------------------------------------------------------- D: lines longer than 8 MiB
+
+
+def long_line(size: int) -> bytes:
+    pattern = b"0123456789abcdef"
+    return pattern * (size // len(pattern)) + pattern[:size % len(pattern)]
+
+
+def test_a_line_over_8_mib_is_whole_in_the_log_file_and_in_bounded_pieces_on_the_console(tmp_path):
+    sizes = (7 * MiB, 20 * MiB)
+    r = subprocess.run(launcher_cmd("--nproc_per_node", 1, "--log_dir", tmp_path, LINES,
+                                    "--long", ",".join(map(str, sizes))),
+                       cwd=REPO, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    file_lines = (tmp_path / "workerlog.0").read_bytes().split(b"\n")
+    assert file_lines[1:] == [long_line(sizes[0]), long_line(sizes[1]), b"after long", b""]
+    out = r.stdout.split(b"\n")
+    assert out[0] == long_line(sizes[0])  # up to 8 MiB: whole on the console too
+    pieces = out[1:-2]
+    assert out[-2:] == [b"after long", b""]
+    assert len(pieces) >= 2 and b"".join(pieces) == long_line(sizes[1])
+    assert max(map(len, pieces)) <= 8 * MiB + (1 << 20)
+
+
+def test_a_line_over_8_mib_reaches_the_console_without_log_dir_in_prefixed_pieces(tmp_path):
+    sizes = (7 * MiB, 20 * MiB)
+    r = subprocess.run(launcher_cmd("--nproc_per_node", 1, LINES, "--long", ",".join(map(str, sizes))),
+                       cwd=REPO, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    prefix = b"[rank 0] "
+    out = r.stdout.split(b"\n")
+    assert out[-1] == b"" and all(line.startswith(prefix) for line in out[:-1])
+    out = [line[len(prefix):] for line in out[:-1]]
+    assert out[0] == long_line(sizes[0]) and out[-1] == b"after long"
+    pieces = out[1:-1]
+    assert len(pieces) >= 2 and b"".join(pieces) == long_line(sizes[1])
+    assert max(map(len, pieces)) <= 8 * MiB + (1 << 20)
+
+
+# ---------------------------------------------------------------- E: a console nobody reads
+
+
+def start_unread(tmp_path, *args):
+    """The launcher with stdout a pipe nobody reads (the read end stays open) and stderr a file."""
+    r, w = os.pipe()
+    err = open(tmp_path / "stderr", "wb")
+    try:
+        proc = subprocess.Popen(launcher_cmd(*args), cwd=REPO, stdout=w, stderr=err)
+    finally:
+        os.close(w)
+        err.close()
+    return proc, r
+
+
+def unread_console_job(tmp_path, sigint_when):
+    """2 workers, no --log_dir, stdout never read: rank 0 writes far more than the console holds,
+    rank 1 fails with 7 after 1 s. Then SIGINT, ``sigint_when``: "stopped" (right after every worker
+    is gone) or "summary" (once the launcher has printed the failure and waits for the console)."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    proc, unread = start_unread(tmp_path, "--nproc_per_node", 2, LINES, "--dump", dumps, "--lines", 200_000,
+                                "--fail-rank", 1, "--code", 7, "--delay", 1, "--sleep", 60)
+    stderr = tmp_path / "stderr"
+    try:
+        pids = dump_pids(dumps, 2)
+        wait_for(lambda: not alive(pids[1]), 15, "rank 1 to fail")
+        failed_at = time.monotonic()
+        # rank 0 is stopped though it is stuck writing to a console nobody reads
+        wait_for(lambda: not alive(pids[0]), 10, "rank 0 to be stopped")
+        assert time.monotonic() - failed_at < 10
+        assert proc.poll() is None  # nobody read the console: the launcher still holds output
+        if sigint_when == "summary":  # the launcher is done with the job, and waits for the console
+            wait_for(lambda: "rank 1 (local rank 1" in stderr.read_text(), 15, "the failure summary")
+            wait_for(lambda: not psutil.Process(proc.pid).children(), 15, "the launcher's watchdog to end")
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert finish(proc, 5) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(unread)
+    err = stderr.read_text()
+    assert "rank 1 (local rank 1" in err and "Traceback" not in err
+
+
+def test_supervision_is_not_held_up_by_an_unread_console_and_sigint_ends_the_final_wait(tmp_path):
+    unread_console_job(tmp_path, "summary")
+
+
+def test_sigint_right_after_the_workers_are_gone_ends_an_unread_console_wait(tmp_path):
+    unread_console_job(tmp_path, "stopped")
+
+
+def test_unread_console_with_log_dir_sigint_ends_the_wait_and_the_file_has_every_line(tmp_path):
+    dumps, logs = tmp_path / "dumps", tmp_path / "logs"
+    dumps.mkdir()
+    count = 60_000  # 6 MB: more than the console holds (4 MiB), written well before rank 1 fails
+    proc, unread = start_unread(tmp_path, "--nproc_per_node", 2, "--log_dir", logs, LINES, "--dump", dumps,
+                                "--lines", count, "--fail-rank", 1, "--code", 7, "--delay", 3, "--sleep", 60)
+    try:
+        pids = dump_pids(dumps, 2)
+        wait_for(lambda: not alive(pids[1]), 15, "rank 1 to fail")
+        wait_for(lambda: not alive(pids[0]), 10, "rank 0 to be stopped")
+        try:
+            code = proc.wait(5)  # it may end on its own...
+        except subprocess.TimeoutExpired:  # ...or wait for the console at the very end
+            proc.send_signal(signal.SIGINT)
+            code = finish(proc, 5)
+        assert code == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(unread)
+    err = (tmp_path / "stderr").read_text()
+    assert "rank 1 (local rank 1" in err and "Traceback" not in err
+    numbers = [int(m.group(1)) for line in (logs / "workerlog.0").read_bytes().splitlines()
+               if (m := NUMBERED.match(line))]
+    assert numbers == list(range(count))
+
+
+# ---------------------------------------------------------------- F: stdout or stderr closed
+
+
+def run_with_closed(fds, *args, timeout=60):
+    def close():
+        for fd in fds:
+            os.close(fd)
+
+    keep = {1: None, 2: None}
+    return subprocess.run(launcher_cmd(*args), cwd=REPO, timeout=timeout, preexec_fn=close,
+                          stdout=subprocess.PIPE if 1 not in fds else keep[1],
+                          stderr=subprocess.PIPE if 2 not in fds else keep[2])
+
+
+def assert_complete_logs(logs: Path, ranks, count):
+    for rank in ranks:
+        text = (logs / f"workerlog.{rank}").read_text()
+        numbered = [line for line in text.splitlines() if line.startswith(f"r{rank} n")]
+        assert len(numbered) == count and f"worker rank {rank} done" in text
+
+
+@pytest.mark.parametrize("closed", [(1,), (2,), (1, 2)], ids=["stdout", "stderr", "both"])
+def test_closed_standard_streams_with_log_dir(tmp_path, closed):
+    r = run_with_closed(closed, "--nproc_per_node", 2, "--log_dir", tmp_path, PROBE, "--lines", 2000)
+    assert r.returncode == 0, r.stderr
+    assert_complete_logs(tmp_path, (0, 1), 2000)
+    for text in (r.stdout, r.stderr):
+        if text is not None:
+            assert b"Traceback" not in text and b"Error" not in text
+    if 1 not in closed:
+        assert r.stdout.count(b"\nr0 n") == 2000
+    if 2 not in closed:
+        assert b"all 2 worker(s) finished" in r.stderr
+    for rank in (0, 1):  # nothing of the launcher's own went into a log file
+        assert "launcher: " not in (tmp_path / f"workerlog.{rank}").read_text().replace("launcher: rank", "")
+
+
+@pytest.mark.parametrize("closed", [(1,), (2,)], ids=["stdout", "stderr"])
+def test_closed_standard_streams_keep_the_exit_code(tmp_path, closed):
+    r = run_with_closed(closed, "--nproc_per_node", 2, PROBE, "--lines", 500, "--fail-rank", 1, "--code", 7)
+    assert r.returncode == 7
+    text = r.stdout if r.stdout is not None else r.stderr
+    assert b"Traceback" not in text
+    if 2 not in closed:
+        assert b"rank 1 (local rank 1" in r.stderr
+    else:
+        assert text.count(b"[rank 0] r0 n") == 500
+
+
+# ---------------------------------------------------------------- G: stdout a socket
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "echo"])
+def test_stdout_a_socket_read_slowly_gets_everything(tmp_path, log_dir):
+    count = 20_000
+    ours, theirs = socket.socketpair()
+    args = ["--nproc_per_node", 2] + (["--log_dir", tmp_path] if log_dir else [])
+    try:
+        proc = subprocess.Popen(launcher_cmd(*args, PROBE, "--lines", count), cwd=REPO,
+                                stdout=theirs.fileno(), stderr=subprocess.PIPE)
+        theirs.close()
+        reader = Reader(ours.fileno(), delay=0.002, chunk=16384)
+        reader.start()
+        err = Reader(proc.stderr.fileno())
+        err.start()
+        assert finish(proc, 60) == 0, bytes(err.data)[-2000:]
+        reader.join(30)
+        assert not reader.is_alive()
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    lines = bytes(reader.data).decode().splitlines()
+    for rank in ((0,) if log_dir else (0, 1)):
+        prefix = "" if log_dir else f"[rank {rank}] "
+        mine = [l[len(prefix):] for l in lines if l.startswith(f"{prefix}r{rank} n")]
+        assert [int(l.split()[1][1:]) for l in mine] == list(range(count))
+    assert bytes(reader.data).endswith(b"\n")
+
+
+# ---------------------------------------------------------------- a console that is slow, not stopped
+
+
+def test_output_a_slow_console_has_not_taken_when_the_job_ends_is_not_lost(tmp_path):
+    """The launcher stops reading a worker's pipe while the console is behind. Here the worker
+    fills that pipe and exits; the console is read only after the launcher has stopped waiting for
+    the pipe (5 s): what the pipe held must still reach the console."""
+    r, w = os.pipe()
+    err = tmp_path / "stderr"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 1, LINES, "--lines", 30_000, "--until-full"),
+                                cwd=REPO, stdout=w, stderr=f)
+    os.close(w)
+    reader = Reader(r)
+    try:
+        wait_for(lambda: "wrote" in err.read_text(), 20, "the worker to fill its pipe and end")
+        time.sleep(6.5)  # longer than the launcher waits for pipes once every worker is gone (5 s)
+        reader.start()
+        assert finish(proc, 30) == 0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(r)
+    wrote = int(re.search(r"wrote (\d+) lines", err.read_text()).group(1))
+    prefix = b"[rank 0] "
+    numbers = [int(m.group(1)) for _, line in reader.lines
+               if line.startswith(prefix) and (m := NUMBERED.match(line[len(prefix):]))]
+    assert numbers == list(range(wrote))
+
+
+# ---------------------------------------------------------------- stdout and stderr one pipe (2>&1 | tee)
+
+
+def test_stdout_and_stderr_on_one_slow_pipe_never_cut_a_line(tmp_path):
+    count = 20_000
+    r, w = os.pipe()
+    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, PROBE, "--lines", count, "--stderr-every", 1),
+                            cwd=REPO, stdout=w, stderr=w)
+    os.close(w)
+    reader = Reader(r, delay=0.002, chunk=16384)
+    reader.start()
+    try:
+        assert finish(proc, 60) == 0
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(r)
+    good = re.compile(rb"^(\[rank (\d)\] ([re])\2 n\d{12} x+|\[rank \d\] worker rank \d (up|done)|launcher: .*|  .*)$")
+    bad = [line for _, line in reader.lines if not good.match(line)]
+    assert not bad, f"{len(bad)} cut or mixed line(s), e.g. {bad[0][:120]!r}"
+    for rank in (0, 1):
+        for kind in b"re":
+            tag = b"[rank %d] %c%d n" % (rank, kind, rank)
+            assert sum(1 for _, line in reader.lines if line.startswith(tag)) == count
