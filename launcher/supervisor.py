@@ -391,10 +391,11 @@ class WorkerGroup:
         return [p for p in found if p.pid not in leaders]
 
     def _candidates(self):
-        pids = set(_descendants())
+        """Where the job's processes may be: the cgroup's list (the kernel keeps it; nothing
+        escapes it), else every descendant of the launcher (orphans come back to it)."""
         if self.launch.cgroup is not None:
-            pids.update(self.launch.cgroup.pids())
-        return pids
+            return self.launch.cgroup.pids()
+        return _descendants()
 
     def send(self, sig: int, leftovers: bool = True) -> None:
         for w in self.workers.values():
@@ -469,22 +470,19 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
         event = policy.StartFailed(start_failure.rank, str(start_failure))
         state = _step(state, event, loop)
     while True:
-        now = time.monotonic()
-        if policy.gave_up(state, now):
+        for event in loop.turn(state) + [policy.TimePassed()]:
+            state = _step(state, event, loop)
+        if policy.gave_up(state, time.monotonic()):
             log.warning("process(es) %s did not end after SIGKILL (uninterruptible sleep?); giving up on them",
                         ",".join(map(str, group.running_pids())) or "?")
             break
-        events = loop.turn(state)
-        if not state.running:
+        if not state.running:  # the workers are done: what they left, and their last output
             found = group.leftovers()
-            if found:
-                events.append(policy.LeftoversRunning(len(found)))
             processes.close_all(found)
-            if not found and loop.drained():
+            if found:
+                state = _step(state, policy.LeftoversRunning(len(found)), loop)
+            elif loop.drained():
                 break
-        events.append(policy.TimePassed())
-        for event in events:
-            state = _step(state, event, loop)
     return state
 
 
