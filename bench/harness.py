@@ -3,9 +3,12 @@
 A workload gets a ``Ctx``: the launcher under test (``Ours`` or ``Torchrun``, same interface),
 an empty folder of its own and the ports reserved for this run. ``ctx.launch(job)`` starts the
 launcher in its own session, output to files, and sees its exit as it happens (``waitid``,
-leaving the zombie so that its CPU time can still be read). When the run ends, everything it
-started is killed, and any process that outlived a launcher which had exited is counted.
-``measure`` runs one workload with each launcher in turn and collects the results.
+leaving the zombie so that its CPU time can still be read); ``ctx.launch_nodes(job, n)`` starts
+one launcher per "node" of a job of ``n`` nodes on loopback (127.0.0.1, 127.0.0.2, ...). When the
+run ends, everything it started is killed, and any process that outlived a launcher which had
+exited is counted. ``measure`` runs one workload with each launcher in turn and collects the
+results; a result with ``at_bound`` set (the side never got there within the workload's bound)
+is not repeated, since every run would give the same bound.
 
 This module is the only one that starts, signals or inspects processes.
 """
@@ -21,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol
@@ -63,6 +66,30 @@ class PortReservations:
         self._sockets.append(sock)
         return sock.getsockname()[1]
 
+    def reserve_block(self, count: int, tries: int = 100) -> int:
+        """``count`` consecutive ports, each held as ``reserve`` holds one; the first of them.
+
+        The kernel picks the first; the next ones are bound by number, without SO_REUSEADDR, so
+        that a port anything else holds (or a connection in TIME_WAIT uses) makes this try fail
+        and the next try pick another block.
+        """
+        for _ in range(tries):
+            held: list[socket.socket] = []
+            try:
+                for i in range(count):
+                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    held.append(sock)
+                    sock.bind(("", held[0].getsockname()[1] + i if i else 0))
+            except (OSError, OverflowError):
+                for sock in held:
+                    sock.close()
+                continue
+            for sock in held:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sockets += held
+            return held[0].getsockname()[1]
+        raise BenchError(f"found no {count} consecutive free ports in {tries} tries")
+
     def close(self) -> None:
         for sock in self._sockets:
             sock.close()
@@ -80,15 +107,21 @@ class PortReservations:
 
 @dataclass(frozen=True)
 class Job:
-    """``nproc`` workers of ``bench/<script> args`` on this node."""
+    """``nproc`` workers of ``bench/<script> args`` on each node."""
 
     nproc: int
     script: str
     args: tuple = ()
     log_dir: Optional[Path] = None  # logs to files there, worker 0 also on the console
+    max_restarts: int = 0  # restarts of the whole job after a failure
 
     def worker(self) -> list[str]:
         return [str(BENCH / self.script), *map(str, self.args)]
+
+
+def node_ips(nodes: int) -> list[str]:
+    """The "nodes" of a job on this one machine: 127.0.0.1, 127.0.0.2, ..."""
+    return [f"127.0.0.{i + 1}" for i in range(nodes)]
 
 
 class LauncherUnderTest(Protocol):
@@ -97,6 +130,10 @@ class LauncherUnderTest(Protocol):
     def help_command(self) -> list[str]: ...
 
     def job_command(self, job: Job, ports: PortReservations) -> list[str]: ...
+
+    def node_commands(self, job: Job, nodes: int, ports: PortReservations) -> list[list[str]]:
+        """One command per node (node rank order) of a job of ``nodes`` nodes on loopback."""
+        ...
 
     def log_file(self, log_dir: Path, rank: int) -> Path:
         """Where the launcher put the stdout of worker ``rank``."""
@@ -112,8 +149,21 @@ class Ours:
         return [sys.executable, "-m", "launcher", "--help"]
 
     def job_command(self, job: Job, ports: PortReservations) -> list[str]:
+        return [sys.executable, "-m", "launcher", *self._options(job), *job.worker()]
+
+    def node_commands(self, job: Job, nodes: int, ports: PortReservations) -> list[list[str]]:
+        """``--cluster_node_ips 127.0.0.1,127.0.0.2 --node_ip ... --started_port P``; node 0's
+        control port is P - 1 (the default), reserved with the worker ports P ... P + nproc - 1."""
+        started = ports.reserve_block(job.nproc + 1) + 1
+        ips = node_ips(nodes)
+        return [[sys.executable, "-m", "launcher", "--cluster_node_ips", ",".join(ips), "--node_ip", ip,
+                 "--started_port", str(started), *self._options(job), *job.worker()] for ip in ips]
+
+    @staticmethod
+    def _options(job: Job) -> list[str]:
         logs = ["--log_dir", str(job.log_dir)] if job.log_dir else []
-        return [sys.executable, "-m", "launcher", "--nproc_per_node", str(job.nproc), *logs, *job.worker()]
+        restarts = ["--max_restarts", str(job.max_restarts)] if job.max_restarts else []
+        return ["--nproc_per_node", str(job.nproc), *restarts, *logs]
 
     def log_file(self, log_dir: Path, rank: int) -> Path:
         return log_dir / f"workerlog.{rank}"
@@ -128,10 +178,24 @@ class Torchrun:
         return [sys.executable, "-m", "torch.distributed.run", "--help"]
 
     def job_command(self, job: Job, ports: PortReservations) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--master-port", str(ports.reserve()),
+                *self._options(job), *job.worker()]
+
+    def node_commands(self, job: Job, nodes: int, ports: PortReservations) -> list[list[str]]:
+        """Static rendezvous: ``--nnodes N --node-rank R --master-addr 127.0.0.1 --master-port P``,
+        node rank 0 hosting the store on the reserved port P (c10d rendezvous would rank the
+        nodes by arrival, not by ``--node-rank``)."""
+        port = str(ports.reserve())
+        return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(rank),
+                 "--master-addr", node_ips(nodes)[0], "--master-port", port, *self._options(job), *job.worker()]
+                for rank in range(nodes)]
+
+    @staticmethod
+    def _options(job: Job) -> list[str]:
         logs = ["--log-dir", str(job.log_dir), "--redirects", "3", "--tee", "3",
                 "--local-ranks-filter", "0"] if job.log_dir else []
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(job.nproc),
-                "--master-port", str(ports.reserve()), *logs, *job.worker()]
+        restarts = ["--max-restarts", str(job.max_restarts)] if job.max_restarts else []
+        return ["--nproc-per-node", str(job.nproc), *restarts, *logs]
 
     def log_file(self, log_dir: Path, rank: int) -> Path:
         found = sorted(log_dir.glob(f"**/attempt_*/{rank}/stdout.log"))
@@ -157,10 +221,10 @@ def bench_env() -> dict[str, str]:
 class Run:
     """One launcher process, in its own session, output to files, its exit seen as it happens."""
 
-    def __init__(self, argv: list[str], folder: Path):
+    def __init__(self, argv: list[str], folder: Path, name: str = "launcher"):
         self.argv = argv
         self.tag = uuid.uuid4().hex
-        self.stdout_path, self.stderr_path = folder / "launcher.out", folder / "launcher.err"
+        self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
         env = {**bench_env(), TAG_VAR: self.tag}
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.start_time = time.time()
@@ -190,6 +254,10 @@ class Run:
         if not self._exited.wait(timeout):
             raise BenchError(f"still running after {timeout:.0f} s{self.stderr_tail()}")
         return self.exit_code
+
+    def exited_by(self, deadline: float) -> bool:
+        """Wait until the launcher exits or ``deadline`` (``time.time()``) passes; whether it exited."""
+        return self._exited.wait(max(0.0, deadline - time.time()))
 
     def seconds(self) -> float:
         """From the start to the exit of the launcher."""
@@ -259,12 +327,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for_files(folder: Path, count: int, timeout: float, run: Run) -> float:
+def wait_for_files(folder: Path, count: int, timeout: float, *runs: Run) -> float:
     """Wait until ``folder`` holds ``count`` *.ready files; the time it happened."""
     deadline = time.monotonic() + timeout
     while len(list(folder.glob("*.ready"))) < count:
-        if run.exited:
-            raise BenchError(f"the launcher exited ({run.wait(1)}) before all workers were ready{run.stderr_tail()}")
+        for run in runs:
+            if run.exited:
+                raise BenchError(f"a launcher exited ({run.wait(1)}) before all workers were ready{run.stderr_tail()}")
         if time.monotonic() > deadline:
             raise BenchError(f"only {len(list(folder.glob('*.ready')))} of {count} workers ready after {timeout:.0f} s")
         time.sleep(0.002)
@@ -280,6 +349,35 @@ def gone_at(pids: list[int], since: float, timeout: float) -> float:
         time.sleep(0.002)
         seen = time.time()
     return seen
+
+
+def gone_by(pids: list[int], deadline: float) -> Optional[float]:
+    """When none of ``pids`` was seen alive any more (``time.time()``), or None if some still are
+    at ``deadline``. Polls every 2 ms for the first second, then every 20 ms."""
+    began = time.monotonic()
+    while True:
+        now = time.time()
+        if not any(alive(pid) for pid in pids):
+            return now
+        if now > deadline:
+            return None
+        time.sleep(0.002 if time.monotonic() - began < 1 else 0.02)
+
+
+def read_stamp(path: Path, timeout: float, *runs: Run) -> float:
+    """The ``time.time()`` a worker wrote to ``path`` (waiting for it), e.g. just before exiting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return float(path.read_text())
+        except (OSError, ValueError):  # not there yet, or being written
+            pass
+        if all(run.exited for run in runs):
+            codes = ", ".join(str(run.wait(1)) for run in runs)
+            raise BenchError(f"the launchers exited ({codes}) before {path.name} was written{runs[-1].stderr_tail()}")
+        if time.monotonic() > deadline:
+            raise BenchError(f"no {path.name} after {timeout:.0f} s")
+        time.sleep(0.005)
 
 
 class TreeSampler:
@@ -371,9 +469,9 @@ class Ctx:
     leftovers: int = 0  # processes that outlived a launcher of this run
 
     @contextmanager
-    def start(self, argv: list[str]) -> Iterator[Run]:
+    def start(self, argv: list[str], name: str = "launcher") -> Iterator[Run]:
         """Run ``argv``; on the way out, count what outlived it, then kill whatever is left."""
-        run = Run(argv, self.tmp)
+        run = Run(argv, self.tmp, name)
         try:
             yield run
         finally:
@@ -382,6 +480,14 @@ class Ctx:
 
     def launch(self, job: Job) -> ContextManager[Run]:
         return self.start(self.launcher.job_command(job, self.ports))
+
+    @contextmanager
+    def launch_nodes(self, job: Job, nodes: int) -> Iterator[list[Run]]:
+        """One launcher per node of a job of ``nodes`` nodes on loopback, node 0 started first;
+        their output in ``node<R>.out`` and ``.err``."""
+        with ExitStack() as stack:
+            yield [stack.enter_context(self.start(argv, f"node{rank}"))
+                   for rank, argv in enumerate(self.launcher.node_commands(job, nodes, self.ports))]
 
     def launch_help(self) -> ContextManager[Run]:
         return self.start(self.launcher.help_command())
@@ -397,14 +503,20 @@ class Outcome:
 
 
 def measure(name: str, run_once: Callable[[Ctx], Any], reps: int, root: Path) -> Outcome:
-    """Run ``run_once`` with each launcher in turn, ``reps`` times; a side that fails once stops."""
+    """Run ``run_once`` with each launcher in turn, ``reps`` times; a side that fails once stops,
+    and so does a side whose result was the workload's bound (``at_bound``)."""
     outcome = Outcome()
+    bounded: set[str] = set()  # sides whose last result was the workload's bound
     for rep in range(reps):
         for launcher in LAUNCHERS:
-            if launcher.name not in outcome.errors:
+            if launcher.name not in outcome.errors and launcher.name not in bounded:
                 began = time.monotonic()
                 _run_once(outcome, launcher, run_once, root / f"{name}-{launcher.name}-{rep}")
                 state = "failed" if launcher.name in outcome.errors else "done"
+                samples = outcome.samples[launcher.name]
+                if samples and getattr(samples[-1], "at_bound", False):
+                    bounded.add(launcher.name)
+                    state = "reached the bound, not repeated"
                 progress(f"  {name}: {launcher.name} run {rep + 1} {state} ({time.monotonic() - began:.1f} s)")
     return outcome
 

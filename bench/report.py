@@ -97,9 +97,9 @@ def ratio(ours: Any, torchrun: Any) -> Optional[float]:
     return ours / torchrun
 
 
-def same_codes(codes: list[int]) -> Any:
-    """An exit code, or all of them ("1/7") when the runs disagree."""
-    return codes[0] if len(set(codes)) == 1 else "/".join(map(str, sorted(set(codes))))
+def same_codes(codes: list[Any]) -> Any:
+    """An exit code, or all of them ("1/7") when the runs disagree (a code may be a word: "running")."""
+    return codes[0] if len(set(codes)) == 1 else "/".join(sorted(set(map(str, codes)), key=lambda c: (len(c), c)))
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class Row:
     met: Optional[bool]  # None: no goal, or a side has no figure
     samples: dict[str, list]  # launcher name -> every run's value
     errors: dict[str, int] = field(default_factory=dict)  # launcher name -> footnote number
+    remarks: dict[str, int] = field(default_factory=dict)  # launcher name -> footnote on its figure
 
 
 def rows_of(title: str, metrics: Sequence[Metric], results: dict[str, list]) -> list[Row]:
@@ -150,14 +151,22 @@ HEADER = ("workload", "metric", "ours", "torchrun", "ratio", "goal", "met?")
 MET = {True: "yes", False: "NO", None: "-"}
 
 
+def figure(row: Row, side: str) -> str:
+    if side in row.errors:
+        return f"error [{row.errors[side]}]"
+    text = fmt(getattr(row, side))
+    return f"{text} [{row.remarks[side]}]" if side in row.remarks else text
+
+
 def cells(row: Row, first: bool) -> tuple[str, ...]:
-    ours, theirs = (f"error [{row.errors[side]}]" if side in row.errors else fmt(getattr(row, side)) for side in SIDES)
+    ours, theirs = (figure(row, side) for side in SIDES)
     goal = row.goal.text() if row.goal else ""
     return (row.workload if first else "", row.metric, ours, theirs, fmt(row.ratio), goal, MET[row.met])
 
 
 def table(rows: Sequence[Row], errors: Sequence[str]) -> str:
-    """Aligned columns, the workload named on its first row only, then the numbered errors."""
+    """Aligned columns, the workload named on its first row only, then the numbered footnotes
+    (errors, and remarks on figures)."""
     lines = [cells(r, i == 0 or r.workload != rows[i - 1].workload) for i, r in enumerate(rows)]
     widths = [max(len(c) for c in col) for col in zip(HEADER, *lines)]
     out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [HEADER, *lines]]
@@ -175,7 +184,7 @@ def row_json(row: Row) -> dict[str, Any]:
         "ratio": row.ratio, "goal": goal.text() if goal else "", "met": row.met,
         "goal_spec": {"compare": goal.compare.value, "target": goal.target.value,
                       "threshold": goal.threshold} if goal else None,
-        "samples": row.samples, "errors": row.errors,
+        "samples": row.samples, "errors": row.errors, "remarks": row.remarks,
     }
 
 

@@ -5,8 +5,9 @@
 
 Runs each workload with ``python -m launcher`` and ``python -m torch.distributed.run`` in turn
 (ours, torchrun, ours, torchrun, ...) and prints one table: the medians, the ratio ours/torchrun
-and the goal for each figure. ``--quick`` takes under a minute on 2 CPU cores, ``--tiny`` a few
-seconds per workload (the test suite uses it); the default (full) mode takes a few minutes.
+and the goal for each figure. ``--quick`` takes under a minute on 2 CPU cores for workloads 1 to 8
+and about 40 s more for 9 and 10, ``--tiny`` a few seconds per workload (the test suite uses it);
+the default (full) mode takes a few minutes, over two of them in 9 (torchrun's 120 s bound).
 
 Everything is measured from the outside: wall times around the launcher process, CPU time and
 resident memory of the launcher and of its helper processes (its process tree minus the workers
@@ -38,15 +39,32 @@ from workloads import MODES, WORKLOADS, Sizes, Workload  # noqa: E402
 @dataclass
 class Results:
     rows: list[report.Row] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # footnotes of the table, numbered from 1
+    footnotes: list[str] = field(default_factory=list)  # of the table, numbered from 1: errors and remarks
+    errors: list[str] = field(default_factory=list)  # runs that could not be measured
+    remarks: list[str] = field(default_factory=list)  # what a figure means, e.g. that it is a bound
     leftovers: list[dict] = field(default_factory=list)  # processes that outlived a launcher
+
+    def footnote(self, text: str) -> int:
+        if text not in self.footnotes:
+            self.footnotes.append(text)
+        return self.footnotes.index(text) + 1
 
     def add(self, workload: Workload, title: str, outcome: harness.Outcome) -> None:
         rows = report.rows_of(title, workload.metrics, outcome.samples)
         for name, error in outcome.errors.items():
-            self.errors.append(f"{name}, {workload.name}: {error}")
+            text = f"{name}, {workload.name}: {error}"
+            self.errors.append(text)
             for r in rows:
-                r.errors[name] = len(self.errors)
+                r.errors[name] = self.footnote(text)
+        for name, results in outcome.samples.items():  # a result's remarks: metric field -> text
+            for result in results:
+                for metric, r in zip(workload.metrics, rows):
+                    remark = getattr(result, "remarks", {}).get(metric.field)
+                    if remark:
+                        text = f"{name}, {workload.name}: {remark}"
+                        if text not in self.remarks:
+                            self.remarks.append(text)
+                        r.remarks[name] = self.footnote(text)
         self.rows += rows
         self.leftovers += [{"workload": workload.name, "launcher": name, "processes": count}
                            for name, count in outcome.leftovers.items()]
@@ -72,7 +90,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_const", dest="mode", const="quick",
-                      help="fewer repetitions and smaller sizes: under a minute on 2 cores")
+                      help="fewer repetitions and smaller sizes: about a minute and a half on 2 cores")
     mode.add_argument("--tiny", action="store_const", dest="mode", const="tiny",
                       help="the smallest sizes, one run each: keeps the harness from rotting")
     names = [w.name for w in WORKLOADS]
@@ -98,14 +116,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     wall = time.monotonic() - started
     subtitle = f"{args.mode} mode on {report.machine()}; {report.versions()}; load average {load:.2f} at start"
     print(f"launcher vs torchrun ({subtitle})\n")
-    print(report.table(results.rows, results.errors))
+    print(report.table(results.rows, results.footnotes))
     for note in results.notes():
         print(f"  note: {note}")
     print(f"\nwall time {wall:.0f} s: python bench/run.py" + ("" if args.mode == "full" else f" --{args.mode}"))
     if args.json:
         report.write_json(args.json, {
-            "mode": args.mode, "machine": report.machine(), "wall_s": wall, "errors": results.errors,
-            "notes": results.notes(), "leftovers": results.leftovers}, results.rows)
+            "mode": args.mode, "machine": report.machine(), "load_average": load, "wall_s": wall,
+            "errors": results.errors, "remarks": results.remarks, "notes": results.notes(),
+            "leftovers": results.leftovers}, results.rows)
     if args.plot:
         report.plot(results.rows, args.plot, subtitle)
         print(f"plot: {args.plot}")

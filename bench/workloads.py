@@ -1,4 +1,4 @@
-"""The eight workloads: what each one runs, what it measures, and the goal for each figure.
+"""The ten workloads: what each one runs, what it measures, and the goal for each figure.
 
 A workload is a ``Workload``: a name, a title, a function that does one run with one launcher
 (``Ctx`` -> a result dataclass) and the ``Metric``s read from that result. The worker scripts
@@ -12,11 +12,11 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import spew  # the log-volume worker: its line format is the check's reference
-from harness import BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, wait_for_files
+from harness import BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, gone_by, read_stamp, wait_for_files
 from report import Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
 
 MiB = 1024 * 1024
@@ -33,15 +33,20 @@ class Sizes:
     plan_repeats: int  # plans timed inside one planning run
     train_steps: int
     train_reps: int
+    cross_nproc: int  # workers per node, cross-node teardown
+    cross_bound_s: float  # how long node 0 may take to stop before its figure is this bound
 
 
 MODES = {
     "full": Sizes(reps=3, help_reps=10, idle_s=10, log_mb=200, scale_workers=64,
-                  plan_nodes=1000, plan_repeats=20, train_steps=150, train_reps=3),
+                  plan_nodes=1000, plan_repeats=20, train_steps=150, train_reps=3,
+                  cross_nproc=2, cross_bound_s=120),
     "quick": Sizes(reps=1, help_reps=3, idle_s=3, log_mb=20, scale_workers=64,
-                   plan_nodes=1000, plan_repeats=5, train_steps=50, train_reps=1),
+                   plan_nodes=1000, plan_repeats=5, train_steps=50, train_reps=1,
+                   cross_nproc=2, cross_bound_s=20),
     "tiny": Sizes(reps=1, help_reps=1, idle_s=0.5, log_mb=0.5, scale_workers=4,
-                  plan_nodes=10, plan_repeats=1, train_steps=2, train_reps=1),
+                  plan_nodes=10, plan_repeats=1, train_steps=2, train_reps=1,
+                  cross_nproc=1, cross_bound_s=5),
 }
 
 
@@ -231,6 +236,70 @@ def train(ctx: Ctx, sizes: Sizes, api: str) -> Training:
     return Training(results[0]["steps_per_s"], results[0]["cpu_ms_per_step"])
 
 
+# ---------------------------------------------------------------- 9. cross-node teardown
+
+
+RUNNING = "running"  # the exit code of a launcher that had not exited by the bound
+
+
+@dataclass
+class CrossNode:
+    seconds: float  # from the failing worker's exit on node 1 until node 0's launcher and workers are gone
+    code_0: Any  # node 0's launcher exit code, or RUNNING
+    code_1: int  # node 1's (the failing worker's node)
+    remarks: dict = field(default_factory=dict)  # metric field -> a footnote of the table
+    at_bound: bool = False  # node 0 never stopped by itself: ``seconds`` is the bound
+
+
+def cross_node(ctx: Ctx, sizes: Sizes) -> CrossNode:
+    """Two nodes on loopback, ``cross_nproc`` sleeping workers each; the first worker of node 1
+    exits 7 once all run. How long until node 0 (launcher and workers) is gone, and the exit codes."""
+    n, bound = sizes.cross_nproc, sizes.cross_bound_s
+    ready, stamp = ctx.tmp / "ready", ctx.tmp / "stamp"
+    ready.mkdir()
+    with ctx.launch_nodes(Job(n, "fail.py", (ready, stamp, n)), 2) as (node0, node1):
+        failed = read_stamp(stamp, 180, node0, node1)  # written just before the exit
+        workers0 = [int((ready / f"{rank}.ready").read_text()) for rank in range(n)]
+        deadline = failed + bound
+        workers_gone = gone_by(workers0, deadline)
+        if workers_gone is not None and node0.exited_by(deadline):
+            code_1 = node1.wait(max(30.0, bound))
+            return CrossNode(max(workers_gone, node0.exit_time) - failed, node0.exit_code, code_1)
+        code_1 = node1.wait(30)
+        left = {(True, True): "its launcher and workers", (True, False): "its launcher",
+                (False, True): "its workers"}[(not node0.exited, workers_gone is None)]
+        remark = (f"node 0 ({left}) still ran {bound:g} s after the failing worker's exit on node 1; "
+                  f"the figure is that bound, node 0 was then killed by the harness; not repeated")
+        return CrossNode(bound, RUNNING, code_1, {"seconds": remark, "code_0": remark}, at_bound=True)
+
+
+# ---------------------------------------------------------------- 10. restart round trip
+
+
+@dataclass
+class RestartTrip:
+    seconds: float  # from the failing worker's exit until every worker of attempt 2 runs
+    started_s: float  # from that exit until every worker process of attempt 2 was created
+    exit_code: int  # the launcher's, once attempt 2 has finished
+
+
+def restart(ctx: Ctx, sizes: Sizes) -> RestartTrip:
+    """One node, 2 workers, one restart allowed: rank 1 fails once; the job runs again."""
+    ready, stamp, marker = ctx.tmp / "ready", ctx.tmp / "stamp", ctx.tmp / "failed-once"
+    ready.mkdir()
+    with ctx.launch(Job(2, "restart.py", (ready, stamp, marker), max_restarts=1)) as run:
+        code = run.wait(180)
+    if not stamp.exists():
+        raise BenchError(f"the failing worker never exited (launcher exit code {code}){run.stderr_tail()}")
+    second = sorted(ready.glob("1.*.ready"))
+    if len(second) != 2:
+        raise BenchError(f"{len(second)} of 2 workers of attempt 2 became ready (TORCHELASTIC_RESTART_COUNT=1 "
+                         f"expected; launcher exit code {code}){run.stderr_tail()}")
+    failed = float(stamp.read_text())
+    times = [f.read_text().split() for f in second]  # pid, ready, created
+    return RestartTrip(max(float(t[1]) for t in times) - failed, max(float(t[2]) for t in times) - failed, code)
+
+
 # ---------------------------------------------------------------- the table's rows
 
 
@@ -282,4 +351,15 @@ WORKLOADS = (
         Metric("steps_per_s", "steps/s", ratio_at_least(1.0)),
         Metric("cpu_ms", "worker CPU per step (ms)"),
     ), reps=lambda s: s.train_reps),
+    Workload("cross-node", lambda s: f"9. cross-node teardown: 2 nodes x {s.cross_nproc}, rank {s.cross_nproc} exits 7",
+             cross_node, (
+        Metric("seconds", "worker exit on node 1 -> node 0 gone (s)", ratio_at_most(0.1)),
+        Metric("code_0", "node 0 launcher exit code", ours_equal(7), summary=same_codes, ratio=False),
+        Metric("code_1", "node 1 launcher exit code", ours_equal(7), summary=same_codes, ratio=False),
+    )),
+    Workload("restart", lambda s: "10. restart round trip: 2 workers, 1 restart", restart, (
+        Metric("seconds", "failure -> attempt 2 all running (s)", ratio_at_most(0.5)),
+        Metric("started_s", "failure -> attempt 2 all created (s)"),
+        Metric("exit_code", "launcher exit code after attempt 2", ours_equal(0), summary=same_codes, ratio=False),
+    )),
 )

@@ -2,8 +2,9 @@
 
 One ``--tiny`` pass of bench/run.py, both launchers, every workload: no timing is asserted, only
 what the benchmark checks on the way (exit codes, no log line lost or cut, ranks in sync, no
-process outliving its launcher). Then fast tests of the report (goals, rows, the table) and of
-the harness's port reservations, which start no process.
+process outliving its launcher, a figure that is only a bound said so in a footnote). Then fast
+tests of the report (goals, rows, the table) and of the harness's port reservations, which start
+no process.
 """
 
 import errno
@@ -20,10 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import harness  # noqa: E402
 import report  # noqa: E402
+import workloads  # noqa: E402
 from report import Compare, Goal, Metric, Row, Target  # noqa: E402
 
 TITLES = ("1. start-up", "2. 2-worker job", "3. teardown", "4. idle", "5. log volume",
-          "6. scale", "7. planning", "8a. training", "8b. training")
+          "6. scale", "7. planning", "8a. training", "8b. training", "9. cross-node teardown",
+          "10. restart round trip")
+TINY_CROSS_BOUND_S = workloads.MODES["tiny"].cross_bound_s
 
 
 # ---------------------------------------------------------------- one --tiny run
@@ -57,6 +61,42 @@ def test_tiny_run_measures_both_sides_of_every_row(tiny):
     assert result["errors"] == [], result["errors"]
     assert all(r["ours"] is not None and r["torchrun"] is not None for r in result["rows"])
     assert "error [" not in tiny[0]
+
+
+def test_tiny_run_remarks_only_on_a_figure_that_is_a_bound(tiny):
+    stdout, result = tiny
+    for r in result["rows"]:
+        assert "ours" not in r["remarks"], r  # ours never runs into a bound
+        for side, number in r["remarks"].items():
+            assert r["workload"].startswith("9.")
+            remark = result["remarks"][0]
+            assert remark.startswith(f"{side}, cross-node: node 0") and "bound" in remark
+            assert f"  [{number}] {remark}" in stdout
+
+
+def test_tiny_run_cross_node_teardown(tiny):
+    _, result = tiny
+    seconds = row(result, "9.", "worker exit on node 1")
+    assert 0 < seconds["ours"] < TINY_CROSS_BOUND_S
+    assert 0 < seconds["torchrun"] <= TINY_CROSS_BOUND_S
+    node0, node1 = row(result, "9.", "node 0 launcher exit code"), row(result, "9.", "node 1 launcher exit code")
+    assert (node0["ours"], node1["ours"]) == (7, 7) and node0["met"] is True and node1["met"] is True
+    assert node1["torchrun"] not in (0, 7)  # torchrun reports 1 whatever the worker's code
+    if seconds["torchrun"] == TINY_CROSS_BOUND_S:  # its node 0 never stopped by itself: said so
+        assert node0["torchrun"] == "running"
+        assert seconds["remarks"] == node0["remarks"] == {"torchrun": 1}
+    else:
+        assert node0["torchrun"] not in (0, "running") and seconds["remarks"] == {}
+
+
+def test_tiny_run_restart_round_trip(tiny):
+    _, result = tiny
+    running = row(result, "10.", "failure -> attempt 2 all running")
+    created = row(result, "10.", "failure -> attempt 2 all created")
+    for side in ("ours", "torchrun"):
+        assert 0 < created[side] <= running[side] < 60
+    code = row(result, "10.", "launcher exit code")
+    assert (code["ours"], code["torchrun"]) == (0, 0) and code["met"] is True
 
 
 def test_tiny_run_loses_no_log_line(tiny):
@@ -120,6 +160,7 @@ def test_goal_text(goal, text):
     (report.ours_equal(7), 7, 1, True),
     (report.ours_equal(7), 1, 7, False),
     (report.ours_equal(7), "1/7", 1, False),  # runs disagreed
+    (report.ours_equal(7), 7, "running", True),  # torchrun had not exited: a word, not a code
     (report.ours_equal(0), 0, 5, True),
     (report.ours_equal(7), None, 1, None),  # a side has no figure
     (report.ratio_at_most(0.5), 1.0, None, None),
@@ -155,6 +196,13 @@ def test_rows_are_medians_ratios_and_goals():
     assert (code.ours, code.torchrun, code.ratio, code.met) == (7, 1, None, True)
 
 
+def test_same_codes_of_runs_that_disagree_also_on_kind():
+    assert report.same_codes([7, 7]) == 7
+    assert report.same_codes([7, 1, 7]) == "1/7"
+    assert report.same_codes([1, "running", 1]) == "1/running"
+    assert report.same_codes([130, 7]) == "7/130"
+
+
 def test_rows_of_a_side_without_results_have_no_figure_and_no_verdict():
     seconds, code = report.rows_of("3. teardown", METRICS, {"ours": [Result(1.0, 1), Result(1.0, 7)], "torchrun": []})
     assert (seconds.torchrun, seconds.ratio, seconds.met) == (None, None, None)
@@ -168,15 +216,19 @@ def test_table_format():
         Row("3. teardown", "launcher exit code", 7, None, None, report.ours_equal(7), None, {},
             errors={"torchrun": 1}),
         Row("7. planning", "env (KiB)", 122.0, 0.000339, 360.0, None, None, {}),
+        Row("9. cross-node", "seconds", 0.1, 120, 0.000833, report.ratio_at_most(0.1), True, {},
+            remarks={"torchrun": 2}),
     ]
-    assert report.table(rows, ["torchrun, teardown: exit code 1"]) == "\n".join([
-        "workload             metric              ours    torchrun   ratio   goal     met?",
-        "-------------------  ------------------  ------  ---------  ------  -------  ----",
-        "1. start-up: --help  wall time (s)       0.0421  1.03       0.0408  <= 0.1   yes",
-        "3. teardown          seconds             0.5     0.4        1.25    <= 0.15  NO",
-        "                     launcher exit code  7       error [1]  -       = 7      -",
-        "7. planning          env (KiB)           122     3.4e-04    360              -",
+    assert report.table(rows, ["torchrun, teardown: exit code 1", "torchrun, cross-node: a bound"]) == "\n".join([
+        "workload             metric              ours    torchrun   ratio    goal     met?",
+        "-------------------  ------------------  ------  ---------  -------  -------  ----",
+        "1. start-up: --help  wall time (s)       0.0421  1.03       0.0408   <= 0.1   yes",
+        "3. teardown          seconds             0.5     0.4        1.25     <= 0.15  NO",
+        "                     launcher exit code  7       error [1]  -        = 7      -",
+        "7. planning          env (KiB)           122     3.4e-04    360               -",
+        "9. cross-node        seconds             0.1     120 [2]    8.3e-04  <= 0.1   yes",
         "  [1] torchrun, teardown: exit code 1",
+        "  [2] torchrun, cross-node: a bound",
     ])
 
 
@@ -207,6 +259,35 @@ def test_a_reserved_port_is_refused_to_plain_binds_but_open_to_a_store():
             store.listen()
     with socket.socket() as plain:
         plain.bind(("127.0.0.1", port))  # released once the run is over
+
+
+def test_a_reserved_block_is_consecutive_and_held():
+    with harness.PortReservations() as ports:
+        first = ports.reserve_block(3)
+        for port in range(first, first + 3):
+            with socket.socket() as plain, pytest.raises(OSError):
+                plain.bind(("127.0.0.2", port))
+
+
+def test_two_nodes_use_one_set_of_reserved_ports():
+    job = harness.Job(2, "fail.py", max_restarts=1)
+    with harness.PortReservations() as ports:
+        ours = harness.Ours().node_commands(job, 2, ports)
+        started = int(ours[0][ours[0].index("--started_port") + 1])
+        for port in (started - 1, started, started + 1):  # node 0's control port, the worker ports
+            with socket.socket() as plain, pytest.raises(OSError):
+                plain.bind(("127.0.0.1", port))
+        theirs = harness.Torchrun().node_commands(job, 2, ports)
+        port = int(theirs[0][theirs[0].index("--master-port") + 1])
+        with socket.socket() as plain, pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    assert [argv[argv.index("--node_ip") + 1] for argv in ours] == ["127.0.0.1", "127.0.0.2"]
+    assert all(argv[argv.index("--cluster_node_ips") + 1] == "127.0.0.1,127.0.0.2" for argv in ours)
+    assert all(argv[argv.index("--started_port") + 1] == str(started) for argv in ours)
+    assert all(argv[argv.index("--max_restarts") + 1] == "1" for argv in ours)
+    assert [argv[argv.index("--node-rank") + 1] for argv in theirs] == ["0", "1"]
+    assert all(argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--master-port") + 1] == str(port)
+               and argv[argv.index("--max-restarts") + 1] == "1" for argv in theirs)
 
 
 def test_torchrun_gets_a_reserved_master_port(tmp_path):
