@@ -206,13 +206,20 @@ class Channel:
         self.token = token or None
         self.connections: dict = {}  # fd -> Connection
         self.closed = False
+        # sockets let go of, closed only when the launcher's loop next asks what to watch: until
+        # then its selector still holds their numbers, which a new socket must not take over
+        self.discarded: list = []
 
     def node_name(self, node: int) -> str:
         return f"node {node} ({self.identity.nodes[node]})"
 
     # the selector's part
     def registrations(self) -> dict:
-        """{fd: selector events} this channel wants watched now."""
+        """{fd: selector events} this channel wants watched now. The caller stops watching any
+        other descriptor of the channel at once (the sockets let go of are closed here)."""
+        for sock in self.discarded:
+            sock.close()
+        self.discarded.clear()
         wanted = {}
         for fd, c in self.connections.items():
             wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
@@ -269,11 +276,11 @@ class Channel:
     def _drop(self, fd: int, reason: str) -> None:
         c = self.connections.pop(fd)
         log.warning("control: dropped the connection from %s: %s", c.where, reason)
-        c.sock.close()
+        self.discarded.append(c.sock)
 
     def _lose(self, fd: int, reason: str) -> Lost:
         c = self.connections.pop(fd)
-        c.sock.close()
+        self.discarded.append(c.sock)
         return Lost(c.node, f"{self.node_name(c.node)} lost: {reason}")
 
     def close(self) -> None:
@@ -281,6 +288,9 @@ class Channel:
             c.flush()
             c.sock.close()
         self.connections.clear()
+        for sock in self.discarded:
+            sock.close()
+        self.discarded.clear()
         self.closed = True
 
 
@@ -375,6 +385,10 @@ class Hub(Channel):
         if problem is None and node in self.peers:
             problem = f"{self.node_name(node)} is already joined"
         if problem is not None:
+            # the joining node is told why (which job, in the open, only where no token guards it)
+            said = problem if self.token is None else "wrong job or job token"
+            c.send({"type": "refused", "reason": said[:1000]}, now)
+            c.flush()
             self._drop(fd, f"not a node of this job: {problem}")
             return []
         c.node = node
@@ -452,11 +466,11 @@ class Spoke(Channel):
         if not self.welcomed and now >= self.join_deadline:
             self.gave_up = True
             for fd in list(self.connections):
-                self.connections.pop(fd).sock.close()
+                self.discarded.append(self.connections.pop(fd).sock)
             return [NeverJoined((0,), f"{self.node_name(0)} never answered on port {self.address[1]} within "
                                       f"{self.join_timeout:g} s ({self.last_error})")]
-        if self.hub is None and now >= self.next_try:
-            self._connect(now)
+        if self.hub is None and not self.welcomed and now >= self.next_try:
+            self._connect(now)  # once welcomed, a lost node 0 is lost for good: no new connection
         if self.welcomed:
             return self._beat_and_check(now)
         return []
@@ -500,7 +514,7 @@ class Spoke(Channel):
                 self.next_try = now + RETRY_EVERY
 
     def _retry(self, fd: int, now: float) -> None:
-        self.connections.pop(fd).sock.close()
+        self.discarded.append(self.connections.pop(fd).sock)
         self.next_try = now + RETRY_EVERY
 
     def _drop(self, fd: int, reason: str) -> None:
@@ -517,6 +531,11 @@ class Spoke(Channel):
                     hello["proof"] = proof(self.token, message["nonce"], self.identity.job_id, self.node)
                 c.send(hello, now)
                 return []
+            if kind == "refused":  # node 0 will not take this node: no point in trying again
+                self.gave_up = True
+                self.discarded.append(self.connections.pop(fd).sock)
+                reason = str(message.get("reason"))[:1000]
+                return [NeverJoined((0,), f"{self.node_name(0)} refused this node: {reason}")]
             if kind == "welcome":
                 c.node = 0
                 self.welcomed = True

@@ -125,7 +125,7 @@ class Leader(_Peered):
         return out
 
     def _stop_for(self, cause: Cause) -> list:
-        return [policy.StopOrdered(cause.text)] if self._root(cause) else []
+        return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
 
     def _on_message(self, node: int, message: dict) -> list:
         if message.get("attempt") != self.attempt:
@@ -187,16 +187,27 @@ class Follower(_Peered):
         self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
         self.order: Optional[dict] = None  # node 0's "start" or "end" for this attempt
         self.alone = False  # node 0 is lost or never answered
+        self.reporting = False  # this node's part of the attempt is over: its report is due
 
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
             self.cause = cause
             self.channel.send({"type": "failed", "attempt": self.attempt, "cause": cause.as_dict()})
 
+    def _report(self) -> None:
+        self.channel.send({"type": "report", "attempt": self.attempt,
+                           "cause": self.cause.as_dict() if self.cause else None})
+
     def on_events(self, events) -> list:
         out = []
         for e in events:
-            if isinstance(e, (control.Lost, control.NeverJoined)):
+            if isinstance(e, control.Joined):
+                # what was said before node 0 answered went nowhere (the channel drops it): say it now
+                if self.reporting:
+                    self._report()
+                elif self.cause is not None:
+                    self.channel.send({"type": "failed", "attempt": self.attempt, "cause": self.cause.as_dict()})
+            elif isinstance(e, (control.Lost, control.NeverJoined)):
                 self.alone = True
                 cause = Cause(0, "lost" if isinstance(e, control.Lost) else "join", 1, e.reason)
                 self.root = self.root or cause
@@ -216,12 +227,18 @@ class Follower(_Peered):
             cause = Cause.from_dict(message.get("cause"))
             if cause is not None and self.root is None:
                 self.root = cause
-                return [policy.StopOrdered(cause.text)]
+                return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")]
         return []
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        self.channel.send({"type": "report", "attempt": self.attempt,
-                           "cause": self.cause.as_dict() if self.cause else None})
+        self.reporting = True
+        try:
+            return self._await_order(turn)
+        finally:
+            self.reporting = False
+
+    def _await_order(self, turn: Turn) -> Tuple[str, int]:
+        self._report()
         while self.order is None and not self.alone:
             for e in turn():
                 if isinstance(e, policy.StopSignal):

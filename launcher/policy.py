@@ -55,6 +55,7 @@ class StartFailed:
 @dataclass(frozen=True)
 class StopOrdered:
     reason: str  # the job stops for a cause elsewhere (another node, a lost node)
+    stacks: bool = False  # show where the workers were first (the cause is a hang)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,8 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, StopOrdered):
         if state.stopping:
             return state, ()
-        return _begin_stop(state, now, signal.SIGTERM, Say(logging.ERROR, f"{event.reason}; stopping the workers"))
+        say = Say(logging.ERROR, f"{event.reason}; stopping the workers")
+        return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
     if isinstance(event, Hung):
         if state.stopping:
             return state, ()
@@ -213,9 +215,10 @@ def _on_stop_signal(state: State, sig: int, now: float):
     return _begin_stop(state, now, sig, say)
 
 
-def _begin_stop(state: State, now: float, sig: int, say: Say):
+def _begin_stop(state: State, now: float, sig: int, say: Say, stacks: bool = False):
     term_at = None if sig == signal.SIGTERM else now + min(TERM_FOLLOWS, state.grace / 2)
-    stacks = (TakeStacks(),) if (state.stacks or state.hung is not None) and state.running else ()
+    wanted = stacks or state.stacks or state.hung is not None
+    stacks = (TakeStacks(),) if wanted and state.running else ()
     state = replace(state, stop_began=now, term_at=term_at, kill_at=now + state.grace)
     return state, (say, *stacks, Send(sig))
 

@@ -607,10 +607,15 @@ class _Loop:
                 self.selector.unregister(key.fd)
         for fd, (events, data) in wanted.items():
             key = self.selector.get_map().get(fd)
+            if key is not None and (key.events != events or key.data is not data):
+                try:
+                    self.selector.modify(fd, events, data)
+                    continue
+                except (OSError, KeyError, ValueError):  # the number was closed and taken again
+                    self.selector.unregister(fd)
+                    key = None
             if key is None:
                 self.selector.register(fd, events, data)
-            elif key.events != events or key.data is not data:
-                self.selector.modify(fd, events, data)
 
     def _register(self, fd, events, data, wanted: bool) -> None:
         known = fd in self.selector.get_map()

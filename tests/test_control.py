@@ -105,7 +105,8 @@ def test_a_wrong_token_is_refused_and_the_right_one_joins():
     try:
         events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, control.NeverJoined) for e in ev))
         assert not any(isinstance(e, control.Joined) for e in events)
-        assert any(isinstance(e, control.NeverJoined) and "never answered" in e.reason for e in events)
+        assert any(isinstance(e, control.NeverJoined) and "refused this node: wrong job or job token" in e.reason
+                   for e in events)
     finally:
         wrong.close()
     right = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=5, token="right")
@@ -169,3 +170,31 @@ def test_strangers_are_dropped_and_the_hub_goes_on():
 
 def test_messages_carry_json_only():
     assert json.loads(control.encode({"type": "beat"})[4:]) == {"type": "beat"}
+
+
+def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    other = control.Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
+    spoke = control.Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token=None)
+    try:
+        started = time.monotonic()
+        events = pump([hub, spoke], 5, until=lambda ev: ev)
+        assert time.monotonic() - started < 3
+        assert len(events) == 1 and isinstance(events[0], control.NeverJoined)
+        assert "refused this node: its script is '-u other.py', this job's is '-u train.py'" in events[0].reason
+    finally:
+        hub.close()
+        spoke.close()
+
+
+def test_with_a_token_the_refusal_says_nothing_of_the_job():
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="wrong")
+    try:
+        events = pump([hub, spoke], 5, until=lambda ev: ev)
+        assert [e.reason.split(": ", 1)[1] for e in events] == ["wrong job or job token"]
+    finally:
+        hub.close()
+        spoke.close()

@@ -1,0 +1,727 @@
+"""Jobs of several nodes, one real launcher process per node, on loopback addresses (any 127.x is
+this machine) or in network namespaces the test creates and removes.
+
+What is promised: a failure anywhere stops every node at once, with one root cause and one exit
+code everywhere; a node that is killed, frozen, cut off or never started is named and the job
+stops; --max_restarts restarts every node; strangers at node 0's control port are dropped and
+change nothing; a hung job shows where each rank of each node was. Every wait is bounded, and
+every process a test starts (launchers, watchdogs, workers) is gone at its end.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd
+from launcher import stacks
+
+WORKER = str(WORKERS / "node_worker.py")
+HANG = WORKERS / "hang_two_nodes.py"
+LOOPBACK = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+GRACE = 2  # --shutdown_timeout of every launcher here
+
+
+# ---------------------------------------------------------------- one launcher per node
+
+
+class Node:
+    """One node's launcher; its stdout and stderr are read as they come (no pipe ever fills)."""
+
+    def __init__(self, index: int, ip: str, cmd: list, env: dict) -> None:
+        self.index, self.ip = index, ip
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.started = time.monotonic()
+        self.ended = None  # time.monotonic() at its exit
+        self._out, self._err = [], []
+        self._done = threading.Event()
+        self._readers = [threading.Thread(target=self._drain, args=(s, b), daemon=True)
+                         for s, b in ((self.proc.stdout, self._out), (self.proc.stderr, self._err))]
+        for t in self._readers:
+            t.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _drain(self, stream, chunks) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            chunks.append(chunk)
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+        self._done.set()
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self._err).decode(errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        return b"".join(self._out).decode(errors="replace")
+
+    @property
+    def code(self):
+        return self.proc.returncode
+
+    def wait_text(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.stderr:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {self.index} never said {text!r}; its stderr:\n{self.stderr[-3000:]}")
+            time.sleep(0.02)
+
+    def wait_end(self, timeout: float) -> int:
+        if not self._done.wait(timeout):
+            raise AssertionError(f"node {self.index} ({self.ip}) still runs after {timeout} s; "
+                                 f"its stderr:\n{self.stderr[-3000:]}")
+        for t in self._readers:
+            t.join(5)
+        return self.proc.returncode
+
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+
+class Cluster:
+    """The launchers of one test; at the end, whatever still runs is stopped, and every process
+    ever seen below a launcher must be gone."""
+
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.pids: set = set()
+
+    def start(self, node_ips, index, *args, prefix=(), env=None) -> Node:
+        ip = node_ips[index]
+        cmd = [*prefix, *launcher_cmd("--cluster_node_ips", ",".join(node_ips), "--node_ip", ip, *args)]
+        node = Node(index, ip, cmd, {**os.environ, **(env or {})})
+        self.nodes.append(node)
+        self.pids.add(node.proc.pid)
+        return node
+
+    def snapshot(self) -> None:
+        """Remember every process now below a launcher (its watchdog, its workers)."""
+        for node in self.nodes:
+            try:
+                root = psutil.Process(node.proc.pid)
+                self.pids.update(p.pid for p in root.children(recursive=True))
+            except psutil.Error:
+                pass
+
+    def watchdog(self, node: Node) -> int:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for p in psutil.Process(node.proc.pid).children(recursive=True):
+                try:
+                    if "launcher import watchdog" in " ".join(p.cmdline()):
+                        self.pids.add(p.pid)
+                        return p.pid
+                except psutil.Error:
+                    pass
+            time.sleep(0.05)
+        raise AssertionError(f"no watchdog below the launcher of node {node.index}")
+
+    def finish(self, timeout: float) -> list:
+        """Every launcher's exit code (bounded); no launcher crashed."""
+        deadline = time.monotonic() + timeout
+        codes = [n.wait_end(max(0.0, deadline - time.monotonic())) for n in self.nodes]
+        for n in self.nodes:
+            assert not launcher_crashed(n.stdout + n.stderr), n.stderr
+        return codes
+
+    def cleanup(self) -> None:
+        self.snapshot()
+        for node in self.nodes:
+            if node.running():
+                try:
+                    node.proc.send_signal(signal.SIGCONT)
+                    node.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for node in self.nodes:
+            if not node._done.wait(GRACE + 15):
+                node.proc.kill()
+                node._done.wait(10)
+        assert_gone(self.pids)
+
+
+def launcher_crashed(output: str) -> bool:
+    """A traceback through the launcher's own code (a worker's traceback may be echoed: not this)."""
+    return re.search(r'File "[^"]*/launcher/[^/"]+\.py", line', output) is not None
+
+
+def assert_gone(pids, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            left = [p for p in pids if alive(p)]
+            raise AssertionError(f"processes still running: {left}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+def job_args(port: int, nproc: int, *extra) -> list:
+    """The options every node of one job shares: control port ``port``, workers from ``port + 1``."""
+    return ["--started_port", port + 1, "--nproc_per_node", nproc, "--shutdown_timeout", GRACE, *extra]
+
+
+def read_attempt(folder: Path, world: int, attempt: int, timeout: float = 30.0) -> dict:
+    """{rank: dump} of one attempt's workers, once all ``world`` have written theirs."""
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob(f"env.*.{attempt}.json"))) < world:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {sorted(p.name for p in folder.glob('env.*'))} of {world} ranks "
+                                 f"of attempt {attempt} started")
+        time.sleep(0.02)
+    dumps = {}
+    for path in folder.glob(f"env.*.{attempt}.json"):
+        record = json.loads(path.read_text())
+        dumps[record["rank"]] = record
+    return dumps
+
+
+def exit_times(pids, timeout: float) -> dict:
+    """{pid: time.time() when it exited}, watched through pidfds; None: gone before the watch."""
+    times, fds = {}, {}
+    poller = select.poll()
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            times[pid] = None
+            continue
+        fds[fd] = pid
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    try:
+        while fds and time.monotonic() < deadline:
+            for fd, _ in poller.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                now = time.time()
+                times[fds.pop(fd)] = now
+                poller.unregister(fd)
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert not fds, f"processes {sorted(fds.values())} still run after {timeout} s"
+    return times
+
+
+def stopped_line(cause: str, code: int) -> str:
+    return f"launcher: the job stopped: {cause}; exit code {code}"
+
+
+def root_cause(node: Node) -> str:
+    """The one "the job stopped" line of a node (there must be exactly one)."""
+    lines = [line for line in node.stderr.splitlines() if line.startswith("launcher: the job stopped: ")]
+    assert len(lines) == 1, node.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------- 1. a failure stops every node
+
+
+@pytest.mark.parametrize("count,nproc", [(2, 2), (3, 1), (3, 2)])
+def test_a_failing_worker_stops_every_node_within_a_second(cluster, tmp_path, count, nproc):
+    nodes = LOOPBACK[:count]
+    port = free_ports(nproc + 1)
+    world = count * nproc
+    failing, where = world - 1, count - 1  # the last rank, on the last node
+    for i in reversed(range(count)):
+        cluster.start(nodes, i, *job_args(port, nproc), WORKER, "--dump", tmp_path, "--fail-rank", failing,
+                      "--world", world, "--delay", 1.0, "--sleep", 60)
+    dumps = read_attempt(tmp_path, world, 0)
+    cluster.snapshot()
+    others = {d["pid"]: r for r, d in dumps.items() if r // nproc != where}
+    same_node = {d["pid"]: r for r, d in dumps.items() if r // nproc == where and r != failing}
+    gone = exit_times([*others, *same_node], timeout=30)
+    failed_at = float((tmp_path / f"exit.{failing}.0").read_text())
+    codes = cluster.finish(30)
+
+    assert None not in gone.values(), "a worker was gone before the failure"
+    delay = max(gone[p] for p in others) - failed_at
+    print(f"\n{count} nodes x {nproc}: rank {failing} exit -> last worker of the other nodes gone: "
+          f"{delay * 1000:.0f} ms; per rank: "
+          + ", ".join(f"rank {others[p]} {(t - failed_at) * 1000:.0f} ms" for p, t in sorted(gone.items(), key=lambda x: x[1]) if p in others)
+          + (f"; on the failing node: {max(gone[p] for p in same_node) - failed_at:.3f} s" if same_node else ""))
+    assert delay < 1.0, f"the other nodes' workers took {delay:.3f} s to be gone"
+    assert codes == [7] * count
+    root = stopped_line(f"rank {failing} on node {where} ({nodes[where]}) failed (exit code 7)", 7)
+    for node in cluster.nodes:
+        assert root in node.stderr, node.stderr
+        assert f"launcher: last lines of rank {failing}:" in node.stderr
+        assert f"  | rank {failing} fails with 7 on attempt 0" in node.stderr
+    assert_gone(cluster.pids)
+
+
+def test_a_failure_before_node_0_answers_still_reaches_every_node(cluster, tmp_path):
+    """Node 1's worker fails, and its workers are all gone, before node 0 even starts: what node 1
+    had to say goes to node 0 once it answers (it once went nowhere, and both nodes waited forever)."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    early = cluster.start(nodes, 1, *job_args(port, 1), WORKER, "--dump", tmp_path, "--fail-rank", 1, "--sleep", 60)
+    early.wait_text("launcher: error: rank 1 failed (exit code 7)", 30)
+    time.sleep(0.5)  # node 1 now waits for node 0's word
+    late = cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, "--fail-rank", 1, "--sleep", 60)
+    assert cluster.finish(30) == [7, 7], late.stderr
+    root = stopped_line("rank 1 on node 1 (127.0.0.2) failed (exit code 7)", 7)
+    assert root in early.stderr and root in late.stderr
+    assert "  | rank 1 fails with 7 on attempt 0" in late.stderr
+    cluster.pids.update(json.loads(p.read_text())["pid"] for p in tmp_path.glob("env.*.json"))
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 2. a node killed or frozen
+
+
+def test_a_node_killed_with_its_watchdog_is_named_by_the_others(cluster, tmp_path):
+    nodes = LOOPBACK
+    port = free_ports(2)
+    for i in reversed(range(3)):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", 2), WORKER, "--dump", tmp_path,
+                      "--sleep", 60)
+    dumps = read_attempt(tmp_path, 3, 0)
+    cluster.snapshot()
+    victim = cluster.nodes[1]  # started second: node 1
+    assert victim.ip == "127.0.0.2"
+    watchdog = cluster.watchdog(victim)
+    os.kill(watchdog, signal.SIGKILL)
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    codes = cluster.finish(2 + 15)
+    took = max(n.ended for n in cluster.nodes if n is not victim) - killed
+    print(f"\nkill -9 of node 1's launcher and watchdog -> the other launchers gone: {took:.2f} s")
+    assert took < 2 + 5
+    assert codes == [1, -signal.SIGKILL, 1]  # in the order started: nodes 2, 1, 0
+    for node in (cluster.nodes[0], cluster.nodes[2]):
+        line = root_cause(node)
+        assert line.startswith("launcher: the job stopped: node 1 (127.0.0.2) lost: ") and line.endswith("; exit code 1")
+    assert_gone([d["pid"] for d in dumps.values()])  # node 1's worker too: PR_SET_PDEATHSIG
+    assert_gone(cluster.pids)
+
+
+def test_node_0_killed_with_its_watchdog_is_named_while_the_workers_stop(cluster, tmp_path):
+    """Node 1 goes on turning its loop after node 0 is gone (its workers take a second to stop):
+    it must not try node 0 again (it once did, and crashed on the socket number taken over)."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", 2), WORKER, "--dump", tmp_path,
+                      "--sleep", 60, "--term-delay", 1.5)
+    survivor, victim = cluster.nodes
+    dumps = read_attempt(tmp_path, 2, 0)
+    cluster.snapshot()
+    watchdog = cluster.watchdog(victim)
+    os.kill(watchdog, signal.SIGKILL)
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert cluster.finish(2 + 15) == [1, -signal.SIGKILL], survivor.stderr
+    print(f"\nkill -9 of node 0's launcher and watchdog -> node 1 gone: {survivor.ended - killed:.2f} s "
+          f"(its worker takes 1.5 s to stop)")
+    assert survivor.ended - killed < 2 + 5
+    line = root_cause(survivor)
+    assert line.startswith("launcher: the job stopped: node 0 (127.0.0.1) lost: ") and line.endswith("; exit code 1")
+    assert_gone([d["pid"] for d in dumps.values()])  # node 0's worker too: PR_SET_PDEATHSIG
+    assert_gone(cluster.pids)
+
+
+def test_a_frozen_node_is_lost_for_want_of_heartbeats(cluster, tmp_path):
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", 2), WORKER, "--dump", tmp_path,
+                      "--sleep", 60)
+    frozen, leader = cluster.nodes
+    read_attempt(tmp_path, 2, 0)
+    cluster.snapshot()
+    time.sleep(0.5)  # heartbeats flow
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        assert leader.wait_end(2 + 15) == 1
+        took = leader.ended - stopped
+        print(f"\nSIGSTOP of node 1's launcher -> node 0 gone: {took:.2f} s (--heartbeat_timeout 2)")
+        assert 1.0 < took < 2 + 5
+        line = root_cause(leader)
+        assert line.startswith("launcher: the job stopped: node 1 (127.0.0.2) lost: no heartbeat for ")
+        assert line.endswith("; exit code 1")
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    assert frozen.wait_end(15) == 1  # back, it finds node 0 gone
+    assert root_cause(frozen).startswith("launcher: the job stopped: node 0 (127.0.0.1) lost: ")
+    assert not launcher_crashed(leader.stderr + frozen.stderr)
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 3. a node that never starts
+
+
+def test_node_0_names_a_node_that_never_joins(cluster, tmp_path):
+    port = free_ports(2)
+    node = cluster.start(LOOPBACK[:2], 0, *job_args(port, 1, "--join_timeout", 2), WORKER, "--dump", tmp_path,
+                         "--sleep", 60)
+    read_attempt(tmp_path, 1, 0)
+    cluster.snapshot()
+    assert cluster.finish(2 + 15) == [1]
+    assert node.ended - node.started < 2 + 10
+    assert stopped_line(f"node 1 (127.0.0.2) never joined within 2 s (node 0 listens on port {port})", 1) in node.stderr
+    assert_gone(cluster.pids)
+
+
+def test_a_node_names_node_0_when_it_never_answers(cluster, tmp_path):
+    port = free_ports(2)
+    node = cluster.start(LOOPBACK[:2], 1, *job_args(port, 1, "--join_timeout", 2), WORKER, "--dump", tmp_path,
+                         "--sleep", 60)
+    read_attempt(tmp_path, 1, 0)
+    cluster.snapshot()
+    assert cluster.finish(2 + 15) == [1]
+    assert node.ended - node.started < 2 + 10
+    assert f"node 0 (127.0.0.1) never answered on port {port} within 2 s (" in node.stderr
+    assert root_cause(node).startswith("launcher: the job stopped: node 0 (127.0.0.1) never answered")
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 4. a partition
+
+
+def netns_available() -> bool:
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        return False
+    name = f"lnmprobe{uuid.uuid4().hex[:6]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        return False
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return True
+
+
+@pytest.fixture
+def partitionable():
+    """Two network namespaces joined by a veth pair; always removed."""
+    if not netns_available():
+        pytest.skip("cannot create network namespaces (needs root and ip netns)")
+    tag = uuid.uuid4().hex[:6]
+    names, links, addrs = [f"lmpa{tag}", f"lmpb{tag}"], [f"vma{tag}", f"vmb{tag}"], ["10.232.9.1", "10.232.9.2"]
+    steps = [["ip", "netns", "add", names[0]], ["ip", "netns", "add", names[1]],
+             ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+    for ns, link, addr in zip(names, links, addrs):
+        steps += [["ip", "link", "set", link, "netns", ns],
+                  ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link],
+                  ["ip", "-n", ns, "link", "set", link, "up"],
+                  ["ip", "-n", ns, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=20)
+        yield names, links, addrs
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        subprocess.run(["ip", "link", "del", links[0]], capture_output=True, timeout=20)  # should be gone already
+
+
+def test_a_partition_is_noticed_on_both_sides(cluster, tmp_path, partitionable):
+    names, links, nodes = partitionable
+    port = 6069  # each namespace has ports of its own
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", 2, "--log_level", "DEBUG"), WORKER,
+                      "--dump", tmp_path, "--sleep", 60, prefix=("ip", "netns", "exec", names[i]))
+    follower, leader = cluster.nodes
+    read_attempt(tmp_path, 2, 0)
+    follower.wait_text("control: joined node 0 at", 20)
+    cluster.snapshot()
+    time.sleep(0.5)
+    subprocess.run(["ip", "-n", names[0], "link", "set", links[0], "down"], check=True, timeout=20)
+    cut = time.monotonic()
+    codes = cluster.finish(2 + 15)
+    took = [n.ended - cut for n in (leader, follower)]
+    print(f"\nveth down -> node 0 gone {took[0]:.2f} s, node 1 gone {took[1]:.2f} s (--heartbeat_timeout 2)")
+    assert codes == [1, 1]
+    assert max(took) < 2 + 5
+    assert root_cause(leader).startswith("launcher: the job stopped: node 1 (10.232.9.2) lost: ")
+    assert root_cause(follower).startswith("launcher: the job stopped: node 0 (10.232.9.1) lost: ")
+    print(f"  node 0: {root_cause(leader)}\n  node 1: {root_cause(follower)}")
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 5. restarts
+
+
+def log_sections(path: Path) -> list:
+    """The sections of a worker log: [(header, [lines])]."""
+    sections = []
+    for line in path.read_text().splitlines():
+        if line.startswith("===== "):
+            sections.append((line, []))
+        elif sections:
+            sections[-1][1].append(line)
+    return sections
+
+
+def test_a_worker_that_fails_once_is_restarted_on_every_node(cluster, tmp_path):
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    marker = tmp_path / "failed-once"
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 2, "--max_restarts", 1, "--log_dir", tmp_path / f"log{i}"),
+                      WORKER, "--dump", tmp_path, "--fail-rank", 3, "--fail-once", marker, "--world", 4,
+                      "--delay", 0.3, "--sleep", 60, "--sleep-restarted", 1)
+    first = read_attempt(tmp_path, 4, 0)
+    cluster.snapshot()
+    second = read_attempt(tmp_path, 4, 1)
+    cluster.snapshot()
+    follower, leader = cluster.nodes
+    assert cluster.finish(30) == [0, 0], leader.stderr + follower.stderr
+
+    for rank in range(4):
+        assert first[rank]["env"]["PADDLE_RESTART_COUNT"] == first[rank]["env"]["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert second[rank]["env"]["PADDLE_RESTART_COUNT"] == second[rank]["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert first[rank]["pid"] != second[rank]["pid"]
+        sections = log_sections(tmp_path / f"log{rank // 2}" / f"workerlog.{rank}")
+        assert len(sections) == 2, sections
+        assert "(attempt" not in sections[0][0] and f"rank {rank} starts:" in sections[0][0]
+        assert f"rank {rank} starts (attempt 2, restart 1):" in sections[1][0]
+        assert f"rank {rank} attempt 0 up" in sections[0][1]
+        assert sections[1][1][0] == f"rank {rank} attempt 1 up" and sections[1][1][-1] == f"rank {rank} attempt 1 done"
+    assert not list(tmp_path.glob("env.*.2.json"))
+    assert "rank 3 on node 1 (127.0.0.2) failed (exit code 7): restarting the job, attempt 2 of 2" in leader.stderr
+    assert "node 0 restarts the job: attempt 2 of 2" in follower.stderr
+    for node in cluster.nodes:
+        assert "launcher: all 2 worker(s) finished in " in node.stderr
+        assert "the job stopped" not in node.stderr
+    assert_gone(cluster.pids)
+
+
+def test_when_the_restarts_run_out_every_node_ends_with_the_failing_code(cluster, tmp_path):
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--max_restarts", 2), WORKER, "--dump", tmp_path,
+                      "--fail-rank", 1, "--code", 5, "--world", 2, "--delay", 0.3, "--sleep", 60)
+    for attempt in range(3):
+        dumps = read_attempt(tmp_path, 2, attempt)
+        assert {r: d["env"]["PADDLE_RESTART_COUNT"] for r, d in dumps.items()} == {0: str(attempt), 1: str(attempt)}
+        cluster.snapshot()
+    assert cluster.finish(30) == [5, 5]
+    assert sorted(p.name for p in tmp_path.glob("exit.*")) == ["exit.1.0", "exit.1.1", "exit.1.2"]
+    assert not list(tmp_path.glob("env.*.3.json"))
+    for node in cluster.nodes:
+        assert stopped_line("rank 1 on node 1 (127.0.0.2) failed (exit code 5)", 5) in node.stderr
+        assert "  | rank 1 fails with 5 on attempt 2" in node.stderr
+    assert_gone(cluster.pids)
+
+
+@pytest.mark.parametrize("once,code,attempts", [(True, 0, 2), (False, 7, 2)])
+def test_one_node_alone_restarts_too(cluster, tmp_path, once, code, attempts):
+    args = ["--fail-once", tmp_path / "marker"] if once else []
+    node = cluster.start(["127.0.0.1"], 0, "--nproc_per_node", 2, "--shutdown_timeout", GRACE, "--max_restarts", 1,
+                         WORKER, "--dump", tmp_path, "--fail-rank", 1, "--world", 2, "--sleep", 60,
+                         "--sleep-restarted", 0.5, *args)
+    for attempt in range(attempts):
+        dumps = read_attempt(tmp_path, 2, attempt)
+        assert {d["env"]["TORCHELASTIC_RESTART_COUNT"] for d in dumps.values()} == {str(attempt)}
+        cluster.snapshot()
+    assert cluster.finish(30) == [code]
+    assert not list(tmp_path.glob(f"env.*.{attempts}.json"))
+    assert "restarting the job, attempt 2 of 2" in node.stderr
+    if once:
+        assert "launcher: all 2 worker(s) finished in " in node.stderr
+    else:
+        assert "launcher: rank 1 (local rank 1, pid " in node.stderr and "failed: exit code 7 after" in node.stderr
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 6. strangers at the control port
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+def message(obj) -> bytes:
+    return frame(json.dumps(obj).encode())
+
+
+def recv_message(sock: socket.socket) -> dict:
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the hub closed the connection"
+            data += chunk
+        return data
+
+    (size,) = struct.unpack("!I", exactly(4))
+    return json.loads(exactly(size))
+
+
+def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def hmac_proof(token: str, nonce: str, job_id: str, node: int) -> str:
+    return hmac.new(token.encode(), f"{nonce}|{job_id}|{node}".encode(), hashlib.sha256).hexdigest()
+
+
+def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, tmp_path):
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    job_id, token = f"strangers-{uuid.uuid4().hex[:8]}", f"token-{uuid.uuid4().hex}"
+    go = tmp_path / "go"
+    script = [WORKER, "--dump", str(tmp_path), "--until", str(go), "--sleep", 90]
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 2, "--job_id", job_id, "--heartbeat_timeout", 3,
+                                          *(["--log_level", "DEBUG"] if i == 1 else [])),
+                      *script, env={"LAUNCHER_JOB_TOKEN": token})
+    follower, leader = cluster.nodes
+    read_attempt(tmp_path, 4, 0)
+    follower.wait_text("control: joined node 0 at", 20)  # the real node 1, with the right proof
+    cluster.snapshot()
+    identity = {"job_id": job_id, "nodes": list(nodes), "ports": [port + 1, port + 2],
+                "script": " ".join(["-u", *map(str, script)])}
+
+    def hello(nonce, **change):
+        m = {"type": "hello", "identity": identity, "node": 1, "proof": hmac_proof(token, nonce, job_id, 1)}
+        m.update(change)
+        return message(m)
+
+    cases = [
+        ("junk", lambda n: b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+         f"sent a message of {struct.unpack('!I', b'GET ')[0]} bytes (the limit is 65536)"),
+        ("oversized length", lambda n: struct.pack("!I", 64 * 1024 + 1) + b"{}",
+         "sent a message of 65537 bytes (the limit is 65536)"),
+        ("invalid JSON", lambda n: frame(b"{not json"), "sent a message that is not JSON"),
+        ("not UTF-8", lambda n: frame(b"\xff\xfe\xfd"), "sent a message that is not JSON"),
+        ("JSON without a type", lambda n: frame(b"[1, 2]"), "sent a message without a type"),
+        ("no hello", lambda n: message({"type": "beat"}), "a 'beat' message before saying hello"),
+        ("wrong job id", lambda n: hello(n, identity={**identity, "job_id": "another-job"}),
+         f"not a node of this job: its job_id is 'another-job', this job's is '{job_id}'"),
+        ("wrong script", lambda n: hello(n, identity={**identity, "script": "-u other.py"}),
+         "not a node of this job: its script is '-u other.py'"),
+        ("node out of range", lambda n: hello(n, node=2), "not a node of this job: node index 2 is not one of 1 to 1"),
+        ("wrong token proof", lambda n: hello(n, proof=hmac_proof("not-the-token", n, job_id, 1)),
+         "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("no proof", lambda n: hello(n, proof=None),
+         "not a node of this job: it gives no proof of the job token (LAUNCHER_JOB_TOKEN)"),
+        ("proof for another nonce", lambda n: hello(n, proof=hmac_proof(token, "0" * 32, job_id, 1)),
+         "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("node 1 again, right identity and proof", lambda n: hello(n),
+         "not a node of this job: node 1 (127.0.0.2) is already joined"),
+    ]
+    for name, payload, reason in cases:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            challenge = recv_message(s)
+            assert challenge["type"] == "challenge" and len(challenge["nonce"]) == 32, challenge
+            s.sendall(payload(challenge["nonce"]))
+            assert closed_by_peer(s, 10), f"{name}: the hub kept the connection"
+            where = f"127.0.0.1:{s.getsockname()[1]}"
+        leader.wait_text(f"control: dropped the connection from {where}: {reason}", 10)
+
+    # a flood of idle connections: at most 64 wait for their hello (5 s), the rest are closed at once
+    flood = []
+    try:
+        for _ in range(300):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            flood.append(s)
+        leader.wait_text("said nothing valid for 5 s", 20)
+        deadline = time.monotonic() + 15
+        for s in flood:
+            s.setblocking(True)
+            assert closed_by_peer(s, max(0.1, deadline - time.monotonic())), "a flood connection stayed open"
+    finally:
+        for s in flood:
+            s.close()
+    print(f"\nflood: {leader.stderr.count('said nothing valid for 5 s')} of 300 waited for a hello, then dropped")
+    assert 1 <= leader.stderr.count("said nothing valid for 5 s") <= 64
+
+    go.touch()
+    assert cluster.finish(30) == [0, 0], leader.stderr + follower.stderr
+    for node in cluster.nodes:
+        assert "launcher: all 2 worker(s) finished in " in node.stderr
+        assert "lost" not in node.stderr and "the job stopped" not in node.stderr
+    assert follower.stderr.count("control: joined node 0 at") == 1  # node 1 was never pushed out
+    assert_gone(cluster.pids)
+
+
+# ---------------------------------------------------------------- 7. a hung job, two nodes
+
+
+def marked_line(marker: str) -> int:
+    return next(i for i, line in enumerate(HANG.read_text().splitlines(), 1) if line.rstrip().endswith(marker))
+
+
+def start_hung_job(cluster, tmp_path, *worker_args):
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    for i in (1, 0):  # node 1 first: rank 0's store listens on every address of this machine
+        cluster.start(nodes, i, *job_args(port, 1, "--hang_timeout", 8, "--log_dir", tmp_path / f"log{i}"),
+                      HANG, "--limit", 60, *worker_args)
+    for i in range(2):
+        path = tmp_path / f"log{i}" / f"workerlog.{i}"
+        deadline = time.monotonic() + 60
+        while not (path.exists() and "ready" in path.read_text()):
+            assert time.monotonic() < deadline, f"rank {i} never got its process group"
+            time.sleep(0.1)
+    cluster.snapshot()
+    pids = [next(p.pid for p in psutil.Process(node.proc.pid).children() if HANG.name in " ".join(p.cmdline()))
+            for node in cluster.nodes]
+    return cluster.nodes, pids  # (follower, leader), (rank 1's pid, rank 0's)
+
+
+needs_py_spy = pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy is not installed")
+
+
+@needs_py_spy
+def test_a_hung_job_shows_where_each_rank_of_each_node_was(cluster, tmp_path):
+    (follower, leader), (pid1, pid0) = start_hung_job(cluster, tmp_path)
+    assert cluster.finish(8 + 40) == [1, 1], leader.stderr + follower.stderr
+    reduce_line, sleep_line = marked_line("# ALLREDUCE"), marked_line("# SLEEP")
+    assert "launcher: where each rank of node 0 (127.0.0.1) was:" in leader.stderr, leader.stderr
+    assert f"  rank 0 (pid {pid0}): all_reduce ({HANG.name}:{reduce_line})" in leader.stderr
+    assert "launcher: where each rank of node 1 (127.0.0.2) was:" in follower.stderr, follower.stderr
+    assert f"  rank 1 (pid {pid1}): step ({HANG.name}:{sleep_line})" in follower.stderr
+    causes = {root_cause(node) for node in cluster.nodes}
+    assert len(causes) == 1, causes  # whichever node saw it first, both name the same one
+    assert causes.pop().endswith("wrote a line for 8 s (--hang_timeout); exit code 1")
+    assert_gone(cluster.pids)
+
+
+@needs_py_spy
+def test_a_node_stopped_for_a_hang_elsewhere_shows_its_stacks_too(cluster, tmp_path):
+    (follower, leader), _ = start_hung_job(cluster, tmp_path, "--talk", 4)  # node 1 goes quiet 4 s after node 0
+    assert cluster.finish(8 + 40) == [1, 1], leader.stderr + follower.stderr
+    assert root_cause(follower).endswith("no worker on node 0 (127.0.0.1) wrote a line for 8 s (--hang_timeout); "
+                                         "exit code 1")
+    assert "launcher: where each rank of node 0 (127.0.0.1) was:" in leader.stderr
+    assert_gone(cluster.pids)
+    assert "launcher: where each rank of node 1 (127.0.0.2) was:" in follower.stderr
+
