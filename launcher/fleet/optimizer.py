@@ -60,6 +60,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError("add a parameter group before fleet.distributed_optimizer, so every rank buckets the same parameters.")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._sync.synced = False  # a rank whose next backward touches no parameter still averages at step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):

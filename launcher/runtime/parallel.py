@@ -131,9 +131,9 @@ def teardown() -> None:
     """
     global _job
     job, _job = _job, None
-    if not dist.is_initialized():
+    if job is None or not dist.is_initialized():  # nothing of ours (a group the script made is the script's)
         return
-    if job is not None and job.world_size > 1 and getattr(sys, "last_value", None) is None:
+    if job.world_size > 1 and getattr(sys, "last_value", None) is None:
         _meet(job)
     dist.destroy_process_group()
 
