@@ -21,6 +21,7 @@ from launcher import envvars as ev
 from launcher.runtime.flags import apply_flags, read_flags, reset_warnings, warn_once
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)  # the rendezvous, when fleet.init / init_parallel_env is given no timeout
+EXIT_WAIT = timedelta(seconds=10)  # the longest a leaving rank waits for the others (a rank calling sys.exit(1) waits too)
 _ARRIVED = "launcher/arrived/"
 _LEFT = "launcher/left/"
 
@@ -51,7 +52,7 @@ class Job:
     store: dist.Store
     rank: int
     world_size: int
-    timeout: timedelta  # the rendezvous's, also the longest wait for the other ranks at exit
+    timeout: timedelta  # the rendezvous's; also bounds the waits for rank 0's saves and, with EXIT_WAIT, the one at exit
 
 
 _job: Optional[Job] = None
@@ -126,8 +127,9 @@ def teardown() -> None:
 
     The groups are destroyed while the interpreter is still whole, so no communication thread is
     left holding tensors when Python shuts down, and no rank closes its connections (or, rank 0, the
-    store) while another still uses them. The wait is bounded by the job's timeout, and skipped by a
-    rank that leaves on an uncaught exception: the launcher stops the job then anyway.
+    store) while another still uses them. The wait is bounded (EXIT_WAIT, or the job's timeout when
+    shorter), and skipped by a rank that leaves on an uncaught exception: the launcher stops the job
+    then anyway.
     """
     global _job
     job, _job = _job, None
@@ -148,7 +150,7 @@ def _meet(job: Job) -> None:
     """Say this rank is leaving, then wait (bounded) until every rank has said so."""
     try:
         job.store.set(f"{_LEFT}{job.rank}", "1")
-        job.store.wait([f"{_LEFT}{r}" for r in range(job.world_size)], job.timeout)
+        job.store.wait([f"{_LEFT}{r}" for r in range(job.world_size)], min(job.timeout, EXIT_WAIT))
     except Exception:  # a rank is still busy or gone, or rank 0's store is: leave all the same
         pass
 
