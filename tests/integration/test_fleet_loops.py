@@ -124,3 +124,11 @@ def test_short_fleet_scripts_exit_cleanly(tmp_path):
 @pytest.mark.slow
 def test_fifty_short_fleet_scripts_exit_cleanly(tmp_path):
     assert run_short_script(50, tmp_path) == [0] * 50
+
+
+def test_a_rank_that_exits_with_a_code_is_not_held_at_exit(tmp_path):
+    """The wait for the other ranks at exit is bounded (10 s), not the job's timeout (120 s here)."""
+    started = time.monotonic()
+    r = launch(tmp_path, "fleet_exit_code.py", timeout=90)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert time.monotonic() - started < 40
