@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The seed's single-card program (Paddle 1.8 Fleet docs, section 2.3) on PyTorch: one process.
+"""Paddle 1.8's single-card MLP example on PyTorch: one process.
 
     python examples/train_single.py
 
@@ -16,7 +16,7 @@ def mlp(input_dim=32, hid_dim=1280, label_dim=2):
                          nn.Linear(hid_dim, hid_dim), nn.Tanh(),
                          nn.Linear(hid_dim, label_dim))
 
-# generate the data: fresh random batches of 128 in every process, like np.random in the seed
+# generate the data: fresh random batches of 128 in every process, like np.random in Paddle's example
 generator = torch.Generator()
 generator.seed()
 

@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
-"""The seed's tuned program (Paddle 1.8 Fleet docs, section 2.5.4) on PyTorch.
+"""Paddle 1.8's tuned collective example on PyTorch.
 
     FLAGS_fuse_parameter_memory_size=16 python -m launcher --nproc_per_node 2 examples/train_tuned.py
 
-docs/fleet.md says what each setting does on PyTorch.
+README.md, section "Fleet API on PyTorch", says what each setting does on PyTorch.
 """
 import os
 

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The seed's train_with_fleet.py (Paddle 1.8 Fleet docs, section 2.3.4) on PyTorch: every worker of a job.
+"""Paddle 1.8's train_with_fleet.py example on PyTorch: every worker of a job.
 
     python -m launcher --nproc_per_node 2 examples/train_with_fleet.py    # 2 CPU workers, gloo
     python -m launcher --selected_gpus 0,1 examples/train_with_fleet.py   # 2 GPUs, NCCL
@@ -20,7 +20,7 @@ def mlp(input_dim=32, hid_dim=1280, label_dim=2):
                          nn.Linear(hid_dim, hid_dim), nn.Tanh(),
                          nn.Linear(hid_dim, label_dim))
 
-# generate the data: fresh random batches of 128 in every process, like np.random in the seed
+# generate the data: fresh random batches of 128 in every process, like np.random in Paddle's example
 generator = torch.Generator()
 generator.seed()
 

@@ -6,15 +6,22 @@ import torch
 from launcher import envvars as ev
 from launcher import fleet
 from launcher.fleet import state as st
+from launcher.runtime import FleetWarning
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    """Every test starts with no fleet, no process group and no warning given."""
+    st.reset()
+    yield
+    st.reset()
 
 
 @pytest.fixture
 def alone(monkeypatch):
     for name in (ev.TRAINER_ID, ev.RANK, ev.TRAINERS_NUM, ev.WORLD_SIZE, ev.SELECTED_GPUS, ev.TRAINER_ENDPOINTS):
         monkeypatch.delenv(name, raising=False)
-    penv = fleet.init(fleet.role_maker.PaddleCloudRoleMaker(is_collective=True))
-    yield penv
-    st.set_current(None)
+    return fleet.init(fleet.role_maker.PaddleCloudRoleMaker(is_collective=True))
 
 
 def mlp():
@@ -94,7 +101,7 @@ def test_save_and_load_round_trip(alone, tmp_path):
     optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9))
     train(model, optimizer, steps=2)
     fleet.save_persistables(str(tmp_path / "ckpt"), fleet.distributed_model(model), optimizer)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["model.pt", "optimizer.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["persistables.pt"]  # the pair in one file
     fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.3, momentum=0.9)
     fleet.load_persistables(str(tmp_path / "ckpt"), fresh, fresh_opt)
@@ -127,3 +134,85 @@ def test_local_sgd_model_with_a_plain_optimizer_is_refused(alone):
     net = fleet.distributed_model(mlp(), strategy)
     with pytest.raises(RuntimeError, match="needs fleet.distributed_optimizer"):
         net(torch.rand(2, 4))
+
+
+class Executor:
+    """What a Paddle script passes first to fleet's save functions (fluid.Executor); fleet ignores it."""
+
+
+def test_save_persistables_takes_paddles_executor_first_form(alone, tmp_path):
+    model = mlp()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9))
+    train(model, optimizer, steps=1)
+    with pytest.raises(TypeError, match=r"write fleet.save_persistables\(dirname, model, optimizer\)"):
+        fleet.save_persistables(Executor(), str(tmp_path))  # no model known to fleet: it cannot be mapped
+    fleet.save_persistables(Executor(), str(tmp_path), main_program=model)
+    fleet.distributed_model(model)
+    fleet.save_persistables(Executor(), str(tmp_path / "b"))  # the model of fleet.distributed_model
+    for where in (tmp_path, tmp_path / "b"):
+        fresh, fresh_opt = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)), None
+        fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.3, momentum=0.9)
+        fleet.load_persistables(Executor(), str(where), main_program=fresh)
+        fleet.load_persistables(str(where), fresh, fresh_opt)
+        assert torch.equal(params(fresh), params(model))
+        assert fresh_opt.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+
+
+def test_save_inference_model_exports_what_torch_loads(alone, tmp_path):
+    model = mlp()
+    fleet.save_inference_model(str(tmp_path), fleet.distributed_model(model), (torch.rand(3, 4),))
+    loaded = torch.export.load(str(tmp_path / "model.pt2")).module()
+    x = torch.rand(3, 4)
+    assert torch.allclose(loaded(x), model(x))
+    with pytest.raises(TypeError, match=r"write fleet.save_inference_model\(dirname, model, \(example_input,\)\)"):
+        fleet.save_inference_model(Executor(), str(tmp_path), ["x"], [None])
+
+
+def test_minimize_takes_paddles_arguments(alone):
+    model = mlp()
+    first, last = model[0], model[2]
+    first_before, last_before = first.weight.detach().clone(), last.weight.detach().clone()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = model(torch.rand(6, 4)).sum()
+    with pytest.warns(FleetWarning, match="startup_program"):
+        optimizer.minimize(loss, object(), parameter_list=[last.weight, last.bias, first.weight], no_grad_set={first.weight})
+    assert (first.weight.grad, first.bias.grad) == (None, None)
+    assert torch.equal(first.weight, first_before) and not torch.equal(last.weight, last_before)
+    with pytest.raises(TypeError, match="pass the tensors themselves"):
+        optimizer.minimize(model(torch.rand(6, 4)).sum(), parameter_list=["fc_0.w_0"])
+
+
+def test_static_program_attributes_say_what_to_write_instead():
+    with pytest.raises(AttributeError, match=r"run model\(x\) and optimizer.minimize\(loss\)"):
+        fleet.main_program
+    with pytest.raises(AttributeError, match="drop exe.run"):
+        fleet.startup_program
+    assert (fleet.init_worker(), fleet.stop_worker()) == (None, None)  # nothing to do in collective mode
+
+
+def test_unused_parameters_keep_no_gradient_and_do_not_move(alone):
+    model = mlp()
+    spare = torch.nn.Linear(4, 2)
+    before = spare.weight.detach().clone()
+    optimizer = fleet.distributed_optimizer(torch.optim.AdamW(list(model.parameters()) + list(spare.parameters()), lr=0.1))
+    train(model, optimizer, steps=2)
+    assert spare.weight.grad is None and torch.equal(spare.weight, before)
+
+
+def test_averaged_gradients_are_in_place_when_backward_returns(alone):
+    model = mlp()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.rand(6, 4)).sum().backward()
+    assert (optimizer._sync.calls, optimizer._sync.synced) == (1, True)
+    optimizer.step()
+    assert optimizer._sync.calls == 1  # step() does not average a second time
+    with optimizer.no_sync():
+        model(torch.rand(6, 4)).sum().backward()
+    assert optimizer._sync.calls == 1
+    optimizer.step()  # what no backward averaged, step() does
+    assert optimizer._sync.calls == 2
+
+
+def test_distributed_model_passes_ddp_options(alone):
+    net = fleet.distributed_model(mlp(), find_unused_parameters=True, static_graph=False)
+    assert net.find_unused_parameters is True

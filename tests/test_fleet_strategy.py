@@ -9,7 +9,7 @@ from launcher.fleet.comm import BucketLimits, make_buckets
 from launcher.runtime import flags as fl
 
 
-def test_seed_options_have_the_seed_defaults():
+def test_options_have_paddles_defaults():
     s = fleet.DistributedStrategy()
     assert (s.nccl_comm_num, s.fuse_all_reduce_ops, s.use_hierarchical_allreduce, s.use_local_sgd) == (1, None, False, False)
     assert (s.num_iteration_per_drop_scope, s.fetch_frequency, s.local_sgd_steps, s.local_sgd_is_warm_steps) == (1, 1, 1, 1)
@@ -79,9 +79,9 @@ def test_fused_buckets_close_when_they_reach_the_size_or_count():
 
 
 def test_default_buckets_are_ddps_a_small_first_one_then_25_mb():
-    seed_mlp = [torch.zeros(1280, 32), torch.zeros(1280), torch.zeros(1280, 1280), torch.zeros(1280),
+    example_mlp = [torch.zeros(1280, 32), torch.zeros(1280), torch.zeros(1280, 1280), torch.zeros(1280),
                 torch.zeros(2, 1280), torch.zeros(2)]
-    buckets = make_buckets(seed_mlp, BucketLimits(fuse=True))
+    buckets = make_buckets(example_mlp, BucketLimits(fuse=True))
     assert [[tuple(p.shape) for p in b] for b in buckets] == [[(2,), (2, 1280), (1280,), (1280, 1280)], [(1280,), (1280, 32)]]
 
 
@@ -91,7 +91,7 @@ def test_buckets_never_mix_dtypes():
 
 
 def test_fuse_flags_size_the_buckets_only_when_fusing(monkeypatch):
-    monkeypatch.setattr(fl, "_warned", set())
+    fl.reset_warnings()
     s = fleet.DistributedStrategy()
     flags = fl.Flags(fuse_memory_mb=16.0, fuse_groups_size=50)
     assert st.bucket_limits(s, fl.Flags(), ddp=True) == BucketLimits(fuse=True, cap_mb=None)  # unset: DDP's defaults
@@ -105,7 +105,7 @@ def test_fuse_flags_size_the_buckets_only_when_fusing(monkeypatch):
 
 
 def test_executor_options_warn_once_and_num_threads_sets_torch_threads(monkeypatch):
-    monkeypatch.setattr(fl, "_warned", set())
+    fl.reset_warnings()
     before = torch.get_num_threads()
     s = fleet.DistributedStrategy()
     s.num_iteration_per_drop_scope, s.fetch_frequency, s.num_threads = 30, 2, 1

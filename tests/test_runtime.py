@@ -7,12 +7,21 @@ import pytest
 import torch
 
 from launcher import envvars as ev
-from launcher.runtime import WorkerEnv, WorkerEnvError, choose_backend, init_parallel_env, read_worker_env
+from launcher.runtime import WorkerEnv, WorkerEnvError, choose_backend, init_parallel_env, read_worker_env, reset
+from launcher.runtime import parallel
 from launcher.runtime import flags as fl
 from launcher.runtime.environment import env_from_endpoints, gpu_index
 from launcher.runtime.parallel import RendezvousError, rendezvous
 
 ENDPOINTS = "10.0.0.1:6170,10.0.0.1:6171,10.0.0.2:6170,10.0.0.2:6171"
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    """Every test starts with no process group and no warning given."""
+    reset()
+    yield
+    reset()
 
 
 def paddle_env(rank=2, **extra):
@@ -112,7 +121,6 @@ def test_flags_are_read_and_checked():
 
 
 def test_gpu_flags_on_a_cpu_worker_warn_once(monkeypatch):
-    monkeypatch.setattr(fl, "_warned", set())
     flags = fl.Flags(gpu_memory_fraction=0.5, ib_disable=True)
     with pytest.warns(fl.FleetWarning) as record:
         fl.apply_flags(flags, "gloo", torch.device("cpu"))
@@ -161,8 +169,41 @@ def test_selected_gpus_without_cuda_runs_on_the_cpu_and_says_so(monkeypatch):
     for name in (ev.TRAINER_ID, ev.RANK, ev.TRAINERS_NUM, ev.WORLD_SIZE):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(ev.SELECTED_GPUS, "0")
-    monkeypatch.setattr(fl, "_warned", set())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the one stand-in: a machine without a GPU
     with pytest.warns(fl.FleetWarning, match="sees no CUDA device"):
         penv = init_parallel_env()
     assert (penv.backend, penv.device.type) == ("gloo", "cpu")
+
+
+def test_parameter_server_flags_warn_that_they_have_no_effect(monkeypatch):
+    flags = fl.read_flags({name: "4" for name in fl.RPC_FLAGS})
+    assert flags.rpc_flags == fl.RPC_FLAGS
+    with pytest.warns(fl.FleetWarning) as record:
+        fl.apply_flags(flags, "gloo", torch.device("cpu"))
+    assert sorted(str(w.message).split(" ")[0] for w in record) == sorted(fl.RPC_FLAGS)
+    assert all("parameter-server" in str(w.message) for w in record)
+
+
+def test_reset_tears_the_job_down_and_forgets_the_warnings(monkeypatch):
+    for name in (ev.TRAINER_ID, ev.RANK, ev.TRAINERS_NUM, ev.WORLD_SIZE, ev.SELECTED_GPUS):
+        monkeypatch.delenv(name, raising=False)
+    init_parallel_env(timeout=7)
+    assert torch.distributed.is_initialized() and parallel.current_job().timeout == timedelta(seconds=7)
+    with pytest.warns(fl.FleetWarning):
+        fl.warn_once("some key", "a message")
+    reset()
+    assert not torch.distributed.is_initialized() and parallel.current_job() is None
+    with pytest.warns(fl.FleetWarning):
+        fl.warn_once("some key", "a message")
+
+
+def test_rank_zero_hosts_the_store_on_a_port_the_launcher_keeps_reserved():
+    """The launcher holds MASTER_PORT with a bound, non-listening SO_REUSEADDR socket; rank 0's TCPStore binds over it."""
+    with socket.socket() as reserved:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        env = WorkerEnv(rank=0, world_size=1, endpoints=(f"127.0.0.1:{port}",), master_addr="127.0.0.1", master_port=port)
+        store = rendezvous(env, timedelta(seconds=5))
+        store.set("k", "v")
+        assert store.get("k") == b"v"

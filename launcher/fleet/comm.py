@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -110,74 +110,98 @@ def is_default(channels: list) -> bool:
 
 
 class GradientSync:
-    """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn.
+    """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn, as DDP does.
 
-    Called after backward it sends every bucket then waits; inside ``overlap()`` each bucket is sent
-    during backward as soon as its last gradient is ready (in bucket order, as DDP does).
+    During backward each bucket is sent as soon as its last gradient is ready (in bucket order); when
+    backward ends, the rest is sent and everything is waited for, so the gradients a script sees after
+    backward (to clip them, or for GradScaler's inf check) are already the averages. Each bucket also
+    carries a mask of the parameters that had a gradient: one that no rank used stays None.
+    Called directly (by step() when no backward synced since), it does the same for the gradients as they are.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], limits: BucketLimits, channels: list, wait_each: bool):
         self.buckets = make_buckets([p for p in params if p.requires_grad], limits)
         self.channels = channels
         self.wait_each = wait_each  # FLAGS_sync_nccl_allreduce=1
+        self.enabled: Callable[[], bool] = lambda: True  # False: backward leaves the gradients local
+        self.synced = False  # the gradients are averaged and nothing changed them since
         self.calls = 0
-        self._pending = []  # (grads, flat, work) of the buckets sent this step, in bucket order
+        self._paused = False
+        self._queued = False  # the end-of-backward callback is queued
+        self._pending = []  # (bucket index, filled, flat, work) of the buckets sent, in bucket order
         self._ready = [0] * len(self.buckets)
-        self._armed = False
         self._buffers = [None] * len(self.buckets)  # one flat tensor per bucket, kept: no allocation per step
         for index, bucket in enumerate(self.buckets):
             for p in bucket:
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
 
     @contextlib.contextmanager
-    def overlap(self):
-        """Send buckets during the one backward pass run inside this block."""
-        self._reset()
-        self._armed = True
+    def paused(self):
+        """Backward passes inside this block accumulate local gradients; the next one outside averages them all."""
+        self._paused = True
         try:
             yield
         finally:
-            self._armed = False
+            self._paused = False
 
     def __call__(self) -> None:
         """Send what is not sent yet, wait for everything, put the averages in place."""
         self.calls += 1
         for index in range(len(self._pending), len(self.buckets)):
             self._send(index)
-        for grads, flat, work in self._pending:
+        for index, filled, flat, work in self._pending:
             if work is not None:
                 work.wait()
-            if len(grads) > 1:
-                for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-                    grad.copy_(synced)
+            self._unpack(index, filled, flat)
         self._reset()
+        self.synced = True
 
     def _on_gradient(self, index: int, _param) -> None:
-        if not self._armed:
+        self.synced = False
+        if self._paused or not (self._queued or self.enabled()):
             return
+        if not self._queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self)  # DDP's way to run at the end of backward
+            self._queued = True
         self._ready[index] += 1
         while len(self._pending) < len(self.buckets) and self._ready[len(self._pending)] == len(self.buckets[len(self._pending)]):
             self._send(len(self._pending))
 
     def _send(self, index: int) -> None:
-        grads = [_grad_of(p) for p in self.buckets[index]]
-        flat = self._flatten(index, grads) if len(grads) > 1 else grads[0].view(-1)
+        bucket = self.buckets[index]
+        filled = [p.grad is None for p in bucket]
+        grads = [_grad_of(p) for p in bucket]
+        flat = self._flatten(index, grads, filled)
         work = self.channels[index % len(self.channels)].start(flat)
         if self.wait_each:
             wait(work, flat)
             work = None
-        self._pending.append((grads, flat, work))
+        self._pending.append((index, filled, flat, work))
 
-    def _flatten(self, index: int, grads: list) -> torch.Tensor:
+    def _flatten(self, index: int, grads: list, filled: list) -> torch.Tensor:
+        """The bucket's gradients, then one used-mark per parameter (0 where this rank had no gradient)."""
+        used = torch.tensor([0.0 if f else 1.0 for f in filled], dtype=grads[0].dtype, device=grads[0].device)
+        parts = [g.view(-1) for g in grads] + [used]
         if self._buffers[index] is None:
-            self._buffers[index] = _flatten_dense_tensors(grads)
+            self._buffers[index] = torch.cat(parts)
         else:
-            torch.cat([g.view(-1) for g in grads], out=self._buffers[index])
+            torch.cat(parts, out=self._buffers[index])
         return self._buffers[index]
+
+    def _unpack(self, index: int, filled: list, flat: torch.Tensor) -> None:
+        bucket = self.buckets[index]
+        grads = [p.grad for p in bucket]
+        used = flat[-len(bucket):]
+        for p, grad, synced, fill, anyone in zip(bucket, grads, _unflatten_dense_tensors(flat[:-len(bucket)], grads), filled, used.tolist()):
+            if fill and anyone == 0:
+                p.grad = None  # no rank used it: as in one process, the optimizer leaves it alone
+            else:
+                grad.copy_(synced)
 
     def _reset(self) -> None:
         self._pending = []
         self._ready = [0] * len(self.buckets)
+        self._queued = False
 
 
 def wait(work, flat: torch.Tensor) -> None:
@@ -189,7 +213,7 @@ def wait(work, flat: torch.Tensor) -> None:
 
 
 def _grad_of(p: torch.Tensor) -> torch.Tensor:
-    """The gradient to send; zeros (kept) when this rank produced none, so every rank sends the same."""
+    """The gradient to send; zeros when this rank produced none (kept only if another rank had one)."""
     if p.grad is None:
         p.grad = torch.zeros_like(p)
     if p.grad.is_sparse:
@@ -210,3 +234,29 @@ def broadcast_parameters(tensors: Sequence[torch.Tensor], src: int = 0) -> None:
             dist.broadcast(flat, src)
             for t, synced in zip(same, _unflatten_dense_tensors(flat, same)):
                 t.data.copy_(synced)
+
+
+def check_same_parameters(what: str, named: Sequence[tuple]) -> None:
+    """Refuse, on every rank alike, parameters whose count, shapes or dtypes differ between ranks.
+
+    torch's own verifier (the one DDP runs) is not used: on a shape difference it raises on the other
+    ranks only, leaving rank 0 in the next collective, and it cannot name the parameter.
+    """
+    mine = [(name, tuple(p.shape), str(p.dtype).replace("torch.", "")) for name, p in named]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    for index in range(max(len(e) for e in every)):
+        found = [e[index] if index < len(e) else None for e in every]
+        other = next((r for r in range(1, len(found)) if _kind(found[r]) != _kind(found[0])), None)
+        if other is not None:
+            name = (found[0] or found[other])[0]
+            raise ValueError(f"{what}: {name} is {_describe(found[0])} on rank 0 but {_describe(found[other])} on rank {other}; "
+                             "every rank must build the same model.")
+
+
+def _kind(entry) -> Optional[tuple]:
+    return None if entry is None else entry[1:]
+
+
+def _describe(entry) -> str:
+    return "missing" if entry is None else f"{entry[2]} of shape {entry[1]}"

@@ -1,6 +1,6 @@
 """fleet.distributed_model: DistributedDataParallel configured from the strategy (all-reduce overlapped with backward)."""
 
-
+import inspect
 from typing import Optional
 
 import torch
@@ -9,7 +9,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostL
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.fleet import state as st
-from launcher.fleet.comm import UNFUSED_BUCKET_MB, is_default, wait
+from launcher.fleet.comm import UNFUSED_BUCKET_MB, check_same_parameters, is_default, wait
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import SYNC_NCCL_ALLREDUCE, Flags, warn_once
 
@@ -34,25 +34,41 @@ def channel_hook(state: ChannelHookState, bucket: dist.GradBucket) -> torch.futu
     return done
 
 
-def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStrategy] = None) -> DistributedDataParallel:
-    """``model`` in DistributedDataParallel: buckets, communicators, hierarchy and local SGD from the strategy."""
+def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStrategy] = None, **ddp_options) -> DistributedDataParallel:
+    """``model`` in DistributedDataParallel: buckets, communicators, hierarchy and local SGD from the strategy.
+
+    ``ddp_options`` go to DistributedDataParallel as given (find_unused_parameters, broadcast_buffers,
+    static_graph, ...) and win over what fleet would choose. Buffers (BatchNorm's running statistics)
+    stay each rank's own, as with distributed_optimizer, unless broadcast_buffers=True is passed.
+    Every rank must hold the same parameters: a difference is refused, naming the first one.
+    """
     strategy = st.strategy_in_force(strategy)
     state = st.current()
     flags = st.read_flags()
     limits = st.bucket_limits(strategy, flags, ddp=True)
     device = state.penv.device
-    ddp = DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=limits.cap_mb if limits.fuse else UNFUSED_BUCKET_MB,  # None: DDP's own defaults
-        gradient_as_bucket_view=True,
-    )
+    check_same_parameters("fleet.distributed_model", list(model.named_parameters()))
+    options = {
+        "device_ids": [device.index] if device.type == "cuda" else None,
+        "bucket_cap_mb": limits.cap_mb if limits.fuse else UNFUSED_BUCKET_MB,  # None: DDP's own defaults
+        "gradient_as_bucket_view": True,
+        **({} if {"broadcast_buffers", "forward_sync_buffers"} & ddp_options.keys() else _no_buffer_sync()),
+        **ddp_options,
+    }
+    ddp = DistributedDataParallel(model, **options)
     _register_hook(ddp, strategy, flags)
     if strategy.use_local_sgd:
         _require_averaging(ddp, strategy)
     for p in model.parameters():
         p._fleet_model_strategy = strategy  # tells fleet.distributed_optimizer that DDP all-reduces this one
+    state.model = model
     return ddp
+
+
+def _no_buffer_sync() -> dict:
+    """DDP's option that keeps buffers each rank's own after the start (renamed in recent torch)."""
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in accepted else {"broadcast_buffers": False}
 
 
 def _require_averaging(ddp: DistributedDataParallel, strategy: DistributedStrategy) -> None:

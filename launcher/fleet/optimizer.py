@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from launcher.fleet import state as st
-from launcher.fleet.comm import GradientSync, broadcast_parameters
+from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters
 from launcher.fleet.strategy import DistributedStrategy
+from launcher.runtime.flags import warn_once
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer`` (as torch's PostLocalSGDOptimizer does): step() keeps every rank identical.
 
-    Synchronous steps all-reduce the averaged gradients first (unless a fleet.distributed_model
-    already did, during backward). With use_local_sgd, after local_sgd_is_warm_steps steps each rank
-    steps on its own gradients and the parameters are averaged every local_sgd_steps steps.
+    On synchronous steps, backward averages the gradients over all ranks (as DistributedDataParallel
+    does, unless a fleet.distributed_model already does it), so clipping and GradScaler between
+    backward and step() see the averages; step() averages gradients that no backward did. With
+    use_local_sgd, after local_sgd_is_warm_steps steps each rank steps on its own gradients and the
+    parameters are averaged every local_sgd_steps steps.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, strategy: DistributedStrategy, sync: GradientSync):
         self.optimizer = optimizer
         self.strategy = strategy
         self._sync = sync
+        sync.enabled = self._needs_gradient_sync
         self._steps = 0
         self._averager = None
         if strategy.use_local_sgd:
@@ -55,6 +60,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError("add a parameter group before fleet.distributed_optimizer, so every rank buckets the same parameters.")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._sync.synced = False  # a rank whose next backward touches no parameter still averages at step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
@@ -63,24 +69,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._needs_gradient_sync():
+        if not self._sync.synced and self._needs_gradient_sync():
             self._sync()
+        self._sync.synced = False
         self.optimizer.step()
         if self._averager is not None:
             self._averager.average_parameters(self.param_groups)
         self._steps += 1
         return loss
 
-    def minimize(self, loss: torch.Tensor) -> torch.Tensor:
-        """Paddle's minimize: zero the gradients, backward (sending gradients as they are ready), step."""
+    def minimize(self, loss: torch.Tensor, startup_program=None, parameter_list=None, no_grad_set=None) -> torch.Tensor:
+        """Paddle's minimize: zero the gradients, backward (averaging them), step.
+
+        ``parameter_list`` (default: all) and ``no_grad_set`` are tensors: only the parameters in the
+        first and not in the second get gradients, and so move. ``startup_program`` has no meaning here.
+        """
+        if startup_program is not None:
+            warn_once("startup_program", "minimize(loss, startup_program): PyTorch has no startup program, the parameters "
+                      "are initialised when the model is built; the argument is ignored.")
+        inputs = _backward_inputs(self._params(), parameter_list, no_grad_set)
         self.zero_grad()
-        if self._needs_gradient_sync():
-            with self._sync.overlap():
-                loss.backward()
-        else:
-            loss.backward()
+        loss.backward(inputs=inputs)
         self.step()
         return loss
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside this block keep their gradients local (gradient accumulation, as DDP's no_sync)."""
+        with self._sync.paused():
+            yield
 
     def _params(self) -> list:
         return [p for group in self.param_groups for p in group["params"]]
@@ -108,13 +125,42 @@ def _local_sgd_of(strategy: DistributedStrategy) -> tuple:
     return (True, strategy.local_sgd_steps, strategy.local_sgd_is_warm_steps)
 
 
+def _backward_inputs(params: list, parameter_list, no_grad_set) -> Optional[list]:
+    """The tensors backward should fill (None: all), from Paddle's parameter_list and no_grad_set."""
+    if parameter_list is None and not no_grad_set:
+        return None
+    chosen = params if parameter_list is None else list(parameter_list)
+    excluded = list(no_grad_set or ())
+    for t in chosen + excluded:
+        if isinstance(t, str):
+            raise TypeError(f"minimize was given the name {t!r}: PyTorch parameters have no global names, "
+                            "pass the tensors themselves (e.g. parameter_list=[model.fc.weight]).")
+    known = {id(p) for p in params}
+    stranger = next((t for t in chosen if id(t) not in known), None)
+    if stranger is not None:
+        raise ValueError(f"parameter_list holds a tensor of shape {tuple(stranger.shape)} that this optimizer does not "
+                         "update; pass only parameters given to the optimizer.")
+    skip = {id(t) for t in excluded}
+    inputs = [p for p in chosen if id(p) not in skip and p.requires_grad]
+    if not inputs:
+        raise ValueError("parameter_list and no_grad_set leave no parameter to train; remove some from no_grad_set.")
+    return inputs
+
+
 def distributed_optimizer(optimizer: torch.optim.Optimizer, strategy: Optional[DistributedStrategy] = None) -> DistributedOptimizer:
-    """``optimizer`` made distributed; every rank's parameters become rank 0's at once."""
+    """``optimizer`` made distributed; every rank's parameters become rank 0's at once.
+
+    Every rank must hold the same parameters (shapes and dtypes): a difference is refused, naming the
+    first parameter that differs and the ranks.
+    """
     if isinstance(optimizer, DistributedOptimizer):
         raise ValueError("this optimizer is already a fleet.distributed_optimizer.")
     strategy = st.strategy_in_force(strategy)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    named = [(f"parameter {i} of the optimizer", p) for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])]
+    check_same_parameters("fleet.distributed_optimizer", named)
     flags = st.read_flags()
     limits = st.bucket_limits(strategy, flags, ddp=False)
-    sync = GradientSync(params, limits, st.channels_for(strategy), flags.sync_allreduce)
-    return DistributedOptimizer(optimizer, strategy, sync)
+    sync = GradientSync([p for _, p in named], limits, st.channels_for(strategy), flags.sync_allreduce)
+    wrapped = DistributedOptimizer(optimizer, strategy, sync)
+    st.current().optimizer = wrapped
+    return wrapped

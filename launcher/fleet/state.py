@@ -13,6 +13,7 @@ from launcher.fleet.comm import BucketLimits, make_channels
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime import ParallelEnv
 from launcher.runtime import flags as fl
+from launcher.runtime import parallel
 from launcher.runtime.flags import Flags, warn_once
 
 
@@ -21,9 +22,18 @@ class FleetState:
     penv: ParallelEnv
     strategy: DistributedStrategy
     channels: dict = field(default_factory=dict)  # (comm_num, hierarchical, inter_nranks) -> channels
+    model: Optional[torch.nn.Module] = None  # the last one given to distributed_model (Paddle-shaped saves use it)
+    optimizer: Optional[torch.optim.Optimizer] = None  # the last distributed_optimizer
+    saves: dict = field(default_factory=dict)  # file path -> how many times this rank saved it
 
 
 _state: Optional[FleetState] = None
+
+
+def reset() -> None:
+    """Forget the fleet, the process group, the store and the warnings given: the one reset for tests."""
+    set_current(None)
+    parallel.reset()
 
 
 def current() -> FleetState:

@@ -1,4 +1,4 @@
-"""DistributedStrategy: the seed's tuning options (sections 2.5.2 and 2.5.3), as plain attributes.
+"""DistributedStrategy: Paddle 1.8's collective tuning options, as plain attributes.
 
 An option that is not one of these is refused (AttributeError naming the valid ones), so a typo or a
 Paddle option that has no meaning here never passes silently.
@@ -13,7 +13,7 @@ from typing import Optional
 
 @dataclass
 class ExecutionStrategy:
-    """``fluid.ExecutionStrategy``'s two options from the seed."""
+    """The two options of Paddle's ``fluid.ExecutionStrategy`` that collective tuning uses."""
 
     num_threads: Optional[int] = None  # None: keep OMP_NUM_THREADS (the launcher's share of the cores)
     num_iteration_per_drop_scope: int = 1
@@ -90,8 +90,8 @@ def _refuse_unknown(obj, name: str, extra: tuple = ()) -> None:
         return
     near = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    raise AttributeError(f"{type(obj).__name__} has no option {name!r}: only the options of the Paddle 1.8 "
-                         f"collective docs have a meaning on PyTorch ({', '.join(known)}).{hint}")
+    raise AttributeError(f"{type(obj).__name__} has no option {name!r}: only the options of Paddle 1.8's "
+                         f"collective strategy have a meaning on PyTorch ({', '.join(known)}).{hint}")
 
 
 def _at_least(strategy, name: str, low: int) -> None:

@@ -6,7 +6,7 @@
 
 from launcher.runtime.environment import WorkerEnv, WorkerEnvError, choose_backend, read_worker_env
 from launcher.runtime.flags import FleetWarning
-from launcher.runtime.parallel import ParallelEnv, RendezvousError, init_parallel_env
+from launcher.runtime.parallel import ParallelEnv, RendezvousError, init_parallel_env, reset
 
 __all__ = [
     "FleetWarning",
@@ -17,4 +17,5 @@ __all__ = [
     "choose_backend",
     "init_parallel_env",
     "read_worker_env",
+    "reset",
 ]

@@ -1,4 +1,4 @@
-"""Paddle's environment flags from the seeds (section 2.5), and what each one does on PyTorch.
+"""Paddle 1.8's environment flags for distributed training, and what each one does on PyTorch.
 
 ``read_flags`` is pure; ``apply_flags`` acts on the process once the device is known.
 Every flag either takes effect or is warned about once with the reason.
@@ -17,6 +17,8 @@ FRACTION_OF_GPU_MEMORY = "FLAGS_fraction_of_gpu_memory_to_use"
 NCCL_IB_DISABLE = "NCCL_IB_DISABLE"
 FUSE_PARAMETER_MEMORY_SIZE = "FLAGS_fuse_parameter_memory_size"
 FUSE_PARAMETER_GROUPS_SIZE = "FLAGS_fuse_parameter_groups_size"
+# parameter-server mode's RPC settings: that mode does not exist here, so they can only be warned about
+RPC_FLAGS = ("FLAGS_rpc_send_thread_num", "FLAGS_rpc_get_thread_num", "FLAGS_rpc_prefetch_thread_num", "FLAGS_rpc_deadline")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -27,6 +29,11 @@ class FleetWarning(UserWarning):
 
 
 _warned: set = set()
+
+
+def reset_warnings() -> None:
+    """Forget which warnings were given (part of launcher.fleet.state.reset)."""
+    _warned.clear()
 
 
 def warn_once(key: str, message: str) -> None:
@@ -53,6 +60,7 @@ class Flags:
     ib_disable: Optional[bool] = None  # NCCL_IB_DISABLE (NCCL reads it itself)
     fuse_memory_mb: Optional[float] = None  # FLAGS_fuse_parameter_memory_size, MB per bucket
     fuse_groups_size: Optional[int] = None  # FLAGS_fuse_parameter_groups_size, tensors per bucket
+    rpc_flags: tuple = ()  # the RPC_FLAGS that are set (they have no effect)
 
 
 def read_flags(environ: Mapping[str, str]) -> Flags:
@@ -63,6 +71,7 @@ def read_flags(environ: Mapping[str, str]) -> Flags:
         ib_disable=_bool(environ, NCCL_IB_DISABLE),
         fuse_memory_mb=_number(environ, FUSE_PARAMETER_MEMORY_SIZE, float, 0.0, None, allow_negative_default=True),
         fuse_groups_size=_number(environ, FUSE_PARAMETER_GROUPS_SIZE, int, 1, None, allow_negative_default=True),
+        rpc_flags=tuple(name for name in RPC_FLAGS if environ.get(name, "").strip()),
     )
 
 
@@ -70,6 +79,9 @@ def apply_flags(flags: Flags, backend: str, device) -> None:
     """Give the process-wide flags their effect for a worker on ``device`` using ``backend``."""
     import torch
 
+    for name in flags.rpc_flags:
+        warn_once(name, f"{name} sets up parameter-server mode's RPC, which this library does not run "
+                  "(it trains collectively, with all-reduce): the flag has no effect.")
     if flags.ib_disable is not None and backend != "nccl":
         warn_once(NCCL_IB_DISABLE, f"{NCCL_IB_DISABLE} is read by NCCL only; this worker uses {backend}, which always talks TCP.")
     fraction = flags.gpu_memory_fraction

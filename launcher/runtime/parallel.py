@@ -1,9 +1,14 @@
-"""Join the job: rendezvous at rank 0's store, then torch.distributed with NCCL or gloo."""
+"""Join the job: rendezvous at rank 0's store, then torch.distributed with NCCL or gloo; leave it cleanly at exit.
+
+What this module sets up for the process (the store, the process group) lives in one ``Job`` record,
+which ``reset`` clears, so tests and re-initialisation start from nothing.
+"""
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional, Union
@@ -13,10 +18,12 @@ import torch.distributed as dist
 
 from launcher.runtime.environment import WorkerEnv, choose_backend, gpu_index, read_worker_env
 from launcher import envvars as ev
-from launcher.runtime.flags import apply_flags, read_flags, warn_once
+from launcher.runtime.flags import apply_flags, read_flags, reset_warnings, warn_once
 
-DEFAULT_TIMEOUT = timedelta(minutes=5)
+DEFAULT_TIMEOUT = timedelta(minutes=5)  # the rendezvous, when fleet.init / init_parallel_env is given no timeout
+EXIT_WAIT = timedelta(seconds=10)  # the longest a leaving rank waits for the others (a rank calling sys.exit(1) waits too)
 _ARRIVED = "launcher/arrived/"
+_LEFT = "launcher/left/"
 
 
 class RendezvousError(RuntimeError):
@@ -38,17 +45,39 @@ class ParallelEnv:
     endpoints: tuple
 
 
+@dataclass
+class Job:
+    """What this process created to join the job, torn down at exit."""
+
+    store: dist.Store
+    rank: int
+    world_size: int
+    timeout: timedelta  # the rendezvous's; also bounds the waits for rank 0's saves and, with EXIT_WAIT, the one at exit
+
+
+_job: Optional[Job] = None
+
+
+def current_job() -> Optional[Job]:
+    """The store and timeout of the job this process joined, or None before init_parallel_env."""
+    return _job
+
+
 def init_parallel_env(
     backend: Optional[str] = None,
-    timeout: Union[float, timedelta] = DEFAULT_TIMEOUT,
+    timeout: Union[None, float, timedelta] = None,
     env: Optional[WorkerEnv] = None,
 ) -> ParallelEnv:
     """Initialise torch.distributed from the launcher's variables (or ``env``); a world of one without them.
 
-    Fails after ``timeout`` (seconds or timedelta) naming the ranks that never arrived.
+    ``timeout`` (seconds or timedelta) bounds the rendezvous, which then names the ranks that never
+    arrived, and every collective of the process group. None: 5 minutes for the rendezvous, torch's
+    own default for collectives (30 minutes with gloo, 10 with NCCL).
     """
+    global _job
     env = env or read_worker_env(os.environ)
-    timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    pg_timeout = _as_timedelta(timeout)
+    timeout = pg_timeout or DEFAULT_TIMEOUT
     if env.selected_gpus and not torch.cuda.is_available():
         warn_once(ev.SELECTED_GPUS, f"{ev.SELECTED_GPUS}={env.selected_gpus} is set, but this PyTorch sees no CUDA device: "
                   "the worker runs on the CPU with gloo.")
@@ -57,8 +86,11 @@ def init_parallel_env(
     apply_flags(read_flags(os.environ), backend, device)
     if not dist.is_initialized():
         store = dist.HashStore() if env.alone else rendezvous(env, timeout)
-        dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=env.rank, world_size=env.world_size)
-        atexit.register(_destroy)
+        dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=env.rank, world_size=env.world_size,
+                                timeout=pg_timeout)
+        atexit.unregister(teardown)  # once, also after a reset
+        atexit.register(teardown)
+        _job = Job(store, env.rank, env.world_size, timeout)
     elif (dist.get_rank(), dist.get_world_size()) != (env.rank, env.world_size):
         raise RuntimeError(f"torch.distributed is already set up as rank {dist.get_rank()} of {dist.get_world_size()}, "
                            f"not rank {env.rank} of {env.world_size} as the launcher says.")
@@ -90,10 +122,43 @@ def rendezvous(env: WorkerEnv, timeout: timedelta) -> dist.Store:
     return store
 
 
-def _destroy() -> None:
-    """Release the communicators at exit (NCCL complains when a process group is left to the destructor)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def teardown() -> None:
+    """Leave the job (at exit): wait for the other ranks to get here too, then destroy every process group.
+
+    The groups are destroyed while the interpreter is still whole, so no communication thread is
+    left holding tensors when Python shuts down, and no rank closes its connections (or, rank 0, the
+    store) while another still uses them. The wait is bounded (EXIT_WAIT, or the job's timeout when
+    shorter), and skipped by a rank that leaves on an uncaught exception: the launcher stops the job
+    then anyway.
+    """
+    global _job
+    job, _job = _job, None
+    if job is None or not dist.is_initialized():  # nothing of ours (a group the script made is the script's)
+        return
+    if job.world_size > 1 and getattr(sys, "last_value", None) is None:
+        _meet(job)
+    dist.destroy_process_group()
+
+
+def reset() -> None:
+    """Forget everything this package holds for the process: the job (torn down as at exit) and the warnings given."""
+    teardown()
+    reset_warnings()
+
+
+def _meet(job: Job) -> None:
+    """Say this rank is leaving, then wait (bounded) until every rank has said so."""
+    try:
+        job.store.set(f"{_LEFT}{job.rank}", "1")
+        job.store.wait([f"{_LEFT}{r}" for r in range(job.world_size)], min(job.timeout, EXIT_WAIT))
+    except Exception:  # a rank is still busy or gone, or rank 0's store is: leave all the same
+        pass
+
+
+def _as_timedelta(timeout: Union[None, float, timedelta]) -> Optional[timedelta]:
+    if timeout is None or isinstance(timeout, timedelta):
+        return timeout
+    return timedelta(seconds=timeout)
 
 
 def _arrived(store: dist.Store, rank: int) -> bool:

@@ -106,7 +106,7 @@ def test_local_sgd_ranks_part_between_averaging_steps(two, four, scenario):
 
 def test_save_has_one_writer_and_every_rank_loads_it(two):
     for result in two:
-        assert result["save_load"] == {"files": ["model.pt", "optimizer.pt"], "loaded": [1.0], "lr": 0.5}
+        assert result["save_load"] == {"files": ["persistables.pt"], "loaded": [1.0], "lr": 0.5}
 
 
 def test_alone_the_worker_is_a_world_of_one(tmp_path):
@@ -117,7 +117,7 @@ def test_alone_the_worker_is_a_world_of_one(tmp_path):
     assert (alone["world_size"], alone["endpoints"], alone["first"]) == (1, [], True)
     assert_like_one_process([alone], "opt")
     assert_like_one_process([alone], "model")
-    assert alone["save_load"]["files"] == ["model.pt", "optimizer.pt"]
+    assert alone["save_load"]["files"] == ["persistables.pt"]
 
 
 def test_missing_rank_is_named_with_its_endpoint(tmp_path):
