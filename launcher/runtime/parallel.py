@@ -90,6 +90,7 @@ def init_parallel_env(
                                 timeout=pg_timeout)
         atexit.unregister(teardown)  # once, also after a reset
         atexit.register(teardown)
+        _note_exit_code()
         _job = Job(store, env.rank, env.world_size, timeout)
     elif (dist.get_rank(), dist.get_world_size()) != (env.rank, env.world_size):
         raise RuntimeError(f"torch.distributed is already set up as rank {dist.get_rank()} of {dist.get_world_size()}, "
@@ -135,9 +136,51 @@ def teardown() -> None:
     job, _job = _job, None
     if job is None or not dist.is_initialized():  # nothing of ours (a group the script made is the script's)
         return
-    if job.world_size > 1 and getattr(sys, "last_value", None) is None:
+    if getattr(sys, "last_value", None) is not None:
+        _leave_now(1)  # an uncaught exception: Python's code for it
+    if _exit_code.get("code") not in (None, 0):
+        _leave_now(_exit_code["code"])
+    if job.world_size > 1:
         _meet(job)
     dist.destroy_process_group()
+
+
+def _leave_now(code) -> None:
+    """Leaving on a failure (an uncaught exception, whose traceback is printed by now, or
+    ``sys.exit`` with a non-zero code): exit with that code at once, without waiting for the other
+    ranks and without the rest of the shutdown. The other ranks may still be talking to this one:
+    gloo's threads could then abort the process (SIGABRT, exit 134) while the interpreter and torch's
+    C++ objects are torn down, and a wait would let their errors reach the launcher before this
+    rank's own code. The launcher stops the other ranks anyway."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if not isinstance(code, int):  # sys.exit("message") printed the message: its code is 1
+        code = 1
+    os._exit(code & 0xFF)
+
+
+_exit_code: dict = {}  # the code given to sys.exit, once the script calls it
+
+
+def _note_exit_code() -> None:
+    """Wrap ``sys.exit`` so that the exit code is known at exit (Python does not tell atexit)."""
+    real = sys.exit
+    if getattr(real, "_launcher_wrapper", False):
+        return
+
+    def exit(code=None):
+        _exit_code["code"] = code
+        real(code)
+
+    exit._launcher_wrapper = True
+    exit.__doc__ = real.__doc__
+    sys.exit = exit
 
 
 def reset() -> None:
