@@ -23,6 +23,7 @@ back to the launcher (it is their child subreaper) are reaped as they end.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import resource
 import selectors
@@ -128,6 +129,8 @@ def _run_attempt(launch: Launch, job) -> tuple:
         group.open_logs()
         try:
             group.start()
+            if job.attempt < launch.plan.max_restarts:
+                launch.make_spares(group)
         except StartFailed as e:
             supervise(launch, group, job, start_failure=e)
         else:
@@ -166,6 +169,7 @@ class Launch:
         self.watchdog_lost = False
         self.watchdog_done = False  # told to quit: its exit is expected
         self.job_label = ""  # "node N (ip)" in a job of several nodes
+        self.spares: dict = {}  # rank -> Spare: interpreters started ahead for the next attempt
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
         self._files_written: list = []
@@ -262,6 +266,28 @@ class Launch:
         except ChildProcessError:
             pass
 
+    # ------------------------------------------------------------ spares for a restart
+
+    def make_spares(self, group: "WorkerGroup") -> None:
+        """With restarts left, start an idle interpreter for each worker of the next attempt, so
+        that a restart does not wait for interpreters to start (Python workers only)."""
+        for spec in self.plan.workers:
+            if spec.rank in self.spares or _script_of(spec.cmd) is None:
+                continue
+            try:
+                self.spares[spec.rank] = _start_spare(spec, self.plan, group)
+            except OSError as e:
+                log.debug("no spare interpreter for rank %d: %s", spec.rank, e)
+                return
+
+    def spare_pids(self) -> set:
+        return {s.proc.pid for s in self.spares.values()}
+
+    def drop_spares(self) -> None:
+        for spare in self.spares.values():
+            spare.close()
+        self.spares.clear()
+
     # ------------------------------------------------------------ children
 
     def reap_orphans(self, keep) -> None:
@@ -276,6 +302,7 @@ class Launch:
         self._check_watchdog()
 
     def close(self) -> None:
+        self.drop_spares()
         self.stop_watchdog()
         self.reap_orphans(keep=())
         if self.cgroup is not None and not self.cgroup.remove():
@@ -327,7 +354,14 @@ class WorkerGroup:
             self._spawn(spec)
         log.debug("started %d worker(s)", len(self.workers))
 
+    def _env(self, spec: WorkerSpec) -> dict:
+        return {**self.plan.base_env, **spec.env, ev.RESTART_COUNT: str(self.attempt),
+                ev.ELASTIC_RESTART_COUNT: str(self.attempt)}
+
     def _spawn(self, spec: WorkerSpec) -> None:
+        spare = self.launch.spares.pop(spec.rank, None)
+        if spare is not None and self._wake(spec, spare):
+            return
         try:
             output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.rank)
             stdout, stderr = output.child_fds()
@@ -337,8 +371,7 @@ class WorkerGroup:
         try:
             proc = subprocess.Popen(
                 spec.cmd,
-                env={**self.plan.base_env, **spec.env, ev.RESTART_COUNT: str(self.attempt),
-                     ev.ELASTIC_RESTART_COUNT: str(self.attempt)},
+                env=self._env(spec),
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
@@ -351,11 +384,33 @@ class WorkerGroup:
             raise StartFailed(spec.rank, e.strerror or str(e)) from None
         finally:
             output.spawned()
+        self._add(spec, proc, output)
+
+    def _add(self, spec: WorkerSpec, proc: subprocess.Popen, output) -> None:
         worker = Worker(spec, proc, output, time.monotonic())
         self.workers[spec.rank] = worker
         for fd in output.pipes():
             self.launch.selector.register(fd, selectors.EVENT_READ, ("pipe", worker))
         self.launch.tell_watchdog(f"pid {proc.pid}")
+
+    def _wake(self, spec: WorkerSpec, spare: "Spare") -> bool:
+        """Make a spare interpreter this attempt's worker; False if it cannot be (then spawn)."""
+        output = self.outputs.get(spec.rank) or spare.output
+        script, module = _script_of(spec.cmd)
+        order = {"env": self._env(spec), "argv": [script, *spec.cmd[spec.cmd.index(script) + 1:]],
+                 "module": module, "log": spec.log_file}
+        try:
+            os.write(spare.go, (json.dumps(order) + "\n").encode())
+        except OSError:
+            spare.close()
+            return False
+        spare.close()
+        if output is not spare.output and spare.output is not None:
+            spare.output.finish()
+        output.spawned()
+        self.outputs[spec.rank] = output
+        self._add(spec, spare.proc, output)
+        return True
 
     # ------------------------------------------------------------ learning of exits
 
@@ -380,7 +435,8 @@ class WorkerGroup:
             run_id=self.launch.run_id,
             groups=frozenset(w.pid for w in self.workers.values() if not w.reaped),
             cgroup=self.launch.cgroup,
-            exclude=frozenset({os.getpid()} | ({self.launch.watchdog.pid} if self.launch.watchdog else set())),
+            exclude=frozenset({os.getpid()} | ({self.launch.watchdog.pid} if self.launch.watchdog else set())
+                              | self.launch.spare_pids()),
         )
 
     def leftovers(self) -> list:
@@ -724,6 +780,53 @@ def _open_fds() -> int:
 
 
 # ---------------------------------------------------------------- process helpers
+
+
+@dataclass
+class Spare:
+    """An idle interpreter for a worker of the next attempt (``launcher/spare.py``)."""
+
+    proc: subprocess.Popen
+    go: Optional[int]  # the launcher's end of the pipe it waits on
+    output: object  # its PipeOutput without --log_dir; None with (it opens its log file itself)
+
+    def close(self) -> None:
+        if self.go is not None:
+            os.close(self.go)
+            self.go = None
+
+
+def _script_of(cmd) -> Optional[tuple]:
+    """(script or module, is a module) of a Python worker's command; None for --no_python."""
+    if len(cmd) >= 3 and cmd[1] == "-u":
+        return (cmd[3], True) if cmd[2] == "-m" and len(cmd) >= 4 else (cmd[2], False)
+    return None
+
+
+def _start_spare(spec: WorkerSpec, plan: Plan, group: "WorkerGroup") -> Spare:
+    stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare.py")
+    output = None if spec.log_file else logs.PipeOutput(spec.rank)
+    stdout, stderr = output.child_fds() if output else (subprocess.DEVNULL, subprocess.DEVNULL)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        proc = subprocess.Popen(
+            [spec.cmd[0], "-u", stub, str(r)],
+            env={**plan.base_env, **spec.env},
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, pass_fds=(r,),
+            start_new_session=True,
+            preexec_fn=_child_setup(os.getpid(), group._cgroup_fd),
+        )
+    except OSError:
+        os.close(w)
+        if output:
+            output.spawned()
+            output.finish()
+        raise
+    finally:
+        os.close(r)
+    if output:
+        output.spawned()
+    return Spare(proc, w, output)
 
 
 def _note_signal(signum, frame) -> None:
