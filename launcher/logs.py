@@ -8,7 +8,6 @@ import logging
 import os
 import select
 import shlex
-import signal
 import stat
 import time
 from typing import Optional

@@ -28,7 +28,6 @@ import os
 import resource
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time

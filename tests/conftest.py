@@ -14,6 +14,47 @@ WORKERS = REPO / "tests" / "integration" / "workers"
 PROBE = str(WORKERS / "probe.py")
 
 
+def netns_available():
+    """Whether this test run may create network namespaces (root and `ip netns`)."""
+    import shutil
+    import uuid
+
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        return False
+    name = f"lnprobe{uuid.uuid4().hex[:6]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        return False
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return True
+
+
+@pytest.fixture
+def veth_namespaces():
+    """Two network namespaces joined by a veth pair, each with one address that exists only in it:
+    (namespaces, links, addresses). Always removed."""
+    import uuid
+
+    if not netns_available():
+        pytest.skip("cannot create network namespaces (needs root and ip netns)")
+    tag = uuid.uuid4().hex[:6]
+    names, links, addrs = [f"lna{tag}", f"lnb{tag}"], [f"va{tag}", f"vb{tag}"], ["10.231.7.1", "10.231.7.2"]
+    steps = [["ip", "netns", "add", names[0]], ["ip", "netns", "add", names[1]],
+             ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+    for ns, link, addr in zip(names, links, addrs):
+        steps += [["ip", "link", "set", link, "netns", ns],
+                  ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link],
+                  ["ip", "-n", ns, "link", "set", link, "up"],
+                  ["ip", "-n", ns, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=20)
+        yield names, links, addrs
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        subprocess.run(["ip", "link", "del", links[0]], capture_output=True, timeout=20)  # gone with its namespace
+
+
 def launcher_cmd(*args):
     return [sys.executable, "-m", "launcher", *map(str, args)]
 

@@ -12,7 +12,6 @@ each save in the job's store, and they wait for that mark (never for a collectiv
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 

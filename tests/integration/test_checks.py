@@ -1,6 +1,5 @@
 """Bad input is refused before anything starts: exit code 2, one sentence, no traceback, no worker."""
 
-import json
 import os
 import socket
 

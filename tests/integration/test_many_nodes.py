@@ -14,7 +14,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import struct
@@ -405,42 +404,8 @@ def test_a_node_names_node_0_when_it_never_answers(cluster, tmp_path):
 # ---------------------------------------------------------------- 4. a partition
 
 
-def netns_available() -> bool:
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        return False
-    name = f"lnmprobe{uuid.uuid4().hex[:6]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        return False
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return True
-
-
-@pytest.fixture
-def partitionable():
-    """Two network namespaces joined by a veth pair; always removed."""
-    if not netns_available():
-        pytest.skip("cannot create network namespaces (needs root and ip netns)")
-    tag = uuid.uuid4().hex[:6]
-    names, links, addrs = [f"lmpa{tag}", f"lmpb{tag}"], [f"vma{tag}", f"vmb{tag}"], ["10.232.9.1", "10.232.9.2"]
-    steps = [["ip", "netns", "add", names[0]], ["ip", "netns", "add", names[1]],
-             ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
-    for ns, link, addr in zip(names, links, addrs):
-        steps += [["ip", "link", "set", link, "netns", ns],
-                  ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link],
-                  ["ip", "-n", ns, "link", "set", link, "up"],
-                  ["ip", "-n", ns, "link", "set", "lo", "up"]]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True, timeout=20)
-        yield names, links, addrs
-    finally:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-        subprocess.run(["ip", "link", "del", links[0]], capture_output=True, timeout=20)  # should be gone already
-
-
-def test_a_partition_is_noticed_on_both_sides(cluster, tmp_path, partitionable):
-    names, links, nodes = partitionable
+def test_a_partition_is_noticed_on_both_sides(cluster, tmp_path, veth_namespaces):
+    names, links, nodes = veth_namespaces
     port = 6069  # each namespace has ports of its own
     for i in (1, 0):
         cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", 2, "--log_level", "DEBUG"), WORKER,

@@ -1,12 +1,7 @@
 """Two nodes, one command each, a real gloo all-reduce over 4 ranks."""
 
 import json
-import os
-import shutil
 import subprocess
-import uuid
-
-import pytest
 
 from conftest import REPO, WORKERS, free_ports, launcher_cmd
 
@@ -66,42 +61,8 @@ def test_two_nodes_on_loopback(tmp_path):
     assert "rank 2/4: sum 10.0" in (tmp_path / "log-127.0.0.2" / "workerlog.2").read_text()
 
 
-def netns_available():
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        return False
-    name = f"lnprobe{uuid.uuid4().hex[:6]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        return False
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return True
-
-
-@pytest.fixture
-def two_namespaces():
-    """Two network namespaces joined by a veth pair; the addresses exist only inside them."""
-    tag = uuid.uuid4().hex[:6]
-    names = [f"lna{tag}", f"lnb{tag}"]
-    links = [f"va{tag}", f"vb{tag}"]
-    addrs = ["10.231.7.1", "10.231.7.2"]
-    steps = [["ip", "netns", "add", names[0]], ["ip", "netns", "add", names[1]],
-             ["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
-    for ns, link, addr in zip(names, links, addrs):
-        steps += [["ip", "link", "set", link, "netns", ns],
-                  ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link],
-                  ["ip", "-n", ns, "link", "set", link, "up"],
-                  ["ip", "-n", ns, "link", "set", "lo", "up"]]
-    try:
-        for step in steps:
-            subprocess.run(step, check=True, capture_output=True)
-        yield names, addrs
-    finally:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-@pytest.mark.skipif(not netns_available(), reason="needs root and ip netns")
-def test_two_nodes_in_two_network_namespaces(tmp_path, two_namespaces):
-    names, nodes = two_namespaces
+def test_two_nodes_in_two_network_namespaces(tmp_path, veth_namespaces):
+    names, _, nodes = veth_namespaces
     port = 6070
     procs = [start_node(nodes, ip, port, tmp_path, prefix=("ip", "netns", "exec", ns)) for ns, ip in zip(names, nodes)]
     for code, out, err in finish(procs):

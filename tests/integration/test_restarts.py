@@ -8,7 +8,7 @@ import signal
 
 import psutil
 
-from conftest import REPO, WORKERS, run_launcher, start_launcher, wait_for
+from conftest import WORKERS, run_launcher, start_launcher, wait_for
 
 INTROSPECT = str(WORKERS / "introspect.py")
 

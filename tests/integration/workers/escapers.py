@@ -8,7 +8,6 @@
   next, with an empty environment.
 """
 
-import os
 import subprocess
 import sys
 import time
