@@ -696,13 +696,6 @@ class _Loop:
         log.debug("pipes still open after %.0f s: not waiting for them", DRAIN_SECONDS)
         return True
 
-    def close(self) -> None:
-        """Leave the selector with nothing of this loop's worker group in it."""
-        for fd in list(self.pipes_open):
-            if fd in self.selector.get_map():
-                self.selector.unregister(fd)
-        self.pipes_open.clear()
-
 
 def _carry_out(group: WorkerGroup, actions) -> None:
     for action in actions:
