@@ -147,6 +147,7 @@ class Connection:
     out: bytearray = field(default_factory=bytearray)
     heard: float = 0.0
     said: float = 0.0
+    connected: bool = True  # False while a node's connect() to node 0 is in progress
 
     def send(self, message: dict, now: float) -> None:
         self.out += encode(message)
@@ -456,7 +457,7 @@ class Spoke(Channel):
     def registrations(self) -> dict:
         wanted = super().registrations()
         c = self.hub
-        if c is not None and c.node is None and not getattr(c, "connected", False):
+        if c is not None and c.node is None and not c.connected:
             wanted[c.sock.fileno()] = selectors.EVENT_WRITE  # the connect() completes
         return wanted
 
@@ -488,15 +489,14 @@ class Spoke(Channel):
             sock.close()
             self.next_try = now + RETRY_EVERY
             return
-        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, heard=now)
-        c.connected = False
+        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, heard=now, connected=False)
         self.connections[sock.fileno()] = c
 
     def ready(self, fd: int, mask: int, now: float) -> list:
         c = self.connections.get(fd)
         if c is None:
             return []
-        if not getattr(c, "connected", True):
+        if not c.connected:
             err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 self.last_error = os.strerror(err)
