@@ -160,7 +160,7 @@ class Leader(_Peered):
                 break
             for e in turn():
                 if isinstance(e, policy.StopSignal):
-                    self._root(_signal_cause(self, e.sig))
+                    self._root(signal_cause(self, e.sig))
         if decision[0] == "restart":
             self.channel.broadcast({"type": "start", "attempt": decision[1]})
             self.reports.clear()
@@ -242,11 +242,12 @@ class Follower(_Peered):
         while self.order is None and not self.alone:
             for e in turn():
                 if isinstance(e, policy.StopSignal):
-                    self.local_cause(_signal_cause(self, e.sig))
+                    self.local_cause(signal_cause(self, e.sig))
                     self.root = self.root or self.cause
                     return "end", self.cause.code
         if self.order is None:  # node 0 is gone: end with what is known here
-            return "end", (self.root or self.cause).code if (self.root or self.cause) else 1
+            known = self.final_cause()
+            return "end", known.code if known else 1
         order, self.order = self.order, None
         if order["type"] == "start" and isinstance(order.get("attempt"), int):
             self.attempt, self.cause, self.root = order["attempt"], None, None
@@ -261,7 +262,8 @@ class Follower(_Peered):
         return self.root or self.cause
 
 
-def _signal_cause(job: Solo, sig: int) -> Cause:
+def signal_cause(job: Solo, sig: int) -> Cause:
+    """A stop signal to this node's launcher, as the cause every node shows."""
     name = signal.Signals(sig).name
     where = job.node_label() or "the launcher"
     return Cause(job.plan.node_rank, "signal", 128 + sig, f"{where} received {name}")

@@ -563,8 +563,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
         text = f"rank {rank}{on} failed ({logs.describe_exit(returncode)})"
         return policy.Cause(node, "worker", policy.shell_code(returncode), text, summary)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
-        name = signal.Signals(after.stop_signal).name
-        return policy.Cause(node, "signal", 128 + after.stop_signal, f"{label or 'the launcher'} received {name}")
+        return job_module.signal_cause(job, after.stop_signal)
     if after.start_failure is not None and before.start_failure is None:
         return policy.Cause(node, "start", 1, f"{after.start_failure}{on}")
     if after.hung is not None and before.hung is None:
