@@ -34,3 +34,11 @@ RESTART_COUNT = "PADDLE_RESTART_COUNT"
 ELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 JOB_ID = "LAUNCHER_JOB_ID"
 JOB_TOKEN = "LAUNCHER_JOB_TOKEN"
+
+# Parameter-server mode (Paddle 1.8's launch_ps)
+TRAINING_ROLE = "TRAINING_ROLE"  # "PSERVER" or "TRAINER"
+PSERVERS_IP_PORT_LIST = "PADDLE_PSERVERS_IP_PORT_LIST"  # every server's ip:port, in server-id order
+PSERVER_ID = "PADDLE_PSERVER_ID"
+PORT = "PADDLE_PORT"  # a server's own port
+POD_IP = "POD_IP"  # a server's own address
+TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"  # the interface TensorPipe (torch.distributed.rpc) uses
