@@ -44,10 +44,12 @@ class Seconds(click.ParamType):
         return seconds
 
 
-def _option(name: str, **kwargs):
-    """An option spelled with underscores (Paddle) and with dashes (torchrun)."""
-    dashed = name.replace("_", "-")
-    spellings = [f"--{name}"] + ([f"--{dashed}"] if dashed != name else [])
+def _option(name: str, aliases: tuple = (), **kwargs):
+    """An option spelled with underscores (Paddle) and with dashes (torchrun), and its ``aliases``."""
+    spellings = []
+    for n in (name, *aliases):
+        dashed = n.replace("_", "-")
+        spellings += [f"--{n}"] + ([f"--{dashed}"] if dashed != n else [])
     return click.option(*kwargs.pop("short", ()), *spellings, name, **kwargs)
 
 
@@ -60,12 +62,13 @@ Examples:
   python -m launcher --selected_gpus=0,1,2,3 --log_dir mylog train.py --lr 0.1
   python -m launcher --cluster_node_ips=192.168.1.2,192.168.1.3 \\
       --node_ip=192.168.1.2 --started_port=6170 train.py   # on each node, its own --node_ip
+  python -m launcher --server_num 2 --worker_num 2 train_ps.py   # parameter servers
 """)
 @_option("cluster_node_ips", default="127.0.0.1", show_default=True, metavar="IPS",
          help="Comma-separated IPs or host names of all nodes, in node-rank order.")
 @_option("node_ip", default="127.0.0.1", show_default=True, metavar="IP",
          help="This node's IP, as it appears in --cluster_node_ips.")
-@_option("started_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+@_option("started_port", aliases=("start_port",), type=click.IntRange(1, 65535), default=None, metavar="PORT",
          help="First port of this node's workers; worker i uses PORT+i. "
               "Default: free ports on one node, 6070 on several.")
 @_option("selected_gpus", default=None, metavar="IDS",
@@ -112,6 +115,14 @@ Examples:
 @_option("hang_timeout", type=Seconds(), default=None, metavar="SECONDS",
          help="Stop the job (showing every worker's stack) when no worker has written "
               "a line for this long. Default: never.")
+@_option("server_num", type=int, default=None, metavar="N",
+         help="Parameter-server mode on one node: start N servers (default 2 when --worker_num is given).")
+@_option("worker_num", type=int, default=None, metavar="N",
+         help="Parameter-server mode on one node: start N trainers (default 2 when --server_num is given).")
+@_option("servers", aliases=("endpoints",), default=None, metavar="IP:PORT,...",
+         help="Parameter-server mode on several nodes: every server's endpoint; each node starts its own.")
+@_option("workers", default=None, metavar="IP:PORT,...",
+         help="Parameter-server mode on several nodes: every trainer's endpoint; each node starts its own.")
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -123,6 +134,9 @@ def launch(ctx: click.Context, **values) -> int:
     TRAINING_SCRIPT and everything after it go to every worker unchanged. Each worker
     gets FLAGS_selected_gpus, the PADDLE_TRAINER_* variables, and torch's RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+
+    With --server_num/--worker_num (or --servers/--workers) it starts parameter servers and
+    trainers instead, and stops the servers once every trainer has finished.
     """
     values = _with_config(ctx, values)
     logs.setup_messages(values["log_level"])
@@ -141,8 +155,8 @@ def launch(ctx: click.Context, **values) -> int:
             s.close()
         raise
     reserved = finder.held
-    if not reserved and plan.node_rank == 0:
-        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.ports[0])] if s is not None]
+    if not reserved and plan.store_port is not None:
+        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None]
     for note in plan.notes:
         logs.log.warning(note)
     if values["print_config"]:

@@ -48,6 +48,10 @@ class Solo:
     def on_events(self, events) -> list:
         return []
 
+    def trainers_done(self) -> list:
+        """Parameter-server mode: this node's trainers all exited 0; the events for this node's policy."""
+        return [policy.TrainersDone("every trainer finished")]
+
     def tick(self, now: float) -> list:
         return []
 
@@ -75,7 +79,7 @@ class _Peered(Solo):
 
     def _identity(self) -> control.Identity:
         spec = self.plan.control
-        return control.Identity(spec.job_id, tuple(self.plan.node_ips), tuple(self.plan.ports),
+        return control.Identity(spec.job_id, tuple(self.plan.node_ips), tuple(self.plan.job_ports),
                                 " ".join(self.plan.workers[0].cmd[1:]))
 
     def tick(self, now: float) -> list:
@@ -97,6 +101,7 @@ class Leader(_Peered):
                               f"free it or choose another --control_port (the same on every node).") from None
         self.gone: set = set()  # nodes lost or never joined: not waited for
         self.reports: dict = {}  # node -> its cause (or None) for the current attempt
+        self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
 
     def local_cause(self, cause: Cause) -> None:
         self._root(cause)
@@ -124,6 +129,19 @@ class Leader(_Peered):
                 out += self._on_message(e.node, e.message)
         return out
 
+    def trainers_done(self) -> list:
+        return self._trained(0)
+
+    def _trained(self, node: int) -> list:
+        """Once every node's trainers are done, every node stops its servers."""
+        if len(self.trained) == len(self.plan.node_ips):
+            return []
+        self.trained.add(node)
+        if len(self.trained) < len(self.plan.node_ips) or self.cause is not None:
+            return []
+        self.channel.broadcast({"type": "finish", "attempt": self.attempt})
+        return [policy.TrainersDone("every trainer of the job finished")]
+
     def _stop_for(self, cause: Cause) -> list:
         return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
 
@@ -134,6 +152,8 @@ class Leader(_Peered):
         cause = Cause.from_dict(message.get("cause")) if message.get("cause") is not None else None
         if kind == "failed" and cause is not None:
             return self._stop_for(cause)
+        if kind == "trainers_done":
+            return self._trained(node)
         if kind == "report":
             self.reports[node] = cause
             if cause is not None:
@@ -164,6 +184,7 @@ class Leader(_Peered):
         if decision[0] == "restart":
             self.channel.broadcast({"type": "start", "attempt": decision[1]})
             self.reports.clear()
+            self.trained.clear()
             return self._apply(decision)
         return self._end(decision)
 
@@ -188,11 +209,17 @@ class Follower(_Peered):
         self.order: Optional[dict] = None  # node 0's "start" or "end" for this attempt
         self.alone = False  # node 0 is lost or never answered
         self.reporting = False  # this node's part of the attempt is over: its report is due
+        self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
 
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
             self.cause = cause
             self.channel.send({"type": "failed", "attempt": self.attempt, "cause": cause.as_dict()})
+
+    def trainers_done(self) -> list:
+        self.trained = True
+        self.channel.send({"type": "trainers_done", "attempt": self.attempt})
+        return []
 
     def _report(self) -> None:
         self.channel.send({"type": "report", "attempt": self.attempt,
@@ -207,6 +234,8 @@ class Follower(_Peered):
                     self._report()
                 elif self.cause is not None:
                     self.channel.send({"type": "failed", "attempt": self.attempt, "cause": self.cause.as_dict()})
+                elif self.trained:
+                    self.channel.send({"type": "trainers_done", "attempt": self.attempt})
             elif isinstance(e, (control.Lost, control.NeverJoined)):
                 self.alone = True
                 cause = Cause(0, "lost" if isinstance(e, control.Lost) else "join", 1, e.reason)
@@ -223,6 +252,8 @@ class Follower(_Peered):
         if kind in ("start", "end"):
             self.order = message
             return []
+        if kind == "finish" and message.get("attempt") == self.attempt:
+            return [policy.TrainersDone("every trainer of the job finished")]
         if kind == "stop" and message.get("attempt") == self.attempt:
             cause = Cause.from_dict(message.get("cause"))
             if cause is not None and self.root is None:
@@ -250,7 +281,7 @@ class Follower(_Peered):
             return "end", known.code if known else 1
         order, self.order = self.order, None
         if order["type"] == "start" and isinstance(order.get("attempt"), int):
-            self.attempt, self.cause, self.root = order["attempt"], None, None
+            self.attempt, self.cause, self.root, self.trained = order["attempt"], None, None, False
             log.info("node 0 restarts the job: attempt %d of %d", self.attempt + 1, self.plan.max_restarts + 1)
             return "restart", self.attempt
         cause = Cause.from_dict(order.get("cause")) if order.get("cause") else None

@@ -228,13 +228,14 @@ class LineBuffer:
 # ---------------------------------------------------------------- worker output
 
 
-def header(rank: int, cmd, attempt: int = 0) -> bytes:
+def header(label: str, cmd, attempt: int = 0) -> bytes:
+    """The line that opens each run in a log; ``label`` names the process ("rank 3", "server 0")."""
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     again = f" (attempt {attempt + 1}, restart {attempt})" if attempt else ""
-    return f"===== {when} launcher: rank {rank} starts{again}: {shlex.join(cmd)}\n".encode()
+    return f"===== {when} launcher: {label} starts{again}: {shlex.join(cmd)}\n".encode()
 
 
-def open_log(path: str, log_dir: str, rank: int, cmd, attempt: int = 0) -> int:
+def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0) -> int:
     """Open a worker's log file for appending and write this run's header; the descriptor.
 
     Checked by doing, not by asking (``os.access`` says yes to root): whatever would keep the
@@ -253,7 +254,7 @@ def open_log(path: str, log_dir: str, rank: int, cmd, attempt: int = 0) -> int:
         os.set_blocking(fd, True)
         size = os.fstat(fd).st_size
         glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
-        _write_all(fd, (b"\n" if glue else b"") + header(rank, cmd, attempt))
+        _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt))
     except OSError as e:
         if size is not None:  # a full disk took part of the header: the old log is left as it was
             try:
@@ -432,11 +433,11 @@ def _last_lines(data: bytes, n: int, cut: bool = False) -> list:
 
 
 class PipeOutput:
-    """No --log_dir: the worker writes to pipes; whole lines reach the console, prefixed with the rank."""
+    """No --log_dir: the worker writes to pipes; whole lines reach the console, prefixed with its label."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, label: str) -> None:
         self.path = None
-        self._prefix = f"[rank {rank}] ".encode()
+        self._prefix = f"[{label}] ".encode()
         self._out_r, self._out_w = os.pipe2(os.O_CLOEXEC)
         self._err_r, self._err_w = os.pipe2(os.O_CLOEXEC)
         self._streams = {self._out_r: (1, LineBuffer()), self._err_r: (2, LineBuffer())}
@@ -517,6 +518,8 @@ def _left_in(fd: int) -> bytes:
 
 def format_plan(plan) -> str:
     """The resolved plan as a small table (--print_config)."""
+    if plan.parameter_server:
+        return _format_ps_plan(plan)
     nodes = len(plan.node_ips)
     unverified = plan.gpus_not_found
     if plan.cpu_default:
@@ -538,27 +541,53 @@ def format_plan(plan) -> str:
     for w in plan.workers:
         device = "cpu" if w.gpu is None else f"gpu {w.gpu} (not found)" if unverified else f"gpu {w.gpu}"
         rows.append((str(w.rank), str(w.local_rank), w.endpoint, device, w.log_file or "console"))
+    lines += _table(rows)
+    return "\n".join(lines + _plan_footer(plan))
+
+
+def _format_ps_plan(plan) -> str:
+    nodes = len(plan.node_ips)
+    here = {role: sum(w.role == role for w in plan.workers) for role in ("server", "trainer")}
+    lines = [
+        f"launcher: parameter-server job, node {plan.node_rank} of {nodes} ({plan.node_ip}): "
+        f"{here['server']} server(s) and {here['trainer']} trainer(s) here, "
+        f"{len(plan.servers)} and {len(plan.trainers)} in the job",
+        f"  servers: {','.join(plan.servers)}",
+        f"  trainers: {','.join(plan.trainers[:16])}" + (f",... ({len(plan.trainers)})" if len(plan.trainers) > 16 else ""),
+    ]
+    if nodes > 1:
+        lines.append(f"  nodes: {','.join(plan.node_ips[:8])}" + (f",... ({nodes} nodes)" if nodes > 8 else ""))
+    rows = [("role", "id", "endpoint", "log")]
+    rows += [(w.role, str(w.role_index), w.endpoint, w.log_file or "console") for w in plan.workers]
+    return "\n".join(lines + _table(rows) + _plan_footer(plan))
+
+
+def _table(rows: list) -> list:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip())
-    lines.append(f"  command: {shlex.join(plan.workers[0].cmd)}")
+    return ["  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip() for r in rows]
+
+
+def _plan_footer(plan) -> list:
+    lines = [f"  command: {shlex.join(plan.workers[0].cmd)}"]
     if plan.control is not None:
         lines.append(f"  control: node 0 ({plan.node_ips[0]}) listens on port {plan.control.port}, job {plan.control.job_id}, "
                      f"heartbeat timeout {plan.control.heartbeat_timeout:g} s, join timeout {plan.control.join_timeout:g} s"
                      f"{', token set' if plan.control.token else ''}")
     if plan.max_restarts:
         lines.append(f"  restarts: up to {plan.max_restarts} (the whole job)")
-    return "\n".join(lines)
+    return lines
 
 
 def format_failure(failure) -> str:
     where = failure.log_file or "console (no --log_dir)"
+    label = failure.label or f"rank {failure.rank}"
+    local = "" if failure.label else f"local rank {failure.local_rank}, "
     lines = [
-        f"launcher: rank {failure.rank} (local rank {failure.local_rank}, pid {failure.pid}) failed: "
+        f"launcher: {label} ({local}pid {failure.pid}) failed: "
         f"{describe_exit(failure.returncode)} after {failure.run_time:.1f} s; log: {where}",
     ]
     if failure.last_lines:
-        lines.append(f"launcher: last lines of rank {failure.rank}:")
+        lines.append(f"launcher: last lines of {label}:")
         lines += [f"  | {line}" for line in failure.last_lines]
     return "\n".join(lines)
 
@@ -566,7 +595,7 @@ def format_failure(failure) -> str:
 # ---------------------------------------------------------------- stacks of a stopped or hung job
 
 
-def format_stacks(stacks, node_label: str) -> str:
+def format_stacks(stacks, node_label: str, names=None) -> str:
     """Where each rank was (``launcher.stacks.Stack``), one line per rank, for the console.
 
     When no rank has a stack and all for the same reason (py-spy not installed), that reason is given once.
@@ -575,26 +604,30 @@ def format_stacks(stacks, node_label: str) -> str:
     if stacks and not any(s.text for s in stacks) and len(notes) == 1:
         return f"launcher: no stacks of the {len(stacks)} worker(s) of {node_label}: {notes.pop()}"
     lines = [f"launcher: where each rank of {node_label} was:"]
-    lines += [f"  rank {s.rank} (pid {s.pid}): {_stack_summary(s)}" for s in stacks]
+    lines += [f"  {_name(s.rank, names)} (pid {s.pid}): {_stack_summary(s)}" for s in stacks]
     return "\n".join(lines)
 
 
-def format_dumps(stacks, header: str) -> str:
+def format_dumps(stacks, header: str, names=None) -> str:
     """The full py-spy dump of each rank under one dated header (for log_dir/stacks.txt, or the console)."""
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     parts = [f"===== {when} launcher: {header}\n"]
     for s in stacks:
-        parts.append(f"--- rank {s.rank} (pid {s.pid}): {_stack_summary(s)}\n")
+        parts.append(f"--- {_name(s.rank, names)} (pid {s.pid}): {_stack_summary(s)}\n")
         if s.text:
             parts.append(s.text if s.text.endswith("\n") else s.text + "\n")
     return "".join(parts)
 
 
-def write_stacks(path: str, stacks, header: str) -> None:
+def _name(rank: int, names) -> str:
+    return (names or {}).get(rank, f"rank {rank}")
+
+
+def write_stacks(path: str, stacks, header: str, names=None) -> None:
     """Append the full dumps to ``path``; a file that cannot be written is a warning, not an error."""
     try:
         with open(path, "a", encoding="utf-8", errors="replace") as f:
-            f.write(format_dumps(stacks, header))
+            f.write(format_dumps(stacks, header, names))
     except OSError as e:
         log.warning("could not write the workers' stacks to %s (%s)", path, e.strerror or e)
 

@@ -52,6 +52,15 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    # parameter-server mode: any of these chooses it
+    server_num: Optional[int] = None
+    worker_num: Optional[int] = None
+    servers: Optional[str] = None  # ip:port,... of every server of the job
+    workers: Optional[str] = None  # ip:port,... of every trainer of the job
+
+    @property
+    def parameter_server(self) -> bool:
+        return any(v is not None for v in (self.server_num, self.worker_num, self.servers, self.workers))
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,13 @@ class WorkerSpec:
     cmd: tuple
     env: Mapping[str, str]  # what the launcher sets, on top of Plan.base_env
     log_file: Optional[str]
+    role: str = ""  # parameter-server mode: "server" or "trainer" (``rank`` is then only a key)
+    role_index: int = 0  # the server's or trainer's id
+
+    @property
+    def label(self) -> str:
+        """How messages name this process: "rank 3", "server 0", "trainer 1"."""
+        return f"{self.role} {self.role_index}" if self.role else f"rank {self.rank}"
 
 
 @dataclass(frozen=True)
@@ -115,10 +131,30 @@ class Plan:
     control: Optional[ControlSpec] = None  # None: one node, no channel
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
+    trainers: tuple = ()
 
     @property
     def node_ip(self) -> str:
         return self.node_ips[self.node_rank]
+
+    @property
+    def parameter_server(self) -> bool:
+        return bool(self.servers)
+
+    @property
+    def store_port(self) -> Optional[int]:
+        """The port this node holds for the job's rendezvous store (rank 0's, or server 0's), if it hosts it."""
+        if self.node_rank != 0:
+            return None
+        return int(self.servers[0].rpartition(":")[2]) if self.servers else self.ports[0]
+
+    @property
+    def job_ports(self) -> tuple:
+        """The ports of the whole job, the same on every node (part of its identity)."""
+        if self.servers:
+            return tuple(int(e.rpartition(":")[2]) for e in self.servers + self.trainers)
+        return self.ports
 
     @property
     def endpoints(self) -> tuple:
@@ -146,6 +182,10 @@ def make_plan(
 
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
+    if opts.parameter_server:
+        from launcher import ps_plan
+
+        return ps_plan.make_ps_plan(opts, env, host, find_free_ports)
     _check_nproc(opts.nproc_per_node)
     _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
@@ -240,20 +280,21 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
         max_restarts=opts.max_restarts,
-        control=_control(opts, base_env, cluster.node_ips, ports, cmd),
+        control=control_spec(opts, base_env, cluster.node_ips, ports, cmd),
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
     )
 
 
-def _control(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple):
+def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple):
+    """The control channel of a job of several nodes (None for one); ``ports``: node 0's, the first one's neighbour is the default."""
     if len(node_ips) == 1:
         return None
     port = opts.control_port if opts.control_port is not None else ports[0] - 1
     if not 1 <= port <= 65535:
         raise LaunchError(f"--control_port {port} is outside 1-65535; give a free port of node 0 with --control_port.")
     if port in ports:
-        raise LaunchError(f"--control_port {port} is also a worker port ({ports[0]}-{ports[-1]}); choose another one.")
+        raise LaunchError(f"--control_port {port} is also the port of a process on node 0; choose another one.")
     for name, value in (("--heartbeat_timeout", opts.heartbeat_timeout), ("--join_timeout", opts.join_timeout)):
         if not 0.5 <= value <= MAX_SHUTDOWN_TIMEOUT:
             raise LaunchError(f"{name} {value} is not a number of seconds from 0.5 to {MAX_SHUTDOWN_TIMEOUT:.0f}; give a sensible timeout.")

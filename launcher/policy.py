@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass, replace
-from typing import Optional, Tuple, Union
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Tuple, Union
 
 TERM_FOLLOWS = 1.0  # seconds from a passed-on INT/HUP/QUIT to the SIGTERM after it (at most grace/2)
 KILL_WAIT = 5.0  # how long processes may take to vanish after SIGKILL before the launcher gives up
@@ -59,6 +59,11 @@ class StopOrdered:
 
 
 @dataclass(frozen=True)
+class TrainersDone:
+    reason: str  # parameter-server mode: every trainer of the job exited 0; the servers are stopped
+
+
+@dataclass(frozen=True)
 class Hung:
     seconds: float  # no worker wrote a line for this long (--hang_timeout)
 
@@ -68,7 +73,8 @@ class TimePassed:
     pass  # a deadline of the state may have come
 
 
-Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, StopOrdered, Hung, TimePassed]
+Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, StopOrdered, TrainersDone, Hung,
+              TimePassed]
 
 
 # ---------------------------------------------------------------- actions
@@ -115,6 +121,8 @@ class State:
     term_at: Optional[float] = None  # a SIGTERM still to follow a passed-on signal
     kill_at: Optional[float] = None
     killed_at: Optional[float] = None
+    names: Mapping[int, str] = field(default_factory=dict)  # rank -> how messages name it; "rank N" when absent
+    trainers: Optional[frozenset] = None  # parameter-server mode: this node's trainers (None: collective)
 
     @property
     def stopping(self) -> bool:
@@ -124,9 +132,20 @@ class State:
     def gave_up_at(self) -> Optional[float]:
         return None if self.killed_at is None else self.killed_at + KILL_WAIT
 
+    @property
+    def trainers_done(self) -> bool:
+        """Parameter-server mode: every trainer of this node has exited 0 (true at once for a node without one)."""
+        return self.trainers is not None and self.failure is None and not self.trainers & self.running
 
-def start(ranks, grace: float, stacks: bool = False) -> State:
-    return State(running=frozenset(ranks), grace=grace, stacks=stacks)
+    def name(self, rank: int) -> str:
+        return self.names.get(rank, f"rank {rank}")
+
+
+def start(ranks, grace: float, stacks: bool = False, names: Optional[Mapping[int, str]] = None,
+          trainers=None) -> State:
+    """``names``: how messages name each rank; ``trainers``: parameter-server mode's trainers here."""
+    return State(running=frozenset(ranks), grace=grace, stacks=stacks, names=dict(names or {}),
+                 trainers=None if trainers is None else frozenset(trainers))
 
 
 def next_deadline(state: State) -> Optional[float]:
@@ -176,6 +195,11 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
             return state, ()
         say = Say(logging.ERROR, f"{event.reason}; stopping the workers")
         return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
+    if isinstance(event, TrainersDone):
+        if state.stopping or not state.running:
+            return state, ()
+        say = Say(logging.INFO, f"{event.reason}: stopping the {len(state.running)} server(s)")
+        return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, Hung):
         if state.stopping:
             return state, ()
@@ -196,8 +220,9 @@ def _on_exit(state: State, event: WorkerExited, now: float):
         return state, ()
     state = replace(state, failure=(event.rank, event.returncode))
     others = len(state.running)
-    rest = f"; stopping the other {others} worker(s)" if others else ""
-    say = Say(logging.ERROR, f"rank {event.rank} failed ({describe_exit(event.returncode)}){rest}")
+    what = "worker(s)" if state.trainers is None else "process(es)"
+    rest = f"; stopping the other {others} {what}" if others else ""
+    say = Say(logging.ERROR, f"{state.name(event.rank)} failed ({describe_exit(event.returncode)}){rest}")
     return _begin_stop(state, now, signal.SIGTERM, say)
 
 
@@ -229,7 +254,7 @@ def _on_time(state: State, now: float):
         state = replace(state, term_at=None)
         actions.append(Send(signal.SIGTERM))
     if state.kill_at is not None and state.killed_at is None and now >= state.kill_at:
-        who = (f"rank(s) {','.join(map(str, sorted(state.running)))}" if state.running
+        who = (", ".join(state.name(r) for r in sorted(state.running)) if state.running
                else "processes the workers left")
         actions.append(Say(logging.WARNING, f"{who} still running {now - state.stop_began:.1f} s "
                                             f"after the stop began: sending SIGKILL"))

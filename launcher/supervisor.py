@@ -57,9 +57,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class StartFailed(Exception):
     """A worker could not be started for want of a resource (descriptors, processes, memory)."""
 
-    def __init__(self, rank: int, reason: str) -> None:
-        super().__init__(f"could not start rank {rank}: {reason}")
-        self.rank = rank
+    def __init__(self, spec: WorkerSpec, reason: str) -> None:
+        super().__init__(f"could not start {spec.label}: {reason}")
+        self.rank = spec.rank
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class Failure:
     run_time: float
     log_file: Optional[str]
     last_lines: tuple
+    label: str = ""  # parameter-server mode: "server 0", "trainer 1"
 
 
 @dataclass
@@ -144,7 +145,8 @@ def _tell_the_end(job, code: int, started: tuple) -> None:
     cause = job.final_cause()
     if cause is None:
         if code == 0:
-            log.info("all %d worker(s) finished in %.1f s", started[1], time.monotonic() - started[0])
+            what = "process(es)" if job.plan.parameter_server else "worker(s)"
+            log.info("all %d %s finished in %.1f s", started[1], what, time.monotonic() - started[0])
         return
     lines = []
     if job.node_label():
@@ -337,11 +339,19 @@ class WorkerGroup:
     def ranks(self):
         return list(self.workers)
 
+    def names(self) -> dict:
+        """rank -> how messages name it, for the processes that are not plain ranks (servers, trainers)."""
+        return {s.rank: s.label for s in self.plan.workers if s.role}
+
+    def trainers(self):
+        """Parameter-server mode: the keys of this node's trainers; None in collective mode."""
+        return [s.rank for s in self.plan.workers if s.role == "trainer"] if self.plan.parameter_server else None
+
     def open_logs(self) -> None:
         """Every log file opened (and its header written) before the first worker starts."""
         for spec in self.plan.workers:
             if spec.log_file:
-                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.rank, spec.cmd, self.attempt)
+                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
                 self.outputs[spec.rank] = logs.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
 
     def start(self) -> None:
@@ -362,10 +372,10 @@ class WorkerGroup:
         if spare is not None and self._wake(spec, spare):
             return
         try:
-            output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.rank)
+            output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.label)
             stdout, stderr = output.child_fds()
         except OSError as e:
-            raise StartFailed(spec.rank, f"{e.strerror} while making its output pipes") from None
+            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
         self.outputs[spec.rank] = output
         try:
             proc = subprocess.Popen(
@@ -379,8 +389,8 @@ class WorkerGroup:
             )
         except OSError as e:
             if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
-                raise LaunchError(f"cannot start rank {spec.rank} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
-            raise StartFailed(spec.rank, e.strerror or str(e)) from None
+                raise LaunchError(f"cannot start {spec.label} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
+            raise StartFailed(spec, e.strerror or str(e)) from None
         finally:
             output.spawned()
         self._add(spec, proc, output)
@@ -488,7 +498,7 @@ class WorkerGroup:
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
-                       w.spec.log_file, tuple(w.output.last_lines()))
+                       w.spec.log_file, tuple(w.output.last_lines()), w.spec.role and w.spec.label)
 
     # ------------------------------------------------------------ close
 
@@ -519,14 +529,20 @@ class WorkerGroup:
 
 def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[StartFailed] = None) -> policy.State:
     """One attempt on this node, to the end of its last process; the policy's final state."""
-    state = policy.start(group.ranks, launch.plan.shutdown_timeout, stacks=launch.plan.dump_stacks)
+    state = policy.start(group.ranks, launch.plan.shutdown_timeout, stacks=launch.plan.dump_stacks,
+                         names=group.names(), trainers=group.trainers())
     loop = _Loop(launch, job, group)
     if start_failure is not None:
         event = policy.StartFailed(start_failure.rank, str(start_failure))
         state = _step(state, event, loop)
+    trainers_told = False
     while True:
         for event in loop.turn(state) + [policy.TimePassed()]:
             state = _step(state, event, loop)
+        if state.trainers_done and not state.stopping and not trainers_told:
+            trainers_told = True
+            for event in job.trainers_done():
+                state = _step(state, event, loop)
         if policy.gave_up(state, time.monotonic()):
             log.warning("process(es) %s did not end after SIGKILL (uninterruptible sleep?); giving up on them",
                         ",".join(map(str, group.running_pids())) or "?")
@@ -560,7 +576,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
     if after.failure is not None and before.failure is None:
         rank, returncode = after.failure
         summary = logs.format_failure(group.failure(rank))
-        text = f"rank {rank}{on} failed ({logs.describe_exit(returncode)})"
+        text = f"{after.name(rank)}{on} failed ({logs.describe_exit(returncode)})"
         return policy.Cause(node, "worker", policy.shell_code(returncode), text, summary)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
         return job_module.signal_cause(job, after.stop_signal)
@@ -719,13 +735,14 @@ def _show_stacks(group: WorkerGroup) -> None:
         return
     found = stacks.take(alive, timeout=STACK_TIMEOUT)
     label = group.launch.job_label or "this node"
-    logs.console.write(2, (logs.format_stacks(found, label) + "\n").encode(errors="replace"))
+    names = group.names()
+    logs.console.write(2, (logs.format_stacks(found, label, names) + "\n").encode(errors="replace"))
     if group.plan.log_dir:
         path = os.path.join(group.plan.log_dir, "stacks.txt")
-        logs.write_stacks(path, found, f"stacks of {label}, attempt {group.attempt + 1}")
+        logs.write_stacks(path, found, f"stacks of {label}, attempt {group.attempt + 1}", names)
         log.info("full stacks: %s", path)
     else:
-        logs.console.write(2, logs.format_dumps(found, f"stacks of {label}").encode(errors="replace"))
+        logs.console.write(2, logs.format_dumps(found, f"stacks of {label}", names).encode(errors="replace"))
 
 
 def emergency_stop(group: WorkerGroup, grace: float) -> None:
@@ -796,7 +813,7 @@ def _script_of(cmd) -> Optional[tuple]:
 
 def _start_spare(spec: WorkerSpec, plan: Plan, group: "WorkerGroup") -> Spare:
     stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare.py")
-    output = None if spec.log_file else logs.PipeOutput(spec.rank)
+    output = None if spec.log_file else logs.PipeOutput(spec.label)
     stdout, stderr = output.child_fds() if output else (subprocess.DEVNULL, subprocess.DEVNULL)
     r, w = os.pipe2(os.O_CLOEXEC)
     try:

@@ -21,7 +21,7 @@ def plan_from(args, host, env=None):
 
 def test_every_shipped_config_is_covered():
     assert {p.name for p in CONFIGS.glob("*.yaml")} == {
-        "single_node.yaml", "two_nodes.yaml", "cpu_only.yaml", "paddlecloud.yaml"}
+        "single_node.yaml", "two_nodes.yaml", "cpu_only.yaml", "paddlecloud.yaml", "parameter_server.yaml"}
 
 
 def test_single_node():
@@ -145,3 +145,12 @@ def test_env_names_and_values_the_kernel_cannot_pass_are_refused(tmp_path, text,
 def test_long_values_are_shortened_in_messages(tmp_path):
     message = refused(tmp_path, "env: {A: " + "[" * 200 + "]" * 200 + "}\n")
     assert "env: A must be a single value, not a list" in message
+
+
+def test_parameter_server_on_two_nodes():
+    host = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("eth0", "192.168.1.3", "255.255.255.0"),))
+    p = plan_from(["--config", str(CONFIGS / "parameter_server.yaml"), "train.py"], host)
+    assert p.parameter_server and p.node_rank == 1
+    assert [w.label for w in p.workers] == ["trainer 2", "trainer 3", "server 1"]
+    assert p.workers[2].log_file == "mylog/serverlog.1" and p.base_env["FLAGS_rpc_deadline"] == "60000"
+    assert p.control.port == 6169

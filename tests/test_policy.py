@@ -170,3 +170,53 @@ def test_a_cause_from_a_peer_is_checked(wire):
 
 def test_a_cause_survives_the_wire():
     assert p.Cause.from_dict(CAUSE.as_dict()) == CAUSE
+
+
+# ---------------------------------------------------------------- parameter-server mode
+
+PS_NAMES = {0: "server 0", 1: "server 1", 2: "trainer 0", 3: "trainer 1"}
+
+
+def run_ps(events, trainers=(2, 3)):
+    state = p.start(PS_NAMES, GRACE, names=PS_NAMES, trainers=trainers)
+    seen = []
+    for now, event in events:
+        state, actions = p.decide(state, event, now)
+        seen += [(now, a) for a in actions]
+    return state, seen
+
+
+def test_servers_are_stopped_once_the_trainers_are_done_and_the_job_succeeds():
+    state, _ = run_ps([(1, p.WorkerExited(2, 0))])
+    assert not state.trainers_done
+    state, seen = run_ps([(1, p.WorkerExited(2, 0)), (2, p.WorkerExited(3, 0))])
+    assert state.trainers_done
+    state, seen = run_ps([(1, p.WorkerExited(2, 0)), (2, p.WorkerExited(3, 0)), (2.1, p.TrainersDone("every trainer finished")),
+                          (2.2, p.WorkerExited(0, -signal.SIGTERM)), (2.3, p.WorkerExited(1, -signal.SIGTERM))])
+    assert sends(seen) == [(2.1, "Send", signal.SIGTERM)]
+    assert "every trainer finished: stopping the 2 server(s)" in seen[0][1].text
+    assert not state.running and p.exit_code(state) == 0
+
+
+def test_a_server_failure_is_named_and_its_code_is_the_jobs():
+    state, seen = run_ps([(1, p.WorkerExited(1, -signal.SIGKILL)), (1.1, p.TrainersDone("late"))])
+    assert sends(seen) == [(1, "Send", signal.SIGTERM)]
+    assert seen[0][1].text == "server 1 failed (killed by SIGKILL); stopping the other 3 process(es)"
+    assert p.exit_code(state) == 137 and not state.trainers_done
+
+
+def test_trainers_done_is_ignored_while_stopping_or_when_nothing_runs():
+    _, seen = run_ps([(0, p.StopSignal(signal.SIGTERM)), (1, p.TrainersDone("x"))])
+    assert sends(seen) == [(0, "Send", signal.SIGTERM)]
+    _, seen = run_ps([(t, p.WorkerExited(r, 0)) for t, r in enumerate((0, 1, 2, 3))] + [(5, p.TrainersDone("x"))])
+    assert seen == []
+
+
+def test_a_node_without_trainers_is_done_at_once_and_collective_never_is():
+    assert run_ps([], trainers=())[0].trainers_done
+    assert not run([(1, p.WorkerExited(0, 0))])[0].trainers_done
+
+
+def test_the_kill_message_names_servers_and_trainers():
+    _, seen = run_ps([(0, p.WorkerExited(2, 1)), (10, p.TimePassed())])
+    assert "server 0, server 1, trainer 1 still running 10.0 s after the stop began" in seen[-2][1].text

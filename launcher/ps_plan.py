@@ -1,0 +1,212 @@
+"""The plan of a parameter-server job (Paddle 1.8's ``launch_ps``): servers and trainers, pure.
+
+Two ways to describe the job:
+
+- counts, one node: ``--server_num N --worker_num M`` (a missing one is 2, as in Paddle); servers
+  take ports ``--started_port`` to ``+N-1`` and trainers the next ``M`` (free ports when unset);
+- lists, any number of nodes: ``--servers ip:port,...`` and ``--workers ip:port,...``; each node
+  starts the endpoints whose address is its own (``--node_ip``, or any address of this machine).
+
+Processes are keyed in the plan (``WorkerSpec.rank``) by their place in the job: servers 0 to
+N-1, then trainers N to N+M-1; ``role`` and ``role_index`` say what each one is. Locally the
+trainers come first, so that the console shows the first trainer's output.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+from launcher import envvars as ev
+from launcher import plan as pl
+from launcher.errors import LaunchError
+
+DEFAULT_COUNT = 2  # Paddle 1.8's launch_ps starts 2 servers and 2 trainers unless told otherwise
+
+# Collective variables of the launcher's own environment that would mislead a server or trainer
+_COLLECTIVE_VARS = (ev.RANK, ev.WORLD_SIZE, ev.LOCAL_RANK, ev.LOCAL_WORLD_SIZE, ev.GROUP_RANK, ev.GROUP_WORLD_SIZE,
+                    ev.MASTER_ADDR, ev.MASTER_PORT, ev.TRAINER_ID, ev.PSERVER_ID, ev.TRAINING_ROLE, ev.SELECTED_GPUS)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{pl._host_part(self.host)}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    servers: tuple  # Endpoint, by server id
+    trainers: tuple  # Endpoint, by trainer id
+    node_ips: tuple  # every host, servers' first, in order of appearance
+    node_rank: int
+
+
+def make_ps_plan(
+    opts: pl.LaunchOptions,
+    env: Mapping[str, str],
+    host: pl.HostFacts,
+    find_free_ports: Callable[[str, int], Sequence[int]],
+) -> pl.Plan:
+    _refuse_collective_options(opts)
+    pl._check_shutdown_timeout(opts.shutdown_timeout)
+    if opts.module and opts.no_python:
+        raise LaunchError("--module and --no_python exclude each other; give only one of them.")
+    if opts.max_restarts < 0:
+        raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
+    if opts.servers is not None or opts.workers is not None:
+        layout = _listed_layout(opts, host)
+    else:
+        layout = _counted_layout(opts, find_free_ports)
+    base_env = {k: v for k, v in {**env, **dict(opts.extra_env)}.items() if k not in _COLLECTIVE_VARS}
+    return _assemble(opts, host, base_env, layout)
+
+
+def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
+    given = [name for name, value, default in (
+        ("--selected_gpus", opts.selected_gpus, None),
+        ("--nproc_per_node", opts.nproc_per_node, None),
+        ("--cluster_node_ips", opts.cluster_node_ips, "127.0.0.1"),
+        ("--use_paddlecloud", opts.use_paddlecloud, False),
+    ) if value != default]
+    if given:
+        raise LaunchError(f"{given[0]} belongs to collective training, but --server_num/--worker_num/--servers/--workers "
+                          f"ask for parameter-server mode; drop {given[0]}, or drop the parameter-server options.")
+
+
+# ---------------------------------------------------------------- the two ways to describe the job
+
+
+def _counted_layout(opts: pl.LaunchOptions, find_free_ports) -> Layout:
+    servers = _count(opts.server_num, "--server_num")
+    trainers = _count(opts.worker_num, "--worker_num")
+    ip = opts.node_ip
+    if opts.started_port is not None:
+        ports = pl._port_range(opts.started_port, servers + trainers,
+                               f"--started_port {opts.started_port} ({servers} servers and {trainers} trainers)")
+    else:
+        ports = tuple(find_free_ports(ip, servers + trainers))
+        if len(ports) != servers + trainers:
+            raise LaunchError(f"could not find {servers + trainers} free ports on {ip}; give --started_port.")
+    ends = tuple(Endpoint(ip, p) for p in ports)
+    return Layout(ends[:servers], ends[servers:], (ip,), 0)
+
+
+def _count(value: Optional[int], name: str) -> int:
+    if value is None:
+        return DEFAULT_COUNT
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LaunchError(f"{name} {value!r} is not a positive whole number; give at least 1.")
+    if value > pl.MAX_WORKERS_PER_NODE:
+        raise LaunchError(f"{name} {value} is more processes than a node has ports; give at most {pl.MAX_WORKERS_PER_NODE}.")
+    return value
+
+
+def _listed_layout(opts: pl.LaunchOptions, host: pl.HostFacts) -> Layout:
+    if opts.servers is None or opts.workers is None:
+        missing = "--workers" if opts.workers is None else "--servers"
+        raise LaunchError(f"{missing} is missing: a parameter-server job described by endpoints needs both --servers "
+                          f"and --workers (ip:port,...), or give --server_num/--worker_num for one node.")
+    if opts.started_port is not None:
+        raise LaunchError("--started_port has no meaning with --servers/--workers, whose endpoints carry the ports; drop it.")
+    servers = _endpoints(opts.servers, "--servers")
+    trainers = _endpoints(opts.workers, "--workers")
+    for name, count, listed in (("--server_num", opts.server_num, servers), ("--worker_num", opts.worker_num, trainers)):
+        if count is not None and count != len(listed):
+            flag = "--servers" if listed is servers else "--workers"
+            raise LaunchError(f"{name} {count} disagrees with {flag}, which lists {len(listed)}; drop {name} or make them match.")
+    dup = pl._first_duplicate([str(e) for e in servers + trainers])
+    if dup is not None:
+        raise LaunchError(f"--servers/--workers list the endpoint {dup} twice; give every server and trainer an endpoint of its own.")
+    node_ips = tuple(dict.fromkeys(e.host for e in servers + trainers))
+    node_ip = _this_node(opts.node_ip, node_ips, host)
+    return Layout(servers, trainers, node_ips, node_ips.index(node_ip))
+
+
+def _endpoints(text: str, name: str) -> tuple:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or not all(items):
+        raise LaunchError(f"{name}={text!r} has an empty endpoint; give comma-separated ip:port pairs such as 10.0.0.1:6170.")
+    ends = []
+    for item in items:
+        h, p = pl._endpoint(item, name)
+        if not pl.is_valid_host(h):
+            raise LaunchError(f"{name} has the endpoint {item!r}, whose address {h!r} is malformed; give an IP or a host name.")
+        ends.append(Endpoint(h, p))
+    return tuple(ends)
+
+
+def _this_node(node_ip: str, node_ips: tuple, host: pl.HostFacts) -> str:
+    """--node_ip when it is one of the job's hosts; else the one host of the lists that is an address here."""
+    if node_ip in node_ips:
+        return node_ip
+    local = [ip for ip in node_ips if ip in {i.address for i in host.interfaces}]
+    if node_ip == "127.0.0.1" and len(local) == 1:  # --node_ip left at its default
+        return local[0]
+    hosts = ",".join(node_ips)
+    if node_ip != "127.0.0.1":
+        raise LaunchError(f"--node_ip {node_ip} hosts none of the --servers/--workers endpoints (hosts {hosts}); "
+                          "give this node's address as it appears in those lists.")
+    found = f"several of them are addresses of this machine ({','.join(local)})" if local else "none of them is an address of this machine"
+    raise LaunchError(f"--servers/--workers name the hosts {hosts}, and {found}; give --node_ip with this node's address from those lists.")
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout: Layout) -> pl.Plan:
+    node_ip = layout.node_ips[layout.node_rank]
+    mine_t = [(j, e) for j, e in enumerate(layout.trainers) if e.host == node_ip]
+    mine_s = [(i, e) for i, e in enumerate(layout.servers) if e.host == node_ip]
+    local_count = len(mine_t) + len(mine_s)
+    servers = ",".join(map(str, layout.servers))
+    files, trainer_vars = pl._endpoint_vars(",".join(map(str, layout.trainers)), host)
+    shared = {
+        ev.PSERVERS_IP_PORT_LIST: servers,
+        ev.TRAINERS_NUM: str(len(layout.trainers)),
+        ev.RUN_ID: host.run_id,
+    }
+    if ev.OMP_NUM_THREADS not in base_env:
+        shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // local_count))
+    iface = pl.interface_of(node_ip, host.interfaces)
+    for name in (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME):
+        if iface and name not in base_env:
+            shared[name] = iface
+    cmd = pl._command(opts, host.python)
+    specs = []
+    for j, e in mine_t:
+        own = {ev.TRAINING_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e), **trainer_vars}
+        specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, "trainer", j))
+    for i, e in mine_s:
+        own = {ev.TRAINING_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
+               ev.CURRENT_ENDPOINT: str(e)}
+        specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, "server", i))
+    node0 = tuple(e.port for e in layout.servers + layout.trainers if e.host == layout.node_ips[0])
+    return pl.Plan(
+        node_ips=layout.node_ips,
+        node_rank=layout.node_rank,
+        world_size=len(layout.servers) + len(layout.trainers),
+        ports=tuple(e.port for _, e in mine_t + mine_s),
+        device="cpu",
+        workers=tuple(specs),
+        base_env=base_env,
+        log_dir=opts.log_dir,
+        shutdown_timeout=opts.shutdown_timeout,
+        files=files,
+        max_restarts=opts.max_restarts,
+        control=pl.control_spec(opts, base_env, layout.node_ips, node0, cmd),
+        hang_timeout=opts.hang_timeout,
+        dump_stacks=opts.dump_stacks,
+        servers=tuple(map(str, layout.servers)),
+        trainers=tuple(map(str, layout.trainers)),
+    )
+
+
+def _spec(opts, key: int, local: int, endpoint: Endpoint, cmd: tuple, env: dict, role: str, index: int) -> pl.WorkerSpec:
+    log_name = f"serverlog.{index}" if role == "server" else f"workerlog.{index}"
+    log_file = os.path.join(opts.log_dir, log_name) if opts.log_dir else None
+    return pl.WorkerSpec(key, local, str(endpoint), None, cmd, env, log_file, role=role, role_index=index)

@@ -1,0 +1,130 @@
+"""Parameter-server mode under the real launcher, with fake servers and trainers (no torch):
+roles, logs, the end of a job when the trainers are done, failures of either role, busy ports,
+two nodes on loopback acting as one job, and restarts."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+from conftest import REPO, WORKERS, assert_all_gone, free_ports, launcher_cmd, run_launcher
+
+ROLE = str(WORKERS / "ps_role.py")
+
+
+def records(folder, what):
+    return {p.name.rsplit(".", 2)[0]: json.loads(p.read_text()) for p in folder.glob(f"*.{what}.json")}
+
+
+def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(tmp_path):
+    port = free_ports(4)
+    began = time.monotonic()
+    r = run_launcher("--server_num", 2, "--worker_num", 2, "--start_port", port, "--log_dir", tmp_path / "log",
+                     "--shutdown_timeout", 5, ROLE, tmp_path)
+    took = time.monotonic() - began
+    assert r.returncode == 0, r.stderr
+    assert "every trainer finished: stopping the 2 server(s)" in r.stderr
+    assert "all 4 process(es) finished" in r.stderr
+    ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
+    assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
+    assert min(t["time"] for t in terms.values()) >= max(e["time"] for e in ends.values())  # servers outlive trainers
+    assert took < 10
+    logs = {p.name: p.read_text() for p in (tmp_path / "log").iterdir()}
+    assert sorted(logs) == ["serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]
+    assert "launcher: server 1 starts" in logs["serverlog.1"] and f"server 1 listening on 127.0.0.1:{port + 1}" in logs["serverlog.1"]
+    assert "launcher: trainer 0 starts" in logs["workerlog.0"] and "trainer 0 step 2" in logs["workerlog.0"]
+    assert "trainer 0 step 2" in r.stdout  # the first trainer is echoed on the console
+    env = records(tmp_path, "start")["trainer.1"]["env"]
+    assert env["TRAINING_ROLE"] == "TRAINER" and env["PADDLE_TRAINER_ID"] == "1" and env["PADDLE_TRAINERS_NUM"] == "2"
+    assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == f"127.0.0.1:{port},127.0.0.1:{port + 1}"
+    assert "RANK" not in env and "MASTER_ADDR" not in env
+    assert records(tmp_path, "start")["server.0"]["env"]["PADDLE_PORT"] == str(port)
+
+
+def test_a_trainer_failure_stops_the_servers_at_once_with_its_code(tmp_path):
+    began = time.monotonic()
+    r = run_launcher("--server_num", 2, "--worker_num", 2, ROLE, tmp_path, env={"TRAINER_CODE_1": "3"})
+    assert r.returncode == 3, r.stderr
+    assert "trainer 1 failed (exit code 3); stopping the other" in r.stderr
+    assert "launcher: last lines of trainer 1:" in r.stderr and "[trainer 1] trainer 1 step 2" in r.stdout
+    assert set(records(tmp_path, "term")) == {"server.0", "server.1"}
+    assert time.monotonic() - began < 10
+    assert_all_gone([s["pid"] for s in records(tmp_path, "start").values()])
+
+
+def test_a_server_killed_mid_training_stops_the_trainers_with_its_code(tmp_path):
+    began = time.monotonic()
+    r = run_launcher("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log", ROLE, tmp_path,
+                     env={"SERVER_KILL_1": "0.5", "TRAINER_SECONDS": "60"})
+    assert r.returncode == 128 + 9, r.stderr
+    assert "server 1 failed (killed by SIGKILL); stopping the other 3 process(es)" in r.stderr
+    assert f"log: {tmp_path / 'log' / 'serverlog.1'}" in r.stderr
+    assert not records(tmp_path, "end")  # no trainer got to the end
+    assert time.monotonic() - began < 10
+    assert_all_gone([s["pid"] for s in records(tmp_path, "start").values()])
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path):
+    port = free_ports(3)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port + 2))
+        holder.listen()
+        r = run_launcher("--server_num", 1, "--worker_num", 2, "--started_port", port, "--log_dir", tmp_path / "log",
+                         ROLE, tmp_path)
+    assert r.returncode == 2 and f"{port + 2}" in r.stderr and "Traceback" not in r.stderr
+    assert not records(tmp_path, "start") and not (tmp_path / "log").exists()
+
+
+def test_mixing_parameter_server_and_collective_options_is_refused(tmp_path):
+    r = run_launcher("--server_num", 1, "--nproc_per_node", 2, ROLE, tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--nproc_per_node belongs to collective training" in r.stderr
+
+
+def test_a_failed_trainer_restarts_the_whole_job(tmp_path):
+    r = run_launcher("--server_num", 1, "--worker_num", 2, "--max_restarts", 1, ROLE, tmp_path,
+                     env={"TRAINER_FAIL_FIRST": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "trainer 0 failed (exit code 9)" in r.stderr and "restarting the job, attempt 2 of 2" in r.stderr
+    assert records(tmp_path, "start")["server.0"]["env"]["PADDLE_RESTART_COUNT"] == "1"
+
+
+def _two_nodes(tmp_path, env=None):
+    """Node 127.0.0.1: two servers and trainer 0; node 127.0.0.2: trainer 1. Both launchers' results."""
+    port = free_ports(4)
+    servers = f"127.0.0.1:{port},127.0.0.1:{port + 1}"
+    workers = f"127.0.0.1:{port + 2},127.0.0.2:{port + 3}"
+    procs = []
+    for ip in ("127.0.0.2", "127.0.0.1"):
+        cmd = launcher_cmd("--servers", servers, "--workers", workers, "--node_ip", ip, "--shutdown_timeout", 5,
+                           "--control_port", port + 5, ROLE, tmp_path)
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, **(env or {})}))
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            results.append((p.returncode, err, time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
+    # trainer 1 (the other node) takes longer: node 0's servers must wait for it
+    (b_code, b_err, _), (a_code, a_err, _) = _two_nodes(tmp_path, env={"TRAINER_SECONDS_1": "1.5"})
+    assert (a_code, b_code) == (0, 0), a_err + b_err
+    assert "every trainer of the job finished: stopping the 2 server(s)" in a_err
+    ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
+    assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
+    assert min(t["time"] for t in terms.values()) >= ends["trainer.1"]["time"] > ends["trainer.0"]["time"] + 0.8
+
+
+def test_a_trainer_failure_on_one_node_stops_the_servers_on_the_other(tmp_path):
+    (b_code, b_err, b_end), (a_code, a_err, a_end) = _two_nodes(tmp_path, env={"TRAINER_CODE_1": "5"})
+    assert (a_code, b_code) == (5, 5), a_err + b_err
+    assert "trainer 1 on node 1 (127.0.0.2) failed (exit code 5)" in a_err
+    assert set(records(tmp_path, "term")) == {"server.0", "server.1"}

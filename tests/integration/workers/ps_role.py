@@ -1,0 +1,50 @@
+"""A fake parameter-server process: no torch, just what the launcher sees of one.
+
+argv[1]: a folder for its records. Servers record their start, wait, and record the SIGTERM that
+stops them; trainers record their variables, print a few lines and exit. Knobs (variables):
+TRAINER_SECONDS (0.3) or TRAINER_SECONDS_<id>, TRAINER_CODE_<id> (0), SERVER_KILL_<id> (seconds until it kills itself),
+TRAINER_FAIL_FIRST (trainer 0 exits 9 on the first attempt).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+out = sys.argv[1]
+env = os.environ
+role = env["TRAINING_ROLE"]
+me = env["PADDLE_PSERVER_ID"] if role == "PSERVER" else env["PADDLE_TRAINER_ID"]
+name = f"{'server' if role == 'PSERVER' else 'trainer'}.{me}"
+
+
+def record(what: str, **extra) -> None:
+    with open(os.path.join(out, f"{name}.{what}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "time": time.time(), **extra}, f)
+
+
+def on_term(sig, frame):
+    record("term")
+    sys.exit(0)
+
+
+record("start", env={k: v for k, v in env.items() if k.startswith(("PADDLE_", "TRAINING_", "POD_", "RANK", "MASTER_"))})
+if role == "PSERVER":
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"server {me} listening on {env['PADDLE_CURRENT_ENDPOINT']}", flush=True)
+    kill_after = env.get(f"SERVER_KILL_{me}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if kill_after and time.monotonic() > deadline - 60 + float(kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(0)
+
+for step in range(3):
+    print(f"trainer {me} step {step}", flush=True)
+    time.sleep(float(env.get(f"TRAINER_SECONDS_{me}", env.get("TRAINER_SECONDS", "0.3"))) / 3)
+if env.get("TRAINER_FAIL_FIRST") and me == "0" and env["PADDLE_RESTART_COUNT"] == "0":
+    sys.exit(9)
+record("end")
+sys.exit(int(env.get(f"TRAINER_CODE_{me}", "0")))
