@@ -13,6 +13,8 @@ from launcher.errors import LaunchError
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 DEFAULT_PROG = "python -m launcher"
+# --cluster_env's choices: clusters.names(), spelled out so that --help does not import the plan
+CLUSTER_ENVS = ("auto", "cli", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf")
 
 
 class LogLevel(click.ParamType):
@@ -81,6 +83,9 @@ Examples:
               "the node's first worker is also shown on the console.")
 @_option("use_paddlecloud", is_flag=True, default=False,
          help="Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).")
+@_option("cluster_env", type=click.Choice(CLUSTER_ENVS), default="auto", show_default=True,
+         help="Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), SLURM "
+              "(srun), Volcano, MPI or LSF; auto takes the first found, else this node alone.")
 @_option("print_config", type=click.BOOL, default=True, show_default=True, metavar="BOOL",
          help="Print the launch plan before starting (true/false/1/0/yes/no).")
 @_option("log_level", type=LogLevel(), default="INFO", show_default=True,
@@ -145,7 +150,7 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher import preflight
     from launcher.plan import make_plan
 
-    host = preflight.probe_host()
+    host = preflight.probe_host(os.environ)
     finder = preflight.port_finder(host)
     try:
         plan = make_plan(opts, os.environ, host, finder)

@@ -534,6 +534,8 @@ def format_plan(plan) -> str:
         f"{len(plan.workers)} {workers}, world size {plan.world_size}",
         f"  master (rank 0 store): {plan.workers[0].env['MASTER_ADDR']}:{plan.workers[0].env['MASTER_PORT']}",
     ]
+    if plan.cluster:
+        lines.append(f"  cluster: {plan.cluster}")
     if nodes > 1:
         shown = ",".join(plan.node_ips[:8]) + (f",... ({nodes} nodes)" if nodes > 8 else "")
         lines.append(f"  nodes: {shown}")

@@ -5,6 +5,7 @@ Everything here is pure: no I/O, no ``os.environ``. Bad input raises LaunchError
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import os
@@ -41,6 +42,7 @@ class LaunchOptions:
     nproc_per_node: Optional[int] = None
     log_dir: Optional[str] = None
     use_paddlecloud: bool = False
+    cluster_env: str = "auto"  # where the nodes come from: a name of clusters.SOURCES, or auto
     module: bool = False
     no_python: bool = False
     shutdown_timeout: float = 10.0
@@ -81,6 +83,8 @@ class HostFacts:
     run_id: str = "run"
     temp_dir: str = "/tmp"
     cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
+    hostname: str = ""  # this machine's name, as schedulers list it
+    env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.FILE_VARIABLES)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class Plan:
     dump_stacks: bool = False
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
     trainers: tuple = ()
+    cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
 
     @property
     def node_ip(self) -> str:
@@ -161,14 +166,6 @@ class Plan:
         return endpoint_list(self.node_ips, self.ports)
 
 
-@dataclass(frozen=True)
-class _Cluster:
-    node_ips: tuple
-    node_rank: int
-    ports: Optional[tuple]  # None: free ports are to be found on this node
-    notes: tuple = ()
-
-
 # ---------------------------------------------------------------- entry point
 
 
@@ -192,10 +189,16 @@ def make_plan(
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
     if opts.max_restarts < 0:
         raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
+    from launcher import clusters
+
+    source, chosen_by = clusters.choose(opts, env)
+    opts = _with_defaults(opts, clusters.device_defaults(source, env))
     base_env = {**env, **dict(opts.extra_env)}
     gpus, gpu_notes = _select_gpus(opts, base_env, host.gpu_count)
     nper = len(gpus) if gpus is not None else (opts.nproc_per_node or DEFAULT_CPU_WORKERS)
-    cluster = _paddlecloud_cluster(opts, env, nper) if _uses_paddlecloud(opts, env) else _cli_cluster(opts, nper)
+    cluster = clusters.resolve(clusters.Request(source, env, opts, host, nper, chosen_by))
+    if source == "cli" and chosen_by == "--cluster_env auto":
+        cluster = dataclasses.replace(cluster, notes=cluster.notes + clusters.sbatch_note(env))
     ports = cluster.ports
     if ports is None:
         ports = tuple(find_free_ports(cluster.node_ips[cluster.node_rank], nper))
@@ -205,6 +208,12 @@ def make_plan(
     if gpus is None:
         base_env.pop(ev.SELECTED_GPUS, None)
     return _assemble(opts, host, base_env, cluster, ports, gpus, notes)
+
+
+def _with_defaults(opts: LaunchOptions, defaults: Mapping[str, object]) -> LaunchOptions:
+    """A scheduler's values (its GPUs, its processes per node) for the options the user left unset."""
+    unset = {k: v for k, v in defaults.items() if getattr(opts, k) is None}
+    return dataclasses.replace(opts, **unset) if unset else opts
 
 
 def _check_nproc(n) -> None:
@@ -280,14 +289,17 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
         max_restarts=opts.max_restarts,
-        control=control_spec(opts, base_env, cluster.node_ips, ports, cmd),
+        control=control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id),
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
+        cluster=cluster.description,
     )
 
 
-def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple):
-    """The control channel of a job of several nodes (None for one); ``ports``: node 0's, the first one's neighbour is the default."""
+def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,
+                 scheduler_job: Optional[str] = None):
+    """The control channel of a job of several nodes (None for one); ``ports``: node 0's, the first one's neighbour is
+    the default. The job id: --job_id, LAUNCHER_JOB_ID, the scheduler's job, or a digest of the job."""
     if len(node_ips) == 1:
         return None
     port = opts.control_port if opts.control_port is not None else ports[0] - 1
@@ -298,7 +310,7 @@ def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, p
     for name, value in (("--heartbeat_timeout", opts.heartbeat_timeout), ("--join_timeout", opts.join_timeout)):
         if not 0.5 <= value <= MAX_SHUTDOWN_TIMEOUT:
             raise LaunchError(f"{name} {value} is not a number of seconds from 0.5 to {MAX_SHUTDOWN_TIMEOUT:.0f}; give a sensible timeout.")
-    job_id = opts.job_id or env.get(ev.JOB_ID) or default_job_id(node_ips, ports, cmd)
+    job_id = opts.job_id or env.get(ev.JOB_ID) or scheduler_job or default_job_id(node_ips, ports, cmd)
     return ControlSpec(port, opts.heartbeat_timeout, opts.join_timeout, job_id, env.get(ev.JOB_TOKEN) or None)
 
 
@@ -378,73 +390,6 @@ def _gpu_flag(gpu: str, visible) -> str:
 
 
 # ---------------------------------------------------------------- nodes and ports
-
-
-def _cli_cluster(opts: LaunchOptions, nper: int) -> _Cluster:
-    node_ips = parse_node_list(opts.cluster_node_ips, "--cluster_node_ips")
-    node_rank = _node_rank(node_ips, opts.node_ip, "--node_ip", "--cluster_node_ips")
-    if opts.started_port is not None:
-        ports = _port_range(opts.started_port, nper, f"--started_port {opts.started_port}")
-    elif len(node_ips) > 1:
-        ports = _port_range(MULTI_NODE_PORT, nper, f"the default start port {MULTI_NODE_PORT} (several nodes)")
-    else:
-        ports = None
-    return _Cluster(node_ips, node_rank, ports)
-
-
-def _uses_paddlecloud(opts: LaunchOptions, env: Mapping[str, str]) -> bool:
-    if not opts.use_paddlecloud:
-        return False
-    return _int_var(env, "PADDLE_TRAINERS_NUM", default=1) != 1
-
-
-def _paddlecloud_cluster(opts: LaunchOptions, env: Mapping[str, str], nper: int) -> _Cluster:
-    node_ips = parse_node_list(_need_var(env, "PADDLE_TRAINERS"), "PADDLE_TRAINERS")
-    pod_ip = _need_var(env, "POD_IP")
-    node_rank = _int_var(env, "PADDLE_TRAINER_ID")
-    if not 0 <= node_rank < len(node_ips) or node_ips[node_rank] != pod_ip:
-        raise LaunchError(f"PADDLE_TRAINER_ID={node_rank} does not point at POD_IP={pod_ip} in PADDLE_TRAINERS={','.join(node_ips)}; fix the PaddleCloud environment.")
-    notes = []
-    if opts.node_ip not in ("127.0.0.1", pod_ip):
-        notes.append(f"--use_paddlecloud: using POD_IP={pod_ip} instead of --node_ip {opts.node_ip}.")
-    if opts.cluster_node_ips not in ("127.0.0.1", ",".join(node_ips)):
-        notes.append(f"--use_paddlecloud: using PADDLE_TRAINERS={','.join(node_ips)} instead of --cluster_node_ips {opts.cluster_node_ips}.")
-    explicit = env.get("DISTRIBUTED_TRAINER_ENDPOINTS", "").strip()
-    if explicit:
-        ports = _ports_from_endpoints(explicit, node_ips, node_rank, nper)
-        return _Cluster(node_ips, node_rank, ports, tuple(notes))
-    port, given_as = _paddlecloud_start_port(opts, env, len(node_ips), nper)
-    return _Cluster(node_ips, node_rank, _port_range(port, nper, given_as), tuple(notes))
-
-
-def _paddlecloud_start_port(opts: LaunchOptions, env: Mapping[str, str], nodes: int, nper: int):
-    """PADDLE_PORT (several nodes, enough TRAINER_PORTS_NUM), else --started_port, else 6170, as Paddle 1.8.
-
-    Both variables are optional: Paddle 1.8 falls back when either is unset.
-    """
-    paddle_port = _int_var(env, "PADDLE_PORT", optional=True)
-    ports_num = _int_var(env, "TRAINER_PORTS_NUM", optional=True)
-    if nodes > 1 and paddle_port is not None and ports_num is not None and ports_num >= nper:
-        return paddle_port, f"PADDLE_PORT={paddle_port}"
-    if opts.started_port is not None:
-        return opts.started_port, f"--started_port {opts.started_port}"
-    return PADDLECLOUD_PORT, f"the PaddleCloud default start port {PADDLECLOUD_PORT}"
-
-
-def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int) -> tuple:
-    name = "DISTRIBUTED_TRAINER_ENDPOINTS"
-    endpoints = [e.strip() for e in text.split(",")]
-    if len(endpoints) != nper * len(node_ips):
-        raise LaunchError(f"{name} has {len(endpoints)} endpoints, but {len(node_ips)} nodes of {nper} workers need {nper * len(node_ips)}.")
-    parsed = [_endpoint(e, name) for e in endpoints]
-    dup = _first_duplicate([f"{_host_part(h)}:{p}" for h, p in parsed])
-    if dup is not None:
-        raise LaunchError(f"{name} lists the endpoint {dup} twice; give every worker an endpoint of its own.")
-    mine = range(node_rank * nper, (node_rank + 1) * nper)
-    for i in mine:
-        if parsed[i][0] != node_ips[node_rank]:
-            raise LaunchError(f"{name} has {endpoints[i]!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
-    return tuple(parsed[i][1] for i in mine)
 
 
 def _endpoint(text: str, name: str):
@@ -535,23 +480,6 @@ def _command(opts: LaunchOptions, python: str) -> tuple:
     if opts.module:
         return (python, "-u", "-m", opts.training_script, *args)
     return (python, "-u", opts.training_script, *args)
-
-
-def _need_var(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise LaunchError(f"--use_paddlecloud needs the variable {name}, which is not set; set it or drop --use_paddlecloud.")
-    return value
-
-
-def _int_var(env: Mapping[str, str], name: str, default: Optional[int] = None, optional: bool = False):
-    """The whole number in ``name``; ``default`` (or None when ``optional``) when it is unset or empty."""
-    if (default is not None or optional) and not env.get(name, "").strip():
-        return default
-    value = _need_var(env, name)
-    if not _INTEGER.fullmatch(value):
-        raise LaunchError(f"--use_paddlecloud: {name}={value} is not a whole number; fix the variable.")
-    return int(value)
 
 
 def _current_dir() -> str:

@@ -15,7 +15,7 @@ from launcher.errors import LaunchError
 from launcher.plan import HostFacts, Interface, LaunchOptions, Plan
 
 
-def probe_host() -> HostFacts:
+def probe_host(env=None) -> HostFacts:
     return HostFacts(
         gpu_count=count_gpus(),
         cpu_count=len(os.sched_getaffinity(0)),
@@ -23,7 +23,24 @@ def probe_host() -> HostFacts:
         python=sys.executable,
         run_id=uuid.uuid4().hex[:12],
         temp_dir=tempfile.gettempdir(),
+        hostname=socket.gethostname(),
+        env_files=tuple(_scheduler_files(env or {})),
     )
+
+
+def _scheduler_files(env) -> list:
+    """(path, text) of each file a scheduler's variable names (LSF's rank file), for the plan; unreadable ones are left out."""
+    from launcher.clusters import FILE_VARIABLES
+
+    found = []
+    for name in FILE_VARIABLES:
+        path = env.get(name, "").strip()
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                found.append((path, f.read(16 * 1024 * 1024)))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def count_gpus():

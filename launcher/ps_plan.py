@@ -73,6 +73,9 @@ def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
         ("--cluster_node_ips", opts.cluster_node_ips, "127.0.0.1"),
         ("--use_paddlecloud", opts.use_paddlecloud, False),
     ) if value != default]
+    if opts.cluster_env not in ("auto", "cli"):
+        raise LaunchError(f"--cluster_env {opts.cluster_env} is not supported in parameter-server mode, whose nodes come from "
+                          f"--servers and --workers; drop --cluster_env.")
     if given:
         raise LaunchError(f"{given[0]} belongs to collective training, but --server_num/--worker_num/--servers/--workers "
                           f"ask for parameter-server mode; drop {given[0]}, or drop the parameter-server options.")
