@@ -21,7 +21,8 @@ def plan_from(args, host, env=None):
 
 def test_every_shipped_config_is_covered():
     assert {p.name for p in CONFIGS.glob("*.yaml")} == {
-        "single_node.yaml", "two_nodes.yaml", "cpu_only.yaml", "paddlecloud.yaml", "parameter_server.yaml"}
+        "single_node.yaml", "two_nodes.yaml", "cpu_only.yaml", "paddlecloud.yaml", "parameter_server.yaml",
+        "slurm.yaml", "kubeflow.yaml", "volcano.yaml", "mpi.yaml", "lsf.yaml"}
 
 
 def test_single_node():
@@ -48,6 +49,37 @@ def test_paddlecloud():
            "PADDLE_PORT": "35019", "TRAINER_PORTS_NUM": "8", "PADDLE_TRAINERS_NUM": "2"}
     p = plan_from(["--config", str(CONFIGS / "paddlecloud.yaml"), "train.py"], GPU_HOST, env)
     assert p.world_size == 16 and p.workers[0].rank == 8 and p.ports[0] == 35019
+
+
+# recorded environments of one node of each scheduler's job
+SCHEDULER_ENVS = {
+    "slurm.yaml": {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu[01-02]",
+                   "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": "1"},
+    "kubeflow.yaml": {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8",
+                      "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"},
+    "volcano.yaml": {"VC_TASK_INDEX": "1", "VC_WORKER_HOSTS": "job-worker-0.job,job-worker-1.job", "VC_WORKER_NUM": "2"},
+    "lsf.yaml": {"LSB_JOBID": "5", "LSB_MCPU_HOSTS": "batch1 1 h1 8 h2 8"},
+}
+
+
+@pytest.mark.parametrize("name,source", [("slurm.yaml", "slurm"), ("kubeflow.yaml", "kubeflow"),
+                                         ("volcano.yaml", "volcano"), ("lsf.yaml", "lsf")])
+def test_scheduler_configs_take_the_nodes_from_the_scheduler(name, source):
+    host = HostFacts(gpu_count=8, cpu_count=32, interfaces=GPU_HOST.interfaces, hostname="h2")
+    p = plan_from(["--config", str(CONFIGS / name), "train.py"], host, SCHEDULER_ENVS[name])
+    assert p.cluster.startswith(f"{source} (") and len(p.node_ips) == 2 and p.node_rank == 1
+    assert p.world_size == 16 and [w.rank for w in p.workers] == list(range(8, 16))
+
+
+def test_mpi_config_one_rank():
+    p = plan_from(["--config", str(CONFIGS / "mpi.yaml"), "train.py"], CPU_HOST,
+                  {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"})
+    assert p.cluster.startswith("mpi (") and p.node_ips == ("127.0.0.1",) and p.log_dir == "mylog"
+
+
+def test_cluster_env_key_is_checked(tmp_path):
+    assert load(tmp_path, "cluster_env: slurm\n") == {"cluster_env": "slurm"}
+    assert "cluster_env: 'pbs' is not one of" in refused(tmp_path, "cluster_env: pbs\n")
 
 
 @pytest.mark.parametrize("name", ["single_node.yaml", "cpu_only.yaml"])
