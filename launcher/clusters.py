@@ -11,7 +11,7 @@ I/O here: a file a scheduler names (LSF's rank file) is read by preflight into
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional
 
 from launcher import hostlist
@@ -111,7 +111,7 @@ def _with_override_notes(req: Request, cluster: Cluster) -> Cluster:
         notes.append(f"{label}: using the nodes {_short_list(cluster.node_ips)} instead of --cluster_node_ips {req.opts.cluster_node_ips}.")
     if req.opts.node_ip not in (DEFAULT_NODES, cluster.node_ips[cluster.node_rank]):
         notes.append(f"{label}: this is node {cluster.node_rank} ({cluster.node_ips[cluster.node_rank]}), not --node_ip {req.opts.node_ip}.")
-    return Cluster(**{**cluster.__dict__, "notes": tuple(notes)})
+    return replace(cluster, notes=tuple(notes))
 
 
 def _short_list(nodes: tuple) -> str:
@@ -146,7 +146,8 @@ def _first_var(req: Request, *names: str) -> str:
     for name in names:
         if req.env.get(name, "").strip():
             return name
-    _var(req, names[0])
+    _var(req, names[0])  # raises, naming the first
+    return names[0]
 
 
 def _int(req: Request, name: str, default: Optional[int] = None, optional: bool = False):
