@@ -166,3 +166,68 @@ def test_mpirun_two_ranks_on_one_node_are_refused(tmp_path):
                        env=clean_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode != 0
     assert "OMPI_COMM_WORLD_LOCAL_SIZE=2 starts several launchers per node; run mpirun with --map-by ppr:1:node" in r.stderr
+
+
+# ---------------------------------------------------------------- two nodes on loopback, from a scheduler's variables
+
+
+def job_port_range() -> int:
+    """A SLURM job id whose derived start port (20000 + id % 20000), its neighbour (the control
+    port) and the next one are free on 127.0.0.1 and 127.0.0.2 right now."""
+    import random
+
+    for _ in range(200):
+        job = random.randrange(1000, 20000)
+        port = 20000 + job
+        socks = []
+        try:
+            for host in ("127.0.0.1", "127.0.0.2"):
+                for p in (port - 1, port, port + 1):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind((host, p))
+            return job
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.skip("no free port range in 20000-40000")
+
+
+def start_scheduled_node(env, out, name):
+    cmd = [sys.executable, "-m", "launcher", "--nproc_per_node", "2", "--log_dir", str(out / f"log-{name}"),
+           "--shutdown_timeout", "2", ALLREDUCE, str(out)]
+    return subprocess.Popen(cmd, cwd=REPO, env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_two_nodes(envs, out):
+    # node 1 first: rank 0's store listens on every address, which node 1's port check would call in use
+    procs = [start_scheduled_node(envs[1], out, "1"), start_scheduled_node(envs[0], out, "0")]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=120)
+            results.append((p.returncode, stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def slurm_node(job, rank):
+    return {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "127.0.0.[1-2]",
+            "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODEID": str(rank)}
+
+
+def test_two_slurm_nodes_on_loopback_agree_on_ports_without_options(tmp_path):
+    job = job_port_range()
+    for code, stderr in run_two_nodes([slurm_node(job, 0), slurm_node(job, 1)], tmp_path):
+        assert code == 0, stderr
+        assert "cluster: slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)" in stderr
+    records = read_records(tmp_path, 4)
+    assert [r["sum"] for r in records] == [10.0] * 4
+    assert {r["env"]["MASTER_PORT"] for r in records} == {str(20000 + job)}
+    assert records[3]["env"]["PADDLE_CURRENT_ENDPOINT"] == f"127.0.0.2:{20000 + job + 1}"
