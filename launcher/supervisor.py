@@ -37,6 +37,7 @@ from typing import Optional
 from launcher import envvars as ev
 from launcher import job as job_module
 from launcher import logs, policy, processes
+from launcher import state as state_file
 from launcher.errors import LaunchError
 from launcher.logs import log
 from launcher.plan import Plan, WorkerSpec
@@ -114,8 +115,10 @@ def run(plan: Plan, reserved: tuple = ()) -> int:
             started = _run_attempt(launch, job)
             what, code = job.finish_attempt(_Loop(launch, job).turn)
             if what == "end":
+                launch.record("ended", code)
                 _tell_the_end(job, code, started)
                 return code
+            launch.record("restarting")
     finally:
         if job is not None:
             job.close()
@@ -129,6 +132,7 @@ def _run_attempt(launch: Launch, job) -> tuple:
         group.open_logs()
         try:
             group.start()
+            launch.record_group(group)
             if job.attempt < launch.plan.max_restarts:
                 launch.make_spares(group)
         except StartFailed as e:
@@ -174,6 +178,12 @@ class Launch:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
         self._files_written: list = []
+        self.state = state_file.Writer(state_file.path_for(plan.log_dir, plan.node_rank)) if plan.log_dir else None
+        self.started_wall = time.time()
+        self._processes: tuple = ()  # the last attempt's, as the state file shows them
+        self._attempt = 0
+        self._phase = ""
+        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.state else None
 
     def open(self) -> None:
         """Everything a launch needs before its first worker, checked and set up."""
@@ -302,7 +312,30 @@ class Launch:
                     pass
         self._check_watchdog()
 
+    # ------------------------------------------------------------ the state file (launcher status)
+
+    def record_group(self, group: "WorkerGroup") -> None:
+        """The state file shows ``group``'s processes as they are now (started, exited)."""
+        if self.state is not None:
+            self._processes = group.snapshot()
+            self.record("running", attempt=group.attempt)
+
+    def record(self, phase: str, exit_code: Optional[int] = None, attempt: Optional[int] = None) -> None:
+        if self.state is None:
+            return
+        self._attempt = self._attempt if attempt is None else attempt
+        self._phase = phase
+        plan = self.plan
+        host, pid, start = self._me
+        self.state.write(state_file.NodeState(
+            node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), host=host,
+            run_id=self.run_id, launcher_pid=pid, launcher_start=start,
+            attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
+            started=self.started_wall, updated=time.time(), processes=self._processes))
+
     def close(self) -> None:
+        if self.state is not None and self.state.written and self._phase != "ended":
+            self.record("ended")  # ended by an error: the launcher says which on its console
         self.drop_spares()
         self.stop_watchdog()
         self.reap_orphans(keep=())
@@ -495,6 +528,10 @@ class WorkerGroup:
         latest = [w.output.last_written() for w in self.workers.values()]
         return max([t for t in latest if t is not None], default=self.started_wall)
 
+    def snapshot(self) -> tuple:
+        """Every process of this attempt as the state file shows it."""
+        return tuple(_process_state(spec, self.workers.get(spec.rank)) for spec in self.plan.workers)
+
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
@@ -537,8 +574,11 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
         state = _step(state, event, loop)
     trainers_told = False
     while True:
-        for event in loop.turn(state) + [policy.TimePassed()]:
+        events = loop.turn(state)
+        for event in events + [policy.TimePassed()]:
             state = _step(state, event, loop)
+        if any(isinstance(e, policy.WorkerExited) for e in events):
+            launch.record_group(group)  # once a turn, however many exited in it
         if state.trainers_done and not state.stopping and not trainers_told:
             trainers_told = True
             for event in job.trainers_done():
@@ -762,6 +802,20 @@ def emergency_stop(group: WorkerGroup, grace: float) -> None:
         if not any(w.alive for w in group.workers.values()):
             break
         time.sleep(0.02)
+
+
+def _process_state(spec: WorkerSpec, worker: Optional[Worker]) -> state_file.ProcessState:
+    log_name = os.path.basename(spec.log_file) if spec.log_file else None
+    if worker is None:  # not started (a start that failed)
+        return state_file.ProcessState(spec.label, spec.rank, None, log_name, None)
+    ended = None if worker.ended is None else _wall(worker.ended)
+    return state_file.ProcessState(spec.label, spec.rank, worker.pid, log_name, _wall(worker.started), ended,
+                                   worker.returncode)
+
+
+def _wall(monotonic: float) -> float:
+    """A time.monotonic() of the past as a time.time()."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 # ---------------------------------------------------------------- limits
