@@ -48,6 +48,7 @@ HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
 STACK_TIMEOUT = 10.0  # how long taking the workers' stacks may hold up a stop
 WATCHDOG_QUIT_WAIT = 2.0
+STATE_INTERVAL = 0.2  # the state file is rewritten at most this often while a stop ends workers
 FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -183,6 +184,7 @@ class Launch:
         self._processes: tuple = ()  # the last attempt's, as the state file shows them
         self._attempt = 0
         self._phase = ""
+        self._recorded = 0.0  # when the state file was last written (time.monotonic())
         self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.state else None
 
     def open(self) -> None:
@@ -325,6 +327,7 @@ class Launch:
             return
         self._attempt = self._attempt if attempt is None else attempt
         self._phase = phase
+        self._recorded = time.monotonic()
         plan = self.plan
         host, pid, start = self._me
         self.state.write(state_file.NodeState(
@@ -332,6 +335,9 @@ class Launch:
             run_id=self.run_id, launcher_pid=pid, launcher_start=start,
             attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
             started=self.started_wall, updated=time.time(), processes=self._processes))
+
+    def record_due(self) -> bool:
+        return time.monotonic() - self._recorded >= STATE_INTERVAL
 
     def close(self) -> None:
         if self.state is not None and self.state.written and self._phase != "ended":
@@ -577,8 +583,8 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
         events = loop.turn(state)
         for event in events + [policy.TimePassed()]:
             state = _step(state, event, loop)
-        if any(isinstance(e, policy.WorkerExited) for e in events):
-            launch.record_group(group)  # once a turn, however many exited in it
+        if any(isinstance(e, policy.WorkerExited) for e in events) and _record_now(state, launch):
+            launch.record_group(group)
         if state.trainers_done and not state.stopping and not trainers_told:
             trainers_told = True
             for event in job.trainers_done():
@@ -595,6 +601,12 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
             elif loop.drained():
                 break
     return state
+
+
+def _record_now(state: policy.State, launch: Launch) -> bool:
+    """After an exit: at once, except during a stop, when many end together (then at most every
+    STATE_INTERVAL, and at the last one)."""
+    return not state.stopping or not state.running or launch.record_due()
 
 
 def _step(state: policy.State, event, loop: "_Loop") -> policy.State:
