@@ -14,7 +14,6 @@ is their order in time give or take POLL.
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import signal
@@ -26,7 +25,7 @@ from launcher import logs, state
 from launcher.errors import LaunchError
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
-HEADER = re.compile(rb"^===== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) launcher: ", re.M)
+HEADER = re.compile(rb"===== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) launcher: ")
 POLL = 0.2  # how often -f looks for new lines
 STATE_EVERY = 1.0  # how often -f looks whether the job has ended
 LAST_LINE_BYTES = 4096
@@ -233,12 +232,19 @@ class Section:
 
 
 def sections(path: str, index: int, end: int) -> list:
-    """The runs in the first ``end`` bytes of a log."""
-    if end == 0:
-        return []
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        heads = [(m.start(), m.group(1)) for m in HEADER.finditer(data, 0, end)]
-    if not heads or heads[0][0] > 0:
+    """The runs in the first ``end`` bytes of a log (read as lines: a file truncated meanwhile
+    only ends the scan early)."""
+    heads, at = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if at >= end:
+                break
+            if line.startswith(b"===== "):
+                m = HEADER.match(line)
+                if m:
+                    heads.append((at, m.group(1)))
+            at += len(line)
+    if end and (not heads or heads[0][0] > 0):
         heads.insert(0, (0, b""))
     bounds = [start for start, _ in heads[1:]] + [end]
     return [Section(when, index, start, stop) for (start, when), stop in zip(heads, bounds)]
