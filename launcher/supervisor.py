@@ -323,6 +323,7 @@ class Launch:
             self.record("running", attempt=group.attempt)
 
     def record(self, phase: str, exit_code: Optional[int] = None, attempt: Optional[int] = None) -> None:
+        """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails."""
         if self.state is None:
             return
         self._attempt = self._attempt if attempt is None else attempt
