@@ -65,6 +65,13 @@ Examples:
   python -m launcher --cluster_node_ips=192.168.1.2,192.168.1.3 \\
       --node_ip=192.168.1.2 --started_port=6170 train.py   # on each node, its own --node_ip
   python -m launcher --server_num 2 --worker_num 2 train_ps.py   # parameter servers
+
+\b
+Watching a job started with --log_dir (reads the folder only; touches no process):
+  python -m launcher status mylog          # each process: pid, state, run time, last log line
+  python -m launcher logs mylog -f --ranks 0,3 --grep loss   # the logs merged, followed
+status and logs are these tools only as the first argument, and only when no file of that name
+is in the current folder: a training script named status or logs runs as usual (also as ./status).
 """)
 @_option("cluster_node_ips", default="127.0.0.1", show_default=True, metavar="IPS",
          help="Comma-separated IPs or host names of all nodes, in node-rank order.")
@@ -172,6 +179,73 @@ def launch(ctx: click.Context, **values) -> int:
     return supervisor.run(plan, tuple(reserved))
 
 
+TOOL_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.command(context_settings=TOOL_CONTEXT)
+@click.argument("log_dir", required=False, default=".")
+def status_command(log_dir: str) -> int:
+    """Show each process of the job whose --log_dir is LOG_DIR (default: the current folder):
+    node, rank (or server/trainer), pid, state (running, exited N, killed by SIG, stopped),
+    run time, restarts, and the last line of its log.
+
+    Reads the state file the launcher keeps there (launcher.nodeN.json) and the logs; touches no
+    process. A job whose launcher is gone is said not to run any more.
+    """
+    from launcher import watch
+
+    _show(watch.status(log_dir).encode(), flush=True)
+    return 0
+
+
+@click.command(context_settings=TOOL_CONTEXT)
+@click.argument("log_dir")
+@click.option("-f", "--follow", is_flag=True, default=False,
+              help="Then show new lines as they come, until the job has ended (or Ctrl-C).")
+@click.option("--ranks", default=None, metavar="0,3,s0",
+              help="Only these logs: N for workerlog.N, sN for serverlog.N.")
+@click.option("--grep", default=None, metavar="REGEX", help="Only the lines that match REGEX (Python syntax).")
+def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
+    """Show every workerlog.N and serverlog.N of LOG_DIR merged, each line prefixed with its
+    process ([rank 0], [server 1]).
+
+    Lines carry no time of their own: the runs (from the dated line that opens each one) are shown
+    in the order they started, each run's lines whole and in order; with -f, new lines in the
+    order they arrive (looked for 5 times a second).
+    """
+    from launcher import watch
+
+    pattern = watch.compile_grep(grep)
+    files = watch.log_files(log_dir, watch.parse_ranks(ranks))
+    ends = watch.sizes(files, whole_lines=follow)
+    for chunk in watch.merged(files, ends, pattern):
+        _show(chunk)
+    _show(b"", flush=True)
+    if follow:
+        watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+    return 0
+
+
+def _show(data: bytes, flush: bool = False) -> None:
+    """An operator tool's output, on stdout (blocking: nothing else waits on it)."""
+    if data:
+        sys.stdout.buffer.write(data)
+    if flush:
+        sys.stdout.buffer.flush()
+
+
+TOOLS = {"status": status_command, "logs": logs_command}
+
+
+def command_for(args: list, prog: str = DEFAULT_PROG):
+    """(click command, its arguments, its name). ``status`` and ``logs`` are the operator tools
+    only as the first argument and when no file of that name is in the current folder: a training
+    script of that name is never shadowed."""
+    if args and args[0] in TOOLS and not os.path.isfile(args[0]):
+        return TOOLS[args[0]], args[1:], f"{prog} {args[0]}"
+    return launch, args, prog
+
+
 def _with_config(ctx: click.Context, values: dict) -> dict:
     """Command line, then the --config file, then defaults."""
     if not values["config"]:
@@ -208,8 +282,12 @@ def prog_name(argv0: str) -> str:
 
 def main(argv=None) -> None:
     _open_standard_streams()
+    args = list(sys.argv[1:] if argv is None else argv)
+    command, args, prog = command_for(args, prog_name(sys.argv[0] if sys.argv else ""))
     try:
-        code = launch.main(args=argv, prog_name=prog_name(sys.argv[0] if sys.argv else ""), standalone_mode=False)
+        code = command.main(args=args, prog_name=prog, standalone_mode=False)
+    except BrokenPipeError:  # | head: the reader has what it wanted
+        code = 0
     except (LaunchError, click.ClickException) as e:
         logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = 2

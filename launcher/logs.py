@@ -543,7 +543,7 @@ def format_plan(plan) -> str:
     for w in plan.workers:
         device = "cpu" if w.gpu is None else f"gpu {w.gpu} (not found)" if unverified else f"gpu {w.gpu}"
         rows.append((str(w.rank), str(w.local_rank), w.endpoint, device, w.log_file or "console"))
-    lines += _table(rows)
+    lines += table(rows)
     return "\n".join(lines + _plan_footer(plan))
 
 
@@ -561,10 +561,10 @@ def _format_ps_plan(plan) -> str:
         lines.append(f"  nodes: {','.join(plan.node_ips[:8])}" + (f",... ({nodes} nodes)" if nodes > 8 else ""))
     rows = [("role", "id", "endpoint", "log")]
     rows += [(w.role, str(w.role_index), w.endpoint, w.log_file or "console") for w in plan.workers]
-    return "\n".join(lines + _table(rows) + _plan_footer(plan))
+    return "\n".join(lines + table(rows) + _plan_footer(plan))
 
 
-def _table(rows: list) -> list:
+def table(rows: list) -> list:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip() for r in rows]
 

@@ -37,6 +37,7 @@ from typing import Optional
 from launcher import envvars as ev
 from launcher import job as job_module
 from launcher import logs, policy, processes
+from launcher import state as state_file
 from launcher.errors import LaunchError
 from launcher.logs import log
 from launcher.plan import Plan, WorkerSpec
@@ -47,6 +48,7 @@ HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
 STACK_TIMEOUT = 10.0  # how long taking the workers' stacks may hold up a stop
 WATCHDOG_QUIT_WAIT = 2.0
+STATE_INTERVAL = 0.2  # the state file is rewritten at most this often while a stop ends workers
 FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -114,8 +116,10 @@ def run(plan: Plan, reserved: tuple = ()) -> int:
             started = _run_attempt(launch, job)
             what, code = job.finish_attempt(_Loop(launch, job).turn)
             if what == "end":
+                launch.record("ended", code)
                 _tell_the_end(job, code, started)
                 return code
+            launch.record("restarting")
     finally:
         if job is not None:
             job.close()
@@ -129,6 +133,7 @@ def _run_attempt(launch: Launch, job) -> tuple:
         group.open_logs()
         try:
             group.start()
+            launch.record_group(group)
             if job.attempt < launch.plan.max_restarts:
                 launch.make_spares(group)
         except StartFailed as e:
@@ -174,6 +179,13 @@ class Launch:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
         self._files_written: list = []
+        self.state = state_file.Writer(state_file.path_for(plan.log_dir, plan.node_rank)) if plan.log_dir else None
+        self.started_wall = time.time()
+        self._processes: tuple = ()  # the last attempt's, as the state file shows them
+        self._attempt = 0
+        self._phase = ""
+        self._recorded = 0.0  # when the state file was last written (time.monotonic())
+        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.state else None
 
     def open(self) -> None:
         """Everything a launch needs before its first worker, checked and set up."""
@@ -302,7 +314,35 @@ class Launch:
                     pass
         self._check_watchdog()
 
+    # ------------------------------------------------------------ the state file (launcher status)
+
+    def record_group(self, group: "WorkerGroup") -> None:
+        """The state file shows ``group``'s processes as they are now (started, exited)."""
+        if self.state is not None:
+            self._processes = group.snapshot()
+            self.record("running", attempt=group.attempt)
+
+    def record(self, phase: str, exit_code: Optional[int] = None, attempt: Optional[int] = None) -> None:
+        """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails."""
+        if self.state is None:
+            return
+        self._attempt = self._attempt if attempt is None else attempt
+        self._phase = phase
+        self._recorded = time.monotonic()
+        plan = self.plan
+        host, pid, start = self._me
+        self.state.write(state_file.NodeState(
+            node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), host=host,
+            run_id=self.run_id, launcher_pid=pid, launcher_start=start,
+            attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
+            started=self.started_wall, updated=time.time(), processes=self._processes))
+
+    def record_due(self) -> bool:
+        return time.monotonic() - self._recorded >= STATE_INTERVAL
+
     def close(self) -> None:
+        if self.state is not None and self.state.written and self._phase != "ended":
+            self.record("ended")  # ended by an error: the launcher says which on its console
         self.drop_spares()
         self.stop_watchdog()
         self.reap_orphans(keep=())
@@ -495,6 +535,10 @@ class WorkerGroup:
         latest = [w.output.last_written() for w in self.workers.values()]
         return max([t for t in latest if t is not None], default=self.started_wall)
 
+    def snapshot(self) -> tuple:
+        """Every process of this attempt as the state file shows it."""
+        return tuple(_process_state(spec, self.workers.get(spec.rank)) for spec in self.plan.workers)
+
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
@@ -537,8 +581,11 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
         state = _step(state, event, loop)
     trainers_told = False
     while True:
-        for event in loop.turn(state) + [policy.TimePassed()]:
+        events = loop.turn(state)
+        for event in events + [policy.TimePassed()]:
             state = _step(state, event, loop)
+        if any(isinstance(e, policy.WorkerExited) for e in events) and _record_now(state, launch):
+            launch.record_group(group)
         if state.trainers_done and not state.stopping and not trainers_told:
             trainers_told = True
             for event in job.trainers_done():
@@ -555,6 +602,12 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
             elif loop.drained():
                 break
     return state
+
+
+def _record_now(state: policy.State, launch: Launch) -> bool:
+    """After an exit: at once, except during a stop, when many end together (then at most every
+    STATE_INTERVAL, and at the last one)."""
+    return not state.stopping or not state.running or launch.record_due()
 
 
 def _step(state: policy.State, event, loop: "_Loop") -> policy.State:
@@ -762,6 +815,20 @@ def emergency_stop(group: WorkerGroup, grace: float) -> None:
         if not any(w.alive for w in group.workers.values()):
             break
         time.sleep(0.02)
+
+
+def _process_state(spec: WorkerSpec, worker: Optional[Worker]) -> state_file.ProcessState:
+    log_name = os.path.basename(spec.log_file) if spec.log_file else None
+    if worker is None:  # not started (a start that failed)
+        return state_file.ProcessState(spec.label, spec.rank, None, log_name, None)
+    ended = None if worker.ended is None else _wall(worker.ended)
+    return state_file.ProcessState(spec.label, spec.rank, worker.pid, log_name, _wall(worker.started), ended,
+                                   worker.returncode)
+
+
+def _wall(monotonic: float) -> float:
+    """A time.monotonic() of the past as a time.time()."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 # ---------------------------------------------------------------- limits

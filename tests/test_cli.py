@@ -23,7 +23,7 @@ def test_help_reads_like_torchrun_and_paddle():
 
 
 def test_launcher_modules_do_not_import_torch():
-    code = ("import sys; from launcher import cli, plan, preflight, supervisor, logs, config, watchdog; "
+    code = ("import sys; from launcher import cli, plan, preflight, supervisor, logs, config, watchdog, state, watch; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.stdout.strip() == "False", r.stderr

@@ -31,7 +31,7 @@ def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(
     assert min(t["time"] for t in terms.values()) >= max(e["time"] for e in ends.values())  # servers outlive trainers
     assert took < 10
     logs = {p.name: p.read_text() for p in (tmp_path / "log").iterdir()}
-    assert sorted(logs) == ["serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]
+    assert sorted(logs) == ["launcher.node0.json", "serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]  # and the state file
     assert "launcher: server 1 starts" in logs["serverlog.1"] and f"server 1 listening on 127.0.0.1:{port + 1}" in logs["serverlog.1"]
     assert "launcher: trainer 0 starts" in logs["workerlog.0"] and "trainer 0 step 2" in logs["workerlog.0"]
     assert "trainer 0 step 2" in r.stdout  # the first trainer is echoed on the console

@@ -1,0 +1,141 @@
+"""The state file: what the launcher of one node tells ``launcher status`` and ``launcher logs``.
+
+``LOG_DIR/launcher.nodeN.json`` (N: the node's index, so that nodes sharing a log dir on NFS never
+write the same file), rewritten whole (a temporary file, then a rename: a reader never sees half
+of it) when the workers start, when any of them exits, between attempts and at the end. Only with
+--log_dir. Keeping it never fails the job: a write that fails is one warning, then no more writes.
+
+Whether the job still runs is not taken on the file's word: its launcher's pid must be alive and
+have the start time recorded (a recycled pid has another). A file whose launcher is gone without
+recording the end is a job that stopped (killed with -9, the machine rebooted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher.logs import log
+
+VERSION = 1
+PREFIX, SUFFIX = "launcher.node", ".json"
+
+
+def path_for(log_dir: str, node: int) -> str:
+    return os.path.join(log_dir, f"{PREFIX}{node}{SUFFIX}")
+
+
+def is_state_file(name: str) -> bool:
+    return name.startswith(PREFIX) and name.endswith(SUFFIX) and name[len(PREFIX):-len(SUFFIX)].isdigit()
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    label: str  # "rank 3", "server 0", "trainer 1"
+    key: int  # the rank (in parameter-server mode only a key)
+    pid: Optional[int]
+    log: Optional[str]  # its log file's name in the log dir
+    started: Optional[float]  # time.time()
+    ended: Optional[float] = None
+    returncode: Optional[int] = None  # negative: killed by that signal
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: int
+    node_ip: str
+    nodes: int
+    host: str
+    run_id: str
+    launcher_pid: int
+    launcher_start: Optional[int]  # the launcher's start time in clock ticks since boot (/proc)
+    attempt: int  # 0 for the first run; restarts so far
+    max_restarts: int
+    phase: str  # "running", "restarting" (between attempts), "ended"
+    exit_code: Optional[int]  # the launcher's, once ended (None: ended by an error of its own)
+    started: float
+    updated: float
+    processes: tuple = ()  # ProcessState
+
+
+def to_json(state: NodeState) -> bytes:
+    """One line per process, so that a person can read it too (and ``asdict``'s deep copy is not paid)."""
+    head = {"version": VERSION, **vars(state)}
+    del head["processes"]
+    procs = ",\n  ".join(json.dumps(vars(p)) for p in state.processes)
+    return f'{json.dumps(head)[:-1]}, "processes": [\n  {procs}\n]}}\n'.encode()
+
+
+def from_json(text: bytes) -> NodeState:
+    """The state in ``text``; ValueError saying what is wrong with it."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"not a version {VERSION} state file")
+    try:
+        fields = {k: v for k, v in data.items() if k != "version"}
+        processes = tuple(ProcessState(**p) for p in fields.pop("processes"))
+        return NodeState(**fields, processes=processes)
+    except (TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"a field is missing or unknown ({e})") from None
+
+
+class Writer:
+    """Rewrites one state file atomically; never raises. The first failure is a warning, and
+    the file is then left alone (the job matters more than its state file)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.failed = False
+        self.written = False
+
+    def write(self, state: NodeState) -> None:
+        if self.failed:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(to_json(state))
+            os.replace(tmp, self.path)
+            self.written = True
+        except OSError as e:
+            self.failed = True
+            log.warning("cannot write the state file %s (%s): `launcher status` will not see this job; "
+                        "the job goes on", self.path, e.strerror or e)
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def process_start(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def launcher_status(state: NodeState, host: str) -> str:
+    """"alive", "gone" (its launcher no longer runs: the job does not either), or "elsewhere"
+    (another host's launcher, which cannot be checked from here)."""
+    if state.host != host:
+        return "elsewhere"
+    started = process_start(state.launcher_pid)
+    if started is None or (state.launcher_start is not None and started != state.launcher_start):
+        return "gone"
+    return "alive"

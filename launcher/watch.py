@@ -1,0 +1,365 @@
+"""``launcher status`` and ``launcher logs``: an operator's view of a job, from its log dir alone.
+
+They read what the launcher writes there, the state files (``launcher.state``) and the logs, and
+never signal or touch a worker.
+
+The order of ``logs``: a worker's lines carry no time, and the launcher stays out of their way
+(each worker writes its log file itself), so no tool can know when each line was written. What is
+known: the time each run of each process started (its header line, to the second). ``logs`` shows
+the runs in that order (ties by rank), each run's lines in the order of its file, whole; the lines
+of two ranks of the same run are not interleaved. ``-f`` then shows new lines as they arrive,
+looked for every POLL seconds: lines of different ranks are in the order they were found, which
+is their order in time give or take POLL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from launcher import logs, state
+from launcher.errors import LaunchError
+
+LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
+HEADER = re.compile(rb"===== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) launcher: ")
+POLL = 0.2  # how often -f looks for new lines
+STATE_EVERY = 1.0  # how often -f looks whether the job has ended
+LAST_LINE_BYTES = 4096
+LAST_LINE_WIDTH = 60
+
+
+# ---------------------------------------------------------------- state files
+
+
+def read_states(log_dir: str) -> list:
+    """Every node's state in ``log_dir``, by node; a clear LaunchError for a missing folder or a bad file."""
+    return [_read_state(os.path.join(log_dir, name)) for name in sorted(_names(log_dir), key=_node_of)
+            if state.is_state_file(name)]
+
+
+def _names(log_dir: str) -> list:
+    try:
+        return os.listdir(log_dir)
+    except FileNotFoundError:
+        raise LaunchError(f"{log_dir} does not exist; give the --log_dir of the job.") from None
+    except NotADirectoryError:
+        raise LaunchError(f"{log_dir} is not a folder; give the --log_dir of the job.") from None
+    except OSError as e:
+        raise LaunchError(f"cannot read {log_dir} ({e.strerror}); give a --log_dir you can read.") from None
+
+
+def _node_of(name: str) -> tuple:
+    number = name[len(state.PREFIX):-len(state.SUFFIX)]
+    return (not number.isdigit(), int(number) if number.isdigit() else 0, name)
+
+
+def _read_state(path: str) -> state.NodeState:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise LaunchError(f"cannot read {path} ({e.strerror}).") from None
+    try:
+        return state.from_json(data)
+    except ValueError as e:
+        raise LaunchError(f"{path} is not a launcher state file ({e}); remove it, or start the job again "
+                          f"with this --log_dir, which rewrites it.") from None
+
+
+def job_over(s: state.NodeState, liveness: str) -> bool:
+    return s.phase == "ended" or liveness == "gone"
+
+
+# ---------------------------------------------------------------- status
+
+
+def status(log_dir: str) -> str:
+    """The text of ``launcher status LOG_DIR``."""
+    states = read_states(log_dir)
+    if not states:
+        where = "the current folder" if log_dir == "." else log_dir
+        raise LaunchError(f"no launcher state file (launcher.nodeN.json) in {where}: status needs the "
+                          f"--log_dir of a job (python -m launcher status LOG_DIR; a job started without "
+                          f"--log_dir keeps none).")
+    host = state.this_host()
+    liveness = {s.node: state.launcher_status(s, host) for s in states}
+    tails = {(s.node, p.key): last_line(os.path.join(log_dir, p.log)) if p.log else ""
+             for s in states for p in s.processes}
+    return format_status(states, liveness, tails, time.time())
+
+
+def format_status(states, liveness: dict, tails: dict, now: float) -> str:
+    """Pure: one line per node, then a table of every process."""
+    lines = [_node_line(s, liveness[s.node]) for s in states]
+    rows = [("node", "process", "pid", "state", "time", "restarts", "last line")]
+    for s in states:
+        for p in s.processes:
+            running = not job_over(s, liveness[s.node])
+            rows.append((str(s.node), p.label, "-" if p.pid is None else str(p.pid), process_state(p, running),
+                         _run_time(p, s, now, running), str(s.attempt), tails.get((s.node, p.key), "")))
+    return "\n".join(lines + logs.table(rows)) + "\n"
+
+
+def _node_line(s: state.NodeState, liveness: str) -> str:
+    where = f"launcher: node {s.node} of {s.nodes} ({s.node_ip})"
+    attempt = f"attempt {s.attempt + 1} of {s.max_restarts + 1}"
+    if s.phase == "ended":
+        how = "with an error of the launcher" if s.exit_code is None else f"with exit code {s.exit_code}"
+        return f"{where}: ended {how} at {_clock(s.updated)} ({attempt})"
+    if liveness == "gone":
+        return (f"{where}: not running any more: its launcher (pid {s.launcher_pid}) is gone without "
+                f"recording the end; last update {_clock(s.updated)}")
+    doing = "restarting" if s.phase == "restarting" else "running"
+    if liveness == "elsewhere":
+        return (f"{where}: {doing} at {_clock(s.updated)} (launcher pid {s.launcher_pid} on host {s.host}, "
+                f"which cannot be checked from this host), {attempt}")
+    return f"{where}: {doing}, launcher pid {s.launcher_pid}, {attempt}, since {_clock(s.started)}"
+
+
+def process_state(p: state.ProcessState, running: bool) -> str:
+    """"running", "exited N", "killed by SIGTERM", "stopped" (gone unrecorded), "not started"."""
+    if p.returncode is not None:
+        if p.returncode >= 0:
+            return f"exited {p.returncode}"
+        try:
+            return f"killed by {signal.Signals(-p.returncode).name}"
+        except ValueError:
+            return f"killed by signal {-p.returncode}"
+    if p.pid is None:
+        return "not started"
+    return "running" if running else "stopped"
+
+
+def _run_time(p: state.ProcessState, s: state.NodeState, now: float, running: bool) -> str:
+    if p.started is None:
+        return "-"
+    end = p.ended if p.ended is not None else now if running else s.updated
+    seconds = max(0.0, end - p.started)
+    if seconds < 100:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def last_line(path: str) -> str:
+    """The last line of a log, shortened; "" when the current run has written nothing yet."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - LAST_LINE_BYTES))
+            data = f.read()
+    except OSError:
+        return "(no log)"
+    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+    if not lines or lines[-1].startswith("===== "):
+        return ""
+    line = lines[-1].strip()
+    return line if len(line) <= LAST_LINE_WIDTH else line[:LAST_LINE_WIDTH - 3] + "..."
+
+
+# ---------------------------------------------------------------- logs
+
+
+@dataclass(frozen=True)
+class LogFile:
+    path: str
+    name: str  # workerlog.3
+    label: str  # how its lines are prefixed: rank 3, trainer 3, server 0
+    prefix: bytes
+
+
+def log_files(log_dir: str, wanted: Optional[set] = None) -> list:
+    """The logs of the job in ``log_dir`` (those named in ``wanted`` only), servers first, by number."""
+    names = _names(log_dir)
+    try:  # the state file names trainers and servers; without it, the file names do
+        labels = {p.log: p.label for s in read_states(log_dir) for p in s.processes if p.log}
+    except LaunchError:
+        labels = {}
+    found = sorted((m.group(1) != "serverlog", int(m.group(2)), m.group(0))
+                   for m in map(LOG_NAME.match, names) if m)
+    if not found:
+        raise LaunchError(f"no workerlog.N or serverlog.N in {log_dir}; give the --log_dir of the job.")
+    missing = sorted((wanted or set()) - {name for _, _, name in found})
+    if missing:
+        raise LaunchError(f"--ranks: no {', '.join(missing)} in {log_dir}.")
+    files = []
+    for server, number, name in found:
+        if wanted is None or name in wanted:
+            label = labels.get(name) or (f"rank {number}" if server else f"server {number}")
+            files.append(LogFile(os.path.join(log_dir, name), name, label, f"[{label}] ".encode()))
+    return files
+
+
+def parse_ranks(text: Optional[str]) -> Optional[set]:
+    """``0,3,s1`` -> {workerlog.0, workerlog.3, serverlog.1}; None for every log."""
+    if not text:
+        return None
+    wanted = set()
+    for item in (i.strip() for i in text.split(",")):
+        m = re.fullmatch(r"(s|server)?(\d+)", item)
+        if not m:
+            raise LaunchError(f"--ranks: {item!r} is not a rank; give numbers (workerlog.N) or sN (serverlog.N), "
+                              f"comma-separated, such as 0,3 or s0.")
+        wanted.add(f"{'serverlog' if m.group(1) else 'workerlog'}.{int(m.group(2))}")
+    return wanted
+
+
+def compile_grep(pattern: Optional[str]):
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern.encode())
+    except re.error as e:
+        raise LaunchError(f"--grep {pattern!r} is not a regular expression ({e}).") from None
+
+
+@dataclass(frozen=True)
+class Section:
+    """One run of one process in its log: from its header to the next one."""
+
+    when: bytes  # the header's time; b"" for lines before any header
+    index: int  # of its LogFile, which breaks ties
+    start: int
+    end: int
+
+
+def sections(path: str, index: int, end: int) -> list:
+    """The runs in the first ``end`` bytes of a log (read as lines: a file truncated meanwhile
+    only ends the scan early)."""
+    heads, at = [], 0
+    with open(path, "rb") as f:
+        for line in f:
+            if at >= end:
+                break
+            if line.startswith(b"===== "):
+                m = HEADER.match(line)
+                if m:
+                    heads.append((at, m.group(1)))
+            at += len(line)
+    if end and (not heads or heads[0][0] > 0):
+        heads.insert(0, (0, b""))
+    bounds = [start for start, _ in heads[1:]] + [end]
+    return [Section(when, index, start, stop) for (start, when), stop in zip(heads, bounds)]
+
+
+def merged(files: list, ends: list, grep=None) -> Iterator[bytes]:
+    """Every line of ``files`` up to ``ends``, prefixed, in the order of the module doc."""
+    runs = sorted((s for i, f in enumerate(files) for s in sections(f.path, i, ends[i])),
+                  key=lambda s: (s.when, s.index, s.start))
+    for run in runs:
+        f = files[run.index]
+        for lines in _chunks(f.path, run.start, run.end):
+            yield _shown(f.prefix, lines, grep)
+
+
+def _chunks(path: str, start: int, end: int) -> Iterator[bytes]:
+    """Whole lines of ``path`` between two offsets, in pieces of about a megabyte."""
+    buffer = logs.LineBuffer()
+    with open(path, "rb") as f:
+        f.seek(start)
+        while start < end:
+            data = f.read(min(logs.CHUNK, end - start))
+            if not data:
+                break
+            start += len(data)
+            yield buffer.feed(data)
+    yield buffer.rest()
+
+
+def _shown(prefix: bytes, lines: bytes, grep) -> bytes:
+    if not lines:
+        return b""
+    if grep is not None:
+        lines = b"".join(line for line in lines.splitlines(keepends=True) if grep.search(line))
+        if not lines:
+            return b""
+    return logs.prefixed(prefix, lines)
+
+
+def sizes(files: list, whole_lines: bool) -> list:
+    """How far to show each file now: its size, or up to its last newline (``-f`` follows the rest)."""
+    ends = []
+    for f in files:
+        try:
+            size = os.path.getsize(f.path)
+        except OSError:
+            size = 0
+        ends.append(_last_newline(f.path, size) if whole_lines else size)
+    return ends
+
+
+def _last_newline(path: str, size: int) -> int:
+    with open(path, "rb") as f:
+        at = size
+        while at > 0:
+            begin = max(0, at - logs.CHUNK)
+            f.seek(begin)
+            cut = f.read(at - begin).rfind(b"\n")
+            if cut >= 0:
+                return begin + cut + 1
+            at = begin
+    return 0
+
+
+class Follower:
+    """``logs -f``: new lines of each file, as they arrive, from the offsets already shown."""
+
+    def __init__(self, files: list, offsets: list, grep=None) -> None:
+        self.files = files
+        self.offsets = list(offsets)
+        self.buffers = [logs.LineBuffer() for _ in files]
+        self.grep = grep
+
+    def read(self, final: bool = False) -> bytes:
+        """What was written since the last call, whole lines only (everything when ``final``)."""
+        out = []
+        for i, f in enumerate(self.files):
+            out.append(self._read_one(i, f))
+            if final:
+                out.append(_shown(f.prefix, self.buffers[i].rest(), self.grep))
+        return b"".join(out)
+
+    def _read_one(self, i: int, f: LogFile) -> bytes:
+        try:
+            with open(f.path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                if size < self.offsets[i]:  # truncated in place (copytruncate): from its start
+                    self.offsets[i], self.buffers[i] = 0, logs.LineBuffer()
+                fh.seek(self.offsets[i])
+                data = fh.read(size - self.offsets[i])
+        except OSError:
+            return b""
+        self.offsets[i] += len(data)
+        return _shown(f.prefix, self.buffers[i].feed(data), self.grep)
+
+
+def job_running(log_dir: str) -> bool:
+    """Whether the job of ``log_dir`` may still write: True without a readable state file (no way
+    to tell: follow until Ctrl-C)."""
+    try:
+        states = read_states(log_dir)
+    except LaunchError:
+        return True
+    host = state.this_host()
+    return not states or not all(job_over(s, state.launcher_status(s, host)) for s in states)
+
+
+def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Show new lines until the job has ended (then its last lines) or Ctrl-C."""
+    checked = clock() - STATE_EVERY
+    while True:
+        write(follower.read())
+        if clock() - checked >= STATE_EVERY:
+            checked = clock()
+            if not job_running(log_dir):
+                write(follower.read(final=True))
+                return
+        sleep(POLL)

@@ -1,0 +1,204 @@
+"""``launcher status`` and ``launcher logs`` on real jobs: while they run, after, and when they are gone."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, WORKERS, alive, launcher_cmd, run_launcher, start_launcher, wait_for
+
+TICKER = """\
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"hello {rank}", flush=True)
+i = 0
+while not (rank == 1 and os.path.exists(sys.argv[1])):
+    print(f"tick {rank} {i}", flush=True)
+    i += 1
+    time.sleep(0.1)
+print(f"bye {rank}", flush=True)
+sys.exit(3)
+"""
+
+
+def tool(*args, cwd=REPO, timeout=30):
+    """``python -m launcher ARGS`` run to the end from ``cwd``, which need not be the repository."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(launcher_cmd(*args), capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": path})
+
+
+def state_of(log_dir):
+    path = log_dir / "launcher.node0.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One job of two ticking workers, watched while it runs; rank 1 exits 3 when told."""
+    tmp = tmp_path_factory.mktemp("job")
+    script, stop, log_dir = tmp / "ticker.py", tmp / "stop", tmp / "logs"
+    script.write_text(TICKER)
+    launcher = start_launcher("--nproc_per_node", 2, "--log_dir", log_dir, script, stop)
+    seen = {}
+    try:
+        wait_for(lambda: state_of(log_dir) and all(
+            "tick" in (log_dir / f"workerlog.{r}").read_text() for r in (0, 1)), what="both workers ticking")
+        seen["pids"] = [p["pid"] for p in state_of(log_dir)["processes"]]
+        seen["alive"] = [alive(p) for p in seen["pids"]]
+        seen["status"] = tool("status", log_dir)
+        follower = subprocess.Popen(launcher_cmd("logs", log_dir, "-f", "--grep", "bye|hello"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        time.sleep(0.5)
+        stop.touch()
+        seen["follow"] = follower.communicate(timeout=20) + (follower.returncode,)
+        launcher.communicate(timeout=30)
+    finally:
+        stop.touch()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    seen["code"] = launcher.returncode
+    seen["after"] = tool("status", log_dir)
+    return log_dir, seen
+
+
+def test_status_while_the_job_runs(job):
+    log_dir, seen = job
+    r = seen["status"]
+    assert r.returncode == 0, r.stderr
+    assert all(seen["alive"])
+    assert "running, launcher pid" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines()[2:]]
+    assert [row[1:5] for row in rows] == [["rank", "0", str(seen["pids"][0]), "running"],
+                                          ["rank", "1", str(seen["pids"][1]), "running"]]
+    assert all("tick" in line or "hello" in line for line in r.stdout.splitlines()[2:])
+
+
+def test_status_after_the_job_ended(job):
+    log_dir, seen = job
+    assert seen["code"] == 3
+    r = seen["after"]
+    assert r.returncode == 0, r.stderr
+    assert "ended with exit code 3" in r.stdout
+    lines = r.stdout.splitlines()
+    assert "killed by SIGTERM" in lines[2] and "exited 3" in lines[3] and "bye 1" in lines[3]
+
+
+def test_logs_follow_shows_new_lines_and_ends_with_the_job(job):
+    log_dir, seen = job
+    out, err, code = seen["follow"]
+    assert code == 0, err
+    assert out.splitlines() == ["[rank 0] hello 0", "[rank 1] hello 1", "[rank 1] bye 1"]
+
+
+def test_logs_merge_with_ranks_and_grep(job):
+    log_dir, _ = job
+    r = tool("logs", log_dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("[rank 0] ===== ") and "launcher: rank 0 starts" in lines[0]
+    assert "[rank 1] bye 1" in lines and "[rank 0] tick 0 0" in lines
+    r = tool("logs", log_dir, "--ranks", "1", "--grep", r"tick 1 [0-2]$")
+    assert r.stdout.splitlines() == ["[rank 1] tick 1 0", "[rank 1] tick 1 1", "[rank 1] tick 1 2"]
+
+
+def test_logs_follow_stops_on_ctrl_c(tmp_path):
+    """A job that runs as far as the state file says (its launcher: this test): -f follows until Ctrl-C."""
+    (tmp_path / "workerlog.0").write_text("first\n")
+    me = os.getpid()
+    start = int(open(f"/proc/{me}/stat").read().rsplit(")", 1)[1].split()[19])
+    fake = {"version": 1, "node": 0, "node_ip": "127.0.0.1", "nodes": 1, "host": os.uname().nodename,
+            "run_id": "x", "launcher_pid": me, "launcher_start": start, "attempt": 0, "max_restarts": 0,
+            "phase": "running", "exit_code": None, "started": time.time(), "updated": time.time(),
+            "processes": [{"label": "rank 0", "key": 0, "pid": me, "log": "workerlog.0", "started": time.time(),
+                           "ended": None, "returncode": None}]}
+    (tmp_path / "launcher.node0.json").write_text(json.dumps(fake))
+    follower = subprocess.Popen(launcher_cmd("logs", tmp_path, "-f"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        time.sleep(0.8)
+        with open(tmp_path / "workerlog.0", "a") as f:
+            f.write("second\n")
+        time.sleep(0.8)
+        assert follower.poll() is None  # the job still runs: it follows
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=10)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 130
+    assert out.splitlines() == ["[rank 0] first", "[rank 0] second"]
+    assert "Traceback" not in err
+
+
+def test_a_job_whose_launcher_is_gone(tmp_path):
+    r = run_launcher("--nproc_per_node", 1, "--log_dir", tmp_path, WORKERS / "probe.py")
+    assert r.returncode == 0, r.stderr
+    record = state_of(tmp_path)
+    record.update(phase="running", exit_code=None)  # as if it had been killed with -9 mid-run
+    record["processes"][0].update(ended=None, returncode=None)
+    (tmp_path / "launcher.node0.json").write_text(json.dumps(record))
+    r = tool("status", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"not running any more: its launcher (pid {record['launcher_pid']}) is gone" in r.stdout
+    assert "stopped" in r.stdout.splitlines()[2]
+    r = tool("logs", tmp_path, "-f", timeout=10)  # nothing to follow: ends at once
+    assert r.returncode == 0 and "[rank 0] worker rank 0 done" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("status", "{tmp}/none"), "does not exist"),
+    (("status", "{tmp}"), "no launcher state file"),
+    (("logs", "{tmp}"), "no workerlog.N or serverlog.N"),
+    (("logs", "{tmp}/none", "-f"), "does not exist"),
+])
+def test_missing_or_empty_log_dir_is_one_sentence(tmp_path, args, message):
+    r = tool(*(a.format(tmp=tmp_path) for a in args))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and message in r.stderr and r.stderr.startswith("launcher: error: ")
+
+
+def test_a_corrupt_state_file(tmp_path):
+    (tmp_path / "launcher.node0.json").write_text('{"version": 1, "node": ')
+    (tmp_path / "workerlog.0").write_text("line\n")
+    r = tool("status", tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "launcher.node0.json is not a launcher state file (not JSON" in r.stderr
+    r = tool("logs", tmp_path)  # the logs do not need it
+    assert r.returncode == 0 and r.stdout == "[rank 0] line\n"
+
+
+def test_parameter_server_logs(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    r = run_launcher("--server_num", 1, "--worker_num", 1, "--log_dir", tmp_path / "logs",
+                     WORKERS / "ps_role.py", records)
+    assert r.returncode == 0, r.stderr
+    r = tool("status", tmp_path / "logs")
+    assert "server 0" in r.stdout and "trainer 0" in r.stdout and "exited 0" in r.stdout
+    r = tool("logs", tmp_path / "logs", "--ranks", "s0")
+    assert r.returncode == 0 and r.stdout and all(line.startswith("[server 0] ") for line in r.stdout.splitlines())
+
+
+def test_a_training_script_named_status_is_not_shadowed(tmp_path):
+    (tmp_path / "status").write_text("import os; print('training script', os.environ['RANK'])\n")
+    r = tool("status", cwd=tmp_path, timeout=60)  # first argument, but a file of that name is here
+    assert r.returncode == 0 and "training script 0" in r.stdout, r.stderr
+    r = tool("--nproc_per_node", 1, "status", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and "training script 0" in r.stdout, r.stderr
+    (tmp_path / "status").unlink()
+    r = tool("status", cwd=tmp_path)  # no such file: the tool
+    assert r.returncode == 2 and "status needs the --log_dir" in r.stderr
+
+
+def test_a_state_file_that_cannot_be_written_does_not_fail_the_job(tmp_path):
+    (tmp_path / "launcher.node0.json").mkdir()
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", tmp_path, WORKERS / "probe.py")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("cannot write the state file") == 1
+    assert "worker rank 1 done" in (tmp_path / "workerlog.1").read_text()

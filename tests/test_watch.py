@@ -1,0 +1,220 @@
+"""The state file and the operator tools (``status``, ``logs``), without running a job."""
+
+import os
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import cli, state, watch
+from launcher.errors import LaunchError
+
+T0 = 1_800_000_000.0
+
+
+def node_state(**changes):
+    procs = (state.ProcessState("rank 0", 0, 101, "workerlog.0", T0, None, None),
+             state.ProcessState("rank 1", 1, 102, "workerlog.1", T0, T0 + 3.0, 7))
+    values = dict(node=0, node_ip="127.0.0.1", nodes=1, host="h", run_id="abc", launcher_pid=99,
+                  launcher_start=5, attempt=0, max_restarts=2, phase="running", exit_code=None,
+                  started=T0, updated=T0 + 3.0, processes=procs)
+    return state.NodeState(**{**values, **changes})
+
+
+def write_log(folder, name, *runs):
+    """A log of several runs: (header time, lines)."""
+    text = "".join(f"===== {when} launcher: {name} starts: python x.py\n" + "".join(f"{l}\n" for l in lines)
+                   for when, lines in runs)
+    (folder / name).write_text(text)
+
+
+# ---------------------------------------------------------------- the state file
+
+
+def test_state_round_trips_through_json():
+    s = node_state()
+    assert state.from_json(state.to_json(s)) == s
+
+
+@pytest.mark.parametrize("text", [b"{not json", b"[]", b'{"version": 1}', b'{"version": 9, "node": 0}',
+                                  b"\xff\xfe"])
+def test_a_corrupt_state_file_is_a_value_error(text):
+    with pytest.raises(ValueError):
+        state.from_json(text)
+
+
+def test_writer_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "launcher.node0.json"
+    w = state.Writer(str(path))
+    w.write(node_state(attempt=1))
+    w.write(node_state(attempt=2))
+    assert state.from_json(path.read_bytes()).attempt == 2
+    assert os.listdir(tmp_path) == ["launcher.node0.json"]  # no temporary file left
+
+
+def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog):
+    path = tmp_path / "launcher.node0.json"
+    path.mkdir()  # a folder where the file should be: the rename fails
+    w = state.Writer(str(path))
+    with caplog.at_level("WARNING", logger="launcher"):
+        for _ in range(3):
+            w.write(node_state())
+    assert w.failed and not w.written
+    assert len([r for r in caplog.records if "state file" in r.getMessage()]) == 1
+    assert os.listdir(tmp_path) == ["launcher.node0.json"]
+
+
+def test_state_file_names_are_per_node():
+    assert state.path_for("d", 3) == os.path.join("d", "launcher.node3.json")
+    assert state.is_state_file("launcher.node12.json")
+    assert not state.is_state_file("launcher.nodeX.json") and not state.is_state_file("launcher.node0.json.1.tmp")
+
+
+def test_launcher_liveness_uses_pid_and_start_time():
+    me = os.getpid()
+    alive = node_state(launcher_pid=me, launcher_start=state.process_start(me))
+    assert state.launcher_status(alive, "h") == "alive"
+    assert state.launcher_status(node_state(launcher_pid=me, launcher_start=1), "h") == "gone"  # recycled pid
+    assert state.launcher_status(node_state(launcher_pid=2 ** 22 + 1), "h") == "gone"
+    assert state.launcher_status(alive, "other-host") == "elsewhere"
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_table_running_job():
+    text = watch.format_status([node_state()], {0: "alive"}, {(0, 0): "step 3", (0, 1): "boom"}, T0 + 5.0)
+    lines = text.splitlines()
+    assert "node 0 of 1 (127.0.0.1): running, launcher pid 99, attempt 1 of 3" in lines[0]
+    assert lines[1].split() == ["node", "process", "pid", "state", "time", "restarts", "last", "line"]
+    assert lines[2].split() == ["0", "rank", "0", "101", "running", "5.0", "s", "0", "step", "3"]
+    assert lines[3].split() == ["0", "rank", "1", "102", "exited", "7", "3.0", "s", "0", "boom"]
+
+
+def test_status_of_a_job_whose_launcher_is_gone():
+    text = watch.format_status([node_state()], {0: "gone"}, {}, T0 + 60.0)
+    assert "not running any more: its launcher (pid 99) is gone" in text
+    assert "stopped" in text.splitlines()[2] and "3.0 s" in text.splitlines()[2]  # until the last update
+
+
+def test_status_of_an_ended_job_and_signals():
+    p = state.ProcessState("server 0", 0, 5, "serverlog.0", T0, T0 + 200.0, -15)
+    text = watch.format_status([node_state(phase="ended", exit_code=143, processes=(p,))], {0: "gone"}, {}, T0)
+    assert "ended with exit code 143" in text
+    assert "server 0" in text and "killed by SIGTERM" in text and "0:03:20" in text
+
+
+def test_last_line_skips_blank_lines_and_says_nothing_for_a_new_run(tmp_path):
+    log = tmp_path / "workerlog.0"
+    log.write_text("===== 2026-01-01 00:00:00 launcher: rank 0 starts: x\nstep 1\n\n")
+    assert watch.last_line(str(log)) == "step 1"
+    log.write_text("old\n===== 2026-01-01 00:00:00 launcher: rank 0 starts: x\n")
+    assert watch.last_line(str(log)) == ""
+    log.write_text("x" * 200 + "\n")
+    assert len(watch.last_line(str(log))) == watch.LAST_LINE_WIDTH
+
+
+def test_status_errors_are_one_sentence(tmp_path):
+    with pytest.raises(LaunchError, match="does not exist"):
+        watch.status(str(tmp_path / "none"))
+    with pytest.raises(LaunchError, match="no launcher state file"):
+        watch.status(str(tmp_path))
+    (tmp_path / "launcher.node0.json").write_text("{")
+    with pytest.raises(LaunchError, match="is not a launcher state file"):
+        watch.status(str(tmp_path))
+
+
+# ---------------------------------------------------------------- logs
+
+
+def test_runs_are_merged_in_the_order_they_started(tmp_path):
+    write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["a1"]), ("2026-01-01 00:00:09", ["a2"]))
+    write_log(tmp_path, "workerlog.1", ("2026-01-01 00:00:00", ["b1"]), ("2026-01-01 00:00:09", ["b2"]))
+    write_log(tmp_path, "serverlog.0", ("2026-01-01 00:00:05", ["s1"]))
+    files = watch.log_files(str(tmp_path))
+    out = b"".join(watch.merged(files, watch.sizes(files, False), watch.compile_grep(r"^\w\d$"))).decode()
+    assert out.splitlines() == ["[rank 0] a1", "[rank 1] b1", "[server 0] s1", "[rank 0] a2", "[rank 1] b2"]
+
+
+def test_logs_selects_ranks_and_servers(tmp_path):
+    for name in ("workerlog.0", "workerlog.3", "serverlog.1"):
+        write_log(tmp_path, name, ("2026-01-01 00:00:00", [name]))
+    names = [f.name for f in watch.log_files(str(tmp_path), watch.parse_ranks("3,s1"))]
+    assert names == ["serverlog.1", "workerlog.3"]
+    with pytest.raises(LaunchError, match="no workerlog.7"):
+        watch.log_files(str(tmp_path), watch.parse_ranks("7"))
+    with pytest.raises(LaunchError, match="is not a rank"):
+        watch.parse_ranks("0,x")
+
+
+def test_logs_uses_the_state_files_labels(tmp_path):
+    write_log(tmp_path, "workerlog.1", ("2026-01-01 00:00:00", ["t"]))
+    p = state.ProcessState("trainer 1", 3, 5, "workerlog.1", T0)
+    (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(processes=(p,))))
+    assert [f.label for f in watch.log_files(str(tmp_path))] == ["trainer 1"]
+
+
+def test_a_partial_last_line_waits_for_the_follower(tmp_path):
+    (tmp_path / "workerlog.0").write_bytes(b"one\ntw")
+    files = watch.log_files(str(tmp_path))
+    ends = watch.sizes(files, whole_lines=True)
+    assert b"".join(watch.merged(files, ends)) == b"[rank 0] one\n"
+    follower = watch.Follower(files, ends)
+    assert follower.read() == b""
+    with open(tmp_path / "workerlog.0", "ab") as f:
+        f.write(b"o\nthree")
+    assert follower.read() == b"[rank 0] two\n"
+    assert follower.read(final=True) == b"[rank 0] three\n"
+
+
+def test_follower_starts_over_on_a_truncated_file(tmp_path):
+    (tmp_path / "workerlog.0").write_bytes(b"one\ntwo\n")
+    files = watch.log_files(str(tmp_path))
+    follower = watch.Follower(files, watch.sizes(files, True))
+    (tmp_path / "workerlog.0").write_bytes(b"new\n")
+    assert follower.read() == b"[rank 0] new\n"
+
+
+def test_follow_stops_once_the_job_has_ended(tmp_path):
+    (tmp_path / "workerlog.0").write_bytes(b"")
+    (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(phase="ended", exit_code=0)))
+    files = watch.log_files(str(tmp_path))
+    shown = []
+    watch.follow(str(tmp_path), watch.Follower(files, [0]), shown.append, sleep=lambda s: None)
+    assert shown == [b"", b""]
+
+
+def test_logs_of_an_empty_or_missing_folder(tmp_path):
+    with pytest.raises(LaunchError, match="no workerlog.N or serverlog.N"):
+        watch.log_files(str(tmp_path))
+    with pytest.raises(LaunchError, match="does not exist"):
+        watch.log_files(str(tmp_path / "none"))
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_tools_are_chosen_only_when_no_file_of_that_name_is_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.command_for(["status", "d"])[:2] == (cli.status_command, ["d"])
+    assert cli.command_for(["logs", "d", "-f"])[:2] == (cli.logs_command, ["d", "-f"])
+    assert cli.command_for(["--log_dir", "x", "status"])[0] is cli.launch
+    (tmp_path / "logs").mkdir()  # a folder named logs does not make `logs` a script
+    assert cli.command_for(["logs", "logs"])[0] is cli.logs_command
+    (tmp_path / "status").write_text("print('training')\n")
+    assert cli.command_for(["status"])[0] is cli.launch
+
+
+def test_tools_help_and_launch_help_say_how():
+    r = CliRunner().invoke(cli.launch, ["--help"])
+    assert "status and logs are these tools only as the first argument" in r.output
+    r = CliRunner().invoke(cli.logs_command, ["--help"])
+    assert r.exit_code == 0 and "--ranks" in r.output and "--grep" in r.output and "-f, --follow" in r.output
+
+
+def test_status_command_prints_the_table(tmp_path):
+    write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["step 9"]))
+    (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(host=state.this_host(), updated=time.time())))
+    r = CliRunner().invoke(cli.status_command, [str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "not running any more" in r.output and "step 9" in r.output
