@@ -10,12 +10,13 @@ import torch
 from launcher.fleet import state as st
 from launcher.ps.config import PsStrategy, StrategyFactory
 from launcher.ps.env import PsEnv
-from launcher.ps.session import PsSession
 from launcher.runtime.flags import read_rpc_flags
 
 
 def init(role_maker, strategy) -> PsEnv:
     """Join the job's RPC world (every server and trainer meet at server 0's endpoint)."""
+    from launcher.ps.session import PsSession  # launcher.ps uses fleet's optimizer wrapper: import when needed
+
     env = role_maker.ps_env()
     flags = read_rpc_flags(os.environ)
     st.set_current(st.FleetState(None, strategy, ps=PsSession.join(env, flags)))

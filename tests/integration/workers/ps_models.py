@@ -5,12 +5,12 @@ import torch
 ROWS, DIM, FIELDS, BATCH = 1000, 8, 3, 8  # BATCH: examples per trainer and step
 
 
-def ctr_model() -> torch.nn.Module:
+def ctr_model(rows: int = ROWS, dim: int = DIM) -> torch.nn.Module:
     """A sparse embedding (a distributed table) under a small MLP."""
     torch.manual_seed(0)
     return torch.nn.ModuleDict({
-        "emb": torch.nn.Embedding(ROWS, DIM, sparse=True),
-        "mlp": torch.nn.Sequential(torch.nn.Linear(DIM * FIELDS, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)),
+        "emb": torch.nn.Embedding(rows, dim, sparse=True),
+        "mlp": torch.nn.Sequential(torch.nn.Linear(dim * FIELDS, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)),
     })
 
 
@@ -52,11 +52,11 @@ def loss_of(model, x, y):
     return torch.nn.functional.mse_loss(forward(model, x), y)
 
 
-def train_single(kind: str, steps: int, trainers: int) -> torch.nn.Module:
+def train_single(kind: str, steps: int, trainers: int, model=None, first_step: int = 0) -> torch.nn.Module:
     """One process on the whole batch of every step: what synchronous training must equal."""
-    model = ctr_model() if kind == "ctr" else mlp_model()
+    model = model or (ctr_model() if kind == "ctr" else mlp_model())
     opt = make_optimizer(model, kind)
-    for step in range(steps):
+    for step in range(first_step, steps):
         parts = [batch(kind, step, t, trainers) for t in range(trainers)]
         x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         opt.zero_grad()

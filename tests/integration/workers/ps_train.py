@@ -2,14 +2,17 @@
 
     ps_train.py OUT API MODE KIND STEPS [key=value ...]
 API: fleet or transpiler; MODE: sync, async, half_async, geo, dc_asgd; KIND: ctr or mlp.
-Trainers write OUT/progress.J (steps done) and OUT/loss.J; trainer 0 saves OUT/model/model.pt.
-Options: min_block_size=N, split=HashName, sleep=S (seconds per step), model_dir=D, update_frequency=K.
+Trainers write OUT/progress.J (steps done, resident bytes before the model was built, now) and OUT/done.J
+(the saved model's loss); trainer 0 saves OUT/model/model.pt.
+Options: min_block_size=N, split=HashName, sleep=S (seconds per step), model_dir=D, update_frequency=K,
+first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), queue=N (half-async's send_queue_size).
 """
 
 import os
 import sys
 import time
 
+import psutil
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -18,7 +21,8 @@ from ps_models import batch, ctr_model, evaluate, loss_of, make_optimizer, mlp_m
 out, api, mode, kind, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 opts = dict(a.split("=", 1) for a in sys.argv[6:])
 role = os.environ["TRAINING_ROLE"]
-model = ctr_model() if kind == "ctr" else mlp_model()
+rss_before = psutil.Process().memory_info().rss
+model = ctr_model(int(opts.get("rows", 1000)), int(opts.get("dim", 8))) if kind == "ctr" else mlp_model()
 optimizer = make_optimizer(model, kind)
 
 
@@ -27,14 +31,15 @@ def configure(config):
     config.split_method = opts.get("split", "RoundRobin")
     config.print_log = True
     config.enable_dc_asgd = mode == "dc_asgd"
+    config.send_queue_size = int(opts.get("queue", 20))
 
 
 def train(optimizer, trainer, trainers):
-    for step in range(steps):
+    for step in range(int(opts.get("first_step", 0)), steps):
         x, y = batch(kind, step, trainer, trainers)
         optimizer.minimize(loss_of(model, x, y))
         with open(os.path.join(out, f"progress.{trainer}"), "w") as f:
-            f.write(str(step + 1))
+            f.write(f"{step + 1} {rss_before} {psutil.Process().memory_info().rss}")
         time.sleep(float(opts.get("sleep", 0)))
 
 
@@ -87,7 +92,7 @@ def finish(trainer):
 
 
 def evaluate_saved():
-    fresh = ctr_model() if kind == "ctr" else mlp_model()
+    fresh = ctr_model(int(opts.get("rows", 1000)), int(opts.get("dim", 8))) if kind == "ctr" else mlp_model()
     fresh.load_state_dict(torch.load(os.path.join(out, "model", "model.pt")))
     return evaluate(fresh, kind)
 
