@@ -53,8 +53,8 @@ def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy]) -> Fl
 
 
 def ps_session():
-    """The parameter-server session of this process, or None in collective mode."""
-    return current().ps
+    """The parameter-server session of this process, or None (collective mode, or fleet.init not called)."""
+    return None if _state is None else _state.ps
 
 
 def barrier() -> None:

@@ -2,10 +2,12 @@
 
     ps_train.py OUT API MODE KIND STEPS [key=value ...]
 API: fleet or transpiler; MODE: sync, async, half_async, geo, dc_asgd; KIND: ctr or mlp.
-Trainers write OUT/progress.J (steps done, resident bytes before the model was built, now) and OUT/done.J
+Trainers write OUT/progress.J (steps done, resident bytes before the model was built (fleet), now) and OUT/done.J
 (the saved model's loss); trainer 0 saves OUT/model/model.pt.
 Options: min_block_size=N, split=HashName, sleep=S (seconds per step), model_dir=D, update_frequency=K,
-first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), queue=N (half-async's send_queue_size).
+first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), queue=N (half-async's send_queue_size),
+fail=trainer:J:STEP:CODE (trainer J exits with CODE at STEP) or fail=server:I:SECONDS:CODE (server I exits with
+CODE after SECONDS of serving).
 """
 
 import os
@@ -21,9 +23,14 @@ from ps_models import batch, ctr_model, evaluate, loss_of, make_optimizer, mlp_m
 out, api, mode, kind, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 opts = dict(a.split("=", 1) for a in sys.argv[6:])
 role = os.environ["TRAINING_ROLE"]
-rss_before = psutil.Process().memory_info().rss
-model = ctr_model(int(opts.get("rows", 1000)), int(opts.get("dim", 8))) if kind == "ctr" else mlp_model()
-optimizer = make_optimizer(model, kind)
+rss_before = None  # resident bytes once joined, before the model is built (fleet)
+model = optimizer = None
+
+
+def build():
+    global model, optimizer
+    model = ctr_model(int(opts.get("rows", 1000)), int(opts.get("dim", 8))) if kind == "ctr" else mlp_model()
+    optimizer = make_optimizer(model, kind)
 
 
 def configure(config):
@@ -34,8 +41,28 @@ def configure(config):
     config.send_queue_size = int(opts.get("queue", 20))
 
 
+def failure(role_name, index):
+    """(when, code) of this process's planned failure, or None."""
+    if "fail" not in opts:
+        return None
+    who, i, when, code = opts["fail"].split(":")
+    return (float(when), int(code)) if (who, int(i)) == (role_name, index) else None
+
+
+def fail_later(index):
+    plan = failure("server", index)
+    if plan:
+        import threading
+
+        threading.Timer(plan[0], lambda: os._exit(plan[1])).start()
+
+
 def train(optimizer, trainer, trainers):
+    plan = failure("trainer", trainer)
     for step in range(int(opts.get("first_step", 0)), steps):
+        if plan and step == plan[0]:
+            print(f"trainer {trainer} fails with {plan[1]} at step {step}", flush=True)
+            sys.exit(plan[1])
         x, y = batch(kind, step, trainer, trainers)
         optimizer.minimize(loss_of(model, x, y))
         with open(os.path.join(out, f"progress.{trainer}"), "w") as f:
@@ -46,7 +73,11 @@ def train(optimizer, trainer, trainers):
 def with_fleet():
     from launcher import fleet
 
+    global rss_before
     fleet.init(fleet.role_maker.PaddleCloudRoleMaker(is_collective=False))
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch's lazy imports (~70 MB), not the model's
+    rss_before = psutil.Process().memory_info().rss
+    build()
     factory = fleet.StrategyFactory
     strategy = {"sync": factory.create_sync_strategy, "async": factory.create_async_strategy,
                 "dc_asgd": factory.create_async_strategy, "half_async": factory.create_half_async_strategy,
@@ -55,6 +86,7 @@ def with_fleet():
     opt = fleet.distributed_optimizer(optimizer, strategy)
     if fleet.is_server():
         fleet.init_server(opts.get("model_dir"))
+        fail_later(fleet.server_index())
         fleet.run_server()
         return
     fleet.init_worker()
@@ -67,6 +99,7 @@ def with_fleet():
 def with_transpiler():
     from launcher.transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
+    build()
     config = DistributeTranspilerConfig()
     configure(config)
     config.geo_sgd_mode = mode == "geo"
