@@ -22,12 +22,12 @@ class CTR(nn.Module):
     def forward(self, ids):
         return self.mlp(self.embedding(ids).flatten(1)).squeeze(1)
 
-# synthetic clicks: a click when the first two features have the same parity
+# synthetic clicks: skewed ids (a few are frequent, as in real logs); a click when the first one is even
 generator = torch.Generator().manual_seed(int(os.getenv("PADDLE_TRAINER_ID", "0")))
 
 def gen_data(batch=256):
-    ids = torch.randint(VOCAB, (batch, SLOTS), generator=generator)
-    return ids, ((ids[:, 0] + ids[:, 1]) % 2).float()
+    ids = (torch.rand(batch, SLOTS, generator=generator) ** 6 * VOCAB).long()
+    return ids, (ids[:, 0] % 2 == 0).float()
 
 torch.manual_seed(0)  # every process builds the same model
 model = CTR()
@@ -37,11 +37,11 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 for step in range(200):
     ids, clicks = gen_data()
     loss = loss_fn(model(ids), clicks)
-    optimizer.zero_grad()  # PS: optimizer.minimize(loss)
-    loss.backward()
-    optimizer.step()
+    optimizer.zero_grad()  # PS: these three lines become optimizer.minimize(loss)
+    loss.backward()  # PS
+    optimizer.step()  # PS
     if step % 50 == 0:
         print("step %d loss %.4f" % (step, loss.item()))
 
-os.makedirs("./output", exist_ok=True)  # PS: fleet.save_persistables("./output", model)
-torch.save(model.state_dict(), "./output/model.pt")
+os.makedirs("./output", exist_ok=True)  # PS: these two lines become fleet.save_persistables("./output", model)
+torch.save(model.state_dict(), "./output/model.pt")  # PS

@@ -78,14 +78,14 @@ class Job:
             p.wait()
 
 
-def start(out, servers, trainers, script, *args, extra_env=None):
+def start(out, servers, trainers, script, *args, extra_env=None, cwd=REPO):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     procs = {}
     for key, variables in ps_variables(servers, trainers).items():
         log = open(out / f"{key[0]}.{key[1]}.log", "w")
         cmd = [sys.executable, str(WORKERS / script), *map(str, args)]
-        procs[key] = subprocess.Popen(cmd, cwd=REPO, env={**base_env(), **variables, **(extra_env or {})},
+        procs[key] = subprocess.Popen(cmd, cwd=cwd, env={**base_env(), **variables, **(extra_env or {})},
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
     return Job(out, procs)

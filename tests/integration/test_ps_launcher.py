@@ -63,3 +63,13 @@ def test_a_failing_server_stops_the_job_at_once_with_its_code(tmp_path):
     r, logs, took = launch(tmp_path, "fleet", "sync", "ctr", 100000, "sleep=0.1", "fail=server:1:5:9")
     assert r.returncode == 9, r.stdout + r.stderr
     assert took < 90
+
+
+def test_the_ctr_example_runs_as_a_parameter_server_job(tmp_path):
+    cmd = [sys.executable, "-m", "launcher", "--server_num", "2", "--worker_num", "2", "--log_dir", "logs",
+           str(psjob.REPO / "examples" / "train_ctr_ps.py")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=psjob.base_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = torch.load(tmp_path / "output" / "model.pt")
+    assert state["embedding.weight"].shape == (100_000, 16)
+    assert "step 150 loss" in (tmp_path / "logs" / "workerlog.0").read_text()
