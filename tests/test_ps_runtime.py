@@ -146,3 +146,31 @@ def test_a_failure_fails_every_waiting_trainer():
     server.fail("trainer 1 is gone")
     with pytest.raises(RuntimeError, match="trainer 1 is gone"):
         pending.wait()
+
+
+# ---------------------------------------------------------------------- the trainer's bookkeeping
+
+
+def test_a_tables_row_gradients_go_to_the_server_of_each_id_as_local_rows():
+    from launcher.ps.trainer import Table
+
+    table = Table("emb", torch.nn.Embedding(10, 2, sparse=True), servers=3, window=2)
+    rows = torch.ones(4, 2, requires_grad=True)
+    (rows * torch.arange(1.0, 5.0).unsqueeze(1)).sum().backward()
+    table.used.append((torch.tensor([0, 4, 5, 9]), rows))
+    grads = table.take_gradients()
+    assert sorted(grads) == [0, 1, 2]  # ids 0, 9 -> server 0; 4 -> 1; 5 -> 2
+    assert grads[0][0].tolist() == [0, 3] and grads[0][1][:, 0].tolist() == [1.0, 4.0]  # rows 0//3, 9//3
+    assert grads[1][0].tolist() == [1] and grads[2][0].tolist() == [1]
+    assert table.used == [] and table.take_gradients() == {}
+
+
+def test_half_async_merges_queued_steps_into_their_average():
+    from launcher.ps.trainer import merge
+
+    steps = [({"w": torch.tensor([1.0, 2.0]), "b": None}, {"emb": {0: (torch.tensor([1]), torch.tensor([[2.0]]))}}),
+             ({"w": torch.tensor([3.0, 4.0]), "b": None}, {"emb": {0: (torch.tensor([2]), torch.tensor([[4.0]]))}})]
+    dense, sparse = merge(steps)
+    assert dense["w"].tolist() == [2.0, 3.0] and dense["b"] is None
+    ids, rows = sparse["emb"][0]
+    assert ids.tolist() == [1, 2] and rows.view(-1).tolist() == [1.0, 2.0]

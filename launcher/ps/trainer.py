@@ -228,6 +228,9 @@ class Communicator:
         self.closing.set()
         self.thread.join(self.worker.options.rpc.deadline_s)
         self.check()
+        if self.thread.is_alive():
+            raise PsError(f"trainer {self.worker.env.index}: the communicator did not finish its sends within "
+                          f"{self.worker.options.rpc.deadline_s:g} s (FLAGS_rpc_deadline).")
 
     def _run(self) -> None:
         try:

@@ -49,8 +49,8 @@ def jobs(tmp_path_factory):
         "half_async": (1, 2, "transpiler", "half_async", "mlp", 40, "queue=4"),  # staleness bounded under load
     }
     kills = {
-        "kill_server": (2, 2, "fleet", "sync", "ctr", 100000, "sleep=0.1", f"rows={TABLE[0]}", f"dim={TABLE[1]}"),
-        "kill_trainer": (1, 2, "fleet", "async", "mlp", 100000, "sleep=0.1"),
+        "kill_server": (2, 2, "fleet", "sync", "ctr", 100000, "sleep=0.3", f"rows={TABLE[0]}", f"dim={TABLE[1]}"),
+        "kill_trainer": (1, 2, "fleet", "async", "mlp", 100000, "sleep=0.3"),
     }
     started = {}
     try:
