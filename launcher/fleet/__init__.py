@@ -164,11 +164,15 @@ def is_first_worker() -> bool:
 
 
 def worker_endpoints() -> list:
-    return list(_st.current().penv.endpoints)
+    session = _st.ps_session()
+    return list(_st.current().penv.endpoints if session is None else session.env.trainer_endpoints)
 
 
 def barrier_worker() -> None:
-    """Wait until every worker gets here."""
+    """Wait until every worker gets here (collective mode)."""
+    if _st.ps_session() is not None:
+        raise RuntimeError("fleet.barrier_worker() is for collective mode; in parameter-server mode the servers "
+                           "order the trainers (a sync strategy steps them together).")
     _st.barrier()
 
 
