@@ -32,8 +32,7 @@ class DistributeTranspilerConfig:
     geo_sgd_mode: bool = False  # transpiler spelling of the geo strategy
     geo_sgd_need_push_nums: int = 100  # geo: push parameter deltas every this many steps
     half_async: bool = False  # transpiler spelling of the half-async strategy (sync_mode=False)
-    send_queue_size: int = 20  # half-async: steps a trainer may run ahead of its sends
-    max_merge_var_num: int = 20  # half-async: the most queued gradients merged into one send
+    max_merge_var_num: int = 20  # half-async: steps whose gradients are averaged into one update
 
     def __setattr__(self, name, value):
         refuse_unknown(self, name, what="DistributeTranspilerConfig", family="Paddle 1.8's DistributeTranspilerConfig")
@@ -51,7 +50,6 @@ class PsOptions:
     enable_dc_asgd: bool = False
     dc_asgd_lambda: float = DC_ASGD_LAMBDA
     update_frequency: int = 100  # geo
-    send_queue_size: int = 20  # half-async
     max_merge_var_num: int = 20  # half-async
     print_log: bool = False
     rpc: RpcFlags = field(default_factory=RpcFlags)
@@ -63,7 +61,7 @@ class PsOptions:
         if self.enable_dc_asgd and self.mode != ASYNC:
             raise ValueError(f"enable_dc_asgd=True works in async mode only, not {self.mode}; "
                              "use fleet.StrategyFactory.create_async_strategy() (or sync_mode=False).")
-        for name in ("update_frequency", "send_queue_size", "max_merge_var_num"):
+        for name in ("update_frequency", "max_merge_var_num"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a whole number of at least 1.")
@@ -81,7 +79,6 @@ def options_from(config: DistributeTranspilerConfig, mode: str, rpc: RpcFlags, u
         enable_dc_asgd=bool(config.enable_dc_asgd),
         dc_asgd_lambda=float(config.dc_asgd_lambda),
         update_frequency=config.geo_sgd_need_push_nums if update_frequency is None else update_frequency,
-        send_queue_size=config.send_queue_size,
         max_merge_var_num=config.max_merge_var_num,
         print_log=bool(config.print_log),
         rpc=rpc,

@@ -4,9 +4,8 @@ parameters they hold; its sparse tables live on the servers, and it fetches only
 Each mode's step (``Worker.step``):
 - sync: send every gradient, wait for the servers to apply the step of every trainer, take the new values.
 - async: send, the servers apply on arrival, take the new values.
-- half_async: hand the gradients to a background communicator and go on; it merges what queued up
-  (the average of up to max_merge_var_num steps), sends that as one async update, and the trainer
-  takes the values it got back at its next step.
+- half_async: average the gradients of max_merge_var_num steps and send them as one async update
+  while training goes on; take the values it brings back when the next merged update is sent.
 - geo: step the user's optimizer locally; every update_frequency steps send each parameter's change
   since the last exchange, divided by the number of trainers, and take the servers' sum.
 Sparse tables are updated on the servers in every mode: their gradients go with the dense ones
@@ -15,8 +14,6 @@ Sparse tables are updated on the servers in every mode: their gradients go with 
 
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Optional
 
 import torch
@@ -27,7 +24,6 @@ from launcher.ps import transport
 from launcher.ps.config import ASYNC, GEO, HALF_ASYNC, SYNC, PsOptions
 from launcher.ps.env import PsEnv, server_name
 from launcher.ps.model import ModelSpec
-from launcher.ps.transport import PsError
 
 
 class Table:
@@ -116,8 +112,7 @@ class Worker:
         if mode in (SYNC, ASYNC):
             self.take(self.exchange(self.dense_gradients(), self.sparse_gradients()))
         elif mode == HALF_ASYNC:
-            self.communicator.send(self.dense_gradients(), self.sparse_gradients())
-            self.take(self.communicator.latest())
+            self.take(self.communicator.add(self.dense_gradients(), self.sparse_gradients()))
         elif mode == GEO:
             self.optimizer.step()
             sparse = self.sparse_gradients()
@@ -132,8 +127,8 @@ class Worker:
         if self.stopped:
             return
         if self.communicator is not None:
-            self.communicator.close()
-            self.take(self.communicator.latest())
+            self.take(self.communicator.flush())
+            self.take(self.communicator.finish())
         if self.options.mode == GEO and self.steps % self.options.update_frequency:
             self.exchange_deltas()
         transport.call_all([(server_name(s), srv.stop, (self.env.index,)) for s in range(self.servers)], self.servers)
@@ -147,12 +142,19 @@ class Worker:
 
     def exchange(self, dense: dict, sparse: dict) -> dict:
         """Send each server its share of the gradients; the new values the servers answer with."""
+        return _merged(transport.call_all(self.pushes(dense, sparse), self.options.rpc.send_threads))
+
+    def start_exchange(self, dense: dict, sparse: dict) -> list:
+        """``exchange`` without waiting: (server name, future) of each push."""
+        return [(to, transport.start(to, fn, *args)) for to, fn, args in self.pushes(dense, sparse)]
+
+    def pushes(self, dense: dict, sparse: dict) -> list:
         calls = []
         for s in range(self.servers):
             mine = {sl.name: dense.get(sl.name) for sl in self.slices if sl.server == s and sl.name in dense}
             rows = {t: grads[s] for t, grads in sparse.items() if s in grads}
             calls.append((server_name(s), srv.push, (self.env.index, mine, rows)))
-        return _merged(transport.call_all(calls, self.options.rpc.send_threads))
+        return calls
 
     def exchange_deltas(self) -> None:
         """geo: send each slice's change since the last exchange, divided by the trainers; take the sums."""
@@ -190,65 +192,36 @@ class Worker:
     def _check_running(self) -> None:
         if self.stopped:
             raise RuntimeError("this trainer already called fleet.stop_worker(); it cannot step any more.")
-        if self.communicator is not None:
-            self.communicator.check()
 
 
 class Communicator:
-    """half_async: a thread that sends the trainer's queued gradients, merged, as async updates."""
+    """half_async: a trainer's gradients, averaged over max_merge_var_num steps, go to the servers as one
+    asynchronous update while the trainer goes on; the values that update brings back become the
+    trainer's parameters when it hands over its next merged update (waiting only if that one is still
+    on the way). So a parameter version serves max_merge_var_num to 2 x max_merge_var_num steps, and
+    each version gets one update per trainer, as in Paddle's half-async communicator."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: "Worker"):
         self.worker = worker
-        self.queue: queue.Queue = queue.Queue(maxsize=worker.options.send_queue_size)
-        self.lock = threading.Lock()
-        self.values: dict = {}
-        self.error: Optional[BaseException] = None
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="ps-communicator")
-        self.thread.start()
+        self.pending: list = []  # (dense, sparse) of the steps not sent yet
+        self.in_flight: list = []  # (server name, future) of the update on its way
 
-    def send(self, dense: dict, sparse: dict) -> None:
-        try:
-            self.queue.put((dense, sparse), timeout=self.worker.options.rpc.deadline_s)
-        except queue.Full:
-            raise PsError(f"trainer {self.worker.env.index}: the communicator sent nothing for "
-                          f"{self.worker.options.rpc.deadline_s:g} s (FLAGS_rpc_deadline).") from None
+    def add(self, dense: dict, sparse: dict) -> dict:
+        """Queue one step's gradients; the values of the last update once this completes a merge, else {}."""
+        self.pending.append((dense, sparse))
+        return self.flush() if len(self.pending) >= self.worker.options.max_merge_var_num else {}
 
-    def latest(self) -> dict:
-        with self.lock:
-            values, self.values = self.values, {}
+    def flush(self) -> dict:
+        """Wait for the update on its way (bounded) and start sending what is queued; the values it brought."""
+        values = self.finish()
+        if self.pending:
+            batch, self.pending = self.pending, []
+            self.in_flight = self.worker.start_exchange(*merge(batch))
         return values
 
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def close(self) -> None:
-        """Send what is queued, then stop (bounded by the deadline)."""
-        self.closing.set()
-        self.thread.join(self.worker.options.rpc.deadline_s)
-        self.check()
-        if self.thread.is_alive():
-            raise PsError(f"trainer {self.worker.env.index}: the communicator did not finish its sends within "
-                          f"{self.worker.options.rpc.deadline_s:g} s (FLAGS_rpc_deadline).")
-
-    def _run(self) -> None:
-        try:
-            while not (self.closing.is_set() and self.queue.empty()):
-                try:
-                    batch = [self.queue.get(timeout=0.05)]
-                except queue.Empty:
-                    continue
-                while len(batch) < self.worker.options.max_merge_var_num:
-                    try:
-                        batch.append(self.queue.get_nowait())
-                    except queue.Empty:
-                        break
-                values = self.worker.exchange(*merge(batch))
-                with self.lock:
-                    self.values.update(values)
-        except BaseException as e:  # handed to the training loop at its next step
-            self.error = e
+    def finish(self) -> dict:
+        flying, self.in_flight = self.in_flight, []
+        return _merged([transport.wait(fut, to) for to, fut in flying])
 
 
 def merge(batch: list) -> tuple:

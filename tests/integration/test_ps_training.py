@@ -46,7 +46,7 @@ def jobs(tmp_path_factory):
                             "split=HashName"),
         "async_dc": (1, 2, "fleet", "dc_asgd", "mlp", 40),
         "geo": (1, 2, "fleet", "geo", "mlp", 40, "update_frequency=4"),
-        "half_async": (1, 2, "transpiler", "half_async", "mlp", 40, "queue=4"),  # staleness bounded under load
+        "half_async": (1, 2, "transpiler", "half_async", "mlp", 40, "merge=2"),
     }
     kills = {
         "kill_server": (2, 2, "fleet", "sync", "ctr", 100000, "sleep=0.3", f"rows={TABLE[0]}", f"dim={TABLE[1]}"),

@@ -5,7 +5,7 @@ API: fleet or transpiler; MODE: sync, async, half_async, geo, dc_asgd; KIND: ctr
 Trainers write OUT/progress.J (steps done, resident bytes before the model was built (fleet), now) and OUT/done.J
 (the saved model's loss); trainer 0 saves OUT/model/model.pt.
 Options: min_block_size=N, split=HashName, sleep=S (seconds per step), model_dir=D, update_frequency=K,
-first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), queue=N (half-async's send_queue_size),
+first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), merge=N (half-async's max_merge_var_num),
 fail=trainer:J:STEP:CODE (trainer J exits with CODE at STEP) or fail=server:I:SECONDS:CODE (server I exits with
 CODE after SECONDS of serving).
 """
@@ -38,7 +38,7 @@ def configure(config):
     config.split_method = opts.get("split", "RoundRobin")
     config.print_log = True
     config.enable_dc_asgd = mode == "dc_asgd"
-    config.send_queue_size = int(opts.get("queue", 20))
+    config.max_merge_var_num = int(opts.get("merge", 20))
 
 
 def failure(role_name, index):
