@@ -174,3 +174,12 @@ def test_half_async_merges_queued_steps_into_their_average():
     assert dense["w"].tolist() == [2.0, 3.0] and dense["b"] is None
     ids, rows = sparse["emb"][0]
     assert ids.tolist() == [1, 2] and rows.view(-1).tolist() == [1.0, 2.0]
+
+
+def test_rendezvous_messages_name_servers_and_trainers():
+    from launcher.ps.transport import rpc_names
+
+    env = read_ps_env(trainer_vars(2))
+    text = "rank 4 waited 180 s for all 5 ranks at 10.0.0.1:6170; missing: rank 1 (10.0.0.2:6170), rank 3 (10.0.0.3:2)."
+    assert rpc_names(text, env) == ("trainer 2 waited 180 s for all 5 ranks at 10.0.0.1:6170; missing: "
+                                    "server 1 (10.0.0.2:6170), trainer 1 (10.0.0.3:2).")

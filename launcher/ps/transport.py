@@ -11,6 +11,7 @@ connections and fail too).
 from __future__ import annotations
 
 import atexit
+import re
 import threading
 import warnings
 from dataclasses import dataclass
@@ -61,7 +62,10 @@ def connect(env: PsEnv, flags: RpcFlags) -> Link:
     host, port = env.store_endpoint
     where = WorkerEnv(rank=env.rpc_rank, world_size=env.rpc_world_size, endpoints=env.endpoints_by_rpc_rank(),
                       master_addr=host, master_port=port)
-    store = parallel.rendezvous(where, timedelta(milliseconds=flags.deadline_ms))
+    try:
+        store = parallel.rendezvous(where, timedelta(milliseconds=flags.deadline_ms))
+    except parallel.RendezvousError as e:
+        raise PsError(rpc_names(str(e), env)) from None
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=max(2, flags.get_threads), rpc_timeout=flags.deadline_s,
                                               init_method=f"tcp://{host}:{port}",
                                               # TensorPipe's shared-memory transport busy-polls (most of a
@@ -78,6 +82,15 @@ def connect(env: PsEnv, flags: RpcFlags) -> Link:
     atexit.unregister(teardown)
     atexit.register(teardown)
     return _link
+
+
+def rpc_names(text: str, env: PsEnv) -> str:
+    """``text`` with each "rank N" of the RPC world called by its role ("server 1", "trainer 0")."""
+    def name(match):
+        rank = int(match.group(1))
+        return f"server {rank}" if rank < len(env.servers) else f"trainer {rank - len(env.servers)}"
+
+    return re.sub(r"\brank (\d+)", name, text)
 
 
 def call_all(calls: Sequence[tuple], window: int) -> list:
