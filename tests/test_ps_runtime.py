@@ -183,3 +183,17 @@ def test_rendezvous_messages_name_servers_and_trainers():
     text = "rank 4 waited 180 s for all 5 ranks at 10.0.0.1:6170; missing: rank 1 (10.0.0.2:6170), rank 3 (10.0.0.3:2)."
     assert rpc_names(text, env) == ("trainer 2 waited 180 s for all 5 ranks at 10.0.0.1:6170; missing: "
                                     "server 1 (10.0.0.2:6170), trainer 1 (10.0.0.3:2).")
+
+
+def test_a_trainer_whose_servers_never_come_names_them_after_the_deadline():
+    import socket
+
+    from launcher.ps import transport
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = read_ps_env({**trainer_vars(0), "PADDLE_PSERVERS_IP_PORT_LIST": f"127.0.0.1:{port}",
+                       "PADDLE_TRAINERS_NUM": "1", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:1"})
+    with pytest.raises(transport.PsError, match=rf"trainer 0 waited 1 s .*server 0 \(127.0.0.1:{port}\)"):
+        transport.connect(env, fl.RpcFlags(deadline_ms=1000))
