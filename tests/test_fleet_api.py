@@ -115,11 +115,30 @@ def test_fleet_needs_init_first():
         fleet.worker_index()
 
 
-def test_parameter_server_mode_is_refused():
-    with pytest.raises(ValueError, match="parameter-server"):
+def test_parameter_server_mode_outside_a_parameter_server_job_names_the_missing_variable(monkeypatch):
+    monkeypatch.delenv(ev.TRAINING_ROLE, raising=False)
+    with pytest.raises(ValueError, match="TRAINING_ROLE=''.*--server_num"):
         fleet.role_maker.PaddleCloudRoleMaker(is_collective=False)
-    with pytest.raises(ValueError, match="parameter-server"):
+    with pytest.raises(ValueError, match="TRAINING_ROLE"):
         fleet.init(is_collective=False)
+
+
+def test_the_parameter_server_role_maker_reads_the_job(monkeypatch):
+    variables = {ev.TRAINING_ROLE: "PSERVER", ev.PSERVER_ID: "1", ev.PSERVERS_IP_PORT_LIST: "h:1,h:2", ev.TRAINERS_NUM: "3"}
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    role = fleet.role_maker.PaddleCloudRoleMaker(is_collective=False)
+    assert (role.is_server(), role.is_worker(), role.server_index(), role.server_num(), role.worker_num()) == \
+        (True, False, 1, 2, 3)
+    assert role.get_pserver_endpoints() == ["h:1", "h:2"]
+
+
+def test_parameter_server_calls_in_collective_mode_say_how_to_get_there(alone):
+    assert (fleet.is_server(), fleet.is_worker(), fleet.server_num()) == (False, True, 0)
+    with pytest.raises(RuntimeError, match="--server_num S --worker_num T"):
+        fleet.run_server()
+    with pytest.raises(TypeError, match=r"distributed_optimizer\(model=...\) is for parameter-server mode"):
+        fleet.distributed_optimizer(torch.optim.SGD(mlp().parameters(), lr=0.1), model=mlp())
 
 
 def test_user_defined_role_maker_describes_the_given_endpoints():

@@ -32,7 +32,7 @@ def save_persistables(where, *args, **kwargs) -> None:
     """
     dirname, model, optimizer, filename = _persistables_arguments("save_persistables", where, args, kwargs)
     state = {"model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict() if optimizer is not None else None}
-    _on_first_worker(os.path.join(dirname, filename), lambda path: _save_atomically(state, path))
+    _on_first_worker(os.path.join(dirname, filename), lambda path: save_atomically(state, path))
 
 
 def load_persistables(where, *args, **kwargs) -> None:
@@ -66,7 +66,7 @@ def save_inference_model(where, model=None, example_inputs=None, filename: str =
             program = torch.export.export(module, inputs)
         finally:
             module.train(was_training)
-        _save_atomically(program, path, save=torch.export.save)
+        save_atomically(program, path, save=torch.export.save)
 
     _on_first_worker(os.path.join(os.fspath(where), filename), export)
 
@@ -113,7 +113,7 @@ def _on_first_worker(path: str, write) -> None:
                            "call this save on rank 0 as well (or on rank 0 only).") from e
 
 
-def _save_atomically(obj, path: str, save=torch.save) -> None:
+def save_atomically(obj, path: str, save=torch.save) -> None:
     """Readers see the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:

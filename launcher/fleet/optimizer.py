@@ -14,28 +14,10 @@ from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import warn_once
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
-    """Wraps ``optimizer`` (as torch's PostLocalSGDOptimizer does): step() keeps every rank identical.
+class WrappedOptimizer(torch.optim.Optimizer):
+    """An optimizer standing in for ``self.optimizer``: its groups, state and state_dict are the wrapped one's."""
 
-    On synchronous steps, backward averages the gradients over all ranks (as DistributedDataParallel
-    does, unless a fleet.distributed_model already does it), so clipping and GradScaler between
-    backward and step() see the averages; step() averages gradients that no backward did. With
-    use_local_sgd, after local_sgd_is_warm_steps steps each rank steps on its own gradients and the
-    parameters are averaged every local_sgd_steps steps.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, strategy: DistributedStrategy, sync: GradientSync):
-        self.optimizer = optimizer
-        self.strategy = strategy
-        self._sync = sync
-        sync.enabled = self._needs_gradient_sync
-        self._steps = 0
-        self._averager = None
-        if strategy.use_local_sgd:
-            self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps, warmup_steps=strategy.local_sgd_is_warm_steps)
-            for p in self._params():
-                p._fleet_averaged = True  # tells fleet.distributed_model that someone averages the parameters
-        broadcast_parameters(self._params())
+    optimizer: torch.optim.Optimizer
 
     # the wrapped optimizer's state, always the current objects (load_state_dict replaces them)
     @property
@@ -59,6 +41,48 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group) -> None:
         raise NotImplementedError("add a parameter group before fleet.distributed_optimizer, so every rank buckets the same parameters.")
 
+    def minimize(self, loss: torch.Tensor, startup_program=None, parameter_list=None, no_grad_set=None) -> torch.Tensor:
+        """Paddle's minimize: zero the gradients, backward, step.
+
+        ``parameter_list`` (default: all) and ``no_grad_set`` are tensors: only the parameters in the
+        first and not in the second get gradients, and so move. ``startup_program`` has no meaning here.
+        """
+        if startup_program is not None:
+            warn_once("startup_program", "minimize(loss, startup_program): PyTorch has no startup program, the parameters "
+                      "are initialised when the model is built; the argument is ignored.")
+        inputs = backward_inputs(self._params(), parameter_list, no_grad_set)
+        self.zero_grad()
+        loss.backward(inputs=inputs)
+        self.step()
+        return loss
+
+    def _params(self) -> list:
+        return [p for group in self.param_groups for p in group["params"]]
+
+
+class DistributedOptimizer(WrappedOptimizer):
+    """Wraps ``optimizer`` (as torch's PostLocalSGDOptimizer does): step() keeps every rank identical.
+
+    On synchronous steps, backward averages the gradients over all ranks (as DistributedDataParallel
+    does, unless a fleet.distributed_model already does it), so clipping and GradScaler between
+    backward and step() see the averages; step() averages gradients that no backward did. With
+    use_local_sgd, after local_sgd_is_warm_steps steps each rank steps on its own gradients and the
+    parameters are averaged every local_sgd_steps steps.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, strategy: DistributedStrategy, sync: GradientSync):
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self._sync = sync
+        sync.enabled = self._needs_gradient_sync
+        self._steps = 0
+        self._averager = None
+        if strategy.use_local_sgd:
+            self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps, warmup_steps=strategy.local_sgd_is_warm_steps)
+            for p in self._params():
+                p._fleet_averaged = True  # tells fleet.distributed_model that someone averages the parameters
+        broadcast_parameters(self._params())
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._sync.synced = False  # a rank whose next backward touches no parameter still averages at step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -78,29 +102,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._steps += 1
         return loss
 
-    def minimize(self, loss: torch.Tensor, startup_program=None, parameter_list=None, no_grad_set=None) -> torch.Tensor:
-        """Paddle's minimize: zero the gradients, backward (averaging them), step.
-
-        ``parameter_list`` (default: all) and ``no_grad_set`` are tensors: only the parameters in the
-        first and not in the second get gradients, and so move. ``startup_program`` has no meaning here.
-        """
-        if startup_program is not None:
-            warn_once("startup_program", "minimize(loss, startup_program): PyTorch has no startup program, the parameters "
-                      "are initialised when the model is built; the argument is ignored.")
-        inputs = _backward_inputs(self._params(), parameter_list, no_grad_set)
-        self.zero_grad()
-        loss.backward(inputs=inputs)
-        self.step()
-        return loss
-
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside this block keep their gradients local (gradient accumulation, as DDP's no_sync)."""
         with self._sync.paused():
             yield
-
-    def _params(self) -> list:
-        return [p for group in self.param_groups for p in group["params"]]
 
     def _needs_gradient_sync(self) -> bool:
         if self.strategy.use_local_sgd and self._steps >= self.strategy.local_sgd_is_warm_steps:
@@ -125,7 +131,7 @@ def _local_sgd_of(strategy: DistributedStrategy) -> tuple:
     return (True, strategy.local_sgd_steps, strategy.local_sgd_is_warm_steps)
 
 
-def _backward_inputs(params: list, parameter_list, no_grad_set) -> Optional[list]:
+def backward_inputs(params: list, parameter_list, no_grad_set) -> Optional[list]:
     """The tensors backward should fill (None: all), from Paddle's parameter_list and no_grad_set."""
     if parameter_list is None and not no_grad_set:
         return None

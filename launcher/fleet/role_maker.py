@@ -1,4 +1,4 @@
-"""Where a worker learns its place in the job (Paddle's role makers, collective mode only)."""
+"""Where a worker learns its place in the job (Paddle's role makers): collective, or parameter-server mode."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Optional, Sequence
 from launcher import envvars as ev
 from launcher.runtime.environment import WorkerEnv, env_from_endpoints, read_worker_env
 
-NO_PARAMETER_SERVER = ("is_collective=False asks for parameter-server training, which this library does not do: "
-          "it runs collective (all-reduce) data-parallel training on PyTorch only.")
-
 
 class RoleMakerBase:
+    is_collective = True
+
     def worker_env(self) -> WorkerEnv:
         raise NotImplementedError
 
@@ -30,15 +29,47 @@ class RoleMakerBase:
 
 
 class PaddleCloudRoleMaker(RoleMakerBase):
-    """Everything from the launcher's variables; a world of one when there are none."""
+    """Everything from the launcher's variables; a world of one when there are none (collective).
+
+    ``is_collective=False``: a parameter-server job, described by TRAINING_ROLE and the PADDLE_*
+    variables that ``python -m launcher --server_num S --worker_num T`` sets.
+    """
 
     def __init__(self, is_collective: bool = True):
-        if not is_collective:
-            raise ValueError(NO_PARAMETER_SERVER)
-        self.is_collective = True
+        self.is_collective = bool(is_collective)
+        if not self.is_collective:
+            self.ps_env()  # a missing variable is said now, not at fleet.init
 
     def worker_env(self) -> WorkerEnv:
+        if not self.is_collective:
+            raise RuntimeError("this role maker describes a parameter-server job (is_collective=False); use ps_env().")
         return read_worker_env(os.environ)
+
+    def ps_env(self):
+        from launcher.ps.env import read_ps_env
+
+        return read_ps_env(os.environ)
+
+    def is_server(self) -> bool:
+        return not self.is_collective and self.ps_env().is_server
+
+    def is_worker(self) -> bool:
+        return not self.is_server()
+
+    def worker_index(self) -> int:
+        return super().worker_index() if self.is_collective else self.ps_env().index
+
+    def worker_num(self) -> int:
+        return super().worker_num() if self.is_collective else self.ps_env().trainers_num
+
+    def server_index(self) -> int:
+        return self.ps_env().index if self.is_server() else 0
+
+    def server_num(self) -> int:
+        return 0 if self.is_collective else len(self.ps_env().servers)
+
+    def get_pserver_endpoints(self) -> list:
+        return [] if self.is_collective else list(self.ps_env().servers)
 
 
 class UserDefinedRoleMaker(RoleMakerBase):

@@ -19,8 +19,9 @@ from launcher.runtime.flags import Flags, warn_once
 
 @dataclass
 class FleetState:
-    penv: ParallelEnv
-    strategy: DistributedStrategy
+    penv: Optional[ParallelEnv]  # None in parameter-server mode
+    strategy: object  # a DistributedStrategy; in parameter-server mode a launcher.ps PsStrategy
+    ps: object = None  # the launcher.ps PsSession in parameter-server mode
     channels: dict = field(default_factory=dict)  # (comm_num, hierarchical, inter_nranks) -> channels
     model: Optional[torch.nn.Module] = None  # the last one given to distributed_model (Paddle-shaped saves use it)
     optimizer: Optional[torch.optim.Optimizer] = None  # the last distributed_optimizer
@@ -49,6 +50,11 @@ def set_current(state: Optional[FleetState]) -> None:
 
 def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy]) -> FleetState:
     return FleetState(penv, strategy or DistributedStrategy())
+
+
+def ps_session():
+    """The parameter-server session of this process, or None (collective mode, or fleet.init not called)."""
+    return None if _state is None else _state.ps
 
 
 def barrier() -> None:

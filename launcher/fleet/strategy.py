@@ -6,9 +6,10 @@ Paddle option that has no meaning here never passes silently.
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Optional
+
+from launcher.options import refuse_unknown
 
 
 @dataclass
@@ -19,7 +20,7 @@ class ExecutionStrategy:
     num_iteration_per_drop_scope: int = 1
 
     def __setattr__(self, name, value):
-        _refuse_unknown(self, name)
+        refuse_unknown(self, name)
         object.__setattr__(self, name, value)
 
 
@@ -57,7 +58,7 @@ class DistributedStrategy:
         self.exec_strategy.num_iteration_per_drop_scope = value
 
     def __setattr__(self, name, value):
-        _refuse_unknown(self, name, extra=("num_threads", "num_iteration_per_drop_scope"))
+        refuse_unknown(self, name, extra=("num_threads", "num_iteration_per_drop_scope"))
         object.__setattr__(self, name, value)
 
     def check(self, world_size: int, local_world_size: int) -> None:
@@ -82,16 +83,6 @@ class DistributedStrategy:
     def inter_nranks(self, local_world_size: int) -> int:
         """Workers per node for hierarchical all-reduce."""
         return self.hierarchical_allreduce_inter_nranks or local_world_size
-
-
-def _refuse_unknown(obj, name: str, extra: tuple = ()) -> None:
-    known = [f.name for f in fields(obj)] + list(extra)
-    if name in known:
-        return
-    near = difflib.get_close_matches(name, known, n=1)
-    hint = f" Did you mean {near[0]!r}?" if near else ""
-    raise AttributeError(f"{type(obj).__name__} has no option {name!r}: only the options of Paddle 1.8's "
-                         f"collective strategy have a meaning on PyTorch ({', '.join(known)}).{hint}")
 
 
 def _at_least(strategy, name: str, low: int) -> None:

@@ -40,8 +40,8 @@ class WorkerEnv:
 
 def read_worker_env(environ: Mapping[str, str], read_file: Callable[[str], str] = None) -> WorkerEnv:
     """The WorkerEnv described by ``environ``; a world of one when no launcher variable is set."""
-    rank = _int_var(environ, ev.TRAINER_ID, ev.RANK)
-    world = _int_var(environ, ev.TRAINERS_NUM, ev.WORLD_SIZE)
+    rank = int_var(environ, ev.TRAINER_ID, ev.RANK)
+    world = int_var(environ, ev.TRAINERS_NUM, ev.WORLD_SIZE)
     if rank is None and world is None:
         return WorkerEnv(selected_gpus=_gpus(environ))
     if rank is None or world is None:
@@ -54,8 +54,8 @@ def read_worker_env(environ: Mapping[str, str], read_file: Callable[[str], str] 
         raise WorkerEnvError(f"{ev.TRAINER_ENDPOINTS} lists {len(endpoints)} endpoints for a world of {world} workers.")
     addr, port = _master(environ, endpoints)
     local_rank, local_world = _local(environ, rank, world, endpoints)
-    node_rank = _int_var(environ, ev.GROUP_RANK)
-    node_count = _int_var(environ, ev.GROUP_WORLD_SIZE)
+    node_rank = int_var(environ, ev.GROUP_RANK)
+    node_count = int_var(environ, ev.GROUP_WORLD_SIZE)
     return WorkerEnv(
         rank=rank,
         world_size=world,
@@ -77,10 +77,10 @@ def env_from_endpoints(current_id: int, endpoints: Sequence[str], selected_gpus:
         raise WorkerEnvError("worker_endpoints is empty: give every worker's ip:port, in rank order.")
     if not 0 <= current_id < len(endpoints):
         raise WorkerEnvError(f"current_id {current_id} is outside the {len(endpoints)} worker_endpoints.")
-    addr, port = _split_endpoint(endpoints[0], "worker_endpoints[0]")
+    addr, port = split_endpoint(endpoints[0], "worker_endpoints[0]")
     local_rank, local_world = _same_host(current_id, endpoints)
-    hosts = list(dict.fromkeys(_split_endpoint(e, "worker_endpoints")[0] for e in endpoints))
-    host = _split_endpoint(endpoints[current_id], "worker_endpoints")[0]
+    hosts = list(dict.fromkeys(split_endpoint(e, "worker_endpoints")[0] for e in endpoints))
+    host = split_endpoint(endpoints[current_id], "worker_endpoints")[0]
     return WorkerEnv(
         rank=current_id,
         world_size=len(endpoints),
@@ -117,7 +117,7 @@ def gpu_index(selected_gpus: Optional[str]) -> Optional[int]:
 # ---------------------------------------------------------------- helpers
 
 
-def _int_var(environ: Mapping[str, str], *names: str) -> Optional[int]:
+def int_var(environ: Mapping[str, str], *names: str) -> Optional[int]:
     """The value of the first of ``names`` that is set; all that are set must agree."""
     values = {}
     for name in names:
@@ -145,23 +145,23 @@ def _endpoints(environ: Mapping[str, str], read_file: Callable[[str], str]) -> t
         return ()
     endpoints = tuple(e.strip() for e in text.replace("\n", ",").split(",") if e.strip())
     for e in endpoints:
-        _split_endpoint(e, ev.TRAINER_ENDPOINTS)
+        split_endpoint(e, ev.TRAINER_ENDPOINTS)
     return endpoints
 
 
 def _master(environ: Mapping[str, str], endpoints: tuple) -> tuple:
     addr = environ.get(ev.MASTER_ADDR, "").strip()
-    port = _int_var(environ, ev.MASTER_PORT)
+    port = int_var(environ, ev.MASTER_PORT)
     if addr and port is not None:
         return addr, port
     if endpoints:
-        return _split_endpoint(endpoints[0], ev.TRAINER_ENDPOINTS)
+        return split_endpoint(endpoints[0], ev.TRAINER_ENDPOINTS)
     raise WorkerEnvError(f"{ev.MASTER_ADDR}/{ev.MASTER_PORT} are not set and there is no {ev.TRAINER_ENDPOINTS} to find rank 0 in.")
 
 
 def _local(environ: Mapping[str, str], rank: int, world: int, endpoints: tuple) -> tuple:
-    local_rank = _int_var(environ, ev.LOCAL_RANK)
-    local_world = _int_var(environ, ev.LOCAL_WORLD_SIZE)
+    local_rank = int_var(environ, ev.LOCAL_RANK)
+    local_world = int_var(environ, ev.LOCAL_WORLD_SIZE)
     if local_rank is None or local_world is None:
         guess_rank, guess_world = _same_host(rank, endpoints) if endpoints else (rank, world)
         local_rank = guess_rank if local_rank is None else local_rank
@@ -172,12 +172,12 @@ def _local(environ: Mapping[str, str], rank: int, world: int, endpoints: tuple) 
 
 
 def _same_host(rank: int, endpoints: tuple) -> tuple:
-    hosts = [_split_endpoint(e, "endpoints")[0] for e in endpoints]
+    hosts = [split_endpoint(e, "endpoints")[0] for e in endpoints]
     mine = hosts[rank]
     return hosts[:rank].count(mine), hosts.count(mine)
 
 
-def _split_endpoint(endpoint: str, name: str) -> tuple:
+def split_endpoint(endpoint: str, name: str) -> tuple:
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise WorkerEnvError(f"{name} holds {endpoint!r} where ip:port belongs.")

@@ -17,8 +17,12 @@ FRACTION_OF_GPU_MEMORY = "FLAGS_fraction_of_gpu_memory_to_use"
 NCCL_IB_DISABLE = "NCCL_IB_DISABLE"
 FUSE_PARAMETER_MEMORY_SIZE = "FLAGS_fuse_parameter_memory_size"
 FUSE_PARAMETER_GROUPS_SIZE = "FLAGS_fuse_parameter_groups_size"
-# parameter-server mode's RPC settings: that mode does not exist here, so they can only be warned about
-RPC_FLAGS = ("FLAGS_rpc_send_thread_num", "FLAGS_rpc_get_thread_num", "FLAGS_rpc_prefetch_thread_num", "FLAGS_rpc_deadline")
+# parameter-server mode's RPC settings (launcher.ps); a collective worker only warns about them
+RPC_SEND_THREAD_NUM = "FLAGS_rpc_send_thread_num"
+RPC_GET_THREAD_NUM = "FLAGS_rpc_get_thread_num"
+RPC_PREFETCH_THREAD_NUM = "FLAGS_rpc_prefetch_thread_num"
+RPC_DEADLINE = "FLAGS_rpc_deadline"
+RPC_FLAGS = (RPC_SEND_THREAD_NUM, RPC_GET_THREAD_NUM, RPC_PREFETCH_THREAD_NUM, RPC_DEADLINE)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -60,7 +64,33 @@ class Flags:
     ib_disable: Optional[bool] = None  # NCCL_IB_DISABLE (NCCL reads it itself)
     fuse_memory_mb: Optional[float] = None  # FLAGS_fuse_parameter_memory_size, MB per bucket
     fuse_groups_size: Optional[int] = None  # FLAGS_fuse_parameter_groups_size, tensors per bucket
-    rpc_flags: tuple = ()  # the RPC_FLAGS that are set (they have no effect)
+    rpc_flags: tuple = ()  # the RPC_FLAGS that are set (no effect on a collective worker)
+
+
+@dataclass(frozen=True)
+class RpcFlags:
+    """Parameter-server mode's RPC settings, with Paddle 1.8's defaults."""
+
+    deadline_ms: int = 180000  # FLAGS_rpc_deadline: the RPC timeout, and the bound of every wait
+    send_threads: int = 12  # FLAGS_rpc_send_thread_num: a trainer's pushes in flight at once
+    get_threads: int = 12  # FLAGS_rpc_get_thread_num: threads serving incoming requests (TensorPipe's workers)
+    prefetch_threads: int = 12  # FLAGS_rpc_prefetch_thread_num: sparse-row prefetches in flight at once
+
+    @property
+    def deadline_s(self) -> float:
+        return self.deadline_ms / 1000.0
+
+
+def read_rpc_flags(environ: Mapping[str, str]) -> RpcFlags:
+    """The RPC flags set in ``environ`` (Paddle's defaults for the others); a malformed one is a ValueError naming it."""
+    default = RpcFlags()
+
+    def get(name, fallback):
+        value = _number(environ, name, int, 1, None)
+        return fallback if value is None else value
+
+    return RpcFlags(get(RPC_DEADLINE, default.deadline_ms), get(RPC_SEND_THREAD_NUM, default.send_threads),
+                    get(RPC_GET_THREAD_NUM, default.get_threads), get(RPC_PREFETCH_THREAD_NUM, default.prefetch_threads))
 
 
 def read_flags(environ: Mapping[str, str]) -> Flags:
@@ -80,8 +110,8 @@ def apply_flags(flags: Flags, backend: str, device) -> None:
     import torch
 
     for name in flags.rpc_flags:
-        warn_once(name, f"{name} sets up parameter-server mode's RPC, which this library does not run "
-                  "(it trains collectively, with all-reduce): the flag has no effect.")
+        warn_once(name, f"{name} sets up parameter-server mode's RPC; this worker trains collectively "
+                  "(all-reduce, no servers), so the flag has no effect here.")
     if flags.ib_disable is not None and backend != "nccl":
         warn_once(NCCL_IB_DISABLE, f"{NCCL_IB_DISABLE} is read by NCCL only; this worker uses {backend}, which always talks TCP.")
     fraction = flags.gpu_memory_fraction

@@ -90,7 +90,7 @@ def init_parallel_env(
                                 timeout=pg_timeout)
         atexit.unregister(teardown)  # once, also after a reset
         atexit.register(teardown)
-        _note_exit_code()
+        note_exit_code()
         _job = Job(store, env.rank, env.world_size, timeout)
     elif (dist.get_rank(), dist.get_world_size()) != (env.rank, env.world_size):
         raise RuntimeError(f"torch.distributed is already set up as rank {dist.get_rank()} of {dist.get_world_size()}, "
@@ -136,16 +136,15 @@ def teardown() -> None:
     job, _job = _job, None
     if job is None or not dist.is_initialized():  # nothing of ours (a group the script made is the script's)
         return
-    if getattr(sys, "last_value", None) is not None:
-        _leave_now(1)  # an uncaught exception: Python's code for it
-    if _exit_code.get("code") not in (None, 0):
-        _leave_now(_exit_code["code"])
+    code = exit_code()
+    if code not in (None, 0):
+        leave_now(code)
     if job.world_size > 1:
         _meet(job)
     dist.destroy_process_group()
 
 
-def _leave_now(code) -> None:
+def leave_now(code) -> None:
     """Leaving on a failure (an uncaught exception, whose traceback is printed by now, or
     ``sys.exit`` with a non-zero code): exit with that code at once, without waiting for the other
     ranks and without the rest of the shutdown. The other ranks may still be talking to this one:
@@ -168,7 +167,7 @@ def _leave_now(code) -> None:
 _exit_code: dict = {}  # the code given to sys.exit, once the script calls it
 
 
-def _note_exit_code() -> None:
+def note_exit_code() -> None:
     """Wrap ``sys.exit`` so that the exit code is known at exit (Python does not tell atexit)."""
     real = sys.exit
     if getattr(real, "_launcher_wrapper", False):
@@ -181,6 +180,14 @@ def _note_exit_code() -> None:
     exit._launcher_wrapper = True
     exit.__doc__ = real.__doc__
     sys.exit = exit
+
+
+def exit_code():
+    """The code this process leaves with, as known at exit: 1 after an uncaught exception (Python's code
+    for it), else what the script gave sys.exit, else None."""
+    if getattr(sys, "last_value", None) is not None:
+        return 1
+    return _exit_code.get("code")
 
 
 def reset() -> None:

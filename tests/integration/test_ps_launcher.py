@@ -1,0 +1,75 @@
+"""Parameter-server jobs under ``python -m launcher --server_num S --worker_num T`` (CONTRACT section 10).
+
+Skipped until the launcher has --server_num (the launcher side of parameter-server mode).
+"""
+
+import functools
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import psjob
+
+sys.path.insert(0, str(psjob.WORKERS))
+import ps_models  # noqa: E402
+
+SCRIPT = str(psjob.WORKERS / "ps_train.py")
+
+
+@functools.lru_cache(maxsize=1)
+def launcher_has_ps():
+    r = subprocess.run([sys.executable, "-m", "launcher", "--help"], cwd=psjob.REPO, env=psjob.base_env(),
+                       capture_output=True, text=True, timeout=60)
+    return "--server_num" in r.stdout
+
+
+pytestmark = pytest.mark.skipif(not launcher_has_ps(), reason="the launcher has no --server_num yet")
+
+
+def launch(tmp_path, *args, timeout=180):
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "launcher", "--server_num", "2", "--worker_num", "2", "--log_dir", str(logs),
+           SCRIPT, str(tmp_path), *map(str, args)]
+    env = dict(psjob.base_env(), FLAGS_rpc_deadline="120000")
+    started = time.monotonic()
+    r = subprocess.run(cmd, cwd=psjob.REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return r, logs, time.monotonic() - started
+
+
+def test_trainers_finish_then_the_servers_are_stopped_and_the_job_exits_0(tmp_path):
+    r, logs, _ = launch(tmp_path, "fleet", "sync", "ctr", 5)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in logs.iterdir() if p.name.startswith(("serverlog", "workerlog"))) == \
+        ["serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]
+    for n in (0, 1):
+        assert "TRAINER done" in (logs / f"workerlog.{n}").read_text()
+        assert "parameter placement (sync)" in (logs / f"serverlog.{n}").read_text()
+    saved = torch.load(tmp_path / "model" / "model.pt")
+    reference = ps_models.train_single("ctr", 5, 2).state_dict()
+    assert all((saved[k] - v).abs().max() <= 1e-5 for k, v in reference.items())
+
+
+def test_a_failing_trainer_stops_the_job_at_once_with_its_code(tmp_path):
+    r, logs, took = launch(tmp_path, "fleet", "async", "mlp", 100000, "sleep=0.1", "fail=trainer:1:3:7")
+    assert r.returncode == 7, r.stdout + r.stderr
+    assert took < 90
+    assert "trainer 1 fails with 7" in (logs / "workerlog.1").read_text()
+
+
+def test_a_failing_server_stops_the_job_at_once_with_its_code(tmp_path):
+    r, logs, took = launch(tmp_path, "fleet", "sync", "ctr", 100000, "sleep=0.1", "fail=server:1:5:9")
+    assert r.returncode == 9, r.stdout + r.stderr
+    assert took < 90
+
+
+def test_the_ctr_example_runs_as_a_parameter_server_job(tmp_path):
+    cmd = [sys.executable, "-m", "launcher", "--server_num", "2", "--worker_num", "2", "--log_dir", "logs",
+           str(psjob.REPO / "examples" / "train_ctr_ps.py")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=psjob.base_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    state = torch.load(tmp_path / "output" / "model.pt")
+    assert state["embedding.weight"].shape == (100_000, 16)
+    assert "step 150 loss" in (tmp_path / "logs" / "workerlog.0").read_text()
