@@ -65,9 +65,9 @@ def make_model(kind: str, rows: int, sparse: bool) -> nn.Module:
 
 
 def batch(rank: int, step: int, rows: int, kind: str):
-    """Ids (for the sparse model), dense features and 0/1 labels of trainer ``rank``'s batch ``step``."""
+    """Ids (None for the dense model), dense features and 0/1 labels of trainer ``rank``'s batch ``step``."""
     gen = torch.Generator().manual_seed(1_000_003 * (rank + 1) + step)
-    ids = torch.randint(rows, (BATCH, SLOTS), generator=gen)
+    ids = torch.randint(rows, (BATCH, SLOTS), generator=gen) if kind == "sparse" else None
     dense = torch.rand(BATCH, DENSE if kind == "sparse" else WIDTH, generator=gen)
     return ids, dense, torch.randint(2, (BATCH,), generator=gen).float()
 

@@ -44,7 +44,7 @@ class Sizes:
 MODES = {
     "full": Sizes(reps=3, help_reps=10, idle_s=10, log_mb=200, scale_workers=64,
                   plan_nodes=1000, plan_repeats=20, train_steps=150, train_reps=3,
-                  cross_nproc=2, cross_bound_s=120, ps_rows=4_000_000, ps_steps=40, ps_reps=3),
+                  cross_nproc=2, cross_bound_s=120, ps_rows=10_000_000, ps_steps=20, ps_reps=3),
     "quick": Sizes(reps=1, help_reps=3, idle_s=3, log_mb=20, scale_workers=64,
                    plan_nodes=1000, plan_repeats=5, train_steps=50, train_reps=1,
                    cross_nproc=2, cross_bound_s=20, ps_rows=1_000_000, ps_steps=10, ps_reps=1),
