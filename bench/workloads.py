@@ -316,19 +316,19 @@ class PSTraining:
     loss: float  # trainer 0's, at the last step: the same batches and weights give about the same
 
 
-def ps_training(kind: str) -> Callable[[Ctx, Sizes], PSTraining]:
-    """The CTR model of ``ctr.py`` (``kind``: sparse or dense), 2 trainers: ours as 2 trainers and
-    2 servers in sync mode, torchrun as 2 DDP workers, on the same batches."""
-    return lambda ctx, sizes: ps_train(ctx, sizes, kind)
+def ps_training(kind: str, ddp: str = "ddp") -> Callable[[Ctx, Sizes], PSTraining]:
+    """The model of ``ctr.py`` (``kind``: sparse or dense), 2 trainers: ours as 2 trainers and
+    2 servers in sync mode, torchrun as 2 workers through ``ddp`` (ddp or ddp-sparse), on the same batches."""
+    return lambda ctx, sizes: ps_train(ctx, sizes, kind, ddp)
 
 
-def ps_train(ctx: Ctx, sizes: Sizes, kind: str) -> PSTraining:
+def ps_train(ctx: Ctx, sizes: Sizes, kind: str, ddp: str) -> PSTraining:
     ours = ctx.launcher.name == "ours"
     if ours and not ours_has_option("--server_num"):
         raise BenchError("python -m launcher has no --server_num (parameter-server mode): not measured")
     out = ctx.tmp / "out"
     out.mkdir()
-    args = ("ps" if ours else "ddp", kind, sizes.ps_rows, sizes.ps_steps, out)
+    args = ("ps" if ours else ddp, kind, sizes.ps_rows, sizes.ps_steps, out)
     with ctx.launch(Job(2, "ctr.py", args, servers=2 if ours else 0)) as run:
         run.expect_success(600)
     results = [json.loads((out / f"ctr.{r}.json").read_text()) for r in (0, 1)]
@@ -416,4 +416,6 @@ WORKLOADS = (
              ps_training("sparse"), ps_metrics(ratio_at_least(3.0), ratio_at_most(0.5)), reps=lambda s: s.ps_reps),
     Workload("ps-dense", lambda s: f"11b. dense MLP, {s.ps_steps} steps: PS sync vs DDP",
              ps_training("dense"), ps_metrics(), reps=lambda s: s.ps_reps),
+    Workload("ps-ddp-sparse", lambda s: "11c. CTR as 11a: PS sync vs DDP with sparse=True (gloo)",
+             ps_training("sparse", "ddp-sparse"), ps_metrics(), reps=lambda s: s.ps_reps),
 )

@@ -26,9 +26,9 @@ from report import Compare, Goal, Metric, Row, Target  # noqa: E402
 
 TITLES = ("1. start-up", "2. 2-worker job", "3. teardown", "4. idle", "5. log volume",
           "6. scale", "7. planning", "8a. training", "8b. training", "9. cross-node teardown",
-          "10. restart round trip", "11a. CTR", "11b. dense MLP")
+          "10. restart round trip", "11a. CTR", "11b. dense MLP", "11c. CTR as 11a")
 TINY_CROSS_BOUND_S = workloads.MODES["tiny"].cross_bound_s
-PS_TITLES = ("11a.", "11b.")  # ours needs the launcher's parameter-server mode
+PS_TITLES = ("11a.", "11b.", "11c.")  # ours needs the launcher's parameter-server mode
 HAS_PS = harness.ours_has_option("--server_num")
 
 
@@ -62,7 +62,7 @@ def test_tiny_run_measures_both_sides_of_every_row(tiny):
     _, result = tiny
     unmeasured = [] if HAS_PS else [r for r in result["rows"] if r["workload"].startswith(PS_TITLES)]
     expected = [f"ours, ps-{kind}: python -m launcher has no --server_num (parameter-server mode): not measured"
-                for kind in ("sparse", "dense") if not HAS_PS]
+                for kind in ("sparse", "dense", "ddp-sparse") if not HAS_PS]
     assert result["errors"] == expected, result["errors"]
     for r in result["rows"]:
         assert r["torchrun"] is not None and (r["ours"] is None) == (r in unmeasured), r
