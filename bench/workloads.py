@@ -13,12 +13,12 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import spew  # the log-volume worker: its line format is the check's reference
 from harness import (BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, gone_by, ours_has_option, read_stamp,
                      wait_for_files)
-from report import Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
+from report import Goal, Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
 
 MiB = 1024 * 1024
 
@@ -313,7 +313,7 @@ class PSTraining:
     peak_rss_mib: float  # the larger of the two trainers' peak resident memory (VmHWM), whole run
     timed_peak_rss_mib: float  # the same, over the timed steps only
     cpu_ms: float  # trainer 0's CPU time per step
-    loss: float  # trainer 0's, at the last step: the same batches and weights give about the same
+    loss: float  # trainer 0's, at the last step: the same batches and weights give the same
 
 
 def ps_training(kind: str, ddp: str = "ddp") -> Callable[[Ctx, Sizes], PSTraining]:
@@ -340,7 +340,7 @@ def ps_train(ctx: Ctx, sizes: Sizes, kind: str, ddp: str) -> PSTraining:
                       max(r["timed_peak_rss_mib"] for r in results), first["cpu_ms_per_step"], first["loss"])
 
 
-def ps_metrics(steps_goal=None, memory_goal=None) -> tuple[Metric, ...]:
+def ps_metrics(steps_goal: Optional[Goal] = None, memory_goal: Optional[Goal] = None) -> tuple[Metric, ...]:
     return (
         Metric("steps_per_s", "trainer steps/s", steps_goal),
         Metric("peak_rss_mib", "trainer peak resident memory (MiB)", memory_goal),
