@@ -15,6 +15,7 @@ This module is the only one that starts, signals or inspects processes.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -107,13 +108,15 @@ class PortReservations:
 
 @dataclass(frozen=True)
 class Job:
-    """``nproc`` workers of ``bench/<script> args`` on each node."""
+    """``nproc`` workers of ``bench/<script> args`` on each node; with ``servers``, a
+    parameter-server job instead: ``nproc`` trainers and that many servers, all running the script."""
 
     nproc: int
     script: str
     args: tuple = ()
     log_dir: Optional[Path] = None  # logs to files there, worker 0 also on the console
     max_restarts: int = 0  # restarts of the whole job after a failure
+    servers: int = 0  # parameter servers (ours only)
 
     def worker(self) -> list[str]:
         return [str(BENCH / self.script), *map(str, self.args)]
@@ -163,7 +166,9 @@ class Ours:
     def _options(job: Job) -> list[str]:
         logs = ["--log_dir", str(job.log_dir)] if job.log_dir else []
         restarts = ["--max_restarts", str(job.max_restarts)] if job.max_restarts else []
-        return ["--nproc_per_node", str(job.nproc), *restarts, *logs]
+        workers = (["--server_num", str(job.servers), "--worker_num", str(job.nproc)] if job.servers
+                   else ["--nproc_per_node", str(job.nproc)])
+        return [*workers, *restarts, *logs]
 
     def log_file(self, log_dir: Path, rank: int) -> Path:
         return log_dir / f"workerlog.{rank}"
@@ -192,6 +197,8 @@ class Torchrun:
 
     @staticmethod
     def _options(job: Job) -> list[str]:
+        if job.servers:
+            raise BenchError("torchrun has no parameter servers")
         logs = ["--log-dir", str(job.log_dir), "--redirects", "3", "--tee", "3",
                 "--local-ranks-filter", "0"] if job.log_dir else []
         restarts = ["--max-restarts", str(job.max_restarts)] if job.max_restarts else []
@@ -205,6 +212,14 @@ class Torchrun:
 
 
 LAUNCHERS: tuple[LauncherUnderTest, ...] = (Ours(), Torchrun())
+
+
+@functools.cache
+def ours_has_option(option: str) -> bool:
+    """Whether ``python -m launcher --help`` lists ``option`` (parts of it may not be merged yet)."""
+    done = subprocess.run([sys.executable, "-m", "launcher", "--help"], cwd=REPO, env=bench_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    return option in done.stdout
 
 
 def bench_env() -> dict[str, str]:

@@ -5,13 +5,16 @@
 
 Runs each workload with ``python -m launcher`` and ``python -m torch.distributed.run`` in turn
 (ours, torchrun, ours, torchrun, ...) and prints one table: the medians, the ratio ours/torchrun
-and the goal for each figure. ``--quick`` takes under a minute on 2 CPU cores for workloads 1 to 8
-and about 40 s more for 9 and 10, ``--tiny`` a few seconds per workload (the test suite uses it);
-the default (full) mode takes a few minutes, over two of them in 9 (torchrun's 120 s bound).
+and the goal for each figure. ``--quick`` takes under a minute on 2 CPU cores for workloads 1 to 8,
+about 40 s more for 9 and 10 and about 90 s more for 11a to 11c (the parameter server),
+``--tiny`` a few seconds per workload, 15 to 30 s for those of 11 (the test suite uses it); the
+default (full) mode takes a few minutes, over two of them in 9 (torchrun's 120 s bound), and
+about 20 more for 11a to 11c (DDP on a 10,000,000-row table, and 4 processes against 2 on 2 cores).
 
 Everything is measured from the outside: wall times around the launcher process, CPU time and
 resident memory of the launcher and of its helper processes (its process tree minus the workers
-and what they started), with psutil. Workers are the small scripts next to this file. Every run
+and what they started), with psutil; only the training workloads (8, 11) have their workers
+time their own steps and read their own peak memory. Workers are the small scripts next to this file. Every run
 gets its own folder under one temporary folder, removed at the end; every process started is
 bounded by a timeout and killed, with everything it started, when a run ends or fails.
 
@@ -90,7 +93,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_const", dest="mode", const="quick",
-                      help="fewer repetitions and smaller sizes: about a minute and a half on 2 cores")
+                      help="fewer repetitions and smaller sizes: about three minutes on 2 cores")
     mode.add_argument("--tiny", action="store_const", dest="mode", const="tiny",
                       help="the smallest sizes, one run each: keeps the harness from rotting")
     names = [w.name for w in WORKLOADS]

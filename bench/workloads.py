@@ -1,4 +1,4 @@
-"""The ten workloads: what each one runs, what it measures, and the goal for each figure.
+"""The eleven workloads: what each one runs, what it measures, and the goal for each figure.
 
 A workload is a ``Workload``: a name, a title, a function that does one run with one launcher
 (``Ctx`` -> a result dataclass) and the ``Metric``s read from that result. The worker scripts
@@ -13,11 +13,12 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import spew  # the log-volume worker: its line format is the check's reference
-from harness import BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, gone_by, read_stamp, wait_for_files
-from report import Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
+from harness import (BENCH, BenchError, Ctx, Job, TreeSampler, gone_at, gone_by, ours_has_option, read_stamp,
+                     wait_for_files)
+from report import Goal, Metric, at_most_torchrun, ours_equal, ratio_at_least, ratio_at_most, same_codes
 
 MiB = 1024 * 1024
 
@@ -35,18 +36,21 @@ class Sizes:
     train_reps: int
     cross_nproc: int  # workers per node, cross-node teardown
     cross_bound_s: float  # how long node 0 may take to stop before its figure is this bound
+    ps_rows: int  # of the CTR model's embedding table (x 16)
+    ps_steps: int
+    ps_reps: int
 
 
 MODES = {
     "full": Sizes(reps=3, help_reps=10, idle_s=10, log_mb=200, scale_workers=64,
                   plan_nodes=1000, plan_repeats=20, train_steps=150, train_reps=3,
-                  cross_nproc=2, cross_bound_s=120),
+                  cross_nproc=2, cross_bound_s=120, ps_rows=10_000_000, ps_steps=20, ps_reps=3),
     "quick": Sizes(reps=1, help_reps=3, idle_s=3, log_mb=20, scale_workers=64,
                    plan_nodes=1000, plan_repeats=5, train_steps=50, train_reps=1,
-                   cross_nproc=2, cross_bound_s=20),
+                   cross_nproc=2, cross_bound_s=20, ps_rows=1_000_000, ps_steps=10, ps_reps=1),
     "tiny": Sizes(reps=1, help_reps=1, idle_s=0.5, log_mb=0.5, scale_workers=4,
                   plan_nodes=10, plan_repeats=1, train_steps=2, train_reps=1,
-                  cross_nproc=1, cross_bound_s=5),
+                  cross_nproc=1, cross_bound_s=5, ps_rows=10_000, ps_steps=2, ps_reps=1),
 }
 
 
@@ -300,6 +304,52 @@ def restart(ctx: Ctx, sizes: Sizes) -> RestartTrip:
     return RestartTrip(max(float(t[1]) for t in times) - failed, max(float(t[2]) for t in times) - failed, code)
 
 
+# ---------------------------------------------------------------- 11. parameter server
+
+
+@dataclass
+class PSTraining:
+    steps_per_s: float  # trainer 0's
+    peak_rss_mib: float  # the larger of the two trainers' peak resident memory (VmHWM), whole run
+    timed_peak_rss_mib: float  # the same, over the timed steps only
+    cpu_ms: float  # trainer 0's CPU time per step
+    loss: float  # trainer 0's, at the last step: the same batches and weights give the same
+
+
+def ps_training(kind: str, ddp: str = "ddp") -> Callable[[Ctx, Sizes], PSTraining]:
+    """The model of ``ctr.py`` (``kind``: sparse or dense), 2 trainers: ours as 2 trainers and
+    2 servers in sync mode, torchrun as 2 workers through ``ddp`` (ddp or ddp-sparse), on the same batches."""
+    return lambda ctx, sizes: ps_train(ctx, sizes, kind, ddp)
+
+
+def ps_train(ctx: Ctx, sizes: Sizes, kind: str, ddp: str) -> PSTraining:
+    ours = ctx.launcher.name == "ours"
+    if ours and not ours_has_option("--server_num"):
+        raise BenchError("python -m launcher has no --server_num (parameter-server mode): not measured")
+    out = ctx.tmp / "out"
+    out.mkdir()
+    args = ("ps" if ours else ddp, kind, sizes.ps_rows, sizes.ps_steps, out)
+    with ctx.launch(Job(2, "ctr.py", args, servers=2 if ours else 0)) as run:
+        run.expect_success(600)
+    results = [json.loads((out / f"ctr.{r}.json").read_text()) for r in (0, 1)]
+    a, b = (r["checksum"] for r in results)
+    if abs(a - b) > 1e-6 * max(1.0, abs(a)):
+        raise BenchError(f"{args[0]}: the trainers' dense parameters differ after training ({a} != {b})")
+    first = results[0]
+    return PSTraining(first["steps_per_s"], max(r["peak_rss_mib"] for r in results),
+                      max(r["timed_peak_rss_mib"] for r in results), first["cpu_ms_per_step"], first["loss"])
+
+
+def ps_metrics(steps_goal: Optional[Goal] = None, memory_goal: Optional[Goal] = None) -> tuple[Metric, ...]:
+    return (
+        Metric("steps_per_s", "trainer steps/s", steps_goal),
+        Metric("peak_rss_mib", "trainer peak resident memory (MiB)", memory_goal),
+        Metric("timed_peak_rss_mib", "the same, timed steps only (MiB)"),
+        Metric("cpu_ms", "trainer CPU per step (ms)"),
+        Metric("loss", "loss at the last step"),
+    )
+
+
 # ---------------------------------------------------------------- the table's rows
 
 
@@ -362,4 +412,10 @@ WORKLOADS = (
         Metric("started_s", "failure -> attempt 2 all created (s)"),
         Metric("exit_code", "launcher exit code after attempt 2", ours_equal(0), summary=same_codes, ratio=False),
     )),
+    Workload("ps-sparse", lambda s: f"11a. CTR, {s.ps_rows:,} x 16 sparse table, {s.ps_steps} steps: PS sync vs DDP",
+             ps_training("sparse"), ps_metrics(ratio_at_least(3.0), ratio_at_most(0.5)), reps=lambda s: s.ps_reps),
+    Workload("ps-dense", lambda s: f"11b. dense MLP, {s.ps_steps} steps: PS sync vs DDP",
+             ps_training("dense"), ps_metrics(), reps=lambda s: s.ps_reps),
+    Workload("ps-ddp-sparse", lambda s: "11c. CTR as 11a: PS sync vs DDP with sparse=True (gloo)",
+             ps_training("sparse", "ddp-sparse"), ps_metrics(), reps=lambda s: s.ps_reps),
 )

@@ -26,8 +26,10 @@ from report import Compare, Goal, Metric, Row, Target  # noqa: E402
 
 TITLES = ("1. start-up", "2. 2-worker job", "3. teardown", "4. idle", "5. log volume",
           "6. scale", "7. planning", "8a. training", "8b. training", "9. cross-node teardown",
-          "10. restart round trip")
+          "10. restart round trip", "11a. CTR", "11b. dense MLP", "11c. CTR as 11a")
 TINY_CROSS_BOUND_S = workloads.MODES["tiny"].cross_bound_s
+PS_TITLES = ("11a.", "11b.", "11c.")  # ours needs the launcher's parameter-server mode
+HAS_PS = harness.ours_has_option("--server_num")
 
 
 # ---------------------------------------------------------------- one --tiny run
@@ -58,9 +60,26 @@ def test_tiny_run_has_every_workload_in_the_table(tiny):
 
 def test_tiny_run_measures_both_sides_of_every_row(tiny):
     _, result = tiny
-    assert result["errors"] == [], result["errors"]
-    assert all(r["ours"] is not None and r["torchrun"] is not None for r in result["rows"])
-    assert "error [" not in tiny[0]
+    unmeasured = [] if HAS_PS else [r for r in result["rows"] if r["workload"].startswith(PS_TITLES)]
+    expected = [f"ours, ps-{kind}: python -m launcher has no --server_num (parameter-server mode): not measured"
+                for kind in ("sparse", "dense", "ddp-sparse") if not HAS_PS]
+    assert result["errors"] == expected, result["errors"]
+    for r in result["rows"]:
+        assert r["torchrun"] is not None and (r["ours"] is None) == (r in unmeasured), r
+    assert tiny[0].count("error [") == len(unmeasured)
+
+
+@pytest.mark.parametrize("title", PS_TITLES)
+def test_tiny_run_parameter_server_trains_the_same_model(tiny, title):
+    _, result = tiny
+    sides = ("ours", "torchrun") if HAS_PS else ("torchrun",)  # ours: 2 trainers + 2 servers, sync
+    for side in sides:
+        assert row(result, title, "trainer steps/s")[side] > 0
+        peak, timed = row(result, title, "trainer peak resident memory")[side], row(result, title, "the same")[side]
+        assert 50 < timed <= peak < 4096
+    if HAS_PS:  # the same initial weights and batches, 3 + 2 steps of SGD: the same loss
+        loss = row(result, title, "loss at the last step")
+        assert loss["ours"] == pytest.approx(loss["torchrun"], rel=1e-3)
 
 
 def test_tiny_run_remarks_only_on_a_figure_that_is_a_bound(tiny):
@@ -289,6 +308,14 @@ def test_two_nodes_use_one_set_of_reserved_ports():
     assert [argv[argv.index("--node-rank") + 1] for argv in theirs] == ["0", "1"]
     assert all(argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--master-port") + 1] == str(port)
                and argv[argv.index("--max-restarts") + 1] == "1" for argv in theirs)
+
+
+def test_a_parameter_server_job_is_ours_only():
+    job = harness.Job(2, "ctr.py", servers=2)
+    with harness.PortReservations() as ports:
+        assert harness.Ours().job_command(job, ports)[2:7] == ["launcher", "--server_num", "2", "--worker_num", "2"]
+        with pytest.raises(harness.BenchError, match="parameter servers"):
+            harness.Torchrun().job_command(job, ports)
 
 
 def test_torchrun_gets_a_reserved_master_port(tmp_path):
