@@ -42,6 +42,7 @@ def jobs(tmp_path_factory):
     torch.save(single(steps=2), start_from / "model.pt")  # the transpiler job starts where 2 steps left off
     specs = {
         "fleet_sync": (2, 2, "fleet", "sync", "ctr", STEPS),
+        "fleet_sync_dense": (2, 2, "fleet", "sync", "mlp", STEPS),  # SGD with momentum: the servers keep it
         "transpiler_sync": (2, 2, "transpiler", "sync", "ctr", STEPS, "first_step=2", f"model_dir={start_from}",
                             "split=HashName"),
         "async_dc": (1, 2, "fleet", "dc_asgd", "mlp", 40),
@@ -128,6 +129,11 @@ def test_sync_training_equals_one_process_on_the_whole_batch(jobs):
     assert_close(saved(job), single())
     table = job.log(("server", 1))
     assert "mlp.0.weight.block1" in table and "emb.weight" in table  # print_log's placement table
+
+
+def test_sync_training_of_a_dense_mlp_equals_one_process_on_the_whole_batch(jobs):
+    job = finished(jobs["fleet_sync_dense"])
+    assert_close(saved(job), ps_models.train_single("mlp", STEPS, 2).state_dict())
 
 
 def test_the_transpiler_gives_what_fleet_gives_and_init_server_loads_a_saved_model(jobs):
