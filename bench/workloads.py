@@ -316,10 +316,30 @@ class PSTraining:
     loss: float  # trainer 0's, at the last step: the same batches and weights give the same
 
 
-def ps_training(kind: str, ddp: str = "ddp") -> Callable[[Ctx, Sizes], PSTraining]:
+# ours' parameter-server runs by (kind, rows, steps), in order: a workload whose PS side is another's
+# (11c is 11a's PS run against another DDP) takes those instead of running the same job again
+_ps_runs: dict = {}
+_ps_reused: dict = {}
+
+
+def ps_training(kind: str, ddp: str = "ddp", reuse: bool = False) -> Callable[[Ctx, Sizes], PSTraining]:
     """The model of ``ctr.py`` (``kind``: sparse or dense), 2 trainers: ours as 2 trainers and
-    2 servers in sync mode, torchrun as 2 workers through ``ddp`` (ddp or ddp-sparse), on the same batches."""
-    return lambda ctx, sizes: ps_train(ctx, sizes, kind, ddp)
+    2 servers in sync mode, torchrun as 2 workers through ``ddp`` (ddp or ddp-sparse), on the same batches.
+    ``reuse``: ours' side is the runs an earlier workload made of the same PS job, when there are some."""
+    def measure(ctx: Ctx, sizes: Sizes) -> PSTraining:
+        key = (kind, sizes.ps_rows, sizes.ps_steps)
+        if ctx.launcher.name != "ours" or not reuse:
+            result = ps_train(ctx, sizes, kind, ddp)
+            if ctx.launcher.name == "ours":
+                _ps_runs.setdefault(key, []).append(result)
+            return result
+        taken = _ps_reused.get(key, 0)
+        earlier = _ps_runs.get(key, [])
+        if taken < len(earlier):
+            _ps_reused[key] = taken + 1
+            return earlier[taken]
+        return ps_train(ctx, sizes, kind, ddp)
+    return measure
 
 
 def ps_train(ctx: Ctx, sizes: Sizes, kind: str, ddp: str) -> PSTraining:
@@ -417,5 +437,5 @@ WORKLOADS = (
     Workload("ps-dense", lambda s: f"11b. dense MLP, {s.ps_steps} steps: PS sync vs DDP",
              ps_training("dense"), ps_metrics(), reps=lambda s: s.ps_reps),
     Workload("ps-ddp-sparse", lambda s: "11c. CTR as 11a: PS sync vs DDP with sparse=True (gloo)",
-             ps_training("sparse", "ddp-sparse"), ps_metrics(), reps=lambda s: s.ps_reps),
+             ps_training("sparse", "ddp-sparse", reuse=True), ps_metrics(), reps=lambda s: s.ps_reps),
 )
