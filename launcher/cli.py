@@ -111,8 +111,8 @@ is in the current folder: a training script named status or logs runs as usual (
 @_option("max_restarts", type=click.IntRange(0, 1000), default=0, show_default=True, metavar="N",
          help="Restart the whole job (every node) up to N times after a worker fails.")
 @_option("control_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
-         help="Several nodes: the port node 0's launcher listens on for the others. "
-              "Default: the first worker port minus one.")
+         help="Several nodes: the port node 0's launcher listens on for the others (under mpirun "
+              "also to gather the node list). Default: the first worker port minus one.")
 @_option("heartbeat_timeout", type=Seconds(), default=3.0, show_default=True, metavar="SECONDS",
          help="Several nodes: a node silent this long is lost, and the job stops.")
 @_option("join_timeout", type=Seconds(), default=300.0, show_default=True, metavar="SECONDS",
@@ -157,7 +157,7 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher import preflight
     from launcher.plan import make_plan
 
-    host = preflight.probe_host(os.environ)
+    host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
     finder = preflight.port_finder(host)
     try:
         plan = make_plan(opts, os.environ, host, finder)
@@ -177,6 +177,21 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher import supervisor
 
     return supervisor.run(plan, tuple(reserved))
+
+
+def _with_gathered_nodes(opts, host):
+    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.gather)."""
+    from launcher import clusters, gather, preflight
+    from launcher.envvars import JOB_TOKEN
+
+    spec = clusters.gathering(opts, os.environ)
+    if spec is None:
+        return host
+    given = opts.node_ip != clusters.DEFAULT_NODES
+    address = opts.node_ip if given else gather.own_address(spec)
+    preflight.check_node_ip(address, host)
+    nodes = gather.gather(spec, address, opts.join_timeout, os.environ.get(JOB_TOKEN) or None)
+    return dataclasses.replace(host, gathered_nodes=nodes)
 
 
 TOOL_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -290,7 +305,7 @@ def main(argv=None) -> None:
         code = 0
     except (LaunchError, click.ClickException) as e:
         logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
-        code = 2
+        code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
     except (KeyboardInterrupt, click.Abort):
         code = 130
     except Exception:

@@ -5,7 +5,9 @@
 gives the ``Cluster`` (nodes in rank order, this node's index, its ports, the variables read),
 ``devices(env)`` the option defaults the scheduler sets (its GPUs, its processes per node). No
 I/O here: a file a scheduler names (LSF's rank file) is read by preflight into
-``HostFacts.env_files``, and this machine's name comes in ``HostFacts.hostname``.
+``HostFacts.env_files``, this machine's name comes in ``HostFacts.hostname``, and the node list of
+an MPI job, gathered over the network (``gather``, what ``gathering`` asks for), in
+``HostFacts.gathered_nodes``.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ class Cluster:
     variables: tuple = ()  # what it was read from, for the plan table
     notes: tuple = ()  # warnings for the user
     job_id: Optional[str] = None  # the scheduler's name of the job, the same on every node
+    detail: str = ""  # how else the nodes were found, for the plan table
 
     @property
     def description(self) -> str:
         """``slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)``."""
-        return f"{self.source} ({', '.join(self.variables)})" if self.variables else self.source
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"{self.source} ({', '.join(self.variables)}{detail})" if self.variables else self.source
 
 
 @dataclass(frozen=True)
@@ -468,7 +472,11 @@ def _mpi_found(env: Mapping[str, str], opts: pl.LaunchOptions) -> bool:
     return any(env.get(size, "").strip() for size, _ in _MPI_SIZES)
 
 
-def _mpi(req: Request) -> Cluster:
+GATHER_PORT = pl.MULTI_NODE_PORT - 1  # the gathering port without --control_port, MASTER_PORT, --started_port
+
+
+def _mpi_world(req: Request):
+    """(size variable, rank variable, size, rank), one launcher per node."""
     size_var = _first_var(req, *(size for size, _ in _MPI_SIZES))
     rank_var = dict(_MPI_SIZES)[size_var]
     size = _int(req, size_var)
@@ -476,11 +484,63 @@ def _mpi(req: Request) -> Cluster:
     local = _int(req, "OMPI_COMM_WORLD_LOCAL_SIZE", optional=True)
     if local is not None and local > 1:
         raise _fail(req, f"OMPI_COMM_WORLD_LOCAL_SIZE={local} starts several launchers per node; run mpirun with --map-by ppr:1:node (the launcher starts the workers of its node itself).")
-    if size > 1:
-        other = " or --cluster_env lsf" if req.env.get("LSB_JOBID") else " or --cluster_env slurm" if req.env.get("SLURM_JOB_ID") else ""
-        raise _fail(req, f"{size_var}={size}: MPI tells no host list, and gathering one over MPI is not supported; "
-                         f"give --cluster_node_ips and --node_ip{other} instead.")
-    return Cluster("mpi", (DEFAULT_NODES,), rank, _ports(req, None, ""), (size_var, rank_var))
+    return size_var, rank_var, size, rank
+
+
+def _gather_port(req: Request):
+    """(port, how messages name it): --control_port, MASTER_PORT, --started_port - 1, else 6069."""
+    opts = req.opts
+    if opts.control_port is not None:
+        return opts.control_port, f"--control_port {opts.control_port}"
+    port = _int(req, "MASTER_PORT", optional=True)
+    if port is not None:
+        given_as = f"MASTER_PORT={port}"
+    elif opts.started_port is not None:
+        port, given_as = opts.started_port - 1, f"--started_port {opts.started_port} minus one"
+    else:
+        port, given_as = GATHER_PORT, f"the default gathering port {GATHER_PORT}"
+    if not 1 <= port <= 65535:
+        raise _fail(req, f"{given_as} is not a port (1-65535) to gather the node list on; give one with --control_port.")
+    return port, given_as
+
+
+def gathering(opts: pl.LaunchOptions, env: Mapping[str, str]):
+    """What an MPI job of several ranks must gather before planning (a ``gather.Spec``), else None."""
+    source, chosen_by = choose(opts, env)
+    if source != "mpi" or opts.parameter_server:
+        return None
+    req = Request(source, env, opts, None, 1, chosen_by)
+    _, _, size, rank = _mpi_world(req)
+    if size <= 1:
+        return None
+    from launcher.gather import Spec
+
+    return Spec(rank, size, _mpi_master(req, size), *_gather_port(req))
+
+
+def _mpi_master(req: Request, size: int) -> str:
+    """Node 0's address, where the other ranks gather: MASTER_ADDR, which mpirun -x passes on."""
+    master = req.env.get("MASTER_ADDR", "").strip()
+    if not master:
+        raise _fail(req, f"{size} MPI ranks need node 0's address in MASTER_ADDR to gather the node list; "
+                         f"run mpirun -x MASTER_ADDR=<address of the first host>.")
+    if not pl.is_valid_host(master):
+        raise _fail(req, f"MASTER_ADDR={master} is not an address or host name; run mpirun -x MASTER_ADDR=<address of the first host>.")
+    return master
+
+
+def _mpi(req: Request) -> Cluster:
+    size_var, rank_var, size, rank = _mpi_world(req)
+    if size <= 1:
+        return Cluster("mpi", (DEFAULT_NODES,), rank, _ports(req, None, ""), (size_var, rank_var))
+    _mpi_master(req, size)
+    nodes = tuple(req.host.gathered_nodes)
+    if len(nodes) != size:
+        raise _fail(req, f"{size_var}={size}, but {len(nodes)} nodes were gathered; start every rank with the same mpirun.")
+    nodes = _hosts(req, nodes, "the gathered node list", ",".join(nodes))
+    port, _ = _gather_port(req)
+    ports = _ports(req, pl.MULTI_NODE_PORT, f"the default start port {pl.MULTI_NODE_PORT} (several nodes)")
+    return Cluster("mpi", nodes, rank, ports, (size_var, rank_var, "MASTER_ADDR"), detail=f"node list gathered over port {port}")
 
 
 # ---------------------------------------------------------------- LSF (bsub; one launcher per host with jsrun or blaunch)

@@ -85,6 +85,7 @@ class HostFacts:
     cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
     hostname: str = ""  # this machine's name, as schedulers list it
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.FILE_VARIABLES)
+    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.gather)
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,9 @@ def _check_node_ip(node_ip: str, host: HostFacts) -> None:
     raise LaunchError(f"--node_ip {node_ip} is not an address of this machine (its addresses: {mine}); give this node's own address.")
 
 
+check_node_ip = _check_node_ip  # also before an MPI job gathers its node list (cli)
+
+
 def _resolve(name: str) -> list:
     try:
         return [info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)]

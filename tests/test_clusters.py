@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -311,16 +312,66 @@ def test_mpi_single_rank_is_one_node(env, used):
     assert p.node_ips == ("127.0.0.1",) and p.ports == (41000, 41001) and p.cluster == f"mpi ({used})"
 
 
-@pytest.mark.parametrize("env,fragment", [
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
-     "OMPI_COMM_WORLD_SIZE=2: MPI tells no host list, and gathering one over MPI is not supported; give --cluster_node_ips and --node_ip instead"),
-    ({"PMI_SIZE": "4", "PMI_RANK": "0", "LSB_JOBID": "9"}, "give --cluster_node_ips and --node_ip or --cluster_env lsf instead"),
-    ({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
-     "OMPI_COMM_WORLD_LOCAL_SIZE=2 starts several launchers per node; run mpirun with --map-by ppr:1:node"),
-    ({"OMPI_COMM_WORLD_SIZE": "1"}, "needs the variable OMPI_COMM_WORLD_RANK, which is not set; start the launcher with mpirun"),
+MPI2 = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "10.0.0.1"}
+GATHERED = replace(CPU, gathered_nodes=("10.0.0.1", "10.0.0.2"))
+
+
+def test_mpi_ranks_are_nodes_of_the_gathered_list():
+    p = plan(MPI2, GATHERED)
+    assert p.node_ips == ("10.0.0.1", "10.0.0.2") and p.node_rank == 1 and p.ports == (6070, 6071)
+    assert p.cluster == "mpi (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, MASTER_ADDR; node list gathered over port 6069)"
+    assert "cluster: mpi (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, MASTER_ADDR; node list gathered over port 6069)" in format_plan(p)
+    assert p.workers[0].env["MASTER_ADDR"] == "10.0.0.1" and p.workers[1].env["RANK"] == "3"
+    assert p.control.port == 6069 and not p.notes
+
+
+@pytest.mark.parametrize("opts,env,port,ports", [
+    ({}, {}, 6069, (6070, 6071)),
+    ({"started_port": 7000}, {}, 6999, (7000, 7001)),
+    ({"started_port": 7000}, {"MASTER_PORT": "29500"}, 29500, (7000, 7001)),
+    ({"control_port": 5000}, {"MASTER_PORT": "29500"}, 5000, (6070, 6071)),
+    ({}, {"PMI_SIZE": "2", "PMI_RANK": "0", "OMPI_COMM_WORLD_SIZE": ""}, 6069, (6070, 6071)),
 ])
-def test_mpi_mistakes_and_limits_are_named(env, fragment):
-    assert fragment in refused(env, CPU)
+def test_mpi_gathering_port_and_spec(opts, env, port, ports):
+    env = {**MPI2, **env}
+    spec = clusters.gathering(LaunchOptions("train.py", **opts), env)
+    rank = 0 if "PMI_RANK" in env else 1
+    assert (spec.rank, spec.size, spec.master, spec.port) == (rank, 2, "10.0.0.1", port)
+    p = plan(env, GATHERED, **opts)
+    assert p.ports == ports and p.cluster.endswith(f"gathered over port {port})") and p.node_rank == rank
+
+
+def test_mpi_single_rank_and_other_sources_gather_nothing():
+    assert clusters.gathering(LaunchOptions("train.py"), {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}) is None
+    assert clusters.gathering(LaunchOptions("train.py"), {}) is None
+    assert clusters.gathering(LaunchOptions("train.py", cluster_node_ips="10.0.0.1,10.0.0.2", node_ip="10.0.0.1"), MPI2) is None
+
+
+@pytest.mark.parametrize("env,host,fragment", [
+    ({**MPI2, "MASTER_ADDR": ""}, GATHERED,
+     "2 MPI ranks need node 0's address in MASTER_ADDR to gather the node list; run mpirun -x MASTER_ADDR=<address of the first host>."),
+    ({**MPI2, "MASTER_ADDR": "bad host!"}, GATHERED, "MASTER_ADDR=bad host! is not an address or host name"),
+    (MPI2, CPU, "OMPI_COMM_WORLD_SIZE=2, but 0 nodes were gathered; start every rank with the same mpirun"),
+    (MPI2, replace(CPU, gathered_nodes=("10.0.0.1", "10.0.0.1")), "the gathered node list=10.0.0.1,10.0.0.1 lists 10.0.0.1 twice"),
+    ({**MPI2, "MASTER_PORT": "x"}, GATHERED, "MASTER_PORT=x is not a whole number"),
+    ({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, CPU,
+     "OMPI_COMM_WORLD_LOCAL_SIZE=2 starts several launchers per node; run mpirun with --map-by ppr:1:node"),
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, CPU, "needs the variable OMPI_COMM_WORLD_RANK, which is not set; start the launcher with mpirun"),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "2"}, CPU, "OMPI_COMM_WORLD_RANK=2 is not a node of the 2"),
+])
+def test_mpi_mistakes_and_limits_are_named(env, host, fragment):
+    assert fragment in refused(env, host)
+
+
+@pytest.mark.parametrize("opts,env,fragment", [
+    ({}, {**MPI2, "MASTER_ADDR": ""}, "run mpirun -x MASTER_ADDR=<address of the first host>."),
+    ({"started_port": 1}, MPI2, "--started_port 1 minus one is not a port (1-65535) to gather the node list on; give one with --control_port."),
+    ({}, {**MPI2, "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "starts several launchers per node"),
+])
+def test_mpi_gathering_refusals_come_before_any_gathering(opts, env, fragment):
+    with pytest.raises(LaunchError) as e:
+        clusters.gathering(LaunchOptions("train.py", **opts), env)
+    assert fragment in str(e.value) and str(e.value).endswith(".")
 
 
 def test_mpi_explicit_without_mpirun():

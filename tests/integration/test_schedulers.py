@@ -231,3 +231,33 @@ def test_two_slurm_nodes_on_loopback_agree_on_ports_without_options(tmp_path):
     assert [r["sum"] for r in records] == [10.0] * 4
     assert {r["env"]["MASTER_PORT"] for r in records} == {str(20000 + job)}
     assert records[3]["env"]["PADDLE_CURRENT_ENDPOINT"] == f"127.0.0.2:{20000 + job + 1}"
+
+
+# An MPI job of two nodes on loopback: each rank picks its address from its rank (a wrapper), and
+# OMPI_COMM_WORLD_LOCAL_SIZE is dropped, since both "nodes" are this machine.
+MPI_NODE = ('unset OMPI_COMM_WORLD_LOCAL_SIZE; exec "$0" -m launcher --node_ip 127.0.0.$((OMPI_COMM_WORLD_RANK + 1)) '
+            '--started_port "$1" --nproc_per_node 2 --shutdown_timeout 2 --join_timeout 20 "$2" "$3"')
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin)")
+def test_mpirun_two_ranks_gather_their_nodes_and_run_one_job(tmp_path):
+    port = 20000 + job_port_range()
+    r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "MASTER_ADDR=127.0.0.1",
+                        "sh", "-c", MPI_NODE, sys.executable, str(port), ALLREDUCE, str(tmp_path)],
+                       env=clean_env(), capture_output=True, text=True, timeout=90, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = f"cluster: mpi (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, MASTER_ADDR; node list gathered over port {port - 1})"
+    assert r.stderr.count(table) == 2, r.stderr
+    records = read_records(tmp_path, 4)
+    assert [x["sum"] for x in records] == [10.0] * 4
+    assert records[3]["env"]["PADDLE_TRAINER_ENDPOINTS"] == ",".join(f"127.0.0.{n}:{port + i}" for n in (1, 2) for i in (0, 1))
+    assert {x["env"]["MASTER_ADDR"] for x in records} == {"127.0.0.1"}
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin)")
+def test_mpirun_two_ranks_without_master_addr_are_refused(tmp_path):
+    r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
+                        "sh", "-c", MPI_NODE, sys.executable, "7000", ALLREDUCE, str(tmp_path)],
+                       env=clean_env(), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode != 0
+    assert "run mpirun -x MASTER_ADDR=<address of the first host>." in r.stderr

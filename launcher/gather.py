@@ -1,0 +1,276 @@
+"""Gathering the node list of an MPI job (one launcher per node under mpirun) before planning.
+
+MPI tells each launcher its rank and the number of ranks, never the other hosts. Rank 0 listens
+on the gathering port (every address), sends each connection a ``challenge`` (a random nonce),
+and waits for one ``join`` from every other rank: ``{"rank": r, "size": N, "address": ip}``,
+with ``proof`` (control.proof of the nonce) when LAUNCHER_JOB_TOKEN is set. Once all N-1 have
+joined it closes the listener (so that the control channel can bind the same port), answers each
+with ``{"type": "nodes", "nodes": [...]}`` (node rank = MPI rank) and returns the list. The other
+ranks connect to MASTER_ADDR, retrying every 0.2 s, and wait for that answer.
+
+Messages are framed as the control channel frames them (``control.encode``/``Framer``). Every wait
+is bounded by the join timeout (``GatherTimeout``, exit code 1); junk, a wrong proof, a duplicate
+rank or a size mismatch stops the gathering on rank 0 (``LaunchError``, exit 2), which tells the
+ranks already connected why (``refused``), so that they stop at once too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import selectors
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher import control, preflight
+from launcher.errors import LaunchError
+
+RETRY_EVERY = control.RETRY_EVERY
+PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
+
+
+class GatherTimeout(LaunchError):
+    """A rank that never came, or node 0 never reached: the job's join timeout, exit code 1."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What clusters.gathering() found: this rank, the number of ranks, node 0's address, the port."""
+
+    rank: int
+    size: int
+    master: str  # MASTER_ADDR
+    port: int
+    given_as: str  # how messages name the port: "--control_port 7000", "MASTER_PORT=7000", ...
+
+
+def route_address(master: str, port: int) -> str:
+    """The local address the kernel would use to reach ``master`` (a connected UDP socket; no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(master, port, type=socket.SOCK_DGRAM)
+        family, _, _, _, where = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(where)
+            return s.getsockname()[0]
+    except (OSError, UnicodeError, IndexError) as e:
+        raise LaunchError(f"this node's address towards MASTER_ADDR={master} cannot be found ({getattr(e, 'strerror', None) or e}); "
+                          f"give it with --node_ip.") from None
+
+
+def own_address(spec: Spec) -> str:
+    """This node's address for the list when --node_ip is not given: the one that reaches MASTER_ADDR.
+
+    On rank 0, a host name in MASTER_ADDR that resolves to a loopback address here (Debian's
+    127.0.1.1 for the machine's own name) is kept as the name: the other ranks reached it by it.
+    """
+    address = route_address(spec.master, spec.port)
+    if spec.rank == 0 and ipaddress.ip_address(address).is_loopback and not preflight._is_ip(spec.master):
+        return spec.master
+    return address
+
+
+def gather(spec: Spec, address: str, timeout: float, token: Optional[str] = None) -> tuple:
+    """Every node's address in MPI rank order (this one's is ``address``); () for a single rank."""
+    if spec.size <= 1:
+        return ()
+    deadline = time.monotonic() + timeout
+    if spec.rank == 0:
+        return _lead(spec, address, deadline, timeout, token)
+    return _join(spec, address, deadline, timeout, token)
+
+
+# ---------------------------------------------------------------- rank 0
+
+
+class _Peer:
+    def __init__(self, sock: socket.socket, where: str) -> None:
+        self.sock = sock
+        self.where = where
+        self.nonce = secrets.token_hex(16)
+        self.framer = control.Framer()
+        self.rank: Optional[int] = None
+        self.address = ""
+
+
+def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", spec.port))
+    except OSError as e:
+        listener.close()
+        raise LaunchError(f"rank 0 cannot listen on port {spec.port} ({spec.given_as}) to gather the node list ({e.strerror}); "
+                          f"choose a free port with --control_port.") from None
+    listener.listen(128)
+    listener.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    peers: dict = {}  # fd -> _Peer
+    joined: dict = {}  # rank -> _Peer
+    try:
+        while len(joined) < spec.size - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [r for r in range(1, spec.size) if r not in joined]
+                raise GatherTimeout(f"MPI rank(s) {_ranks(missing)} did not join the gathering of the node list on port {spec.port} "
+                                    f"({spec.given_as}) within {timeout:g} s (--join_timeout); check that they run and reach this node.")
+            for key, _ in selector.select(min(left, 0.5)):
+                if key.data is None:
+                    _accept(listener, selector, peers)
+                else:
+                    _read(key.data, spec, token, selector, peers, joined)
+        selector.unregister(listener)
+        listener.close()  # before the answers: the control channel may bind this port next
+        nodes = (address, *(joined[r].address for r in range(1, spec.size)))
+        for peer in joined.values():
+            _send(peer.sock, {"type": "nodes", "nodes": list(nodes)})
+        return nodes
+    except LaunchError as e:
+        for peer in peers.values():
+            _send(peer.sock, {"type": "refused", "reason": str(e)})
+        raise
+    finally:
+        for peer in peers.values():
+            peer.sock.close()
+        selector.close()
+        listener.close()
+
+
+def _accept(listener, selector, peers) -> None:
+    try:
+        sock, where = listener.accept()
+    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+        return
+    peer = _Peer(sock, f"{where[0]}:{where[1]}")
+    sock.setblocking(False)
+    peers[sock.fileno()] = peer
+    selector.register(sock, selectors.EVENT_READ, peer)
+    _send(sock, {"type": "challenge", "nonce": peer.nonce})
+
+
+def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:
+    try:
+        data = peer.sock.recv(65536)
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:
+        data = b""
+    if not data:  # gone before or after joining: a rank that joined must stay until the answer
+        selector.unregister(peer.sock)
+        peers.pop(peer.sock.fileno(), None)
+        peer.sock.close()
+        if peer.rank is not None:
+            joined.pop(peer.rank, None)
+        return
+    try:
+        messages = peer.framer.feed(data)
+    except control.ProtocolError as e:
+        raise LaunchError(f"{peer.where} sent junk to the gathering of the node list on port {spec.port} ({e}); "
+                          f"keep other programs off that port, or choose another with --control_port.") from None
+    for message in messages:
+        _join_message(peer, message, spec, token, joined)
+
+
+def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None:
+    rank, size, address = message.get("rank"), message.get("size"), message.get("address")
+    if message.get("type") != "join" or peer.rank is not None or not isinstance(rank, int) or not isinstance(address, str) \
+            or not address or not isinstance(size, int):
+        raise LaunchError(f"{peer.where} sent the gathering of the node list on port {spec.port} a message that is not a rank's join "
+                          f"({str(message)[:80]}); keep other programs off that port, or choose another with --control_port.")
+    who = f"MPI rank {rank} ({address}, from {peer.where})"
+    if token and not (isinstance(message.get("proof"), str)
+                      and hmac.compare_digest(message["proof"], control.proof(token, peer.nonce, PROOF_JOB, rank))):
+        raise LaunchError(f"{who} did not prove it knows LAUNCHER_JOB_TOKEN; set the same token on every node.")
+    if size != spec.size:
+        raise LaunchError(f"{who} says the job has {size} ranks, rank 0 says {spec.size}; start every rank with the same mpirun.")
+    if not 1 <= rank < spec.size:
+        raise LaunchError(f"{who} is not a rank from 1 to {spec.size - 1}; start every rank with the same mpirun.")
+    if rank in joined:
+        raise LaunchError(f"{who} joined twice: {joined[rank].address} (from {joined[rank].where}) is rank {rank} already; "
+                          f"start one launcher per rank.")
+    peer.rank, peer.address = rank, address
+    joined[rank] = peer
+
+
+def _ranks(ranks: list) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    """A short message on a fresh connection: the kernel's buffer takes it at once."""
+    try:
+        sock.settimeout(2.0)
+        sock.sendall(control.encode(message))
+    except OSError:
+        pass  # the peer is gone; its rank will say so, or time out
+    finally:
+        sock.setblocking(False)
+
+
+# ---------------------------------------------------------------- every other rank
+
+
+def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
+    where = f"node 0 (MASTER_ADDR={spec.master}, port {spec.port}, {spec.given_as})"
+    sock, last = None, "no attempt"
+    while sock is None:
+        try:
+            sock = socket.create_connection((spec.master, spec.port), timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except OSError as e:
+            last = e.strerror or str(e)
+            if time.monotonic() + RETRY_EVERY >= deadline:
+                raise GatherTimeout(f"MPI rank {spec.rank} ({address}) could not reach {where} to gather the node list within "
+                                    f"{timeout:g} s (--join_timeout; last: {last}); check that rank 0 runs and MASTER_ADDR is its address.") from None
+            time.sleep(RETRY_EVERY)
+    with sock:
+        framer = (control.Framer(), [])
+        challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
+        if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
+            raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with something other than the gathering's challenge; "
+                              f"check that MASTER_ADDR and the port belong to this job.")
+        join = {"type": "join", "rank": spec.rank, "size": spec.size, "address": address}
+        if token:
+            join["proof"] = control.proof(token, challenge["nonce"], PROOF_JOB, spec.rank)
+        sock.sendall(control.encode(join))
+        answer = _receive(sock, framer, deadline, spec, address, where, timeout)
+    if answer.get("type") == "refused":
+        raise LaunchError(f"rank 0 stopped the gathering of the node list: {str(answer.get('reason', ''))[:300]}")
+    nodes = answer.get("nodes")
+    if answer.get("type") != "nodes" or not isinstance(nodes, list) or len(nodes) != spec.size \
+            or not all(isinstance(n, str) for n in nodes) or nodes[spec.rank] != address:
+        raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with no node list of {spec.size} nodes naming it; "
+                          f"check that MASTER_ADDR and the port belong to this job.")
+    return tuple(nodes)
+
+
+def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeout: float) -> dict:
+    """The next message from node 0, waiting no later than ``deadline``."""
+    framer, pending = framer  # the Framer, and messages that came with an earlier one
+    while not pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GatherTimeout(f"{where} did not send MPI rank {spec.rank} ({address}) the node list within {timeout:g} s "
+                                f"(--join_timeout); check that every rank of the mpirun runs.")
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError as e:
+            data, why = b"", e.strerror
+        else:
+            why = "connection closed"
+        if not data:
+            raise LaunchError(f"{where} closed the gathering of the node list before MPI rank {spec.rank} ({address}) had it ({why}); "
+                              f"see rank 0's messages.")
+        try:
+            pending += framer.feed(data)
+        except control.ProtocolError as e:
+            raise LaunchError(f"{where} sent MPI rank {spec.rank} ({address}) junk ({e}); check that MASTER_ADDR and the port belong to this job.") from None
+    return pending.pop(0)

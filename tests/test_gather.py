@@ -1,0 +1,204 @@
+"""The gathering of an MPI job's node list, with real sockets on loopback (127.0.0.1-3)."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from launcher import control, gather
+from launcher.errors import LaunchError
+from launcher.gather import GatherTimeout, Spec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(spec, address, timeout=5.0, token=None):
+    """gather() in a thread; its result or exception in the returned dict once joined."""
+    out = {}
+
+    def run():
+        try:
+            out["nodes"] = gather.gather(spec, address, timeout, token)
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    out["thread"] = t
+    return out
+
+
+def finish(*runs, seconds=10.0):
+    for r in runs:
+        r["thread"].join(seconds)
+        assert not r["thread"].is_alive(), "a gatherer did not return"
+    return runs
+
+
+def spec(rank, size, port):
+    return Spec(rank, size, "127.0.0.1", port, f"--control_port {port}")
+
+
+@pytest.mark.parametrize("token", [None, "s3cret"])
+def test_three_ranks_agree_on_the_node_list_in_rank_order(token):
+    port = free_port()
+    # the others first: they retry until rank 0 listens
+    r2 = start(spec(2, 3, port), "127.0.0.3", token=token)
+    r1 = start(spec(1, 3, port), "127.0.0.2", token=token)
+    time.sleep(0.3)
+    r0 = start(spec(0, 3, port), "127.0.0.1", token=token)
+    finish(r0, r1, r2)
+    for r in (r0, r1, r2):
+        assert r.get("nodes") == ("127.0.0.1", "127.0.0.2", "127.0.0.3"), r.get("error")
+    # the port is free again for the control channel's hub (which binds it with SO_REUSEADDR)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        s.listen(1)
+
+
+def test_a_single_rank_gathers_nothing():
+    assert gather.gather(spec(0, 1, 1), "127.0.0.1", 1.0) == ()
+
+
+def raw_peer(port, payload: bytes):
+    """A connection to rank 0 that reads the challenge and sends ``payload``."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.recv(65536)
+    s.sendall(payload)
+    return s
+
+
+def wait_listening(port, seconds=5.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("rank 0 never listened")
+
+
+def test_junk_stops_the_gathering_and_tells_the_ranks_already_there():
+    port = free_port()
+    r0 = start(spec(0, 3, port), "127.0.0.1")
+    wait_listening(port)
+    r1 = start(spec(1, 3, port), "127.0.0.2")
+    time.sleep(0.5)
+    junk = raw_peer(port, b"GET / HTTP/1.1\r\n\r\n")
+    finish(r0, r1)
+    junk.close()
+    e0, e1 = r0["error"], r1["error"]
+    assert isinstance(e0, LaunchError) and e0.exit_code == 2
+    assert "127.0.0.1:" in str(e0) and "sent junk to the gathering of the node list" in str(e0)
+    assert "rank 0 stopped the gathering of the node list: " in str(e1) and "sent junk" in str(e1)
+
+
+@pytest.mark.parametrize("message,fragment", [
+    ({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9"}, "MPI rank 1 (127.0.0.9, from 127.0.0.1:"),
+    ({"type": "join", "rank": 1, "size": 4, "address": "127.0.0.9"}, "says the job has 4 ranks, rank 0 says 3"),
+    ({"type": "join", "rank": 5, "size": 3, "address": "127.0.0.9"}, "is not a rank from 1 to 2"),
+    ({"type": "hello"}, "a message that is not a rank's join"),
+])
+def test_a_duplicate_rank_a_size_mismatch_or_a_stranger_is_named(message, fragment):
+    port = free_port()
+    r0 = start(spec(0, 3, port), "127.0.0.1")
+    wait_listening(port)
+    r1 = start(spec(1, 3, port), "127.0.0.2")
+    time.sleep(0.5)
+    other = raw_peer(port, control.encode(message))
+    finish(r0, r1)
+    other.close()
+    assert fragment in str(r0["error"]) and r0["error"].exit_code == 2, r0["error"]
+    if message.get("rank") == 1 and message.get("size") == 3:
+        assert "joined twice: 127.0.0.2" in str(r0["error"])
+    assert isinstance(r1["error"], LaunchError)
+
+
+def test_a_wrong_token_is_refused():
+    port = free_port()
+    r0 = start(spec(0, 2, port), "127.0.0.1", token="right")
+    r1 = start(spec(1, 2, port), "127.0.0.2", token="wrong")
+    finish(r0, r1)
+    assert "MPI rank 1 (127.0.0.2, from 127.0.0.1:" in str(r0["error"]) and "LAUNCHER_JOB_TOKEN" in str(r0["error"])
+    assert "LAUNCHER_JOB_TOKEN" in str(r1["error"])
+
+
+def test_rank_0_waits_no_longer_than_the_join_timeout_and_names_the_missing_ranks():
+    port = free_port()
+    t = time.monotonic()
+    r0 = start(spec(0, 3, port), "127.0.0.1", timeout=1.5)
+    r1 = start(spec(1, 3, port), "127.0.0.2", timeout=5.0)
+    finish(r0)
+    assert time.monotonic() - t < 4
+    e = r0["error"]
+    assert isinstance(e, GatherTimeout) and e.exit_code == 1
+    assert "MPI rank(s) 2 did not join the gathering of the node list on port" in str(e) and "1.5 s" in str(e)
+    finish(r1)
+    assert "rank 0 stopped the gathering" in str(r1["error"])
+
+
+def test_a_rank_without_rank_0_gives_up_at_the_join_timeout():
+    port = free_port()
+    t = time.monotonic()
+    with pytest.raises(GatherTimeout) as e:
+        gather.gather(spec(1, 2, port), "127.0.0.2", 1.0)
+    assert time.monotonic() - t < 3
+    assert f"MPI rank 1 (127.0.0.2) could not reach node 0 (MASTER_ADDR=127.0.0.1, port {port}" in str(e.value)
+
+
+def test_a_rank_whose_node_0_never_answers_gives_up_at_the_join_timeout():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        t = time.monotonic()
+        with pytest.raises(GatherTimeout) as e:
+            gather.gather(spec(1, 2, port), "127.0.0.2", 1.0)
+    assert time.monotonic() - t < 3
+    assert "did not send MPI rank 1 (127.0.0.2) the node list within 1 s" in str(e.value)
+
+
+def test_a_peer_that_only_knocks_is_no_rank():
+    port = free_port()
+    r0 = start(spec(0, 2, port), "127.0.0.1")
+    wait_listening(port)  # connects and closes: dropped quietly
+    r1 = start(spec(1, 2, port), "127.0.0.2")
+    finish(r0, r1)
+    assert r0["nodes"] == r1["nodes"] == ("127.0.0.1", "127.0.0.2")
+
+
+def test_route_address_is_the_local_end_towards_master():
+    assert gather.route_address("127.0.0.1", 6069) == "127.0.0.1"
+    assert gather.own_address(Spec(1, 2, "127.0.0.1", 6069, "")) == "127.0.0.1"
+    assert gather.own_address(Spec(0, 2, "localhost", 6069, "")) == "localhost"  # the name the others reach
+    assert gather.own_address(Spec(1, 2, "localhost", 6069, "")) in ("127.0.0.1", "::1")
+    with pytest.raises(LaunchError, match="give it with --node_ip"):
+        gather.route_address("no-such-host.invalid", 6069)
+
+
+
+def test_the_launcher_exits_1_when_node_0_never_comes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_", "PET_", "LSB_", "VC_", "MASTER_"))}
+    env.update(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="1", MASTER_ADDR="127.0.0.1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "launcher", "--control_port", str(port), "--join_timeout", "1", str(script)],
+                       env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"MPI rank 1 (127.0.0.1) could not reach node 0 (MASTER_ADDR=127.0.0.1, port {port}, --control_port {port})" in r.stderr
+    assert "never" not in r.stdout
