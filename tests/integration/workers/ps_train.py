@@ -54,7 +54,14 @@ def fail_later(index):
     if plan:
         import threading
 
-        threading.Timer(plan[0], lambda: os._exit(plan[1])).start()
+        threading.Timer(plan[0], lambda: fail_now(plan[1])).start()
+
+
+def fail_now(code):
+    """Exit with ``code`` at once, leaving OUT/failed_at (when) for the tests that time the teardown."""
+    with open(os.path.join(out, "failed_at"), "w") as f:
+        f.write(repr(time.time()))
+    os._exit(code)
 
 
 def train(optimizer, trainer, trainers):
@@ -62,7 +69,7 @@ def train(optimizer, trainer, trainers):
     for step in range(int(opts.get("first_step", 0)), steps):
         if plan and step == plan[0]:
             print(f"trainer {trainer} fails with {plan[1]} at step {step}", flush=True)
-            sys.exit(plan[1])
+            fail_now(plan[1])
         x, y = batch(kind, step, trainer, trainers)
         optimizer.minimize(loss_of(model, x, y))
         with open(os.path.join(out, f"progress.{trainer}"), "w") as f:
