@@ -1,6 +1,7 @@
 """The benchmark (bench/) still works.
 
-One ``--tiny`` pass of bench/run.py, both launchers, every workload: no timing is asserted, only
+One ``--tiny`` pass of bench/run.py, both launchers, every workload (the parameter-server ones in
+their own pass, marked slow: ``pytest -m slow tests/test_bench.py``): no timing is asserted, only
 what the benchmark checks on the way (exit codes, no log line lost or cut, ranks in sync, no
 process outliving its launcher, a figure that is only a bound said so in a footnote). Then fast
 tests of the report (goals, rows, the table) and of the harness's port reservations, which start
@@ -35,13 +36,26 @@ HAS_PS = harness.ours_has_option("--server_num")
 # ---------------------------------------------------------------- one --tiny run
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+PS_WORKLOADS = [w.name for w in workloads.WORKLOADS if w.name.startswith("ps-")]
+
+
+def tiny_run(tmp_path_factory, names):
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
-    done = subprocess.run([sys.executable, "bench/run.py", "--tiny", "--json", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "bench/run.py", "--tiny", "--only", ",".join(names), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Every workload but the parameter-server ones (a minute of torch start-ups: their own, slow, run)."""
+    return tiny_run(tmp_path_factory, [w.name for w in workloads.WORKLOADS if w.name not in PS_WORKLOADS])
+
+
+@pytest.fixture(scope="module")
+def tiny_ps(tmp_path_factory):
+    return tiny_run(tmp_path_factory, PS_WORKLOADS)
 
 
 def row(result, workload, metric):
@@ -53,25 +67,37 @@ def test_tiny_run_has_every_workload_in_the_table(tiny):
     stdout, result = tiny
     header = stdout.splitlines()[2].split()
     assert header == ["workload", "metric", "ours", "torchrun", "ratio", "goal", "met?"]
-    for title in TITLES:
+    titles = [t for t in TITLES if not t.startswith(PS_TITLES)]
+    for title in titles:
         assert title in stdout
-    assert {r["workload"].split(" ")[0] for r in result["rows"]} == {t.split(" ")[0] for t in TITLES}
+    assert {r["workload"].split(" ")[0] for r in result["rows"]} == {t.split(" ")[0] for t in titles}
 
 
 def test_tiny_run_measures_both_sides_of_every_row(tiny):
     _, result = tiny
+    assert result["errors"] == [], result["errors"]
+    for r in result["rows"]:
+        assert r["torchrun"] is not None and r["ours"] is not None, r
+    assert "error [" not in tiny[0]
+
+
+@pytest.mark.slow
+def test_tiny_parameter_server_run_has_its_three_workloads_measured(tiny_ps):
+    stdout, result = tiny_ps
+    for title in TITLES:
+        assert (title in stdout) == title.startswith(PS_TITLES)
     unmeasured = [] if HAS_PS else [r for r in result["rows"] if r["workload"].startswith(PS_TITLES)]
     expected = [f"ours, ps-{kind}: python -m launcher has no --server_num (parameter-server mode): not measured"
                 for kind in ("sparse", "dense", "ddp-sparse") if not HAS_PS]
     assert result["errors"] == expected, result["errors"]
     for r in result["rows"]:
         assert r["torchrun"] is not None and (r["ours"] is None) == (r in unmeasured), r
-    assert tiny[0].count("error [") == len(unmeasured)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("title", PS_TITLES)
-def test_tiny_run_parameter_server_trains_the_same_model(tiny, title):
-    _, result = tiny
+def test_tiny_run_parameter_server_trains_the_same_model(tiny_ps, title):
+    _, result = tiny_ps
     sides = ("ours", "torchrun") if HAS_PS else ("torchrun",)  # ours: 2 trainers + 2 servers, sync
     for side in sides:
         assert row(result, title, "trainer steps/s")[side] > 0
