@@ -115,7 +115,7 @@ def _two_nodes(tmp_path, env=None):
 
 def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
     # trainer 1 (the other node) takes longer: node 0's servers must wait for it
-    (b_code, b_err, _), (a_code, a_err, _) = _two_nodes(tmp_path, env={"TRAINER_SECONDS_1": "1.5"})
+    (b_code, b_err, _), (a_code, a_err, _) = _two_nodes(tmp_path, env={"TRAINER_SECONDS_1": "3"})
     assert (a_code, b_code) == (0, 0), a_err + b_err
     assert "every trainer of the job finished: stopping the 2 server(s)" in a_err
     ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
