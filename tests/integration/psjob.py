@@ -9,6 +9,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
+
+from launcher.preflight import reserve_port
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -52,6 +55,7 @@ def base_env():
 class Job:
     out: Path
     procs: dict  # ("server", i) / ("trainer", j) -> Popen
+    held: Optional[socket.socket] = None  # server 0's port, kept from other binds until its store takes it
 
     def wait(self, timeout):
         """{key: exit code}, waiting at most ``timeout`` seconds in all (None: still running)."""
@@ -76,19 +80,25 @@ class Job:
                 os.killpg(p.pid, signal.SIGKILL)
         for p in self.procs.values():
             p.wait()
+        if self.held is not None:
+            self.held.close()
 
 
 def start(out, servers, trainers, script, *args, extra_env=None, cwd=REPO):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     procs = {}
-    for key, variables in ps_variables(servers, trainers).items():
+    jobs_variables = ps_variables(servers, trainers)
+    # as the launcher does: without it, the RPC listener or a connection of another job started at the same
+    # time can take the port first (then that job's processes get this one's store traffic)
+    held = reserve_port("127.0.0.1", int(jobs_variables[("server", 0)]["PADDLE_PORT"]))
+    for key, variables in jobs_variables.items():
         log = open(out / f"{key[0]}.{key[1]}.log", "w")
         cmd = [sys.executable, str(WORKERS / script), *map(str, args)]
         procs[key] = subprocess.Popen(cmd, cwd=cwd, env={**base_env(), **variables, **(extra_env or {})},
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-    return Job(out, procs)
+    return Job(out, procs, held)
 
 
 def run(out, servers, trainers, script, *args, timeout=60, extra_env=None):
