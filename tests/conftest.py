@@ -163,3 +163,19 @@ def free_ports(count, host="127.0.0.1"):
 @pytest.fixture
 def probe():
     return PROBE
+
+
+def finish_all(procs, timeout=120):
+    """Wait for every process (Popen with pipes) in turn, bounded; (returncode, stdout, stderr) of each.
+    Whatever still runs at the end is killed."""
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results

@@ -60,6 +60,14 @@ class WrappedOptimizer(torch.optim.Optimizer):
         return [p for group in self.param_groups for p in group["params"]]
 
 
+def closure_loss(closure):
+    """torch.optim's step(closure): the loss the closure computes (with gradients enabled), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class DistributedOptimizer(WrappedOptimizer):
     """Wraps ``optimizer`` (as torch's PostLocalSGDOptimizer does): step() keeps every rank identical.
 
@@ -89,10 +97,7 @@ class DistributedOptimizer(WrappedOptimizer):
 
     def step(self, closure=None):
         """Average the gradients (when this step is synchronous), step, average the parameters (local SGD)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         if not self._sync.synced and self._needs_gradient_sync():
             self._sync()
         self._sync.synced = False

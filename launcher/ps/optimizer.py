@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.fleet.optimizer import WrappedOptimizer
+from launcher.fleet.optimizer import WrappedOptimizer, closure_loss
 
 
 class PsOptimizer(WrappedOptimizer):
@@ -23,9 +23,6 @@ class PsOptimizer(WrappedOptimizer):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self._session.worker_or_fail("optimizer.step").step()
         return loss

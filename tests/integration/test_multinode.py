@@ -3,7 +3,7 @@
 import json
 import subprocess
 
-from conftest import REPO, WORKERS, free_ports, launcher_cmd
+from conftest import REPO, WORKERS, finish_all, free_ports, launcher_cmd
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
 
@@ -14,20 +14,6 @@ def start_node(nodes, node_ip, port, out, prefix=()):
                                   "--log_dir", out / f"log-{node_ip}", "--shutdown_timeout", 2,
                                   ALLREDUCE, out)]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(procs, timeout=120):
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
 
 
 def check_world(out, nodes, port):
@@ -55,7 +41,7 @@ def test_two_nodes_on_loopback(tmp_path):
     # which node 1's own port check would rightly call "in use" if node 0 came first
     second = start_node(nodes, nodes[1], port, tmp_path)
     first = start_node(nodes, nodes[0], port, tmp_path)
-    for code, out, err in finish([second, first]):
+    for code, out, err in finish_all([second, first]):
         assert code == 0, err
     check_world(tmp_path, nodes, port)
     assert "rank 2/4: sum 10.0" in (tmp_path / "log-127.0.0.2" / "workerlog.2").read_text()
@@ -65,6 +51,6 @@ def test_two_nodes_in_two_network_namespaces(tmp_path, veth_namespaces):
     names, _, nodes = veth_namespaces
     port = 6070
     procs = [start_node(nodes, ip, port, tmp_path, prefix=("ip", "netns", "exec", ns)) for ns, ip in zip(names, nodes)]
-    for code, out, err in finish(procs):
+    for code, out, err in finish_all(procs):
         assert code == 0, err
     check_world(tmp_path, nodes, port)

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from conftest import REPO, WORKERS, assert_all_gone, free_ports, launcher_cmd, run_launcher
+from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher
 
 ROLE = str(WORKERS / "ps_role.py")
 
@@ -100,22 +100,12 @@ def _two_nodes(tmp_path, env=None):
                            "--control_port", port + 5, ROLE, tmp_path)
         procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, **(env or {})}))
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=60)
-            results.append((p.returncode, err, time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return [(code, err) for code, _, err in finish_all(procs, timeout=60)]
 
 
 def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
     # trainer 1 (the other node) takes longer: node 0's servers must wait for it
-    (b_code, b_err, _), (a_code, a_err, _) = _two_nodes(tmp_path, env={"TRAINER_SECONDS_1": "3"})
+    (b_code, b_err), (a_code, a_err) = _two_nodes(tmp_path, env={"TRAINER_SECONDS_1": "3"})
     assert (a_code, b_code) == (0, 0), a_err + b_err
     assert "every trainer of the job finished: stopping the 2 server(s)" in a_err
     ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
@@ -124,7 +114,7 @@ def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
 
 
 def test_a_trainer_failure_on_one_node_stops_the_servers_on_the_other(tmp_path):
-    (b_code, b_err, b_end), (a_code, a_err, a_end) = _two_nodes(tmp_path, env={"TRAINER_CODE_1": "5"})
+    (b_code, b_err), (a_code, a_err) = _two_nodes(tmp_path, env={"TRAINER_CODE_1": "5"})
     assert (a_code, b_code) == (5, 5), a_err + b_err
     assert "trainer 1 on node 1 (127.0.0.2) failed (exit code 5)" in a_err
     assert set(records(tmp_path, "term")) == {"server.0", "server.1"}

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS
+from tests.conftest import REPO, WORKERS, finish_all
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
 NEEDED_FOR_SLURM = ("slurmctld", "slurmd", "srun", "munged", "sinfo")
@@ -204,17 +204,7 @@ def start_scheduled_node(env, out, name):
 def run_two_nodes(envs, out):
     # node 1 first: rank 0's store listens on every address, which node 1's port check would call in use
     procs = [start_scheduled_node(envs[1], out, "1"), start_scheduled_node(envs[0], out, "0")]
-    results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=120)
-            results.append((p.returncode, stderr))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results
+    return [(code, err) for code, _, err in finish_all(procs, timeout=120)]
 
 
 def slurm_node(job, rank):
