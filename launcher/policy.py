@@ -196,7 +196,7 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
         say = Say(logging.ERROR, f"{event.reason}; stopping the workers")
         return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
     if isinstance(event, TrainersDone):
-        if state.stopping or not state.running:
+        if state.stopping or not state.running or state.trainers is None:  # collective jobs have no servers to stop
             return state, ()
         say = Say(logging.INFO, f"{event.reason}: stopping the {len(state.running)} server(s)")
         return _begin_stop(state, now, signal.SIGTERM, say)

@@ -212,6 +212,11 @@ def test_trainers_done_is_ignored_while_stopping_or_when_nothing_runs():
     assert seen == []
 
 
+def test_a_trainers_done_message_never_stops_a_collective_job():
+    state, seen = run([(1, p.TrainersDone("every trainer of the job finished"))])
+    assert seen == [] and not state.stopping and state.running == {0, 1, 2}
+
+
 def test_a_node_without_trainers_is_done_at_once_and_collective_never_is():
     assert run_ps([], trainers=())[0].trainers_done
     assert not run([(1, p.WorkerExited(0, 0))])[0].trainers_done
