@@ -24,6 +24,11 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 # Where torch's NCCL flight recorder writes its dumps; torch appends the rank.
 FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
+FR_DUMP_TEMP_FILE_OLD = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # its name before torch 2.6
+# The FIFO stem a worker's NCCL group watches (<stem><rank>.pipe): a byte written there makes it dump.
+FR_PIPE_FILE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"  # entries the recorder keeps; 0 (torch's default) is off
+FR_BUFFER_SIZE_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 # Marks every process of one launch, so that a process a worker started is found
 # and stopped even when it left the worker's process group.

@@ -23,6 +23,7 @@ MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
 # Linux refuses a single "NAME=value" string longer than MAX_ARG_STRLEN (32 pages).
 MAX_ENV_STRING = 128 * 1024
+FR_BUFFER_ENTRIES = "2000"  # collectives torch's flight recorder keeps when the launcher switches it on
 
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (fullmatch): "²".isdigit() is true, but int("²") fails
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -258,8 +259,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     iface = interface_of(node_ip, host.interfaces)
     if iface and ev.GLOO_SOCKET_IFNAME not in base_env:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
-    if opts.log_dir and ev.FR_DUMP_TEMP_FILE not in base_env:  # a GPU hang leaves its trace next to the logs
-        shared[ev.FR_DUMP_TEMP_FILE] = os.path.normpath(os.path.join(host.cwd, opts.log_dir, "nccl_trace_rank_"))
+    if opts.log_dir:  # a GPU hang leaves its trace next to the logs
+        shared.update(flight_recorder_vars(opts, base_env, host.cwd))
     cmd = _command(opts, host.python)
     workers = []
     for local in range(nper):
@@ -295,6 +296,19 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
     )
+
+
+def flight_recorder_vars(opts: LaunchOptions, env: Mapping[str, str], cwd: str) -> dict:
+    """Where torch's NCCL flight recorder writes its dumps (next to the logs) and, when a stop takes stacks
+    (--hang_timeout, --dump_stacks), the recorder switched on with the pipe the launcher pokes for a dump.
+    A variable the user set is kept."""
+    stem = os.path.normpath(os.path.join(cwd, opts.log_dir, "nccl_trace_rank_"))
+    wanted = {ev.FR_DUMP_TEMP_FILE: stem, ev.FR_DUMP_TEMP_FILE_OLD: env.get(ev.FR_DUMP_TEMP_FILE, stem)}
+    if opts.hang_timeout is not None or opts.dump_stacks:
+        wanted[ev.FR_PIPE_FILE] = stem
+        if ev.FR_BUFFER_SIZE not in env and ev.FR_BUFFER_SIZE_OLD not in env:
+            wanted[ev.FR_BUFFER_SIZE] = wanted[ev.FR_BUFFER_SIZE_OLD] = FR_BUFFER_ENTRIES
+    return {name: value for name, value in wanted.items() if name not in env}
 
 
 def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,

@@ -770,11 +770,32 @@ def _carry_out(group: WorkerGroup, actions) -> None:
         if isinstance(action, policy.Say):
             log.log(action.level, "%s", action.text)
         elif isinstance(action, policy.TakeStacks):
+            dumps = _ask_flight_recorders(group)
             _show_stacks(group)
+            _report_flight_records(dumps)
         elif isinstance(action, policy.Send):
             group.send(action.sig, action.leftovers)
         elif isinstance(action, policy.Kill):
             group.kill()
+
+
+def _ask_flight_recorders(group: WorkerGroup) -> dict:
+    """Ask each surviving worker's NCCL flight recorder for a dump; {rank: the file it will write}."""
+    from launcher import flight
+
+    alive = [w.spec for w in group.workers.values() if w.alive]
+    base = group.plan.base_env
+    return {rank: path for spec in alive for rank, path in flight.request([spec.rank], {**base, **spec.env}).items()}
+
+
+def _report_flight_records(dumps: dict) -> None:
+    from launcher import flight
+
+    if dumps:
+        written = flight.wait(dumps)
+        for rank in sorted(dumps):
+            log.info("rank %d: NCCL flight recorder %s", rank,
+                     f"dump: {written[rank]}" if rank in written else f"wrote no dump within {flight.WAIT_SECONDS:g} s")
 
 
 def _show_stacks(group: WorkerGroup) -> None:

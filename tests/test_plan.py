@@ -311,3 +311,21 @@ def test_log_dir_gets_the_nccl_flight_recorder_dumps_unless_the_user_chose_a_pla
         extra = () if env else ((ev.FR_DUMP_TEMP_FILE, "/scratch/fr_"),)  # from the environment or the config's env
         p = plan(host, env=env, extra_env=extra, log_dir="mylog")
         assert ev.FR_DUMP_TEMP_FILE not in p.workers[0].env and p.base_env[ev.FR_DUMP_TEMP_FILE] == "/scratch/fr_"
+
+
+def test_a_stop_that_takes_stacks_switches_the_flight_recorder_on_with_a_pipe_next_to_the_logs():
+    host = HostFacts(gpu_count=1, cpu_count=8, python="/usr/bin/python3", cwd="/work/job")
+    stem = "/work/job/mylog/nccl_trace_rank_"
+    plain = plan(host, log_dir="mylog").workers[0].env
+    assert ev.FR_PIPE_FILE not in plain and ev.FR_BUFFER_SIZE not in plain  # off unless a stop takes stacks
+    assert plain[ev.FR_DUMP_TEMP_FILE] == plain[ev.FR_DUMP_TEMP_FILE_OLD] == stem  # both of torch's names
+    for opts in ({"hang_timeout": 30.0}, {"dump_stacks": True}):
+        env = plan(host, log_dir="mylog", **opts).workers[0].env
+        assert env[ev.FR_PIPE_FILE] == stem
+        assert env[ev.FR_BUFFER_SIZE] == env[ev.FR_BUFFER_SIZE_OLD] == "2000"
+    for name in (ev.FR_BUFFER_SIZE, ev.FR_BUFFER_SIZE_OLD):  # the user's size (0 = off) is kept, under either name
+        env = plan(host, env={name: "0"}, log_dir="mylog", hang_timeout=30.0).workers[0].env
+        assert ev.FR_BUFFER_SIZE not in env and ev.FR_BUFFER_SIZE_OLD not in env
+    env = plan(host, env={ev.FR_DUMP_TEMP_FILE: "/scratch/fr_"}, log_dir="mylog").workers[0].env
+    assert env[ev.FR_DUMP_TEMP_FILE_OLD] == "/scratch/fr_"  # the old name follows the user's choice
+    assert not {ev.FR_PIPE_FILE, ev.FR_BUFFER_SIZE} & set(plan(host, hang_timeout=30.0).workers[0].env)  # no log dir

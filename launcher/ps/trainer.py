@@ -10,6 +10,8 @@ Each mode's step (``Worker.step``):
   since the last exchange, divided by the number of trainers, and take the servers' sum.
 Sparse tables are updated on the servers in every mode: their gradients go with the dense ones
 (sync, async, half-async) or on their own at every step (geo).
+A trainer's model may live on a GPU: what goes to the servers is copied to the CPU, and what comes
+back is copied into the parameters where they are.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Table:
     def __init__(self, name: str, module: torch.nn.Embedding, servers: int, window: int):
         self.name, self.servers, self.window = name, servers, window
         self.rows, self.dim = module.num_embeddings, module.embedding_dim
-        self.dtype = module.weight.dtype
+        self.dtype, self.device = module.weight.dtype, module.weight.device
         self.padding_idx = module.padding_idx
         self.scale_grad_by_freq = module.scale_grad_by_freq
         self.used: list = []  # (unique ids, fetched rows) since the last step
@@ -44,7 +46,8 @@ class Table:
             raise IndexError(f"table {self.name} has {self.rows} rows; the batch holds id {int(flat.max())} "
                              f"(or {int(flat.min())}), outside [0, {self.rows}).")
         unique, inverse = torch.unique(flat, return_inverse=True)
-        rows = self.fetch(unique)
+        unique = unique.cpu()  # the servers talk CPU tensors; the batch may be on a GPU
+        rows = self.fetch(unique).to(ids.device)
         if torch.is_grad_enabled():
             rows.requires_grad_(True)
             self.used.append((unique, rows))
@@ -71,7 +74,7 @@ class Table:
         """{server: (local row ids, gradient rows)} of the rows used since the last step; forgets them."""
         used, self.used = self.used, []
         ids = [u for u, rows in used if rows.grad is not None]
-        grads = [rows.grad for _, rows in used if rows.grad is not None]
+        grads = [rows.grad.cpu() for _, rows in used if rows.grad is not None]
         if not ids:
             return {}
         ids, grads = torch.cat(ids), torch.cat(grads)
@@ -90,7 +93,7 @@ class Worker:
         for index, module in embeddings.items():
             table = Table(spec.params[index].name, module, self.servers, options.rpc.prefetch_threads)
             module.forward = table.forward
-            module.weight.data = torch.empty(0, table.dim, dtype=table.dtype)  # the servers hold the rows
+            module.weight.data = torch.empty(0, table.dim, dtype=table.dtype, device=table.device)  # the servers hold the rows
             self.tables[table.name] = table
         self.steps = 0
         self.last_exchange: dict = {}  # geo: slice name -> the values of the last exchange
@@ -158,7 +161,7 @@ class Worker:
 
     def exchange_deltas(self) -> None:
         """geo: send each slice's change since the last exchange, divided by the trainers; take the sums."""
-        deltas = {s.name: (self.flat(s) - self.last_exchange[s.name]) / self.env.trainers_num for s in self.slices}
+        deltas = {s.name: (self.flat(s).cpu() - self.last_exchange[s.name]) / self.env.trainers_num for s in self.slices}
         calls = [(server_name(k), srv.push_deltas, (self.env.index, {s.name: deltas[s.name] for s in self.slices if s.server == k}))
                  for k in range(self.servers)]
         self.take(_merged(transport.call_all(calls, self.options.rpc.send_threads)))
@@ -170,7 +173,7 @@ class Worker:
         out = {}
         for s in self.slices:
             grad = self.params[self.spec.index_of(s.param)].grad
-            out[s.name] = None if grad is None else grad.detach().reshape(-1)[s.offset:s.offset + s.size].clone()
+            out[s.name] = None if grad is None else grad.detach().reshape(-1)[s.offset:s.offset + s.size].to("cpu", copy=True)
         return out
 
     def sparse_gradients(self) -> dict:

@@ -1,0 +1,49 @@
+"""launcher.flight: poking torch's flight-recorder FIFOs and waiting for the dumps (real FIFOs, no torch)."""
+
+import os
+import threading
+
+from launcher import flight
+
+
+def env_for(tmp_path):
+    stem = str(tmp_path / "nccl_trace_rank_")
+    return {flight.PIPE_VARIABLE: stem, flight.DUMP_VARIABLE: stem}, stem
+
+
+def test_only_ranks_whose_recorder_listens_are_asked(tmp_path):
+    env, stem = env_for(tmp_path)
+    os.mkfifo(f"{stem}0.pipe")
+    reader = os.open(f"{stem}0.pipe", os.O_RDONLY | os.O_NONBLOCK)  # as torch opens it
+    os.mkfifo(f"{stem}1.pipe")  # made, but its process is gone: nobody reads it
+    (tmp_path / "nccl_trace_rank_2.pipe").write_text("")  # not a FIFO: never written to
+    try:
+        assert flight.request([0, 1, 2, 3], env) == {0: f"{stem}0"}
+        assert os.read(reader, 16) == b"1\n"
+    finally:
+        os.close(reader)
+    assert (tmp_path / "nccl_trace_rank_2.pipe").read_text() == ""
+
+
+def test_nothing_is_asked_without_the_variables(tmp_path):
+    assert flight.request([0], {}) == {}
+    env, _ = env_for(tmp_path)
+    assert flight.request([0], {flight.PIPE_VARIABLE: env[flight.PIPE_VARIABLE]}) == {}
+
+
+def test_wait_returns_the_dumps_once_they_stop_growing_and_gives_up_at_its_bound(tmp_path):
+    done, missing = tmp_path / "d0", tmp_path / "d1"
+    writer = threading.Timer(0.2, lambda: done.write_bytes(b"x" * 100))
+    writer.start()
+    try:
+        assert flight.wait({0: str(done)}, timeout=5.0) == {0: str(done)}
+    finally:
+        writer.cancel()
+    t = [0.0]
+    clock = lambda: t[0]  # noqa: E731
+
+    def sleep(s):
+        t[0] += s
+
+    assert flight.wait({0: str(done), 1: str(missing)}, timeout=1.0, clock=clock, sleep=sleep) == {0: str(done)}
+    assert t[0] >= 1.0
