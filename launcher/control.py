@@ -53,31 +53,74 @@ def encode(message: dict) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
+MAX_DEPTH = 8  # nesting of lists and objects in a message; the deepest real one has 3
+MAX_DIGITS = 20  # of an integer in a message: no field takes a bigger one
+
+
+def _number(text: str):
+    """json's parse_float and parse_int: finite numbers of sensible size only."""
+    value = float(text) if any(c in text for c in ".eE") else int(text) if len(text.lstrip("-")) <= MAX_DIGITS else None
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]}")
+    return value
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"the constant {name}")
+
+
+def _check_tree(value, depth: int = 0) -> None:
+    """ProtocolError for nesting deeper than MAX_DEPTH; UnicodeError for text with lone surrogates."""
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"a message nested deeper than {MAX_DEPTH}")
+    if isinstance(value, str):
+        value.encode()
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            key.encode()
+            _check_tree(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_tree(item, depth + 1)
+
+
+def decode(body: bytes) -> dict:
+    """One message from its body; ProtocolError for anything else. Nothing a peer sends raises
+    another exception: nesting, numbers and text are bounded before a handler sees them."""
+    try:
+        message = json.loads(body.decode(), parse_float=_number, parse_int=_number, parse_constant=_refuse_constant)
+        _check_tree(message)
+    except RecursionError:
+        raise ProtocolError(f"a message nested deeper than {MAX_DEPTH}") from None
+    except (UnicodeError, ValueError):
+        raise ProtocolError("a message that is not JSON") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("a message without a type")
+    return message
+
+
 class Framer:
     """Cuts a byte stream into messages; ProtocolError on anything that is not one."""
 
     def __init__(self) -> None:
         self.buffer = bytearray()
 
-    def feed(self, data: bytes) -> list:
+    def bodies(self, data: bytes) -> list:
+        """The bodies of the frames completed by ``data`` (not decoded)."""
         self.buffer += data
-        messages = []
+        bodies = []
         while len(self.buffer) >= _LENGTH.size:
             (size,) = _LENGTH.unpack_from(self.buffer)
             if size > MAX_MESSAGE:
                 raise ProtocolError(f"a message of {size} bytes (the limit is {MAX_MESSAGE})")
             if len(self.buffer) < _LENGTH.size + size:
                 break
-            body = bytes(self.buffer[_LENGTH.size:_LENGTH.size + size])
+            bodies.append(bytes(self.buffer[_LENGTH.size:_LENGTH.size + size]))
             del self.buffer[:_LENGTH.size + size]
-            try:
-                message = json.loads(body)
-            except (UnicodeDecodeError, ValueError):
-                raise ProtocolError("a message that is not JSON") from None
-            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-                raise ProtocolError("a message without a type")
-            messages.append(message)
-        return messages
+        return bodies
+
+    def feed(self, data: bytes) -> list:
+        return [decode(body) for body in self.bodies(data)]
 
 
 @dataclass(frozen=True)
@@ -178,16 +221,25 @@ class Connection:
         return self.framer.feed(data)
 
 
+def keepalive(heartbeat_timeout: float) -> tuple:
+    """TCP's (idle, interval, count) so that it gives up on a silent peer within the heartbeat
+    timeout (2 s at the least: its unit is the second), each within what Linux takes."""
+    whole = max(2, int(heartbeat_timeout))
+    count = min(127, whole - 1)
+    every = min(32767, whole // (count + 1))
+    return every, every, count
+
+
 def _tune(sock: socket.socket, heartbeat_timeout: float) -> None:
     """Non-blocking, no Nagle delay, and TCP's own detection of a dead peer within the timeout."""
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", max(1, int(heartbeat_timeout)))):
+    for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), keepalive(heartbeat_timeout)):
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(heartbeat_timeout * 1000))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # milliseconds, at most 2**31 - 1: 24 days
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, min(2**31 - 1, int(heartbeat_timeout * 1000)))
 
 
 # ---------------------------------------------------------------- both ends

@@ -198,3 +198,51 @@ def test_with_a_token_the_refusal_says_nothing_of_the_job():
     finally:
         hub.close()
         spoke.close()
+
+
+# ---------------------------------------------------------------- what an adversary sends
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"[" * 32000 + b"]" * 32000, "nested deeper than"),  # RecursionError in json's decoder
+    (b'{"type": "x", "a": ' + b"[" * 100 + b"]" * 100 + b"}", "nested deeper than"),
+    (b'{"type": "x", "rank": 1e400}', "not JSON"),  # float("inf")
+    (b'{"type": "x", "rank": Infinity}', "not JSON"),
+    (b'{"type": "x", "rank": NaN}', "not JSON"),
+    (b'{"type": "x", "rank": ' + b"9" * 5000 + b"}", "not JSON"),  # over int's digit limit
+    (b'{"type": "x", "rank": ' + b"9" * 30 + b"}", "not JSON"),  # a huge int: no field takes one
+    (b'{"type": "\xed\xa0\x80"}', "not JSON"),  # a lone surrogate in UTF-8
+    (b'{"type": "x", "text": "\\ud800"}', "not JSON"),  # the same, escaped
+    (b'{"type": ["beat"]}', "without a type"),
+    (b'"beat"', "without a type"),
+    (b"", "not JSON"),
+], ids=lambda v: v[:24].decode("latin-1") if isinstance(v, bytes) else None)
+def test_no_input_raises_anything_but_a_protocol_error(body, why):
+    with pytest.raises(control.ProtocolError, match=why):
+        control.Framer().feed(frame(body))
+
+
+def test_a_frame_length_of_2_32_minus_1_is_refused_before_any_body():
+    with pytest.raises(control.ProtocolError, match="4294967295 bytes"):
+        control.Framer().feed(b"\xff\xff\xff\xff")
+
+
+def test_unicode_junk_and_wrong_types_decode_without_harm():
+    message = {"type": "stop", "cause": {"node": "x", "code": [1], "text": "\u202e\x00\uffff"}, "attempt": 1.5}
+    assert control.Framer().feed(control.encode(message)) == [message]
+
+
+@pytest.mark.parametrize("timeout", [0.5, 1, 2.5, 127, 128, 1000, 86400])
+def test_every_accepted_heartbeat_timeout_tunes_a_socket(timeout):
+    with socket.socket() as s:
+        control._tune(s, timeout)
+        cnt = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        every = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        assert 1 <= cnt <= 127 and 1 <= idle <= 32767 and 1 <= every <= 32767
+        assert idle + cnt * every <= max(2, timeout)  # TCP gives up within the promised bound (2 s at the least)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == int(timeout * 1000)
