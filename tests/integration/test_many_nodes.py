@@ -576,8 +576,9 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
     identity = {"job_id": job_id, "nodes": list(nodes), "ports": [port + 1, port + 2],
                 "script": " ".join(["-u", *map(str, script)])}
 
-    def hello(nonce, **change):
-        m = {"type": "hello", "identity": identity, "node": 1, "proof": hmac_proof(token, nonce, job_id, 1)}
+    def hello(challenge, **change):
+        m = {"type": "hello", "identity": identity, "node": 1, "nonce": "c" * 32,
+             "proof": hmac_proof(token, challenge, job_id, 1)}
         m.update(change)
         return message(m)
 
@@ -589,6 +590,11 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         ("invalid JSON", lambda n: frame(b"{not json"), "sent a message that is not JSON"),
         ("not UTF-8", lambda n: frame(b"\xff\xfe\xfd"), "sent a message that is not JSON"),
         ("JSON without a type", lambda n: frame(b"[1, 2]"), "sent a message without a type"),
+        ("nesting that overflows json's stack", lambda n: frame(b"[" * 32000 + b"]" * 32000),
+         "sent a message nested deeper than 8"),
+        ("an infinite number", lambda n: frame(b'{"type": "hello", "node": 1e400}'), "sent a message that is not JSON"),
+        ("a lone surrogate", lambda n: frame(b'{"type": "hello", "node": "\\ud800"}'), "sent a message that is not JSON"),
+        ("a frame length of 2**32-1", lambda n: b"\xff\xff\xff\xff", "sent a message of 4294967295 bytes"),
         ("no hello", lambda n: message({"type": "beat"}), "a 'beat' message before saying hello"),
         ("wrong job id", lambda n: hello(n, identity={**identity, "job_id": "another-job"}),
          f"not a node of this job: its job_id is 'another-job', this job's is '{job_id}'"),
@@ -597,6 +603,11 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         ("node out of range", lambda n: hello(n, node=2), "not a node of this job: node index 2 is not one of 1 to 1"),
         ("wrong token proof", lambda n: hello(n, proof=hmac_proof("not-the-token", n, job_id, 1)),
          "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("a proof not in ASCII", lambda n: hello(n, proof="\u00e9" * 64),
+         "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("node index true", lambda n: hello(n, node=True), "not a node of this job: node index True is not one of 1 to 1"),
+        ("no nonce for node 0", lambda n: hello(n, nonce=None),
+         "not a node of this job: it gives no nonce for node 0 to prove the job token on"),
         ("no proof", lambda n: hello(n, proof=None),
          "not a node of this job: it gives no proof of the job token (LAUNCHER_JOB_TOKEN)"),
         ("proof for another nonce", lambda n: hello(n, proof=hmac_proof(token, "0" * 32, job_id, 1)),
@@ -639,6 +650,41 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         assert "lost" not in node.stderr and "the job stopped" not in node.stderr
     assert follower.stderr.count("control: joined node 0 at") == 1  # node 1 was never pushed out
     assert_gone(cluster.pids)
+
+
+def test_a_stranger_holding_node_0s_port_is_not_obeyed_and_node_0_is_joined_after(cluster, tmp_path):
+    """Node 0 is not started yet; a stranger without the token holds its control port, answers
+    node 1's hello with a welcome and a forged stop. Node 1 obeys nothing, keeps trying, and joins
+    the real node 0 once it comes: the job runs and ends with 0 everywhere."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    token = f"token-{uuid.uuid4().hex}"
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(0.2)
+    hellos = []
+    forged = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
+    try:
+        follower = cluster.start(nodes, 1, *job_args(port, 1, "--join_timeout", 60), WORKER, "--dump", tmp_path,
+                                 env={"LAUNCHER_JOB_TOKEN": token})
+        deadline = time.monotonic() + 30
+        while len(hellos) < 3 and time.monotonic() < deadline:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(5)
+                conn.sendall(message({"type": "challenge", "nonce": "ab" * 16}))
+                hellos.append(recv_message(conn))
+                conn.sendall(message({"type": "welcome"}) + message(forged))
+                time.sleep(0.2)
+    finally:
+        listener.close()
+    assert len(hellos) == 3 and all(h["type"] == "hello" for h in hellos)
+    cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, env={"LAUNCHER_JOB_TOKEN": token})
+    assert cluster.finish(60) == [0, 0], follower.stderr
+    assert "FORGED" not in follower.stderr and "the job stopped" not in follower.stderr
+    assert follower.stderr.count("welcomed this node without proving the job token") == 1, follower.stderr
 
 
 # ---------------------------------------------------------------- 7. a hung job, two nodes
