@@ -295,12 +295,15 @@ class Cause:
 
     @classmethod
     def from_dict(cls, d) -> Optional["Cause"]:
-        """From a peer's message; None when it is not one."""
-        try:
-            cause = cls(int(d["node"]), str(d["kind"]), int(d["code"]), str(d["text"]), str(d.get("summary", "")))
-        except (KeyError, TypeError, ValueError):
+        """From a peer's message; None when it is not one (each field of its type: no conversion)."""
+        if not isinstance(d, dict):
             return None
-        return cause if 0 <= cause.code <= 255 else None
+        node, kind, code, text, summary = (d.get(k) for k in ("node", "kind", "code", "text", "summary"))
+        if type(node) is not int or type(code) is not int or not 0 <= code <= 255 or node < 0:
+            return None
+        if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))):
+            return None
+        return cls(node, kind, code, text, summary or "")
 
 
 def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:
