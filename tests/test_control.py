@@ -10,6 +10,7 @@ import time
 import pytest
 
 from launcher import control
+from tests.conftest import pose_as_node_0
 
 IDENTITY = control.Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
 
@@ -279,38 +280,23 @@ def recv_message(sock) -> dict:
 
 
 class FakeNodeZero:
-    """Holds node 0's control port without the token: challenges, then answers every hello with
-    ``answer`` and a forged stop. Each connection in turn, until closed."""
+    """Holds node 0's control port without the token (in a thread, while the test drives the spoke):
+    answers three hellos in turn with ``answer`` and a forged stop."""
 
     def __init__(self, port, answer):
-        self.listener = socket.create_server(("127.0.0.1", port))
-        self.listener.settimeout(0.1)
-        self.answer, self.hellos, self.running = answer, [], True
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        stop = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
+        self.said = []
+        self.thread = threading.Thread(
+            target=lambda: self.said.extend(pose_as_node_0(port, control.encode(answer) + control.encode(stop), 3, 10)),
+            daemon=True)
         self.thread.start()
 
-    def _serve(self):
-        while self.running:
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                try:
-                    conn.settimeout(2)
-                    conn.sendall(control.encode({"type": "challenge", "nonce": "ab" * 16}))
-                    self.hellos.append(recv_message(conn))
-                    conn.sendall(control.encode(self.answer) + control.encode(
-                        {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42,
-                                                                 "text": "FORGED", "summary": ""}}))
-                    time.sleep(0.1)
-                except OSError:
-                    pass
+    @property
+    def hellos(self):
+        return [json.loads(said[4:]) for said in self.said]
 
     def close(self):
-        self.running = False
-        self.thread.join(5)
-        self.listener.close()
+        self.thread.join(15)
 
 
 @pytest.mark.parametrize("answer", [
@@ -324,7 +310,7 @@ def test_a_stranger_on_node_0s_port_is_not_obeyed_and_the_real_node_0_is_joined_
     fake = FakeNodeZero(port, answer)
     spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=15, token="right")
     try:
-        events = pump([spoke], 2.5)
+        events = pump([spoke], 6, until=lambda ev: ev or len(fake.said) == 3)
         assert events == [], events  # no Joined, no stop, no giving up
         assert fake.hellos and all(control.fresh_nonce(h["nonce"]) for h in fake.hellos)
         assert len({h["nonce"] for h in fake.hellos}) == len(fake.hellos)  # a fresh nonce every time

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd
+from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0
 from launcher import stacks
 
 WORKER = str(WORKERS / "node_worker.py")
@@ -659,27 +659,10 @@ def test_a_stranger_holding_node_0s_port_is_not_obeyed_and_node_0_is_joined_afte
     nodes = LOOPBACK[:2]
     port = free_ports(3)
     token = f"token-{uuid.uuid4().hex}"
-    listener = socket.create_server(("127.0.0.1", port))
-    listener.settimeout(0.2)
-    hellos = []
     forged = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
-    try:
-        follower = cluster.start(nodes, 1, *job_args(port, 1, "--join_timeout", 60), WORKER, "--dump", tmp_path,
-                                 env={"LAUNCHER_JOB_TOKEN": token})
-        deadline = time.monotonic() + 30
-        while len(hellos) < 3 and time.monotonic() < deadline:
-            try:
-                conn, _ = listener.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                conn.settimeout(5)
-                conn.sendall(message({"type": "challenge", "nonce": "ab" * 16}))
-                hellos.append(recv_message(conn))
-                conn.sendall(message({"type": "welcome"}) + message(forged))
-                time.sleep(0.2)
-    finally:
-        listener.close()
+    follower = cluster.start(nodes, 1, *job_args(port, 1, "--join_timeout", 60), WORKER, "--dump", tmp_path,
+                             env={"LAUNCHER_JOB_TOKEN": token})
+    hellos = [json.loads(said[4:]) for said in pose_as_node_0(port, message({"type": "welcome"}) + message(forged))]
     assert len(hellos) == 3 and all(h["type"] == "hello" for h in hellos)
     cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, env={"LAUNCHER_JOB_TOKEN": token})
     assert cluster.finish(60) == [0, 0], follower.stderr
