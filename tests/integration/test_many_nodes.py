@@ -405,6 +405,17 @@ def test_a_node_names_node_0_when_it_never_answers(cluster, tmp_path):
     assert_gone(cluster.pids)
 
 
+@pytest.mark.parametrize("timeout", [1, 127, 128, 86400])
+def test_every_accepted_heartbeat_timeout_runs_a_job(cluster, tmp_path, timeout):
+    """TCP_KEEPCNT takes at most 127: --heartbeat_timeout 128 once crashed every node (EINVAL)."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", timeout), WORKER, "--dump", tmp_path,
+                      "--sleep", 1)
+    assert cluster.finish(60) == [0, 0], cluster.nodes[0].stderr + cluster.nodes[1].stderr
+
+
 # ---------------------------------------------------------------- 4. a partition
 
 
