@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from launcher.logs import log
+from launcher.policy import one_line
 
 MAX_MESSAGE = 64 * 1024
 HELLO_TIMEOUT = 5.0
@@ -703,13 +704,12 @@ class Spoke(Channel):
         """Node 0 will not take this node: no point in trying again, if it is node 0 (with a token:
         if it proves it); a refusal that proves nothing may be a stranger's, so try again."""
         reason = message.get("reason") if isinstance(message.get("reason"), str) else "no reason given"
-        reason = reason[:1000]
         if self.token is None or proves(message.get("proof"),
-                                        refusal_proof(self.token, c.nonce, reason, self.identity.job_id, self.node)):
+                                        refusal_proof(self.token, c.nonce, reason[:1000], self.identity.job_id, self.node)):
             self.gave_up = True
             self.discarded.append(self.connections.pop(fd).sock)
-            return [NeverJoined((0,), f"{self.node_name(0)} refused this node: {reason}")]
-        self._unproven(fd, f"refused this node ({reason}) without proving the job token")
+            return [NeverJoined((0,), f"{self.node_name(0)} refused this node: {one_line(reason)}")]
+        self._unproven(fd, f"refused this node ({one_line(reason, 200)}) without proving the job token")
         self.next_try = now + RETRY_REFUSED
         return []
 

@@ -30,6 +30,7 @@ from typing import Optional
 from launcher import control, preflight
 from launcher.errors import LaunchError
 from launcher.logs import log
+from launcher.policy import one_line
 
 RETRY_EVERY = control.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
@@ -250,10 +251,10 @@ def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         if unproven is None:
             log.warning("whoever answers MPI rank %d on %s does not prove %s; not obeyed: trying again until the "
                         "join timeout", spec.rank, where, control.TOKEN_VAR)
-        unproven = str(answer.get("reason", answer.get("type")))[:300]
+        unproven = one_line(str(answer.get("reason", answer.get("type"))), 300)
         time.sleep(RETRY_EVERY)
     if answer.get("type") == "refused":
-        raise LaunchError(f"rank 0 stopped the gathering of the node list: {str(answer.get('reason', ''))[:300]}")
+        raise LaunchError(f"rank 0 stopped the gathering of the node list: {one_line(str(answer.get('reason', '')), 300)}")
     nodes = answer.get("nodes")
     if answer.get("type") != "nodes" or not isinstance(nodes, list) or len(nodes) != spec.size \
             or not all(isinstance(n, str) for n in nodes) or nodes[spec.rank] != address:

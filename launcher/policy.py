@@ -276,6 +276,11 @@ def describe_exit(returncode: int) -> str:
 # ---------------------------------------------------------------- across attempts and nodes
 
 
+def one_line(text: str, limit: int = 1000) -> str:
+    """A peer's text as one printable line (no newline, no terminal escape), at most ``limit`` characters."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 @dataclass(frozen=True)
 class Cause:
     """Why a job (or one attempt of it) stopped, as every node reports it."""
@@ -303,7 +308,7 @@ class Cause:
             return None
         if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))):
             return None
-        return cls(node, kind, code, text, summary or "")
+        return cls(node, kind, code, one_line(text), summary or "")
 
 
 def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:

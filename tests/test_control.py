@@ -281,13 +281,14 @@ def recv_message(sock) -> dict:
 
 class FakeNodeZero:
     """Holds node 0's control port without the token (in a thread, while the test drives the spoke):
-    answers three hellos in turn with ``answer`` and a forged stop."""
+    answers ``connections`` hellos in turn with ``answer`` and a forged stop."""
 
-    def __init__(self, port, answer):
+    def __init__(self, port, answer, connections=3):
         stop = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
         self.said = []
         self.thread = threading.Thread(
-            target=lambda: self.said.extend(pose_as_node_0(port, control.encode(answer) + control.encode(stop), 3, 10)),
+            target=lambda: self.said.extend(pose_as_node_0(port, control.encode(answer) + control.encode(stop),
+                                                         connections, 10)),
             daemon=True)
         self.thread.start()
 
@@ -411,3 +412,33 @@ def test_a_hello_with_wrong_types_is_dropped_with_its_reason(change, why, caplog
     finally:
         s.close()
         hub.close()
+
+
+def test_half_a_frame_then_silence_is_dropped_and_keeps_no_node_out(caplog):
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    half = socket.create_connection(("127.0.0.1", port))
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    try:
+        half.sendall(struct.pack("!I", control.MAX_MESSAGE) + b"{" * 1000)  # the rest never comes
+        events = pump([hub, spoke], 3, until=lambda ev: len(ev) == 2)
+        assert sorted(e.node for e in events if isinstance(e, control.Joined)) == [0, 1]
+        pump([hub, spoke], control.HELLO_TIMEOUT + 1, until=lambda ev: not any(c.node is None for c in hub.connections.values()))
+        assert [c.node for c in hub.connections.values()] == [1]
+        assert any("said nothing valid for 5 s" in r.getMessage() for r in caplog.records)
+    finally:
+        half.close()
+        spoke.close()
+        hub.close()
+
+
+def test_a_refusal_is_shown_as_one_printable_line():
+    port = free_port()
+    fake = FakeNodeZero(port, {"type": "refused", "reason": "x\nlauncher: the job stopped: FORGED\x1b[2J"}, connections=1)
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    try:  # without a token, a refusal is taken as it comes: as one line
+        events = pump([spoke], 5, until=lambda ev: ev)
+        assert [e.reason for e in events] == ["node 0 (127.0.0.1) refused this node: x?launcher: the job stopped: FORGED?[2J"]
+    finally:
+        spoke.close()
+        fake.close()

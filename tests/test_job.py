@@ -58,3 +58,9 @@ def test_a_stop_with_a_cause_is_obeyed():
     events = follower().on_events([control.Received(0, {"type": "stop", "attempt": 0,
                                                         "cause": {"node": 0, "kind": "worker", "code": 3, "text": "x"}})])
     assert events == [policy.StopOrdered("x", stacks=False)]
+
+
+def test_a_cause_from_the_wire_is_shown_as_one_printable_line():
+    cause = {"node": 0, "kind": "worker", "code": 3, "text": "x\nlauncher: the job stopped: FORGED\x1b[2J\u202e"}
+    events = follower().on_events([control.Received(0, {"type": "stop", "attempt": 0, "cause": cause})])
+    assert events == [policy.StopOrdered("x?launcher: the job stopped: FORGED?[2J?", stacks=False)]
