@@ -442,3 +442,18 @@ def test_a_refusal_is_shown_as_one_printable_line():
     finally:
         spoke.close()
         fake.close()
+
+
+@pytest.mark.parametrize("token, warnings", [(None, 1), ("right", 0)])
+def test_without_a_token_each_end_warns_once_what_a_stranger_can_do(token, warnings, caplog):
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    try:
+        pump([hub, spoke], 5, until=lambda ev: len(ev) == 2)
+        said = [r.getMessage() for r in caplog.records if "no LAUNCHER_JOB_TOKEN is set" in r.getMessage()]
+        assert len(said) == 2 * warnings
+        assert all("pose as node 0" in line and "set the same secret" in line for line in said)
+    finally:
+        hub.close()
+        spoke.close()

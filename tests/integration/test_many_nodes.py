@@ -414,6 +414,8 @@ def test_every_accepted_heartbeat_timeout_runs_a_job(cluster, tmp_path, timeout)
         cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", timeout), WORKER, "--dump", tmp_path,
                       "--sleep", 1)
     assert cluster.finish(60) == [0, 0], cluster.nodes[0].stderr + cluster.nodes[1].stderr
+    for node in cluster.nodes:  # no LAUNCHER_JOB_TOKEN: said once at start
+        assert node.stderr.count("launcher: warning: control: no LAUNCHER_JOB_TOKEN is set") == 1, node.stderr
 
 
 # ---------------------------------------------------------------- 4. a partition
