@@ -152,11 +152,25 @@ def _accept(listener, selector, peers) -> None:
         sock, where = listener.accept()
     except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
+    except OSError:  # out of descriptors: the ranks try again
+        return
+    _make_room(selector, peers)
     peer = _Peer(sock, f"{where[0]}:{where[1]}")
     sock.setblocking(False)
     peers[sock.fileno()] = peer
     selector.register(sock, selectors.EVENT_READ, peer)
     _send(sock, {"type": "challenge", "nonce": peer.nonce})
+
+
+def _make_room(selector, peers) -> None:
+    """At most control.MAX_PENDING connections wait for their join: the oldest goes, so that a flood
+    of connections that never speak neither runs rank 0 out of descriptors nor keeps a rank out."""
+    waiting = [peer for peer in peers.values() if peer.rank is None]
+    if len(waiting) >= control.MAX_PENDING:
+        oldest = waiting[0]  # peers keeps the order of arrival
+        selector.unregister(oldest.sock)
+        peers.pop(oldest.sock.fileno())
+        oldest.sock.close()
 
 
 def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:

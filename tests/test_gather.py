@@ -1,5 +1,6 @@
 """The gathering of an MPI job's node list, with real sockets on loopback (127.0.0.1-3)."""
 
+import os
 import socket
 import struct
 import threading
@@ -239,3 +240,24 @@ def test_a_rank_obeys_no_stranger_posing_as_rank_0_and_joins_rank_0_after(caplog
     finish(r0, r1)
     assert r0["nodes"] == r1["nodes"] == ("127.0.0.1", "127.0.0.2")
     assert sum("does not prove LAUNCHER_JOB_TOKEN" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_flood_of_silent_connections_keeps_no_rank_out():
+    port = free_port()
+    r0 = start(spec(0, 3, port), "127.0.0.1", timeout=20)
+    wait_listening(port)
+    before = len(os.listdir("/proc/self/fd"))
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    try:
+        time.sleep(1.0)  # rank 0 (a thread of this process) accepts them all
+        kept = len(os.listdir("/proc/self/fd")) - before - len(flood)
+        assert kept <= control.MAX_PENDING + 2, f"rank 0 keeps {kept} silent connections open"
+        started = time.monotonic()
+        r1 = start(spec(1, 3, port), "127.0.0.2", timeout=20)
+        r2 = start(spec(2, 3, port), "127.0.0.3", timeout=20)
+        finish(r0, r1, r2)
+        assert r0.get("nodes") == r1.get("nodes") == r2.get("nodes") == ("127.0.0.1", "127.0.0.2", "127.0.0.3"), r0
+        assert time.monotonic() - started < 10
+    finally:
+        for s in flood:
+            s.close()
