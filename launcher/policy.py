@@ -276,6 +276,9 @@ def describe_exit(returncode: int) -> str:
 # ---------------------------------------------------------------- across attempts and nodes
 
 
+WIRE_SUMMARY = 8000  # characters of a cause's summary that go to the other nodes
+
+
 def one_line(text: str, limit: int = 1000) -> str:
     """A peer's text as one printable line (no newline, no terminal escape), at most ``limit`` characters."""
     return "".join(c if c.isprintable() else "?" for c in text[:limit])
@@ -296,7 +299,10 @@ class Cause:
         return self.kind in ("worker", "hang")
 
     def as_dict(self) -> dict:
-        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text, "summary": self.summary}
+        """For the wire: within one control message whatever the worker printed (each character of
+        text may take 6 bytes of JSON: 1,000 of the text, 8,000 of the summary, its end kept)."""
+        summary = self.summary if len(self.summary) <= WIRE_SUMMARY else "[...]" + self.summary[-WIRE_SUMMARY:]
+        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text[:1000], "summary": summary}
 
     @classmethod
     def from_dict(cls, d) -> Optional["Cause"]:

@@ -291,6 +291,25 @@ def test_a_failure_before_node_0_answers_still_reaches_every_node(cluster, tmp_p
     assert_gone(cluster.pids)
 
 
+def test_a_failure_after_long_lines_of_junk_stops_every_node(cluster, tmp_path):
+    """The cause, with the worker's last lines, once took more than one control message: node 1
+    crashed (ValueError) and node 0 never heard of the failure."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    script = tmp_path / "junk.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    for _ in range(20):\n"
+                      "        sys.stdout.buffer.write(b'\\xff' * 3000 + b'\\n')\n"
+                      "    sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1), script)
+    assert cluster.finish(40) == [3, 3], cluster.nodes[0].stderr[-2000:] + cluster.nodes[1].stderr[-2000:]
+    root = stopped_line("rank 1 on node 1 (127.0.0.2) failed (exit code 3)", 3)
+    assert all(root in node.stderr for node in cluster.nodes)
+
+
 # ---------------------------------------------------------------- 2. a node killed or frozen
 
 
