@@ -45,6 +45,7 @@ MAX_PENDING = 64  # connections not yet introduced; more are closed at once
 RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
 RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
 TOKEN_VAR = "LAUNCHER_JOB_TOKEN"
+LISTED_NODES = 256  # a job of more nodes names them in its hello by their digest
 _LENGTH = struct.Struct("!I")
 
 
@@ -141,7 +142,12 @@ class Identity:
     script: str
 
     def as_dict(self) -> dict:
-        return {"job_id": self.job_id, "nodes": list(self.nodes), "ports": list(self.ports), "script": self.script}
+        """For the hello; a long node list as its digest, so that the hello of a job of 10,000
+        nodes still fits one message (both ends make the same)."""
+        nodes = list(self.nodes)
+        if len(nodes) > LISTED_NODES:
+            nodes = "sha256:" + hashlib.sha256("\n".join(nodes).encode()).hexdigest()
+        return {"job_id": self.job_id, "nodes": nodes, "ports": list(self.ports), "script": self.script}
 
     def mismatch(self, other) -> Optional[str]:
         """What differs in a peer's identity (a dict from the wire), or None."""

@@ -49,6 +49,16 @@ def test_identity_mismatch_names_the_field():
     assert "job_id" in IDENTITY.mismatch({})
 
 
+def test_the_hello_of_a_job_of_10000_nodes_fits_one_message():
+    nodes = tuple(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000))
+    mine = control.Identity("job1", nodes, tuple(range(6070, 6078)), "-u train.py")
+    hello = {"type": "hello", "identity": mine.as_dict(), "node": 1, "nonce": "a" * 32, "proof": "b" * 64}
+    assert control.Framer().feed(control.encode(hello)) == [hello]
+    assert mine.mismatch(hello["identity"]) is None
+    other = control.Identity("job1", nodes[:-1] + ("10.9.9.9",), mine.ports, mine.script)
+    assert "its nodes is 'sha256:" in mine.mismatch(other.as_dict())
+
+
 def test_proof_depends_on_token_nonce_job_and_node():
     p = control.proof("secret", "n1", "job1", 1)
     assert p == control.proof("secret", "n1", "job1", 1)
