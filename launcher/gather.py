@@ -2,8 +2,10 @@
 
 MPI tells each launcher its rank and the number of ranks, never the other hosts. Rank 0 listens
 on the gathering port (every address), sends each connection a ``challenge`` (a random nonce),
-and waits for one ``join`` from every other rank: ``{"rank": r, "size": N, "address": ip}``,
-with ``proof`` (control.proof of the nonce) when LAUNCHER_JOB_TOKEN is set. Once all N-1 have
+and waits for one ``join`` from every other rank: ``{"rank": r, "size": N, "address": ip, "nonce": n}``,
+with ``proof`` (control.proof of the challenge) when LAUNCHER_JOB_TOKEN is set; then rank 0's
+answer proves the token too (``answer_proof`` on the rank's nonce), and a rank obeys no answer
+that does not (it may be a stranger's on the port: the rank tries again until the join timeout). Once all N-1 have
 joined it closes the listener (so that the control channel can bind the same port), answers each
 with ``{"type": "nodes", "nodes": [...]}`` (node rank = MPI rank) and returns the list. The other
 ranks connect to MASTER_ADDR, retrying every 0.2 s, and wait for that answer.
@@ -16,8 +18,8 @@ ranks already connected why (``refused``), so that they stop at once too.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
+import json
 import selectors
 import secrets
 import socket
@@ -27,6 +29,8 @@ from typing import Optional
 
 from launcher import control, preflight
 from launcher.errors import LaunchError
+from launcher.logs import log
+from launcher.policy import one_line
 
 RETRY_EVERY = control.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
@@ -95,6 +99,7 @@ class _Peer:
         self.framer = control.Framer()
         self.rank: Optional[int] = None
         self.address = ""
+        self.rank_nonce = ""  # the rank's own, for rank 0's answer to prove the token on
 
 
 def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
@@ -129,11 +134,11 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
         for peer in joined.values():
-            _send(peer.sock, {"type": "nodes", "nodes": list(nodes)})
+            _send(peer.sock, _proven({"type": "nodes", "nodes": list(nodes)}, peer, token))
         return nodes
     except LaunchError as e:
         for peer in peers.values():
-            _send(peer.sock, {"type": "refused", "reason": str(e)})
+            _send(peer.sock, _proven({"type": "refused", "reason": str(e)}, peer, token))
         raise
     finally:
         for peer in peers.values():
@@ -147,11 +152,25 @@ def _accept(listener, selector, peers) -> None:
         sock, where = listener.accept()
     except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
+    except OSError:  # out of descriptors: the ranks try again
+        return
+    _make_room(selector, peers)
     peer = _Peer(sock, f"{where[0]}:{where[1]}")
     sock.setblocking(False)
     peers[sock.fileno()] = peer
     selector.register(sock, selectors.EVENT_READ, peer)
     _send(sock, {"type": "challenge", "nonce": peer.nonce})
+
+
+def _make_room(selector, peers) -> None:
+    """At most control.MAX_PENDING connections wait for their join: the oldest goes, so that a flood
+    of connections that never speak neither runs rank 0 out of descriptors nor keeps a rank out."""
+    waiting = [peer for peer in peers.values() if peer.rank is None]
+    if len(waiting) >= control.MAX_PENDING:
+        oldest = waiting[0]  # peers keeps the order of arrival
+        selector.unregister(oldest.sock)
+        peers.pop(oldest.sock.fileno())
+        oldest.sock.close()
 
 
 def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:
@@ -177,15 +196,27 @@ def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:
         _join_message(peer, message, spec, token, joined)
 
 
+def answer_proof(token: str, message: dict, rank_nonce: str, rank: int) -> str:
+    """Rank 0's proof of the token on a rank's nonce, over the whole of its answer."""
+    return control.proof(token, f"answer|{rank_nonce}|{json.dumps(message, sort_keys=True)}", PROOF_JOB, rank)
+
+
+def _proven(message: dict, peer: _Peer, token) -> dict:
+    """``message`` with rank 0's proof, where the peer is a rank that gave a nonce."""
+    if token and peer.rank is not None:
+        return {**message, "proof": answer_proof(token, message, peer.rank_nonce, peer.rank)}
+    return message
+
+
 def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None:
     rank, size, address = message.get("rank"), message.get("size"), message.get("address")
-    if message.get("type") != "join" or peer.rank is not None or not isinstance(rank, int) or not isinstance(address, str) \
-            or not address or not isinstance(size, int):
+    if message.get("type") != "join" or peer.rank is not None or type(rank) is not int or not isinstance(address, str) \
+            or not address or type(size) is not int:
         raise LaunchError(f"{peer.where} sent the gathering of the node list on port {spec.port} a message that is not a rank's join "
                           f"({str(message)[:80]}); keep other programs off that port, or choose another with --control_port.")
     who = f"MPI rank {rank} ({address}, from {peer.where})"
-    if token and not (isinstance(message.get("proof"), str)
-                      and hmac.compare_digest(message["proof"], control.proof(token, peer.nonce, PROOF_JOB, rank))):
+    if token and not (control.proves(message.get("proof"), control.proof(token, peer.nonce, PROOF_JOB, rank))
+                      and control.fresh_nonce(message.get("nonce"))):
         raise LaunchError(f"{who} did not prove it knows LAUNCHER_JOB_TOKEN; set the same token on every node.")
     if size != spec.size:
         raise LaunchError(f"{who} says the job has {size} ranks, rank 0 says {spec.size}; start every rank with the same mpirun.")
@@ -194,7 +225,7 @@ def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None
     if rank in joined:
         raise LaunchError(f"{who} joined twice: {joined[rank].address} (from {joined[rank].where}) is rank {rank} already; "
                           f"start one launcher per rank.")
-    peer.rank, peer.address = rank, address
+    peer.rank, peer.address, peer.rank_nonce = rank, address, message.get("nonce")
     joined[rank] = peer
 
 
@@ -218,35 +249,63 @@ def _send(sock: socket.socket, message: dict) -> None:
 
 def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
     where = f"node 0 (MASTER_ADDR={spec.master}, port {spec.port}, {spec.given_as})"
-    sock, last = None, "no attempt"
-    while sock is None:
+    unproven = None  # what the last answer that did not prove the token said
+    while True:
         try:
-            sock = socket.create_connection((spec.master, spec.port), timeout=max(0.1, min(1.0, deadline - time.monotonic())))
-        except OSError as e:
-            last = e.strerror or str(e)
-            if time.monotonic() + RETRY_EVERY >= deadline:
-                raise GatherTimeout(f"MPI rank {spec.rank} ({address}) could not reach {where} to gather the node list within "
-                                    f"{timeout:g} s (--join_timeout; last: {last}); check that rank 0 runs and MASTER_ADDR is its address.") from None
-            time.sleep(RETRY_EVERY)
-    with sock:
-        framer = (control.Framer(), [])
-        challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
-        if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
-            raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with something other than the gathering's challenge; "
-                              f"check that MASTER_ADDR and the port belong to this job.")
-        join = {"type": "join", "rank": spec.rank, "size": spec.size, "address": address}
-        if token:
-            join["proof"] = control.proof(token, challenge["nonce"], PROOF_JOB, spec.rank)
-        sock.sendall(control.encode(join))
-        answer = _receive(sock, framer, deadline, spec, address, where, timeout)
+            with _connect(spec, address, deadline, timeout, where) as sock:
+                answer, proven = _ask(sock, spec, address, deadline, timeout, where, token)
+        except GatherTimeout:
+            if unproven is None:
+                raise
+            raise GatherTimeout(f"no answer to MPI rank {spec.rank} ({address}) from {where} proved {control.TOKEN_VAR} within "
+                                f"{timeout:g} s (--join_timeout; the last said: {unproven}); set the same token on every rank.") from None
+        if proven:
+            break
+        # with a token, an answer that does not prove it may be a stranger's on the port: not obeyed
+        if unproven is None:
+            log.warning("whoever answers MPI rank %d on %s does not prove %s; not obeyed: trying again until the "
+                        "join timeout", spec.rank, where, control.TOKEN_VAR)
+        unproven = one_line(str(answer.get("reason", answer.get("type"))), 300)
+        time.sleep(RETRY_EVERY)
     if answer.get("type") == "refused":
-        raise LaunchError(f"rank 0 stopped the gathering of the node list: {str(answer.get('reason', ''))[:300]}")
+        raise LaunchError(f"rank 0 stopped the gathering of the node list: {one_line(str(answer.get('reason', '')), 300)}")
     nodes = answer.get("nodes")
     if answer.get("type") != "nodes" or not isinstance(nodes, list) or len(nodes) != spec.size \
             or not all(isinstance(n, str) for n in nodes) or nodes[spec.rank] != address:
         raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with no node list of {spec.size} nodes naming it; "
                           f"check that MASTER_ADDR and the port belong to this job.")
     return tuple(nodes)
+
+
+def _connect(spec: Spec, address: str, deadline: float, timeout: float, where: str) -> socket.socket:
+    while True:
+        try:
+            return socket.create_connection((spec.master, spec.port), timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except OSError as e:
+            last = e.strerror or str(e)
+            if time.monotonic() + RETRY_EVERY >= deadline:
+                raise GatherTimeout(f"MPI rank {spec.rank} ({address}) could not reach {where} to gather the node list within "
+                                    f"{timeout:g} s (--join_timeout; last: {last}); check that rank 0 runs and MASTER_ADDR is its address.") from None
+            time.sleep(RETRY_EVERY)
+
+
+def _ask(sock, spec: Spec, address: str, deadline: float, timeout: float, where: str, token: Optional[str]) -> tuple:
+    """Rank 0's answer to this rank's join, and whether it proves the token (where one is set)."""
+    framer = (control.Framer(), [])
+    challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
+    if challenge.get("type") != "challenge" or not control.fresh_nonce(challenge.get("nonce")):
+        if token:
+            return challenge, False
+        raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with something other than the gathering's challenge; "
+                          f"check that MASTER_ADDR and the port belong to this job.")
+    nonce = secrets.token_hex(16)
+    join = {"type": "join", "rank": spec.rank, "size": spec.size, "address": address, "nonce": nonce}
+    if token:
+        join["proof"] = control.proof(token, challenge["nonce"], PROOF_JOB, spec.rank)
+    sock.sendall(control.encode(join))
+    answer = _receive(sock, framer, deadline, spec, address, where, timeout)
+    body = {k: v for k, v in answer.items() if k != "proof"}
+    return answer, not token or control.proves(answer.get("proof"), answer_proof(token, body, nonce, spec.rank))
 
 
 def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeout: float) -> dict:

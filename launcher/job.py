@@ -249,7 +249,8 @@ class Follower(_Peered):
 
     def _on_message(self, message: dict) -> list:
         kind = message["type"]
-        if kind in ("start", "end"):
+        if kind == "end" or (kind == "start" and type(message.get("attempt")) is int
+                             and message["attempt"] == self.attempt + 1):
             self.order = message
             return []
         if kind == "finish" and message.get("attempt") == self.attempt:
@@ -280,14 +281,14 @@ class Follower(_Peered):
             known = self.final_cause()
             return "end", known.code if known else 1
         order, self.order = self.order, None
-        if order["type"] == "start" and isinstance(order.get("attempt"), int):
+        if order["type"] == "start":
             self.attempt, self.cause, self.root, self.trained = order["attempt"], None, None, False
             log.info("node 0 restarts the job: attempt %d of %d", self.attempt + 1, self.plan.max_restarts + 1)
             return "restart", self.attempt
         cause = Cause.from_dict(order.get("cause")) if order.get("cause") else None
         self.root = cause or self.root
         code = order.get("code")
-        return "end", code if isinstance(code, int) and 0 <= code <= 255 else 1
+        return "end", code if type(code) is int and 0 <= code <= 255 else 1
 
     def final_cause(self) -> Optional[Cause]:
         return self.root or self.cause

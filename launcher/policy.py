@@ -276,6 +276,14 @@ def describe_exit(returncode: int) -> str:
 # ---------------------------------------------------------------- across attempts and nodes
 
 
+WIRE_SUMMARY = 8000  # characters of a cause's summary that go to the other nodes
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """A peer's text as one printable line (no newline, no terminal escape), at most ``limit`` characters."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 @dataclass(frozen=True)
 class Cause:
     """Why a job (or one attempt of it) stopped, as every node reports it."""
@@ -291,16 +299,22 @@ class Cause:
         return self.kind in ("worker", "hang")
 
     def as_dict(self) -> dict:
-        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text, "summary": self.summary}
+        """For the wire: within one control message whatever the worker printed (each character of
+        text may take 6 bytes of JSON: 1,000 of the text, 8,000 of the summary, its end kept)."""
+        summary = self.summary if len(self.summary) <= WIRE_SUMMARY else "[...]" + self.summary[-WIRE_SUMMARY:]
+        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text[:1000], "summary": summary}
 
     @classmethod
     def from_dict(cls, d) -> Optional["Cause"]:
-        """From a peer's message; None when it is not one."""
-        try:
-            cause = cls(int(d["node"]), str(d["kind"]), int(d["code"]), str(d["text"]), str(d.get("summary", "")))
-        except (KeyError, TypeError, ValueError):
+        """From a peer's message; None when it is not one (each field of its type: no conversion)."""
+        if not isinstance(d, dict):
             return None
-        return cause if 0 <= cause.code <= 255 else None
+        node, kind, code, text, summary = (d.get(k) for k in ("node", "kind", "code", "text", "summary"))
+        if type(node) is not int or type(code) is not int or not 0 <= code <= 255 or node < 0:
+            return None
+        if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))):
+            return None
+        return cls(node, kind, code, one_line(text), summary or "")
 
 
 def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:

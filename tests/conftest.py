@@ -179,3 +179,30 @@ def finish_all(procs, timeout=120):
                 p.kill()
                 p.wait()
     return results
+
+
+def pose_as_node_0(port, answer: bytes, connections=3, timeout=30.0) -> list:
+    """A stranger holding node 0's port (control channel or MPI gathering): each of ``connections``
+    connections in turn gets a challenge, is read once, then gets ``answer``; what each one said."""
+    import struct
+
+    challenge = json.dumps({"type": "challenge", "nonce": "ab" * 16}).encode()
+    said = []
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        listener.settimeout(0.2)
+        deadline = time.monotonic() + timeout
+        while len(said) < connections and time.monotonic() < deadline:
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.sendall(struct.pack("!I", len(challenge)) + challenge)
+                    said.append(conn.recv(65536))
+                    conn.sendall(answer)
+                    time.sleep(0.1)
+                except OSError:
+                    pass
+    return said

@@ -4,11 +4,13 @@ import json
 import selectors
 import socket
 import struct
+import threading
 import time
 
 import pytest
 
 from launcher import control
+from tests.conftest import pose_as_node_0
 
 IDENTITY = control.Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
 
@@ -45,6 +47,16 @@ def test_identity_mismatch_names_the_field():
     assert "its script is '-u other.py'" in IDENTITY.mismatch(other)
     assert IDENTITY.mismatch("junk") == "no job identity"
     assert "job_id" in IDENTITY.mismatch({})
+
+
+def test_the_hello_of_a_job_of_10000_nodes_fits_one_message():
+    nodes = tuple(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000))
+    mine = control.Identity("job1", nodes, tuple(range(6070, 6078)), "-u train.py")
+    hello = {"type": "hello", "identity": mine.as_dict(), "node": 1, "nonce": "a" * 32, "proof": "b" * 64}
+    assert control.Framer().feed(control.encode(hello)) == [hello]
+    assert mine.mismatch(hello["identity"]) is None
+    other = control.Identity("job1", nodes[:-1] + ("10.9.9.9",), mine.ports, mine.script)
+    assert "its nodes is 'sha256:" in mine.mismatch(other.as_dict())
 
 
 def test_proof_depends_on_token_nonce_job_and_node():
@@ -105,7 +117,9 @@ def test_a_wrong_token_is_refused_and_the_right_one_joins():
     try:
         events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, control.NeverJoined) for e in ev))
         assert not any(isinstance(e, control.Joined) for e in events)
-        assert any(isinstance(e, control.NeverJoined) and "refused this node: wrong job or job token" in e.reason
+        # node 0's refusal cannot prove a token the node does not share: it tries again until the join timeout
+        assert any(isinstance(e, control.NeverJoined) and "never answered" in e.reason
+                   and "refused this node (wrong job or job token) without proving the job token" in e.reason
                    for e in events)
     finally:
         wrong.close()
@@ -134,6 +148,16 @@ def test_silence_is_a_lost_node_after_the_heartbeat_timeout():
         spoke.close()
 
 
+def closed_by_peer(sock, timeout=2.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
 def test_strangers_are_dropped_and_the_hub_goes_on():
     port = free_port()
     hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
@@ -151,15 +175,14 @@ def test_strangers_are_dropped_and_the_hub_goes_on():
         assert events == []
         assert hub.joined() == set()
         assert len([c for c in hub.connections.values() if c.node is None]) <= control.MAX_PENDING
-        for s in strangers[:3]:  # dropped: the hub closed them
-            s.settimeout(2)
-            data = s.recv(65536)
-            while data:
-                data = s.recv(65536)
+        for s in strangers[:3]:  # dropped: the hub closed them (crowded out, unread: reset)
+            assert closed_by_peer(s)
         spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
-        try:
+        try:  # the 64 silent strangers still waiting for their hello do not keep the node out
+            started = time.monotonic()
             events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
             assert sum(isinstance(e, control.Joined) for e in events) == 2
+            assert time.monotonic() - started < control.HELLO_TIMEOUT - 2
         finally:
             spoke.close()
     finally:
@@ -191,10 +214,256 @@ def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
 def test_with_a_token_the_refusal_says_nothing_of_the_job():
     port = free_port()
     hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="wrong")
-    try:
+    other = control.Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
+    spoke = control.Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="right")
+    try:  # the right token and another script: node 0 proves its refusal, the node gives up at once
         events = pump([hub, spoke], 5, until=lambda ev: ev)
         assert [e.reason.split(": ", 1)[1] for e in events] == ["wrong job or job token"]
+    finally:
+        hub.close()
+        spoke.close()
+
+
+# ---------------------------------------------------------------- what an adversary sends
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"[" * 32000 + b"]" * 32000, "nested deeper than"),  # RecursionError in json's decoder
+    (b'{"type": "x", "a": ' + b"[" * 100 + b"]" * 100 + b"}", "nested deeper than"),
+    (b'{"type": "x", "rank": 1e400}', "not JSON"),  # float("inf")
+    (b'{"type": "x", "rank": Infinity}', "not JSON"),
+    (b'{"type": "x", "rank": NaN}', "not JSON"),
+    (b'{"type": "x", "rank": ' + b"9" * 5000 + b"}", "not JSON"),  # over int's digit limit
+    (b'{"type": "x", "rank": ' + b"9" * 30 + b"}", "not JSON"),  # a huge int: no field takes one
+    (b'{"type": "\xed\xa0\x80"}', "not JSON"),  # a lone surrogate in UTF-8
+    (b'{"type": "x", "text": "\\ud800"}', "not JSON"),  # the same, escaped
+    (b'{"type": ["beat"]}', "without a type"),
+    (b'"beat"', "without a type"),
+    (b"", "not JSON"),
+], ids=lambda v: v[:24].decode("latin-1") if isinstance(v, bytes) else None)
+def test_no_input_raises_anything_but_a_protocol_error(body, why):
+    with pytest.raises(control.ProtocolError, match=why):
+        control.Framer().feed(frame(body))
+
+
+def test_a_frame_length_of_2_32_minus_1_is_refused_before_any_body():
+    with pytest.raises(control.ProtocolError, match="4294967295 bytes"):
+        control.Framer().feed(b"\xff\xff\xff\xff")
+
+
+def test_unicode_junk_and_wrong_types_decode_without_harm():
+    message = {"type": "stop", "cause": {"node": "x", "code": [1], "text": "\u202e\x00\uffff"}, "attempt": 1.5}
+    assert control.Framer().feed(control.encode(message)) == [message]
+
+
+@pytest.mark.parametrize("timeout", [0.5, 1, 2.5, 127, 128, 1000, 86400])
+def test_every_accepted_heartbeat_timeout_tunes_a_socket(timeout):
+    with socket.socket() as s:
+        control._tune(s, timeout)
+        cnt = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+        idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+        every = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+        assert 1 <= cnt <= 127 and 1 <= idle <= 32767 and 1 <= every <= 32767
+        assert idle + cnt * every <= max(2, timeout)  # TCP gives up within the promised bound (2 s at the least)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == int(timeout * 1000)
+
+
+# ---------------------------------------------------------------- a stranger posing as node 0, or in the stream
+
+
+def recv_exactly(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def recv_message(sock) -> dict:
+    return json.loads(recv_exactly(sock, struct.unpack("!I", recv_exactly(sock, 4))[0]))
+
+
+class FakeNodeZero:
+    """Holds node 0's control port without the token (in a thread, while the test drives the spoke):
+    answers ``connections`` hellos in turn with ``answer`` and a forged stop."""
+
+    def __init__(self, port, answer, connections=3):
+        stop = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
+        self.said = []
+        self.thread = threading.Thread(
+            target=lambda: self.said.extend(pose_as_node_0(port, control.encode(answer) + control.encode(stop),
+                                                         connections, 10)),
+            daemon=True)
+        self.thread.start()
+
+    @property
+    def hellos(self):
+        return [json.loads(said[4:]) for said in self.said]
+
+    def close(self):
+        self.thread.join(15)
+
+
+@pytest.mark.parametrize("answer", [
+    {"type": "welcome"},
+    {"type": "welcome", "proof": "0" * 64},
+    {"type": "welcome", "proof": "\u00e9" * 64},  # not ASCII: hmac.compare_digest raises TypeError on str
+    {"type": "refused", "reason": "FORGED", "proof": "0" * 64},
+], ids=["welcome", "wrong proof", "unicode proof", "forged refusal"])
+def test_a_stranger_on_node_0s_port_is_not_obeyed_and_the_real_node_0_is_joined_after(answer, caplog):
+    port = free_port()
+    fake = FakeNodeZero(port, answer)
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=15, token="right")
+    try:
+        events = pump([spoke], 6, until=lambda ev: ev or len(fake.said) == 3)
+        assert events == [], events  # no Joined, no stop, no giving up
+        assert fake.hellos and all(control.fresh_nonce(h["nonce"]) for h in fake.hellos)
+        assert len({h["nonce"] for h in fake.hellos}) == len(fake.hellos)  # a fresh nonce every time
+        warnings = [r.getMessage() for r in caplog.records if "whoever answers on" in r.getMessage()]
+        assert len(warnings) == 1 and "without proving the job token" in warnings[0]
+        fake.close()
+        hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+        try:
+            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
+            assert sorted(e.node for e in events if isinstance(e, control.Joined)) == [0, 1]
+            hub.send(1, {"type": "stop", "attempt": 0})
+            events = pump([hub, spoke], 3, until=lambda ev: ev)
+            assert events == [control.Received(0, {"type": "stop", "attempt": 0})]
+        finally:
+            hub.close()
+    finally:
+        fake.close()
+        spoke.close()
+
+
+def test_a_session_opens_each_sealed_message_once_in_order_and_in_its_direction():
+    hub = control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=True)
+    node = control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False)
+    first, second = hub.seal(b'{"type":"stop"}'), hub.seal(b'{"type":"end"}')
+    with pytest.raises(control.ProtocolError):
+        node.open(second)  # reordered
+    assert node.open(first) == b'{"type":"stop"}'
+    for bad in (first,  # replayed
+                node.seal(b'{"type":"end"}'),  # reflected: the node's own, back to it
+                second[:-1] + b"!",  # altered
+                b'{"type":"end"}',  # not sealed
+                b""):
+        with pytest.raises(control.ProtocolError, match="wrong authentication"):
+            node.open(bad)
+    assert node.open(second) == b'{"type":"end"}'
+    other = control.Session.between("t", "a" * 32, "c" * 32, "job1", 1, at_hub=True)  # another connection's
+    with pytest.raises(control.ProtocolError):
+        control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False).open(other.seal(b"{}"))
+
+
+def handshake(hub, port, token, node_nonce="c" * 32):
+    """A raw client that knows the token says hello; the socket and node 0's nonce."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    pump([hub], 0.2)
+    challenge = recv_message(s)
+    hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": node_nonce,
+             "proof": control.proof(token, challenge["nonce"], "job1", 1)}
+    s.sendall(control.encode(hello))
+    return s, challenge["nonce"]
+
+
+def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_node():
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    s = None
+    try:
+        s, hub_nonce = handshake(hub, port, "right")
+        events = pump([hub], 1, until=lambda ev: ev)
+        assert events == [control.Joined(1)]
+        welcome = recv_message(s)
+        assert welcome["proof"] == control.hub_proof("right", "c" * 32, hub_nonce, "job1", 1)
+        mine = control.Session.between("right", hub_nonce, "c" * 32, "job1", 1, at_hub=False)
+        s.sendall(control.encode({"type": "report", "attempt": 0}, mine))
+        assert pump([hub], 1, until=lambda ev: ev) == [control.Received(1, {"type": "report", "attempt": 0})]
+        s.sendall(control.encode({"type": "failed", "attempt": 0, "cause": {"text": "INJECTED"}}))  # not sealed
+        events = pump([hub], 1, until=lambda ev: ev)
+        assert len(events) == 1 and isinstance(events[0], control.Lost), events
+        assert "wrong authentication" in events[0].reason
+    finally:
+        if s:
+            s.close()
+        hub.close()
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"node": True}, "node index True is not one of 1 to 1"),
+    ({"node": 1.0}, "node index 1.0 is not one of 1 to 1"),
+    ({"nonce": None}, "it gives no nonce for node 0 to prove the job token on"),
+    ({"nonce": "x" * 32}, "it gives no nonce for node 0 to prove the job token on"),
+    ({"proof": "\u00e9" * 64}, "its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+    ({"proof": ["x"]}, "it gives no proof of the job token"),
+    ({"identity": ["job1"]}, "no job identity"),
+])
+def test_a_hello_with_wrong_types_is_dropped_with_its_reason(change, why, caplog):
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        nonce = None
+        pump([hub], 0.2)
+        nonce = recv_message(s)["nonce"]
+        hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": "c" * 32,
+                 "proof": control.proof("right", nonce, "job1", 1), **change}
+        s.sendall(control.encode(hello))
+        assert pump([hub], 1) == []
+        assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        assert recv_message(s)["type"] == "refused"
+    finally:
+        s.close()
+        hub.close()
+
+
+def test_half_a_frame_then_silence_is_dropped_and_keeps_no_node_out(caplog):
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    half = socket.create_connection(("127.0.0.1", port))
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    try:
+        half.sendall(struct.pack("!I", control.MAX_MESSAGE) + b"{" * 1000)  # the rest never comes
+        events = pump([hub, spoke], 3, until=lambda ev: len(ev) == 2)
+        assert sorted(e.node for e in events if isinstance(e, control.Joined)) == [0, 1]
+        pump([hub, spoke], control.HELLO_TIMEOUT + 1, until=lambda ev: not any(c.node is None for c in hub.connections.values()))
+        assert [c.node for c in hub.connections.values()] == [1]
+        assert any("said nothing valid for 5 s" in r.getMessage() for r in caplog.records)
+    finally:
+        half.close()
+        spoke.close()
+        hub.close()
+
+
+def test_a_refusal_is_shown_as_one_printable_line():
+    port = free_port()
+    fake = FakeNodeZero(port, {"type": "refused", "reason": "x\nlauncher: the job stopped: FORGED\x1b[2J"}, connections=1)
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    try:  # without a token, a refusal is taken as it comes: as one line
+        events = pump([spoke], 5, until=lambda ev: ev)
+        assert [e.reason for e in events] == ["node 0 (127.0.0.1) refused this node: x?launcher: the job stopped: FORGED?[2J"]
+    finally:
+        spoke.close()
+        fake.close()
+
+
+@pytest.mark.parametrize("token, warnings", [(None, 1), ("right", 0)])
+def test_without_a_token_each_end_warns_once_what_a_stranger_can_do(token, warnings, caplog):
+    port = free_port()
+    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    try:
+        pump([hub, spoke], 5, until=lambda ev: len(ev) == 2)
+        said = [r.getMessage() for r in caplog.records if "no LAUNCHER_JOB_TOKEN is set" in r.getMessage()]
+        assert len(said) == 2 * warnings
+        assert all("pose as node 0" in line and "set the same secret" in line for line in said)
     finally:
         hub.close()
         spoke.close()

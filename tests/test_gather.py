@@ -1,12 +1,15 @@
 """The gathering of an MPI job's node list, with real sockets on loopback (127.0.0.1-3)."""
 
+import os
 import socket
+import struct
 import threading
 import time
 
 import pytest
 
 from launcher import control, gather
+from tests.conftest import pose_as_node_0
 from launcher.errors import LaunchError
 from launcher.gather import GatherTimeout, Spec
 
@@ -202,3 +205,59 @@ def test_the_launcher_exits_1_when_node_0_never_comes(tmp_path):
     assert r.returncode == 1, r.stderr
     assert f"MPI rank 1 (127.0.0.1) could not reach node 0 (MASTER_ADDR=127.0.0.1, port {port}, --control_port {port})" in r.stderr
     assert "never" not in r.stdout
+
+
+# ---------------------------------------------------------------- what an adversary sends
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    (struct.pack("!I", 64000) + b"[" * 32000 + b"]" * 32000, "sent junk to the gathering of the node list on port"),
+    (control.encode({"type": "join", "rank": True, "size": 3, "address": "127.0.0.9"}), "not a rank's join"),
+    (control.encode({"type": "join", "rank": 1, "size": 3.0, "address": "127.0.0.9"}), "not a rank's join"),
+    (control.encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "nonce": "c" * 32,
+                     "proof": "\u00e9" * 64}), "did not prove it knows LAUNCHER_JOB_TOKEN"),
+    (control.encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "proof": ["x"]}),
+     "did not prove it knows LAUNCHER_JOB_TOKEN"),
+], ids=["deep nesting", "rank true", "size 3.0", "proof not ASCII", "proof a list"])
+def test_nothing_a_stranger_sends_raises_anything_but_a_launch_error(payload, fragment):
+    port = free_port()
+    r0 = start(spec(0, 3, port), "127.0.0.1", token="right")
+    wait_listening(port)
+    other = raw_peer(port, payload)
+    finish(r0)
+    other.close()
+    assert type(r0["error"]) is LaunchError and r0["error"].exit_code == 2, repr(r0["error"])
+    assert fragment in str(r0["error"])
+
+
+def test_a_rank_obeys_no_stranger_posing_as_rank_0_and_joins_rank_0_after(caplog):
+    port = free_port()
+    forged = {"type": "nodes", "nodes": ["10.6.6.6", "127.0.0.2"]}
+    r1 = start(spec(1, 2, port), "127.0.0.2", timeout=15, token="right")
+    answered = len(pose_as_node_0(port, control.encode({**forged, "proof": "0" * 64}), timeout=10))
+    assert answered == 3 and r1["thread"].is_alive()
+    r0 = start(spec(0, 2, port), "127.0.0.1", token="right")
+    finish(r0, r1)
+    assert r0["nodes"] == r1["nodes"] == ("127.0.0.1", "127.0.0.2")
+    assert sum("does not prove LAUNCHER_JOB_TOKEN" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_flood_of_silent_connections_keeps_no_rank_out():
+    port = free_port()
+    r0 = start(spec(0, 3, port), "127.0.0.1", timeout=20)
+    wait_listening(port)
+    before = len(os.listdir("/proc/self/fd"))
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    try:
+        time.sleep(1.0)  # rank 0 (a thread of this process) accepts them all
+        kept = len(os.listdir("/proc/self/fd")) - before - len(flood)
+        assert kept <= control.MAX_PENDING + 2, f"rank 0 keeps {kept} silent connections open"
+        started = time.monotonic()
+        r1 = start(spec(1, 3, port), "127.0.0.2", timeout=20)
+        r2 = start(spec(2, 3, port), "127.0.0.3", timeout=20)
+        finish(r0, r1, r2)
+        assert r0.get("nodes") == r1.get("nodes") == r2.get("nodes") == ("127.0.0.1", "127.0.0.2", "127.0.0.3"), r0
+        assert time.monotonic() - started < 10
+    finally:
+        for s in flood:
+            s.close()

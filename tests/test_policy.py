@@ -225,3 +225,14 @@ def test_a_node_without_trainers_is_done_at_once_and_collective_never_is():
 def test_the_kill_message_names_servers_and_trainers():
     _, seen = run_ps([(0, p.WorkerExited(2, 1)), (10, p.TimePassed())])
     assert "server 0, server 1, trainer 1 still running 10.0 s after the stop began" in seen[-2][1].text
+
+
+def test_a_cause_fits_one_control_message_whatever_the_worker_printed():
+    from launcher import control
+
+    line = "  | " + "\ufffd\x00" * 3000  # 6 bytes of JSON each character
+    junk = "\n".join([line] * 20)
+    cause = p.Cause(1, "worker", 7, "rank 5 failed" * 1000, "rank 5 failed; log: x\n" + junk + "\n  | the end")
+    message = control.Framer().feed(control.encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
+    back = p.Cause.from_dict(message["cause"])
+    assert back.code == 7 and back.summary.endswith("  | the end") and len(back.summary) <= p.WIRE_SUMMARY + 5

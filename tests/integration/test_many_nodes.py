@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd
+from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0
 from launcher import stacks
 
 WORKER = str(WORKERS / "node_worker.py")
@@ -291,6 +291,25 @@ def test_a_failure_before_node_0_answers_still_reaches_every_node(cluster, tmp_p
     assert_gone(cluster.pids)
 
 
+def test_a_failure_after_long_lines_of_junk_stops_every_node(cluster, tmp_path):
+    """The cause, with the worker's last lines, once took more than one control message: node 1
+    crashed (ValueError) and node 0 never heard of the failure."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(2)
+    script = tmp_path / "junk.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    for _ in range(20):\n"
+                      "        sys.stdout.buffer.write(b'\\xff' * 3000 + b'\\n')\n"
+                      "    sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1), script)
+    assert cluster.finish(40) == [3, 3], cluster.nodes[0].stderr[-2000:] + cluster.nodes[1].stderr[-2000:]
+    root = stopped_line("rank 1 on node 1 (127.0.0.2) failed (exit code 3)", 3)
+    assert all(root in node.stderr for node in cluster.nodes)
+
+
 # ---------------------------------------------------------------- 2. a node killed or frozen
 
 
@@ -403,6 +422,19 @@ def test_a_node_names_node_0_when_it_never_answers(cluster, tmp_path):
     assert f"node 0 (127.0.0.1) never answered on port {port} within 2 s (" in node.stderr
     assert root_cause(node).startswith("launcher: the job stopped: node 0 (127.0.0.1) never answered")
     assert_gone(cluster.pids)
+
+
+@pytest.mark.parametrize("timeout", [1, 127, 128, 86400])
+def test_every_accepted_heartbeat_timeout_runs_a_job(cluster, tmp_path, timeout):
+    """TCP_KEEPCNT takes at most 127: --heartbeat_timeout 128 once crashed every node (EINVAL)."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    for i in (1, 0):
+        cluster.start(nodes, i, *job_args(port, 1, "--heartbeat_timeout", timeout), WORKER, "--dump", tmp_path,
+                      "--sleep", 1)
+    assert cluster.finish(60) == [0, 0], cluster.nodes[0].stderr + cluster.nodes[1].stderr
+    for node in cluster.nodes:  # no LAUNCHER_JOB_TOKEN: said once at start
+        assert node.stderr.count("launcher: warning: control: no LAUNCHER_JOB_TOKEN is set") == 1, node.stderr
 
 
 # ---------------------------------------------------------------- 4. a partition
@@ -576,8 +608,9 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
     identity = {"job_id": job_id, "nodes": list(nodes), "ports": [port + 1, port + 2],
                 "script": " ".join(["-u", *map(str, script)])}
 
-    def hello(nonce, **change):
-        m = {"type": "hello", "identity": identity, "node": 1, "proof": hmac_proof(token, nonce, job_id, 1)}
+    def hello(challenge, **change):
+        m = {"type": "hello", "identity": identity, "node": 1, "nonce": "c" * 32,
+             "proof": hmac_proof(token, challenge, job_id, 1)}
         m.update(change)
         return message(m)
 
@@ -589,6 +622,11 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         ("invalid JSON", lambda n: frame(b"{not json"), "sent a message that is not JSON"),
         ("not UTF-8", lambda n: frame(b"\xff\xfe\xfd"), "sent a message that is not JSON"),
         ("JSON without a type", lambda n: frame(b"[1, 2]"), "sent a message without a type"),
+        ("nesting that overflows json's stack", lambda n: frame(b"[" * 32000 + b"]" * 32000),
+         "sent a message nested deeper than 8"),
+        ("an infinite number", lambda n: frame(b'{"type": "hello", "node": 1e400}'), "sent a message that is not JSON"),
+        ("a lone surrogate", lambda n: frame(b'{"type": "hello", "node": "\\ud800"}'), "sent a message that is not JSON"),
+        ("a frame length of 2**32-1", lambda n: b"\xff\xff\xff\xff", "sent a message of 4294967295 bytes"),
         ("no hello", lambda n: message({"type": "beat"}), "a 'beat' message before saying hello"),
         ("wrong job id", lambda n: hello(n, identity={**identity, "job_id": "another-job"}),
          f"not a node of this job: its job_id is 'another-job', this job's is '{job_id}'"),
@@ -597,6 +635,11 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         ("node out of range", lambda n: hello(n, node=2), "not a node of this job: node index 2 is not one of 1 to 1"),
         ("wrong token proof", lambda n: hello(n, proof=hmac_proof("not-the-token", n, job_id, 1)),
          "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("a proof not in ASCII", lambda n: hello(n, proof="\u00e9" * 64),
+         "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
+        ("node index true", lambda n: hello(n, node=True), "not a node of this job: node index True is not one of 1 to 1"),
+        ("no nonce for node 0", lambda n: hello(n, nonce=None),
+         "not a node of this job: it gives no nonce for node 0 to prove the job token on"),
         ("no proof", lambda n: hello(n, proof=None),
          "not a node of this job: it gives no proof of the job token (LAUNCHER_JOB_TOKEN)"),
         ("proof for another nonce", lambda n: hello(n, proof=hmac_proof(token, "0" * 32, job_id, 1)),
@@ -639,6 +682,24 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         assert "lost" not in node.stderr and "the job stopped" not in node.stderr
     assert follower.stderr.count("control: joined node 0 at") == 1  # node 1 was never pushed out
     assert_gone(cluster.pids)
+
+
+def test_a_stranger_holding_node_0s_port_is_not_obeyed_and_node_0_is_joined_after(cluster, tmp_path):
+    """Node 0 is not started yet; a stranger without the token holds its control port, answers
+    node 1's hello with a welcome and a forged stop. Node 1 obeys nothing, keeps trying, and joins
+    the real node 0 once it comes: the job runs and ends with 0 everywhere."""
+    nodes = LOOPBACK[:2]
+    port = free_ports(3)
+    token = f"token-{uuid.uuid4().hex}"
+    forged = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
+    follower = cluster.start(nodes, 1, *job_args(port, 1, "--join_timeout", 60), WORKER, "--dump", tmp_path,
+                             env={"LAUNCHER_JOB_TOKEN": token})
+    hellos = [json.loads(said[4:]) for said in pose_as_node_0(port, message({"type": "welcome"}) + message(forged))]
+    assert len(hellos) == 3 and all(h["type"] == "hello" for h in hellos)
+    cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, env={"LAUNCHER_JOB_TOKEN": token})
+    assert cluster.finish(60) == [0, 0], follower.stderr
+    assert "FORGED" not in follower.stderr and "the job stopped" not in follower.stderr
+    assert follower.stderr.count("welcomed this node without proving the job token") == 1, follower.stderr
 
 
 # ---------------------------------------------------------------- 7. a hung job, two nodes
