@@ -10,7 +10,7 @@ import select
 import shlex
 import stat
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.errors import LaunchError
 from launcher.policy import describe_exit
@@ -60,11 +60,12 @@ class _Stream:
     for a reader, and is written as it is. What cannot be written now waits in ``pending``.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, on_lost: Callable[["_Stream", OSError], None] = lambda s, e: None) -> None:
         self.fd = fd
         self.out = fd
         self.pending = bytearray()
         self.closed = False
+        self.on_lost = on_lost  # told once when the stream cannot be written any more
         self.owned = False  # self.out was opened here
         self.sock = None
         self.gated = False  # fallback: write only what poll says fits
@@ -91,13 +92,18 @@ class _Stream:
                 n = self._write(memoryview(self.pending))
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # a closed pipe (| head), a hung-up terminal, a full disk
-                self.closed = True
-                self.pending.clear()
+            except OSError as e:  # a closed pipe (| head), a hung-up terminal, a full disk
+                self._lose(e)
                 return
             if n == 0:
                 return
             del self.pending[:n]
+
+    def _lose(self, e: OSError) -> None:
+        """The console is a view: one that cannot be written any more is dropped, and the job goes on."""
+        self.closed = True
+        self.pending = bytearray()  # not .clear(): the error's traceback still holds a view of it
+        self.on_lost(self, e)
 
     def _write(self, data) -> int:
         if self.sock is not None:
@@ -137,8 +143,15 @@ class Console:
 
     def stream(self, fd: int) -> _Stream:
         if fd not in self._streams:
-            self._streams[fd] = self._twin(fd) or _Stream(fd)
+            self._streams[fd] = self._twin(fd) or _Stream(fd, self._lost)
         return self._streams[fd]
+
+    def _lost(self, stream: _Stream, e: OSError) -> None:
+        """One note on stderr, if stderr still works (it is another stream)."""
+        names = " and ".join(n for fd, n in ((1, "stdout"), (2, "stderr")) if self._streams.get(fd) is stream)
+        if stream is not self.stream(2):
+            log.warning("%s cannot be written any more (%s): what would go there is dropped from now on; "
+                        "the job goes on", names or f"descriptor {stream.fd}", e.strerror or e)
 
     def _twin(self, fd: int) -> Optional[_Stream]:
         """The stream already made for the same file, when stdout and stderr are one (``2>&1 |
@@ -353,6 +366,10 @@ class FileOutput:
     def follow(self) -> bool:
         """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
+            return False
+        if console.stream(1).closed:  # nobody sees the echo any more: no more reading for it
+            os.close(self._follow_fd)
+            self._follow_fd = None
             return False
         self._catch_up()
         moved = False

@@ -84,3 +84,22 @@ def test_an_endless_line_is_cut_into_bounded_pieces(monkeypatch):
     out = b"".join(b.feed(b"y" * 4) for _ in range(10)) + b.feed(b"\n") + b.rest()
     pieces = out.split(b"\n")[:-1]
     assert b"".join(pieces) == b"y" * 40 and all(0 < len(p) <= 10 + 4 for p in pieces)
+
+
+def test_a_stream_that_cannot_be_written_any_more_is_dropped_once_without_an_error():
+    """A pipe whose reader went away (| head): no exception (BufferError once came from here), the
+    output is dropped, and its owner is told once."""
+    r, w = os.pipe()
+    os.close(r)
+    lost = []
+    s = logs._Stream(w, lambda stream, e: lost.append(e.errno))
+    try:
+        s.pending += b"x" * 100_000
+        s.push()
+        assert s.closed and not s.pending and not s.waiting
+        s.push()
+        assert lost == [32]  # EPIPE, once
+    finally:
+        os.close(w)
+        if s.owned:
+            os.close(s.out)
