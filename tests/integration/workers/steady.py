@@ -6,6 +6,7 @@ steady pace, then leaves a mark file saying it got to its end, then exits.
 --marks DIR      at the end, write DIR/done.RANK
 --code-rank R    rank R exits with --code once it is done, --delay seconds after its last line
 --progress N     before the lines, rank 0 draws a bar of N steps ("\\rstep K/N"), --interval apart
+--bar-width W    each state of the bar ends with a space and W "#"
 --ignore-write-errors   a write that fails (a full disk) is skipped, and the worker goes on
 """
 
@@ -22,6 +23,7 @@ p.add_argument("--code-rank", type=int, default=-1)
 p.add_argument("--code", type=int, default=0)
 p.add_argument("--delay", type=float, default=0.0)
 p.add_argument("--progress", type=int, default=0)
+p.add_argument("--bar-width", type=int, default=0)
 p.add_argument("--ignore-write-errors", action="store_true")
 args = p.parse_args()
 rank = int(os.environ["RANK"])
@@ -40,7 +42,7 @@ def write(fd: int, data: bytes) -> None:
 
 if rank == 0 and args.progress:
     for k in range(1, args.progress + 1):
-        write(1, b"\rstep %d/%d" % (k, args.progress))
+        write(1, b"\rstep %d/%d" % (k, args.progress) + (b" " + b"#" * args.bar_width if args.bar_width else b""))
         time.sleep(args.interval)
     write(1, b"\n")
 for i in range(args.lines):
