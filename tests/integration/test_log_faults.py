@@ -10,6 +10,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -292,6 +293,34 @@ def test_a_line_over_8_mib_reaches_the_console_without_log_dir_in_prefixed_piece
     pieces = out[1:-1]
     assert len(pieces) >= 2 and b"".join(pieces) == long_line(sizes[1])
     assert max(map(len, pieces)) <= 8 * MiB + (1 << 20)
+
+
+PEAK_RSS = ("import resource, subprocess, sys; "
+            "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "echo"])
+@pytest.mark.parametrize("kind", ["plain", "redrawn"])
+def test_one_endless_line_does_not_grow_the_launcher(tmp_path, kind, log_dir):
+    """A worker writes 100 MB and never a newline: as one plain line, or as a bar redrawn with \r.
+    The launcher's peak memory (the largest process the wrapper waited for, workers included)
+    stays far below that. Measured: 26 MB for a job that writes nothing."""
+    script = tmp_path / "endless.py"
+    piece = "b'z' * (1 << 20)" if kind == "plain" else "b'\\rstep 000000007' * (1 << 16)"
+    script.write_text(
+        "import os\n"
+        f"piece = {piece}\n"
+        "for _ in range(100):\n"
+        "    view = memoryview(piece)\n"
+        "    while view:\n"
+        "        view = view[os.write(1, view):]\n")
+    extra = ["--log_dir", tmp_path / "logs"] if log_dir else []
+    r = subprocess.run([sys.executable, "-c", PEAK_RSS, *launcher_cmd("--nproc_per_node", 1, *extra, script)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    code, peak_kib = map(int, r.stdout.split())
+    assert code == 0, r.stderr
+    assert peak_kib < 90 * 1024, f"peak RSS {peak_kib >> 10} MB for a 100 MB line"
 
 
 # ---------------------------------------------------------------- E: a console nobody reads
