@@ -152,6 +152,10 @@ def test_on_a_terminal_other_lines_erase_the_live_line_and_draw_it_again_below(m
         assert term.read() == b"\r[rank 0] step 1/3\x1b[K"
         c.write(term.w, b"[rank 1] a line\n", other)
         assert term.read() == b"\r\x1b[K[rank 1] a line\n\r[rank 0] step 1/3\x1b[K"
+        c.draw(term.w, other, b"[rank 1] step 1/9")  # one live line: another rank's bar takes it over
+        assert term.read() == b"\r[rank 1] step 1/9\x1b[K"
+        c.draw(term.w, bar, b"[rank 0] step 2/3")
+        assert term.read() == b"\r[rank 0] step 2/3\x1b[K"
         c.write(term.w, b"[rank 0] step 3/3\n", bar)  # the bar's own line ends it
         assert term.read() == b"\r\x1b[K[rank 0] step 3/3\n"
         c.write(term.w, b"launcher: done\n")
@@ -173,3 +177,29 @@ def test_not_on_a_terminal_nothing_is_drawn():
         c.reset()
         os.close(r)
         os.close(w)
+
+
+def test_a_terminal_that_does_not_take_output_holds_one_bar_state_not_every_one(monkeypatch):
+    """Ctrl-S, or a slow terminal: states drawn meanwhile are not queued; the latest is drawn once it takes output again."""
+    term = FakeTerminal()
+    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    os.set_blocking(term.w, False)
+    try:
+        while True:
+            os.write(term.w, b"f" * 65536)
+    except BlockingIOError:
+        pass
+    c = logs.Console()
+    bar = object()
+    try:
+        for k in range(1000):
+            c.draw(term.w, bar, b"step %d/1000" % k)
+        assert len(c.stream(term.w).pending) < 100
+        while term.read():
+            pass
+        c.stream(term.w).push()
+        assert term.read() == b"\rstep 0/1000\x1b[K\rstep 999/1000\x1b[K"
+    finally:
+        c.reset()
+        os.close(term.r)
+        os.close(term.w)
