@@ -692,3 +692,27 @@ def test_a_tool_whose_output_cannot_be_written_says_so_in_one_sentence(finished_
                         "send the output somewhere that takes it.\n")
     r = subprocess.run(["bash", "-c", f"{cmd} > /dev/full 2>&1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", "")
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+def test_a_terminal_that_hangs_up_is_dropped_and_the_job_goes_on(tmp_path, log_dir):
+    """stdout a terminal whose other end goes away (an ssh session dropped; no SIGHUP here: it is
+    not the launcher's controlling terminal): its writes fail with EIO."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(launcher_cmd(*steady_job(tmp_path, log_dir)), cwd=REPO, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    err = Reader(proc.stderr.fileno())
+    err.start()
+    try:
+        wait_for(lambda: select.select([master], [], [], 0)[0], 20, "some output on the terminal")
+        os.read(master, 100)
+        os.close(master)
+        code = finish(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err.join(10)
+    stderr = bytes(err.data).decode(errors="replace")
+    assert_the_job_ran_to_its_end(tmp_path, log_dir, code, stderr)
+    assert stderr.count("stdout cannot be written any more (Input/output error)") == 1, stderr[-3000:]
