@@ -241,7 +241,12 @@ class Console:
 
     def finish(self) -> None:
         """Write everything pending, waiting for the reader as long as it takes (a stop signal
-        interrupts this in the caller), unless ``abandon`` was called."""
+        interrupts this in the caller), unless ``abandon`` was called. A bar still drawn (its
+        worker never ended its line, the launcher stopped on an error) is left on a line of its own."""
+        for s in self._streams.values():
+            if s.live is not None:
+                s.pending += b"\n" if s.live.drawn else b""
+                s.live = None
         while True:
             waiting = self.waiting()
             if not waiting or self.abandoned:

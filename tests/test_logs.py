@@ -203,3 +203,19 @@ def test_a_terminal_that_does_not_take_output_holds_one_bar_state_not_every_one(
         c.reset()
         os.close(term.r)
         os.close(term.w)
+
+
+def test_a_bar_still_drawn_at_the_end_is_left_on_a_line_of_its_own(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    c = logs.Console()
+    try:
+        c.draw(term.w, object(), b"step 1/3")
+        c.write(term.w, b"launcher: error: internal error\n")
+        term.read()
+        c.finish()
+        assert term.read() == b"\n"
+    finally:
+        c.reset()
+        os.close(term.r)
+        os.close(term.w)
