@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
 import os
 import sys
 
@@ -301,8 +303,8 @@ def main(argv=None) -> None:
     command, args, prog = command_for(args, prog_name(sys.argv[0] if sys.argv else ""))
     try:
         code = command.main(args=args, prog_name=prog, standalone_mode=False)
-    except BrokenPipeError:  # | head: the reader has what it wanted
-        code = 0
+    except StdoutLost as e:
+        code = _stdout_lost(e.error)
     except (LaunchError, click.ClickException) as e:
         logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
@@ -318,18 +320,58 @@ def main(argv=None) -> None:
     os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
 
 
+class StdoutLost(Exception):
+    """Writing sys.stdout (--help, --version, status, logs) failed: ``| head`` has what it wanted,
+    or the disk is full. Told apart from any other OSError of the launcher."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Stdout(io.FileIO):
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            raise StdoutLost(e) from None
+
+
+class _Stderr(io.FileIO):
+    """A stderr that cannot be written any more is dropped (Python's warnings, logging's last resort)."""
+
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError:
+            return len(data)
+
+
+def _stdout_lost(e: OSError) -> int:
+    """Nothing to say when the reader went away (``| head``); else one sentence, exit code 1."""
+    if e.errno == errno.EPIPE:
+        return 0
+    logs.error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
+    return 1
+
+
 def _open_standard_streams() -> None:
     """Started with stdin, stdout or stderr closed (``>&-``): put /dev/null there, so that no file
-    the launcher opens takes descriptor 1 or 2 and receives its messages."""
+    the launcher opens takes descriptor 1 or 2 and receives its messages. sys.stdout and
+    sys.stderr are then made to tell their write errors apart (``StdoutLost``, or dropped)."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
-    if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)
-    if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)
+    sys.stdout = _text(_Stdout(1, "w", closefd=False), sys.stdout)
+    sys.stderr = _text(_Stderr(2, "w", closefd=False), sys.stderr)
+
+
+def _text(raw: io.FileIO, old) -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
+                            errors=getattr(old, "errors", None) or "backslashreplace",
+                            line_buffering=raw.isatty(), write_through=False)
 
 
 def _finish_output() -> None:
@@ -339,7 +381,7 @@ def _finish_output() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, StdoutLost):
                 pass
         logs.console.finish()
     except KeyboardInterrupt:

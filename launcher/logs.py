@@ -6,11 +6,14 @@ import collections
 import errno
 import logging
 import os
+import re
 import select
 import shlex
 import stat
 import time
-from typing import Optional
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from launcher.errors import LaunchError
 from launcher.policy import describe_exit
@@ -22,6 +25,8 @@ MAX_PARTIAL_LINE = 8 << 20  # a longer unterminated line is written out as it is
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # how far back the failure summary looks for its last lines
 CONSOLE_BUFFER = 4 << 20  # output the console may hold before a worker's output waits
+ERASE_LINE = b"\r\x1b[K"  # a terminal's cursor back to the line's start, and the line erased
+ERASE_REST = b"\x1b[K"
 
 log = logging.getLogger("launcher")
 
@@ -51,6 +56,15 @@ def error(message: str) -> None:
 # ---------------------------------------------------------------- console
 
 
+@dataclass
+class _Live:
+    """The live last line of a terminal: a progress bar's latest state, and whose bar it is."""
+
+    owner: object
+    text: bytes
+    drawn: bool = False
+
+
 class _Stream:
     """One of the launcher's standard streams, written without ever blocking.
 
@@ -60,19 +74,22 @@ class _Stream:
     for a reader, and is written as it is. What cannot be written now waits in ``pending``.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, on_lost: Callable[["_Stream", OSError], None] = lambda s, e: None) -> None:
         self.fd = fd
         self.out = fd
         self.pending = bytearray()
         self.closed = False
+        self.on_lost = on_lost  # told once when the stream cannot be written any more
         self.owned = False  # self.out was opened here
         self.sock = None
         self.gated = False  # fallback: write only what poll says fits
+        self.live: Optional[_Live] = None
         try:
             mode = os.fstat(fd).st_mode
         except OSError:
             self.closed = True
             return
+        self.tty = os.isatty(fd)
         if stat.S_ISSOCK(mode):
             import socket
 
@@ -84,20 +101,55 @@ class _Stream:
             except OSError:
                 self.gated = True
 
+    tty = False
+
+    def add(self, data: bytes, owner: object = None) -> None:
+        """Queue whole lines. A live line on screen is erased first, and drawn again after them,
+        unless they are its owner's: its bar's line has ended."""
+        if self.live is not None:
+            data = ERASE_LINE + data
+            if self.live.owner is owner:
+                self.live = None
+            else:
+                self.live.drawn = False
+        self.pending += data
+
+    def draw(self, owner: object, text: bytes) -> None:
+        self.live = _Live(owner, text)
+
+    def _redraw(self) -> bool:
+        """Once all else is written: the live line, if it is not on screen as it is now."""
+        if self.live is None or self.live.drawn:
+            return False
+        self.pending += b"\r" + fit(self.live.text, self._columns()) + ERASE_REST
+        self.live.drawn = True
+        return True
+
+    def _columns(self) -> int:
+        try:
+            return os.get_terminal_size(self.fd).columns
+        except OSError:
+            return 0
+
     def push(self) -> None:
         """Write what is pending, as far as it goes without waiting."""
-        while self.pending and not self.closed:
+        while not self.closed and (self.pending or self._redraw()):
             try:
                 n = self._write(memoryview(self.pending))
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # a closed pipe (| head), a hung-up terminal, a full disk
-                self.closed = True
-                self.pending.clear()
+            except OSError as e:  # a closed pipe (| head), a hung-up terminal, a full disk
+                self._lose(e)
                 return
             if n == 0:
                 return
             del self.pending[:n]
+
+    def _lose(self, e: OSError) -> None:
+        """The console is a view: one that cannot be written any more is dropped, and the job goes on."""
+        self.closed = True
+        self.pending = bytearray()  # not .clear(): the error's traceback still holds a view of it
+        self.on_lost(self, e)
 
     def _write(self, data) -> int:
         if self.sock is not None:
@@ -137,8 +189,15 @@ class Console:
 
     def stream(self, fd: int) -> _Stream:
         if fd not in self._streams:
-            self._streams[fd] = self._twin(fd) or _Stream(fd)
+            self._streams[fd] = self._twin(fd) or _Stream(fd, self._lost)
         return self._streams[fd]
+
+    def _lost(self, stream: _Stream, e: OSError) -> None:
+        """One note on stderr, if stderr still works (it is another stream)."""
+        names = " and ".join(n for fd, n in ((1, "stdout"), (2, "stderr")) if self._streams.get(fd) is stream)
+        if stream is not self.stream(2):
+            log.warning("%s cannot be written any more (%s): what would go there is dropped from now on; "
+                        "the job goes on", names or f"descriptor {stream.fd}", e.strerror or e)
 
     def _twin(self, fd: int) -> Optional[_Stream]:
         """The stream already made for the same file, when stdout and stderr are one (``2>&1 |
@@ -157,10 +216,20 @@ class Console:
                 return s
         return None
 
-    def write(self, fd: int, data: bytes) -> None:
+    def write(self, fd: int, data: bytes, owner: object = None) -> None:
+        """Whole lines; ``owner`` is the source of a live line they may end (see ``draw``)."""
         s = self.stream(fd)
         if data and not s.closed:
-            s.pending += data
+            s.add(data, owner)
+            s.push()
+
+    def draw(self, fd: int, owner: object, text: bytes) -> None:
+        """On a terminal, ``text`` (a progress bar's latest state) becomes the live last line: drawn
+        over the one before, erased by any other line and drawn again below it, ended by its
+        owner's next line. Elsewhere nothing: the bar shows when its line ends."""
+        s = self.stream(fd)
+        if s.tty and not s.closed:
+            s.draw(owner, text)
             s.push()
 
     def has_room(self, fd: int) -> bool:
@@ -172,7 +241,12 @@ class Console:
 
     def finish(self) -> None:
         """Write everything pending, waiting for the reader as long as it takes (a stop signal
-        interrupts this in the caller), unless ``abandon`` was called."""
+        interrupts this in the caller), unless ``abandon`` was called. A bar still drawn (its
+        worker never ended its line, the launcher stopped on an error) is left on a line of its own."""
+        for s in self._streams.values():
+            if s.live is not None:
+                s.pending += b"\n" if s.live.drawn else b""
+                s.live = None
         while True:
             waiting = self.waiting()
             if not waiting or self.abandoned:
@@ -207,7 +281,9 @@ def prefixed(prefix: bytes, lines: bytes) -> bytes:
 
 
 class LineBuffer:
-    """Cuts a byte stream into whole lines; keeps the unfinished last one for later."""
+    """Cuts a byte stream into whole lines; keeps the unfinished last one for later. A line
+    redrawn in place (``\r``: a progress bar) counts as its last state, as a terminal shows it:
+    only that is kept, and given."""
 
     def __init__(self) -> None:
         self.partial = b""
@@ -217,12 +293,62 @@ class LineBuffer:
         cut = data.rfind(b"\n") + 1
         if cut == 0 and len(data) > MAX_PARTIAL_LINE:
             cut, data = len(data) + 1, data + b"\n"
-        self.partial = data[cut:]
-        return data[:cut]
+        self.partial = _unfinished(data[cut:])
+        return last_states(data[:cut])
+
+    def progress(self) -> Optional[bytes]:
+        """The latest state of the unfinished line when it is being redrawn; else None."""
+        if b"\r" not in self.partial:
+            return None
+        return _last_state(self.partial).rstrip(b"\r") or None
 
     def rest(self) -> bytes:
         rest, self.partial = self.partial, b""
-        return rest + b"\n" if rest else b""
+        return last_states(rest + b"\n") if rest else b""
+
+
+def _last_state(line: bytes) -> bytes:
+    """What follows the last ``\r`` of ``line`` (trailing ones aside: ``\r\n`` stays as it is)."""
+    return line[line.rstrip(b"\r").rfind(b"\r") + 1:]
+
+
+def last_states(lines: bytes) -> bytes:
+    """Each of ``lines`` as a terminal would leave it: its last state."""
+    if b"\r" not in lines:
+        return lines
+    return b"\n".join(_last_state(line) for line in lines.split(b"\n"))
+
+
+def _unfinished(partial: bytes) -> bytes:
+    """An unfinished line without the states it has drawn over (its last ``\r`` kept, as a mark)."""
+    at = partial.rstrip(b"\r").rfind(b"\r")
+    return partial[at:] if at > 0 else partial
+
+
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # a colour or cursor sequence: no column
+
+
+def fit(text: bytes, columns: int) -> bytes:
+    """``text`` cut to fill fewer than ``columns`` columns of a terminal (0: width unknown), so
+    that redrawing it never wraps onto a new row."""
+    if columns <= 0 or len(text) < columns:
+        return text
+    chars, kept, used, at = text.decode(errors="surrogateescape"), [], 0, 0
+    while at < len(chars):
+        sequence = _CSI.match(chars, at)
+        width = 0 if sequence else _width(chars[at])
+        if used + width >= columns:
+            break
+        end = sequence.end() if sequence else at + 1
+        kept.append(chars[at:end])
+        used, at = used + width, end
+    return "".join(kept).encode(errors="surrogateescape")
+
+
+def _width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1
 
 
 # ---------------------------------------------------------------- worker output
@@ -354,6 +480,10 @@ class FileOutput:
         """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
             return False
+        if console.stream(1).closed:  # nobody sees the echo any more: no more reading for it
+            os.close(self._follow_fd)
+            self._follow_fd = None
+            return False
         self._catch_up()
         moved = False
         for _ in range(FOLLOW_CHUNKS):  # then back to the event loop, even if the worker writes on
@@ -361,7 +491,7 @@ class FileOutput:
                 break  # the console is slow: the echo falls behind (see _catch_up)
             data = os.read(self._follow_fd, CHUNK)
             if data:
-                console.write(1, self._lines.feed(data))
+                self._echo(self._lines.feed(data))
                 moved = True
             if len(data) < CHUNK:
                 break
@@ -408,11 +538,17 @@ class FileOutput:
                     if not data:
                         break
                     at += len(data)
-                    console.write(1, self._lines.feed(data))
-                console.write(1, self._lines.rest())
+                    self._echo(self._lines.feed(data))
+                self._echo(self._lines.rest())
             os.close(self._follow_fd)
             self._follow_fd = None
         self.spawned()
+
+    def _echo(self, lines: bytes) -> None:
+        console.write(1, lines, self._lines)
+        bar = self._lines.progress()
+        if bar:
+            console.draw(1, self._lines, bar)
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         with open(self.path, "rb") as f:
@@ -429,7 +565,7 @@ def _last_lines(data: bytes, n: int, cut: bool = False) -> list:
         data, cut = data[-TAIL_BYTES:], True
     if cut:
         data = data[data.find(b"\n") + 1:]
-    return data.decode(errors="replace").splitlines()[-n:]
+    return last_states(data).decode(errors="replace").splitlines()[-n:]
 
 
 class PipeOutput:
@@ -468,15 +604,18 @@ class PipeOutput:
         self._last_read = time.time()
         dest, lines = self._streams[fd]
         if not data:
-            self._emit(dest, lines.rest())
+            self._emit(dest, lines, lines.rest())
             return False
-        self._emit(dest, lines.feed(data))
+        self._emit(dest, lines, lines.feed(data))
         return True
 
-    def _emit(self, dest: int, lines: bytes) -> None:
+    def _emit(self, dest: int, source: LineBuffer, lines: bytes) -> None:
         if lines:
-            console.write(dest, prefixed(self._prefix, lines))
+            console.write(dest, prefixed(self._prefix, lines), source)
             self._tail.extend(_last_lines(lines, TAIL_LINES))
+        bar = source.progress()
+        if bar:
+            console.draw(dest, source, self._prefix + bar)
 
     def follow(self) -> bool:
         return False
@@ -486,8 +625,8 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
-            self._emit(dest, lines.feed(_left_in(fd)))
-            self._emit(dest, lines.rest())
+            self._emit(dest, lines, lines.feed(_left_in(fd)))
+            self._emit(dest, lines, lines.rest())
             os.close(fd)
         self._streams.clear()
 

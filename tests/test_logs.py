@@ -84,3 +84,138 @@ def test_an_endless_line_is_cut_into_bounded_pieces(monkeypatch):
     out = b"".join(b.feed(b"y" * 4) for _ in range(10)) + b.feed(b"\n") + b.rest()
     pieces = out.split(b"\n")[:-1]
     assert b"".join(pieces) == b"y" * 40 and all(0 < len(p) <= 10 + 4 for p in pieces)
+
+
+def test_a_stream_that_cannot_be_written_any_more_is_dropped_once_without_an_error():
+    """A pipe whose reader went away (| head): no exception (BufferError once came from here), the
+    output is dropped, and its owner is told once."""
+    r, w = os.pipe()
+    os.close(r)
+    lost = []
+    s = logs._Stream(w, lambda stream, e: lost.append(e.errno))
+    try:
+        s.pending += b"x" * 100_000
+        s.push()
+        assert s.closed and not s.pending and not s.waiting
+        s.push()
+        assert lost == [32]  # EPIPE, once
+    finally:
+        os.close(w)
+        if s.owned:
+            os.close(s.out)
+
+
+def test_a_line_redrawn_in_place_is_its_last_state_and_only_that_is_kept():
+    b = logs.LineBuffer()
+    assert b.feed(b"\rstep 1/3") == b"" and b.progress() == b"step 1/3"
+    assert b.feed(b"\rstep 2/3" * 100_000) == b"" and b.progress() == b"step 2/3"
+    assert len(b.partial) < 20  # the states before the last one are not kept
+    assert b.feed(b"\rstep 3/3\nnext\n") == b"step 3/3\nnext\n" and b.progress() is None
+    assert b.feed(b"print end='\\r' style\r") == b"" and b.progress() == b"print end='\\r' style"
+    assert b.feed(b"done\n") == b"done\n"
+    assert b.feed(b"crlf line\r\n") == b"crlf line\r\n"  # a line ending in \r\n is left as it is
+    assert b.feed(b"plain partial") == b"" and b.progress() is None
+    assert b.rest() == b"plain partial\n"
+    b.feed(b"\r10%\r20%")
+    assert b.rest() == b"20%\n"
+
+
+def test_a_live_line_is_cut_to_the_terminal_width_counting_what_shows():
+    assert logs.fit(b"x" * 100, 0) == b"x" * 100  # no width known
+    assert logs.fit(b"x" * 100, 40) == b"x" * 39
+    assert logs.fit("\u2588".encode() * 50, 40) == "\u2588".encode() * 39  # 3 bytes, one column each
+    assert logs.fit("\u4e2d".encode() * 50, 40) == "\u4e2d".encode() * 19  # two columns each
+    assert logs.fit(b"\x1b[32m" + b"y" * 50, 11) == b"\x1b[32m" + b"y" * 10  # colour takes no column
+
+
+class FakeTerminal:
+    """A pipe that the Console takes for a terminal."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+
+    def read(self) -> bytes:
+        try:
+            return os.read(self.r, 1 << 20)
+        except BlockingIOError:
+            return b""
+
+
+def test_on_a_terminal_other_lines_erase_the_live_line_and_draw_it_again_below(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    c = logs.Console()
+    bar, other = object(), object()
+    try:
+        c.draw(term.w, bar, b"[rank 0] step 1/3")
+        assert term.read() == b"\r[rank 0] step 1/3\x1b[K"
+        c.write(term.w, b"[rank 1] a line\n", other)
+        assert term.read() == b"\r\x1b[K[rank 1] a line\n\r[rank 0] step 1/3\x1b[K"
+        c.draw(term.w, other, b"[rank 1] step 1/9")  # one live line: another rank's bar takes it over
+        assert term.read() == b"\r[rank 1] step 1/9\x1b[K"
+        c.draw(term.w, bar, b"[rank 0] step 2/3")
+        assert term.read() == b"\r[rank 0] step 2/3\x1b[K"
+        c.write(term.w, b"[rank 0] step 3/3\n", bar)  # the bar's own line ends it
+        assert term.read() == b"\r\x1b[K[rank 0] step 3/3\n"
+        c.write(term.w, b"launcher: done\n")
+        assert term.read() == b"launcher: done\n"
+    finally:
+        c.reset()
+        os.close(term.r)
+        os.close(term.w)
+
+
+def test_not_on_a_terminal_nothing_is_drawn():
+    r, w = os.pipe()
+    c = logs.Console()
+    try:
+        c.draw(w, object(), b"step 1/3")
+        c.write(w, b"line\n")
+        assert os.read(r, 100) == b"line\n"
+    finally:
+        c.reset()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_terminal_that_does_not_take_output_holds_one_bar_state_not_every_one(monkeypatch):
+    """Ctrl-S, or a slow terminal: states drawn meanwhile are not queued; the latest is drawn once it takes output again."""
+    term = FakeTerminal()
+    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    os.set_blocking(term.w, False)
+    try:
+        while True:
+            os.write(term.w, b"f" * 65536)
+    except BlockingIOError:
+        pass
+    c = logs.Console()
+    bar = object()
+    try:
+        for k in range(1000):
+            c.draw(term.w, bar, b"step %d/1000" % k)
+        assert len(c.stream(term.w).pending) < 100
+        while term.read():
+            pass
+        c.stream(term.w).push()
+        assert term.read() == b"\rstep 0/1000\x1b[K\rstep 999/1000\x1b[K"
+    finally:
+        c.reset()
+        os.close(term.r)
+        os.close(term.w)
+
+
+def test_a_bar_still_drawn_at_the_end_is_left_on_a_line_of_its_own(monkeypatch):
+    term = FakeTerminal()
+    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    c = logs.Console()
+    try:
+        c.draw(term.w, object(), b"step 1/3")
+        c.write(term.w, b"launcher: error: internal error\n")
+        term.read()
+        c.finish()
+        assert term.read() == b"\n"
+    finally:
+        c.reset()
+        os.close(term.r)
+        os.close(term.w)

@@ -5,9 +5,12 @@ standard streams. Every wait is bounded."""
 import json
 import os
 import re
+import select
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -292,6 +295,34 @@ def test_a_line_over_8_mib_reaches_the_console_without_log_dir_in_prefixed_piece
     assert max(map(len, pieces)) <= 8 * MiB + (1 << 20)
 
 
+PEAK_RSS = ("import resource, subprocess, sys; "
+            "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "echo"])
+@pytest.mark.parametrize("kind", ["plain", "redrawn"])
+def test_one_endless_line_does_not_grow_the_launcher(tmp_path, kind, log_dir):
+    """A worker writes 100 MB and never a newline: as one plain line, or as a bar redrawn with \r.
+    The launcher's peak memory (the largest process the wrapper waited for, workers included)
+    stays far below that. Measured: 26 MB for a job that writes nothing."""
+    script = tmp_path / "endless.py"
+    piece = "b'z' * (1 << 20)" if kind == "plain" else "b'\\rstep 000000007' * (1 << 16)"
+    script.write_text(
+        "import os\n"
+        f"piece = {piece}\n"
+        "for _ in range(100):\n"
+        "    view = memoryview(piece)\n"
+        "    while view:\n"
+        "        view = view[os.write(1, view):]\n")
+    extra = ["--log_dir", tmp_path / "logs"] if log_dir else []
+    r = subprocess.run([sys.executable, "-c", PEAK_RSS, *launcher_cmd("--nproc_per_node", 1, *extra, script)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    code, peak_kib = map(int, r.stdout.split())
+    assert code == 0, r.stderr
+    assert peak_kib < 90 * 1024, f"peak RSS {peak_kib >> 10} MB for a 100 MB line"
+
+
 # ---------------------------------------------------------------- E: a console nobody reads
 
 
@@ -514,3 +545,174 @@ def test_stdout_and_stderr_on_one_slow_pipe_never_cut_a_line(tmp_path):
         for kind in b"re":
             tag = b"[rank %d] %c%d n" % (rank, kind, rank)
             assert sum(1 for _, line in reader.lines if line.startswith(tag)) == count
+
+
+# ---------------------------------------------------------------- H: a console that goes away
+
+
+STEADY = str(WORKERS / "steady.py")
+COUNT = 300
+# How the console goes away, as a shell does it to the launcher (stderr not named: the test reads it)
+GONE = {
+    "stdout-head": "| head -2",
+    "stdout-full": "> /dev/full",
+    "stderr-full": "2> /dev/full",
+    "both-full": "> /dev/full 2>&1",
+    "stderr-head": "2>&1 > /dev/null | head -2",
+    "stdout-head-stderr-full": "2> /dev/full | head -2",
+}
+
+
+def steady_job(tmp_path, log_dir: bool):
+    """Arguments of a job of 2 workers that write COUNT lines each on stdout and stderr over about
+    1.5 s; rank 1 then exits 7, 2 s after rank 0 has ended: the job's exit code is 7, and no
+    worker is stopped. Each worker leaves tmp_path/marks/done.RANK when it got to its end."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    logs = ["--log_dir", tmp_path / "logs"] if log_dir else []
+    return ["--nproc_per_node", 2, *logs, STEADY, "--lines", COUNT, "--interval", 0.005, "--marks", marks,
+            "--code-rank", 1, "--code", 7, "--delay", 2]
+
+
+def assert_the_job_ran_to_its_end(tmp_path, log_dir: bool, code: int, stderr: str = "") -> None:
+    assert code == 7, stderr[-3000:]
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / "marks" / f"done.{rank}").read_text() == str(COUNT), f"rank {rank} was stopped"
+        if log_dir:
+            lines = (tmp_path / "logs" / f"workerlog.{rank}").read_text().splitlines()
+            for kind in ("out", "err"):
+                mine = [l for l in lines if l.startswith(f"r{rank} n") and l.endswith(kind)]
+                assert [int(l.split()[1][1:]) for l in mine] == list(range(COUNT)), f"workerlog.{rank} lacks lines"
+            assert lines[-1] == f"worker rank {rank} done"
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+@pytest.mark.parametrize("how", GONE.values(), ids=GONE.keys())
+def test_a_console_that_cannot_be_written_is_dropped_and_the_job_goes_on(tmp_path, how, log_dir):
+    args = " ".join(shlex.quote(str(a)) for a in launcher_cmd(*steady_job(tmp_path, log_dir)))
+    rc = tmp_path / "rc"
+    r = subprocess.run(["bash", "-c", f"{args} {how}; echo ${{PIPESTATUS[0]}} > {rc}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert_the_job_ran_to_its_end(tmp_path, log_dir, int(rc.read_text()), r.stderr)
+    if how in ("| head -2", "> /dev/full"):  # stdout went away, stderr works: one note there
+        notes = [l for l in r.stderr.splitlines() if "stdout cannot be written any more" in l]
+        assert len(notes) == 1, r.stderr[-3000:]
+    if "head" in how:
+        assert len(r.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+@pytest.mark.parametrize("gone", [(1,), (2,), (1, 2)], ids=["stdout", "stderr", "both"])
+def test_a_reader_that_goes_away_leaves_the_job_running(tmp_path, gone, log_dir):
+    proc = subprocess.Popen(launcher_cmd(*steady_job(tmp_path, log_dir)), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pipes = {1: proc.stdout, 2: proc.stderr}
+    readers = {fd: Reader(p.fileno()) for fd, p in pipes.items() if fd not in gone}
+    try:
+        for fd in gone:  # read a bit, then go away
+            wait_for(lambda: select.select([pipes[fd]], [], [], 0)[0], 20, "some output")
+            os.read(pipes[fd].fileno(), 100)
+            pipes[fd].close()
+        for reader in readers.values():
+            reader.start()
+        code = finish(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for reader in readers.values():
+        reader.join(10)
+    stderr = bytes(readers[2].data).decode(errors="replace") if 2 in readers else ""
+    assert_the_job_ran_to_its_end(tmp_path, log_dir, code, stderr)
+    if gone == (1,):
+        assert stderr.count("stdout cannot be written any more") == 1, stderr[-3000:]
+
+
+def test_workers_get_the_default_sigpipe_as_from_a_shell(tmp_path):
+    """The launcher (Python) ignores SIGPIPE; its workers must not inherit that: `worker | head`
+    inside a job ends the writer as it would in a shell."""
+    for extra in ([], ["--log_dir", tmp_path]):
+        r = run_launcher("--nproc_per_node", 1, *extra, "--no_python", "grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status")
+        assert r.returncode == 0, r.stderr
+        text = r.stdout + ((tmp_path / "workerlog.0").read_text() if extra else "")
+        masks = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"(SigIgn|SigBlk):\s+([0-9a-f]+)", text)}
+        assert set(masks) == {"SigIgn", "SigBlk"}, text
+        assert not masks["SigIgn"] & (1 << (signal.SIGPIPE - 1)) and masks["SigBlk"] == 0, masks
+
+
+def test_a_log_dir_that_fills_up_while_the_job_runs_does_not_stop_it(tmp_path, tmpfs):
+    """The workers write their logs themselves: a full disk is theirs to handle. One that skips the
+    failed writes runs to its end; the launcher warns that its state file cannot be written, and
+    the exit code is the workers'."""
+    logs = tmpfs("128k")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", logs, STEADY, "--lines", 3000, "--marks", marks,
+                     "--ignore-write-errors", "--code-rank", 1, "--code", 7, "--delay", 2, timeout=60)
+    assert r.returncode == 7, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert (marks / "done.0").exists() and (marks / "done.1").exists()
+    assert (logs / "workerlog.0").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- I: the tools' output goes away
+
+
+@pytest.fixture(scope="module")
+def finished_log_dir(tmp_path_factory):
+    """The log dir of a finished job, its logs bigger than a pipe holds."""
+    folder = tmp_path_factory.mktemp("finished")
+    r = run_launcher("--nproc_per_node", 2, "--log_dir", folder, PROBE, "--lines", 3000)
+    assert r.returncode == 0, r.stderr
+    return folder
+
+
+TOOLS = ["--help", "--version", "status {}", "logs {}", "logs {} --ranks 1"]
+
+
+def tool_cmd(tool: str, log_dir: Path) -> str:
+    return " ".join(map(shlex.quote, launcher_cmd())) + " " + tool.format(shlex.quote(str(log_dir)))
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_tool_whose_reader_has_what_it_wanted_ends_quietly(finished_log_dir, tool):
+    cmd = tool_cmd(tool, finished_log_dir)
+    r = subprocess.run(["bash", "-c", f"{cmd} | head -1; exit ${{PIPESTATUS[0]}}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (0, "") and len(r.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_tool_whose_output_cannot_be_written_says_so_in_one_sentence(finished_log_dir, tool):
+    cmd = tool_cmd(tool, finished_log_dir)
+    r = subprocess.run(["bash", "-c", f"{cmd} > /dev/full"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr == ("launcher: error: cannot write to stdout (No space left on device); "
+                        "send the output somewhere that takes it.\n")
+    r = subprocess.run(["bash", "-c", f"{cmd} > /dev/full 2>&1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "")
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+def test_a_terminal_that_hangs_up_is_dropped_and_the_job_goes_on(tmp_path, log_dir):
+    """stdout a terminal whose other end goes away (an ssh session dropped; no SIGHUP here: it is
+    not the launcher's controlling terminal): its writes fail with EIO."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(launcher_cmd(*steady_job(tmp_path, log_dir)), cwd=REPO, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    err = Reader(proc.stderr.fileno())
+    err.start()
+    try:
+        wait_for(lambda: select.select([master], [], [], 0)[0], 20, "some output on the terminal")
+        os.read(master, 100)
+        os.close(master)
+        code = finish(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err.join(10)
+    stderr = bytes(err.data).decode(errors="replace")
+    assert_the_job_ran_to_its_end(tmp_path, log_dir, code, stderr)
+    assert stderr.count("stdout cannot be written any more (Input/output error)") == 1, stderr[-3000:]

@@ -1,8 +1,16 @@
 """Log files, console echo and rank prefixes."""
 
+import fcntl
+import os
 import re
+import struct
+import subprocess
+import termios
+import time
 
-from conftest import PROBE, run_launcher
+import pytest
+
+from conftest import PROBE, REPO, WORKERS, launcher_cmd, run_launcher
 
 LINE = re.compile(r"^r(\d) n(\d{12}) x+$")
 
@@ -106,3 +114,101 @@ def test_a_flooding_first_worker_does_not_hide_a_failure(tmp_path):
     assert tail.endswith(last) or tail.endswith(last + b"\n")
     if "skipping to its latest lines" in r.stderr:  # the console could not keep up; the file did
         assert (tmp_path / "log" / "workerlog.0").stat().st_size > len(r.stdout)
+
+
+# ---------------------------------------------------------------- progress bars (\r without newline)
+
+STEADY = str(WORKERS / "steady.py")
+BAR = ["--progress", 20, "--interval", 0.1]  # rank 0: "\rstep K/20" every 0.1 s, then lines
+
+
+def on_a_terminal(args, columns=200):
+    """Run the launcher with stdout a terminal (a pty of ``columns``), stderr a pipe; (exit code,
+    [(when, bytes)] read from the terminal, stderr)."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(launcher_cmd(*args), cwd=REPO, stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not data:
+                break
+            chunks.append((time.monotonic(), data))
+        err = proc.stderr.read().decode(errors="replace")
+        return proc.wait(30), chunks, err
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def screen(chunks):
+    """A minimal terminal (\\r, \\n, erase to the end of the line): the lines that scrolled up, and
+    (when, text) for each state of the last line seen at the end of a read."""
+    lines, live, cur, col = [], [], bytearray(), 0
+    for when, data in chunks:
+        for token in re.findall(rb"\r|\n|\x1b\[K|[^\r\n\x1b]+|\x1b", data):
+            if token == b"\r":
+                col = 0
+            elif token == b"\n":
+                lines.append(bytes(cur).decode(errors="replace"))
+                cur, col = bytearray(), 0
+            elif token == b"\x1b[K":
+                del cur[col:]
+            else:
+                cur[col:col + len(token)] = token
+                col += len(token)
+        if cur:
+            live.append((when, bytes(cur).decode(errors="replace")))
+    return lines, live
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+def test_a_progress_bar_is_drawn_live_on_a_terminal_and_lines_stay_whole(tmp_path, log_dir):
+    prefix = "" if log_dir else "[rank 0] "
+    extra = ["--log_dir", tmp_path / "logs"] if log_dir else []
+    code, chunks, err = on_a_terminal(["--nproc_per_node", 2, *extra, STEADY, *BAR, "--lines", 20, "--interval", 0.1])
+    assert code == 0, err
+    lines, live = screen(chunks)
+    bar = [(t, s) for t, s in live if re.fullmatch(re.escape(prefix) + r"step \d+/20", s)]
+    assert len({s for _, s in bar}) >= 5, f"the bar was not drawn as it went: {live[:20]}"
+    ended = [t for t, data in chunks if re.search(rb"step 20/20\r?\n", data)]  # the terminal adds \r
+    assert ended and ended[0] - bar[0][0] > 0.5, "the first state came only at the end"
+    # what scrolled up: whole lines, each with its prefix; of the bar, its last state only
+    assert [l for l in lines if "step" in l] == [f"{prefix}step 20/20"]
+    ranks = (0,) if log_dir else (0, 1)
+    for rank in ranks:
+        pre = "" if log_dir else f"[rank {rank}] "
+        mine = [l for l in lines if l.startswith(f"{pre}r{rank} n") and l.endswith("out")]
+        assert [int(l.split()[-2][1:]) for l in mine] == list(range(20)), lines
+        assert f"{pre}worker rank {rank} done" in lines
+    bad = [l for l in lines if not re.fullmatch(r"(\[rank [01]\] )?(r\d n\d{12} (out|err)|worker rank \d done|step 20/20)", l)]
+    assert not bad, bad
+
+
+def test_a_progress_bar_wider_than_the_terminal_is_drawn_cut_to_its_width(tmp_path):
+    code, chunks, err = on_a_terminal(["--nproc_per_node", 1, STEADY, *BAR, "--bar-width", 150], columns=60)
+    assert code == 0, err
+    lines, live = screen(chunks)
+    bar = [s for _, s in live if s.startswith("[rank 0] step")]
+    assert bar and all(len(s) < 60 for s in bar)
+    assert [l for l in lines if "step" in l] == ["[rank 0] step 20/20 " + "#" * 150]  # the line itself is whole
+
+
+@pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
+def test_a_progress_bar_on_a_pipe_is_its_last_state_when_its_line_ends(tmp_path, log_dir):
+    extra = ["--log_dir", tmp_path / "logs"] if log_dir else []
+    r = subprocess.run(launcher_cmd("--nproc_per_node", 1, *extra, STEADY, "--progress", 50, "--lines", 2),
+                       cwd=REPO, capture_output=True, timeout=60)  # bytes: text mode would turn \r into \n
+    assert r.returncode == 0, r.stderr
+    prefix = b"" if log_dir else b"[rank 0] "
+    assert r.stdout.split(b"\n")[:2] == [prefix + b"step 50/50", prefix + b"r0 n000000000000 out"]
+    assert b"\r" not in r.stdout
+    if log_dir:  # the file has every state
+        assert (tmp_path / "logs" / "workerlog.0").read_bytes().count(b"\rstep ") == 50
