@@ -11,9 +11,12 @@ with ``{"type": "nodes", "nodes": [...]}`` (node rank = MPI rank) and returns th
 ranks connect to MASTER_ADDR, retrying every 0.2 s, and wait for that answer.
 
 Messages are framed as the control channel frames them (``control.encode``/``Framer``). Every wait
-is bounded by the join timeout (``GatherTimeout``, exit code 1); junk, a wrong proof, a duplicate
-rank or a size mismatch stops the gathering on rank 0 (``LaunchError``, exit 2), which tells the
-ranks already connected why (``refused``), so that they stop at once too.
+is bounded by the join timeout (``GatherTimeout``, exit code 1). What a stranger can send (junk, a
+message that is no join, a join that does not prove the token) only loses that connection, with a
+warning, and the gathering goes on: the timeout's message names the last such connection. A duplicate
+rank or a size mismatch in a join (a proven one, with a token) is a mistake in how the job was
+started: it stops the gathering on rank 0 (``LaunchError``, exit 2), which tells the ranks already
+connected why (``refused``), so that they stop at once too.
 """
 
 from __future__ import annotations
@@ -40,6 +43,19 @@ class GatherTimeout(LaunchError):
     """A rank that never came, or node 0 never reached: the job's join timeout, exit code 1."""
 
     exit_code = 1
+
+
+class _NoAnswer(LaunchError):
+    """Node 0's end closed, or sent junk, before answering: with a token it may be a stranger (or rank 0
+    dropping a join it could not verify), so the rank tries again; without one it is an error."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
+class _Stranger(Exception):
+    """A connection sent what no rank of this job sends: it is dropped, and the gathering goes on."""
 
 
 @dataclass(frozen=True)
@@ -118,18 +134,21 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
     selector.register(listener, selectors.EVENT_READ, None)
     peers: dict = {}  # fd -> _Peer
     joined: dict = {}  # rank -> _Peer
+    dropped: list = []  # why each stranger's connection was dropped
     try:
         while len(joined) < spec.size - 1:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = [r for r in range(1, spec.size) if r not in joined]
+                last = f"; the last of {len(dropped)} connection(s) dropped: {dropped[-1]}" if dropped else ""
                 raise GatherTimeout(f"MPI rank(s) {_ranks(missing)} did not join the gathering of the node list on port {spec.port} "
-                                    f"({spec.given_as}) within {timeout:g} s (--join_timeout); check that they run and reach this node.")
+                                    f"({spec.given_as}) within {timeout:g} s (--join_timeout){last}; check that they run, "
+                                    f"reach this node and have the same LAUNCHER_JOB_TOKEN.")
             for key, _ in selector.select(min(left, 0.5)):
                 if key.data is None:
                     _accept(listener, selector, peers)
                 else:
-                    _read(key.data, spec, token, selector, peers, joined)
+                    _read(key.data, spec, token, selector, peers, joined, dropped)
         selector.unregister(listener)
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
@@ -173,7 +192,7 @@ def _make_room(selector, peers) -> None:
         oldest.sock.close()
 
 
-def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:
+def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped) -> None:
     try:
         data = peer.sock.recv(65536)
     except (BlockingIOError, InterruptedError):
@@ -181,19 +200,24 @@ def _read(peer: _Peer, spec: Spec, token, selector, peers, joined) -> None:
     except OSError:
         data = b""
     if not data:  # gone before or after joining: a rank that joined must stay until the answer
-        selector.unregister(peer.sock)
-        peers.pop(peer.sock.fileno(), None)
-        peer.sock.close()
-        if peer.rank is not None:
-            joined.pop(peer.rank, None)
+        _forget(peer, selector, peers, joined)
         return
     try:
-        messages = peer.framer.feed(data)
-    except control.ProtocolError as e:
-        raise LaunchError(f"{peer.where} sent junk to the gathering of the node list on port {spec.port} ({e}); "
-                          f"keep other programs off that port, or choose another with --control_port.") from None
-    for message in messages:
-        _join_message(peer, message, spec, token, joined)
+        for message in peer.framer.feed(data):
+            _join_message(peer, message, spec, token, joined)
+    except (control.ProtocolError, _Stranger) as e:
+        why = f"{peer.where} {e if isinstance(e, _Stranger) else f'sent junk ({e})'}"
+        log.warning("dropped a connection to the gathering of the node list on port %s: %s", spec.port, why)
+        dropped.append(why)
+        _forget(peer, selector, peers, joined)
+
+
+def _forget(peer: _Peer, selector, peers, joined) -> None:
+    selector.unregister(peer.sock)
+    peers.pop(peer.sock.fileno(), None)
+    peer.sock.close()
+    if peer.rank is not None and joined.get(peer.rank) is peer:
+        joined.pop(peer.rank)
 
 
 def answer_proof(token: str, message: dict, rank_nonce: str, rank: int) -> str:
@@ -212,12 +236,11 @@ def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None
     rank, size, address = message.get("rank"), message.get("size"), message.get("address")
     if message.get("type") != "join" or peer.rank is not None or type(rank) is not int or not isinstance(address, str) \
             or not address or type(size) is not int:
-        raise LaunchError(f"{peer.where} sent the gathering of the node list on port {spec.port} a message that is not a rank's join "
-                          f"({str(message)[:80]}); keep other programs off that port, or choose another with --control_port.")
-    who = f"MPI rank {rank} ({address}, from {peer.where})"
+        raise _Stranger(f"sent a message that is not a rank's join ({one_line(str(message), 80)})")
+    who = f"MPI rank {rank} ({one_line(address, 80)}, from {peer.where})"
     if token and not (control.proves(message.get("proof"), control.proof(token, peer.nonce, PROOF_JOB, rank))
                       and control.fresh_nonce(message.get("nonce"))):
-        raise LaunchError(f"{who} did not prove it knows LAUNCHER_JOB_TOKEN; set the same token on every node.")
+        raise _Stranger(f"joined as MPI rank {rank} without proving it knows LAUNCHER_JOB_TOKEN")
     if size != spec.size:
         raise LaunchError(f"{who} says the job has {size} ranks, rank 0 says {spec.size}; start every rank with the same mpirun.")
     if not 1 <= rank < spec.size:
@@ -254,6 +277,10 @@ def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         try:
             with _connect(spec, address, deadline, timeout, where) as sock:
                 answer, proven = _ask(sock, spec, address, deadline, timeout, where, token)
+        except _NoAnswer as e:
+            if not token:
+                raise
+            answer, proven = {"type": e.why}, False
         except GatherTimeout:
             if unproven is None:
                 raise
@@ -326,10 +353,11 @@ def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeo
         else:
             why = "connection closed"
         if not data:
-            raise LaunchError(f"{where} closed the gathering of the node list before MPI rank {spec.rank} ({address}) had it ({why}); "
-                              f"see rank 0's messages.")
+            raise _NoAnswer(f"{where} closed the gathering of the node list before MPI rank {spec.rank} ({address}) had it ({why}); "
+                            f"see rank 0's messages.", f"closed the connection without an answer ({why})")
         try:
             pending += framer.feed(data)
         except control.ProtocolError as e:
-            raise LaunchError(f"{where} sent MPI rank {spec.rank} ({address}) junk ({e}); check that MASTER_ADDR and the port belong to this job.") from None
+            raise _NoAnswer(f"{where} sent MPI rank {spec.rank} ({address}) junk ({e}); check that MASTER_ADDR and the port belong "
+                            f"to this job.", f"sent junk ({e})") from None
     return pending.pop(0)
