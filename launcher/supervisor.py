@@ -43,6 +43,9 @@ from launcher.logs import log
 from launcher.plan import Plan, WorkerSpec
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Ignored when the launcher starts (nohup, a shell's background job): left ignored, as every program
+# does, so the workers inherit that too. SIGTERM, a scheduler's way to stop a job, is always handled.
+KEPT_IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
@@ -206,6 +209,9 @@ class Launch:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, ("signal", None))
         for sig in HANDLED_SIGNALS:
+            if sig in KEPT_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
+                log.debug("%s was ignored when the launcher started: it stays ignored, for the workers too", sig.name)
+                continue
             self._old_handlers[sig] = signal.signal(sig, _note_signal)
 
     def _write_files(self) -> None:

@@ -147,3 +147,41 @@ def test_internal_error_exits_1_and_stops_the_workers(tmp_path):
     assert r.returncode == 1
     assert "injected fault" in r.stderr and "internal error of the launcher" in r.stderr
     assert_all_gone(pids_of(read_dumps(tmp_path, 2)), timeout=2)
+
+
+def _ignoring(*sigs):
+    def setup():
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_IGN)
+    return setup
+
+
+def _ignored_by(pid) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+
+
+def test_under_nohup_a_hangup_stops_nothing_and_the_workers_ignore_it_too(tmp_path):
+    """`nohup python -m launcher train.py &`: the terminal's hangup reaches the launcher, which keeps
+    SIGHUP (and a background job's SIGINT) ignored as it found them, like any program."""
+    launcher = start_launcher("--nproc_per_node", 2, PROBE, "--dump", tmp_path, "--sleep", 3,
+                              preexec_fn=_ignoring(signal.SIGHUP, signal.SIGINT))
+    dumps = read_dumps(tmp_path, 2)
+    for record in dumps.values():
+        mask = _ignored_by(record["pid"])
+        assert mask & (1 << (signal.SIGHUP - 1)) and mask & (1 << (signal.SIGINT - 1)), hex(mask)
+    launcher.send_signal(signal.SIGHUP)
+    launcher.send_signal(signal.SIGINT)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err
+    assert "received" not in err
+
+
+def test_an_ignored_sigterm_is_still_a_stop(tmp_path):
+    """A scheduler stops jobs with SIGTERM: the launcher handles it even where it was ignored."""
+    launcher = start_launcher("--nproc_per_node", 1, PROBE, "--dump", tmp_path, "--sleep", 60,
+                              preexec_fn=_ignoring(signal.SIGTERM))
+    read_dumps(tmp_path, 1)
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + signal.SIGTERM, err
