@@ -237,7 +237,9 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
         _show(chunk)
     _show(b"", flush=True)
     if follow:
-        watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        gone = watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        if gone:
+            logs.log.warning(gone)
     return 0
 
 
