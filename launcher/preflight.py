@@ -60,14 +60,17 @@ def _interfaces():
 
 class PortFinder:
     """For the plan: ``count`` distinct ports free on this node's ``ip``. The first (rank 0's store)
-    stays reserved in ``held`` until the job ends; see ``reserve_port``."""
+    stays reserved in ``held`` until the job ends; see ``reserve_port``. ``check_limits(count)``
+    first makes room for a socket per port (the descriptors ``count`` workers will need)."""
 
-    def __init__(self, host: HostFacts) -> None:
+    def __init__(self, host: HostFacts, check_limits=lambda count: None) -> None:
         self.host = host
         self.held: list = []
+        self.check_limits = check_limits
 
     def __call__(self, ip: str, count: int) -> list:
         _check_node_ip(ip, self.host)
+        self.check_limits(count)
         socks = bind_free_ports(ip, count)
         ports = [s.getsockname()[1] for s in socks]
         for s in socks[1:]:
@@ -76,8 +79,8 @@ class PortFinder:
         return ports
 
 
-def port_finder(host: HostFacts) -> PortFinder:
-    return PortFinder(host)
+def port_finder(host: HostFacts, check_limits=lambda count: None) -> PortFinder:
+    return PortFinder(host, check_limits)
 
 
 def find_free_ports(ip: str, count: int) -> list:
