@@ -121,21 +121,38 @@ def test_logs_follow_stops_on_ctrl_c(tmp_path):
     (tmp_path / "launcher.node0.json").write_text(json.dumps(fake))
     follower = subprocess.Popen(launcher_cmd("logs", tmp_path, "-f"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO)
+    guard = threading.Timer(60, follower.kill)  # bounds the readlines: each waits for its own line
+    guard.start()
     try:
-        time.sleep(0.8)
+        shown = [follower.stdout.readline()]
         with open(tmp_path / "workerlog.0", "a") as f:
             f.write("second\n")
-        time.sleep(0.8)
+        shown.append(follower.stdout.readline())
         assert follower.poll() is None  # the job still runs: it follows
         follower.send_signal(signal.SIGINT)
         out, err = follower.communicate(timeout=10)
     finally:
+        guard.cancel()
         if follower.poll() is None:
             follower.kill()
             follower.communicate()
     assert follower.returncode == 130
-    assert out.splitlines() == ["[rank 0] first", "[rank 0] second"]
+    assert "".join(shown).splitlines() == ["[rank 0] first", "[rank 0] second"] and out == ""
     assert "Traceback" not in err
+
+
+def test_the_processes_tests_start_do_not_inherit_ignored_signals():
+    """Under ``nohup`` or ``cmd &`` the suite starts with SIGINT ignored: conftest resets that for
+    its children, or the Ctrl-C tests (above, test_faults, test_log_faults) fail."""
+    from conftest import INHERITED_SIGNALS
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(f"/proc/{child.pid}/status") as f:
+            ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    finally:
+        child.kill()
+        child.wait()
+    assert [s.name for s in INHERITED_SIGNALS if ignored & (1 << (s - 1))] == []
 
 
 def test_a_job_whose_launcher_is_gone(tmp_path):
