@@ -114,7 +114,8 @@ def reserve_port(ip: str, port: int):
 
     The socket is bound with SO_REUSEADDR and never listens: torch's TCPStore (which sets
     SO_REUSEADDR too) binds and listens on the port all the same, while a bind without
-    SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it.
+    SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it. Not kept
+    off: any other program that sets SO_REUSEADDR (tests/integration/test_checks.py pins both).
     """
     addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)

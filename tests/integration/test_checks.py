@@ -5,6 +5,7 @@ import resource
 import socket
 import subprocess
 
+import psutil
 import pytest
 
 from conftest import dumps_of_one_node, launcher_cmd, PROBE, REPO, run_launcher
@@ -223,3 +224,44 @@ def test_a_hard_descriptor_limit_too_low_names_the_ulimit_to_ask_for():
     r = with_open_files(64, 64, "--nproc_per_node", 64, "--no_python", "/bin/true")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "but the limit is 64 (ulimit -n); raise it (ulimit -n " in r.stderr and "ports" not in r.stderr
+
+
+STORE_WHEN_TOLD = """\
+import os, sys, time
+if os.environ["RANK"] == "0":
+    print("waiting", flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    import torch.distributed as dist
+    dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 1, True)
+    print("store up", flush=True)
+"""
+
+
+def test_what_the_reserved_rank_0_port_keeps_off(tmp_path):
+    """README, Guarantees: held with SO_REUSEADDR and not listening, MASTER_PORT refuses a bind
+    without SO_REUSEADDR (and the kernel never picks it for port 0), while a program that sets
+    SO_REUSEADDR itself can bind and listen on it, as rank 0's TCPStore does."""
+    script, go = tmp_path / "store.py", tmp_path / "go"
+    script.write_text(STORE_WHEN_TOLD)
+    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, "--print_config", "false", script, go),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "[rank 0] waiting\n"  # rank 0 runs; the port is held
+        rank_0 = next(p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "0")
+        port = int(rank_0.environ()["MASTER_PORT"])
+        with socket.socket() as s:
+            with pytest.raises(OSError):
+                s.bind(("127.0.0.1", port))
+        with socket.socket() as s:  # not covered: SO_REUSEADDR, which most servers set
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        go.touch()
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "[rank 0] store up" in out
