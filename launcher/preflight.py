@@ -11,6 +11,7 @@ import sys
 import tempfile
 import uuid
 
+from launcher import files
 from launcher.errors import LaunchError
 from launcher.plan import HostFacts, Interface, LaunchOptions, Plan
 
@@ -36,9 +37,9 @@ def _scheduler_files(env) -> list:
     for name in FILE_VARIABLES:
         path = env.get(name, "").strip()
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                found.append((path, f.read(16 * 1024 * 1024)))
-        except (OSError, ValueError):
+            with files.open_regular(path) as f:  # a FIFO would block the launcher
+                found.append((path, f.read(16 * 1024 * 1024).decode("utf-8", "replace")))
+        except (OSError, ValueError):  # files.NotReadable is a ValueError
             continue
     return found
 
