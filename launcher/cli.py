@@ -32,9 +32,13 @@ class LogLevel(click.ParamType):
 
 
 class Seconds(click.ParamType):
-    """A finite number of seconds from 0 to one day: nan never expires, inf cannot be added to a clock."""
+    """A finite number of seconds from ``low`` (0) to one day: nan never expires, inf cannot be added
+    to a clock; ``hint`` ends the refusal."""
 
     name = "seconds"
+
+    def __init__(self, low: float = 0.0, hint: str = "") -> None:
+        self.low, self.hint = low, hint
 
     def convert(self, value, param, ctx):
         from launcher.plan import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
@@ -43,9 +47,26 @@ class Seconds(click.ParamType):
             seconds = float(value)
         except (TypeError, ValueError, OverflowError):
             seconds = None
-        if seconds is None or not 0 <= seconds <= MAX_SHUTDOWN_TIMEOUT:  # also false for nan
-            self.fail(f"{value!r} is not a number of seconds from 0 to {MAX_SHUTDOWN_TIMEOUT:.0f} (one day).", param, ctx)
+        if seconds is None or not self.low <= seconds <= MAX_SHUTDOWN_TIMEOUT:  # also false for nan
+            self.fail(f"{value!r} is not a number of seconds from {self.low:g} to {MAX_SHUTDOWN_TIMEOUT:.0f} "
+                      f"(one day){self.hint}.", param, ctx)
         return seconds
+
+
+class Whole(click.types.IntParamType):
+    """A whole number from ``low`` to ``high``; the refusal names the value, the range and ``what`` it counts."""
+
+    def __init__(self, low: int, high: int, what: str) -> None:
+        self.low, self.high, self.what = low, high, what
+        self.name = what
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        number = int(text) if text.isascii() and text.lstrip("+-").isdigit() and not isinstance(value, float) else None
+        if number is None or not self.low <= number <= self.high:
+            self.fail(f"{value!r} is not {self.what} from {self.low} to {self.high}; give a whole number in that range.",
+                      param, ctx)
+        return number
 
 
 def _option(name: str, aliases: tuple = (), **kwargs):
@@ -79,7 +100,7 @@ is in the current folder: a training script named status or logs runs as usual (
          help="Comma-separated IPs or host names of all nodes, in node-rank order.")
 @_option("node_ip", default="127.0.0.1", show_default=True, metavar="IP",
          help="This node's IP, as it appears in --cluster_node_ips.")
-@_option("started_port", aliases=("start_port",), type=click.IntRange(1, 65535), default=None, metavar="PORT",
+@_option("started_port", aliases=("start_port",), type=Whole(1, 65535, "a port"), default=None, metavar="PORT",
          help="First port of this node's workers; worker i uses PORT+i. "
               "Default: free ports on one node, 6070 on several.")
 @_option("selected_gpus", default=None, metavar="IDS",
@@ -110,14 +131,14 @@ is in the current folder: a training script named status or logs runs as usual (
 @_option("shutdown_timeout", type=Seconds(), default=10.0, show_default=True, metavar="SECONDS",
          help="Grace between SIGTERM and SIGKILL when workers are stopped (up to one day).")
 @click.version_option(__version__, "--version", message="%(prog)s %(version)s")
-@_option("max_restarts", type=click.IntRange(0, 1000), default=0, show_default=True, metavar="N",
+@_option("max_restarts", type=Whole(0, 1000, "a number of restarts"), default=0, show_default=True, metavar="N",
          help="Restart the whole job (every node) up to N times after a worker fails.")
-@_option("control_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+@_option("control_port", type=Whole(1, 65535, "a port"), default=None, metavar="PORT",
          help="Several nodes: the port node 0's launcher listens on for the others (under mpirun "
               "also to gather the node list). Default: the first worker port minus one.")
-@_option("heartbeat_timeout", type=Seconds(), default=3.0, show_default=True, metavar="SECONDS",
+@_option("heartbeat_timeout", type=Seconds(0.5), default=3.0, show_default=True, metavar="SECONDS",
          help="Several nodes: a node silent this long is lost, and the job stops.")
-@_option("join_timeout", type=Seconds(), default=300.0, show_default=True, metavar="SECONDS",
+@_option("join_timeout", type=Seconds(0.5), default=300.0, show_default=True, metavar="SECONDS",
          help="Several nodes: a node that has not joined after this long is named, and the job stops.")
 @_option("job_id", default=None, metavar="ID",
          help="Several nodes: the job's name, the same on every node. Default: a digest of the "
@@ -126,7 +147,7 @@ is in the current folder: a training script named status or logs runs as usual (
          help="Before stopping the workers after a failure or a signal, show where each one was "
               "(its Python stack, with py-spy). Costs up to a few seconds of teardown; always done "
               "for --hang_timeout.")
-@_option("hang_timeout", type=Seconds(), default=None, metavar="SECONDS",
+@_option("hang_timeout", type=Seconds(1.0, "; leave the option out to never stop a quiet job"), default=None, metavar="SECONDS",
          help="Stop the job (showing every worker's stack) when no worker has written "
               "a line for this long. Default: never.")
 @_option("server_num", type=int, default=None, metavar="N",
@@ -156,11 +177,11 @@ def launch(ctx: click.Context, **values) -> int:
     logs.setup_messages(values["log_level"])
     opts = _options(values, ctx.command_path)
 
-    from launcher import preflight
+    from launcher import preflight, supervisor
     from launcher.plan import make_plan
 
     host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
-    finder = preflight.port_finder(host)
+    finder = preflight.port_finder(host, lambda count: supervisor.check_limits(count, log_dir=False))
     try:
         plan = make_plan(opts, os.environ, host, finder)
         preflight.check(plan, opts, host)
@@ -175,9 +196,6 @@ def launch(ctx: click.Context, **values) -> int:
         logs.log.warning(note)
     if values["print_config"]:
         logs.console.write(2, (logs.format_plan(plan) + "\n").encode(errors="replace"))
-
-    from launcher import supervisor
-
     return supervisor.run(plan, tuple(reserved))
 
 
@@ -239,7 +257,9 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
         _show(chunk)
     _show(b"", flush=True)
     if follow:
-        watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        gone = watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        if gone:
+            logs.log.warning(gone)
     return 0
 
 

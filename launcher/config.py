@@ -8,10 +8,12 @@ from typing import Mapping
 
 import click
 
+from launcher import files
 from launcher.errors import LaunchError
 
 LIST_KEYS = ("cluster_node_ips", "selected_gpus", "servers", "workers")  # a YAML list is joined with commas
 EXTRA_KEYS = ("training_script", "training_script_args", "env")
+MAX_SIZE = 1 << 20  # a config of options is a few hundred bytes; a bigger file is the wrong one
 SCALARS = (str, int, float, bool)  # YAML also makes dates, timestamps and bytes: refused, not guessed at
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = 60
@@ -45,12 +47,14 @@ def _read(path: str) -> dict:
     import yaml
 
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = files.read_regular(path, MAX_SIZE)
     except FileNotFoundError:
         raise LaunchError(f"config file {path} does not exist; check the path given to --config.") from None
     except OSError as e:
         raise LaunchError(f"config file {path} cannot be read ({e.strerror}); check its path and permissions.") from None
+    except files.NotReadable as e:
+        raise LaunchError(f"config file {path} {e}; give --config a YAML file of options (at most "
+                          f"{files.size_text(MAX_SIZE)}).") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

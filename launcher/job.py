@@ -45,6 +45,11 @@ class Solo:
         if self.cause is None:
             self.cause = cause
 
+    def revise_cause(self, cause: Cause) -> None:
+        """This node's worker failure was not the root cause after all: ``cause`` (of this node) is."""
+        if self.cause is not None and self.cause.kind == "worker" and self.cause.node == cause.node:
+            self.cause = cause
+
     def on_events(self, events) -> list:
         return []
 

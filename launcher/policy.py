@@ -20,6 +20,9 @@ from typing import Mapping, Optional, Tuple, Union
 
 TERM_FOLLOWS = 1.0  # seconds from a passed-on INT/HUP/QUIT to the SIGTERM after it (at most grace/2)
 KILL_WAIT = 5.0  # how long processes may take to vanish after SIGKILL before the launcher gives up
+# parameter-server mode: a server that fails this soon after a trainer did is the root cause (the trainer
+# failed because its server was gone: the exits of one moment are seen in any order)
+SERVER_FIRST = 0.5
 
 
 # ---------------------------------------------------------------- events
@@ -216,6 +219,11 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
 
 def _on_exit(state: State, event: WorkerExited, now: float):
     state = replace(state, running=state.running - {event.rank})
+    if _server_came_first(state, event, now):
+        trainer = state.failure[0]
+        state = replace(state, failure=(event.rank, event.returncode))
+        return state, (Say(logging.ERROR, f"{state.name(event.rank)} failed ({describe_exit(event.returncode)}): "
+                                          f"the root cause; {state.name(trainer)} failed after it"),)
     if event.returncode == 0 or state.stopping:
         return state, ()
     state = replace(state, failure=(event.rank, event.returncode))
@@ -224,6 +232,18 @@ def _on_exit(state: State, event: WorkerExited, now: float):
     rest = f"; stopping the other {others} {what}" if others else ""
     say = Say(logging.ERROR, f"{state.name(event.rank)} failed ({describe_exit(event.returncode)}){rest}")
     return _begin_stop(state, now, signal.SIGTERM, say)
+
+
+def _server_came_first(state: State, event: WorkerExited, now: float) -> bool:
+    """A server's failure seen just after a trainer's, which stopped the job: the server's is the
+    cause (its trainers fail at once without it), unless the exit is the stop's own SIGTERM or SIGKILL."""
+    if state.trainers is None or state.failure is None or state.failure[0] not in state.trainers:
+        return False
+    ours = {-signal.SIGTERM, 128 + signal.SIGTERM}
+    if state.killed_at is not None:
+        ours |= {-signal.SIGKILL, 128 + signal.SIGKILL}
+    return (event.rank not in state.trainers and event.returncode != 0 and event.returncode not in ours
+            and now - state.stop_began <= SERVER_FIRST)
 
 
 def _on_stop_signal(state: State, sig: int, now: float):

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import uuid
 
+from launcher import files
 from launcher.errors import LaunchError
 from launcher.plan import HostFacts, Interface, LaunchOptions, Plan
 
@@ -36,9 +37,9 @@ def _scheduler_files(env) -> list:
     for name in FILE_VARIABLES:
         path = env.get(name, "").strip()
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                found.append((path, f.read(16 * 1024 * 1024)))
-        except (OSError, ValueError):
+            with files.open_regular(path) as f:  # a FIFO would block the launcher
+                found.append((path, f.read(16 * 1024 * 1024).decode("utf-8", "replace")))
+        except (OSError, ValueError):  # files.NotReadable is a ValueError
             continue
     return found
 
@@ -60,14 +61,17 @@ def _interfaces():
 
 class PortFinder:
     """For the plan: ``count`` distinct ports free on this node's ``ip``. The first (rank 0's store)
-    stays reserved in ``held`` until the job ends; see ``reserve_port``."""
+    stays reserved in ``held`` until the job ends; see ``reserve_port``. ``check_limits(count)``
+    first makes room for a socket per port (the descriptors ``count`` workers will need)."""
 
-    def __init__(self, host: HostFacts) -> None:
+    def __init__(self, host: HostFacts, check_limits=lambda count: None) -> None:
         self.host = host
         self.held: list = []
+        self.check_limits = check_limits
 
     def __call__(self, ip: str, count: int) -> list:
         _check_node_ip(ip, self.host)
+        self.check_limits(count)
         socks = bind_free_ports(ip, count)
         ports = [s.getsockname()[1] for s in socks]
         for s in socks[1:]:
@@ -76,8 +80,8 @@ class PortFinder:
         return ports
 
 
-def port_finder(host: HostFacts) -> PortFinder:
-    return PortFinder(host)
+def port_finder(host: HostFacts, check_limits=lambda count: None) -> PortFinder:
+    return PortFinder(host, check_limits)
 
 
 def find_free_ports(ip: str, count: int) -> list:
@@ -111,7 +115,8 @@ def reserve_port(ip: str, port: int):
 
     The socket is bound with SO_REUSEADDR and never listens: torch's TCPStore (which sets
     SO_REUSEADDR too) binds and listens on the port all the same, while a bind without
-    SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it.
+    SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it. Not kept
+    off: any other program that sets SO_REUSEADDR (tests/integration/test_checks.py pins both).
     """
     addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)

@@ -33,7 +33,7 @@ def is_state_file(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class ProcessState:
+class ProcessState:  # read back from a file (from_json), any field may be None: unknown
     label: str  # "rank 3", "server 0", "trainer 1"
     key: int  # the rank (in parameter-server mode only a key)
     pid: Optional[int]
@@ -44,7 +44,7 @@ class ProcessState:
 
 
 @dataclass(frozen=True)
-class NodeState:
+class NodeState:  # as ProcessState: read back, any field but processes may be None
     node: int
     node_ip: str
     nodes: int
@@ -70,19 +70,54 @@ def to_json(state: NodeState) -> bytes:
 
 
 def from_json(text: bytes) -> NodeState:
-    """The state in ``text``; ValueError saying what is wrong with it."""
+    """The state in ``text``; ValueError saying what is wrong with it. The file is untrusted: a
+    value of the wrong type (``"attempt": "one"``, ``nan``, a time of 1e300) is None, shown as unknown."""
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"not JSON ({e})") from None
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise ValueError(f"not a version {VERSION} state file")
-    try:
-        fields = {k: v for k, v in data.items() if k != "version"}
-        processes = tuple(ProcessState(**p) for p in fields.pop("processes"))
-        return NodeState(**fields, processes=processes)
-    except (TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"a field is missing or unknown ({e})") from None
+    missing = [name for name in NODE_FIELDS if name not in data]
+    if missing:
+        raise ValueError(f"a field is missing ({', '.join(missing)})")
+    procs = data.get("processes")
+    procs = procs if isinstance(procs, list) else []
+    return NodeState(**_typed(data, NODE_FIELDS), processes=tuple(ProcessState(**_typed(p, PROCESS_FIELDS)) for p in procs))
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+
+
+def _pid(v) -> bool:
+    return _count(v) and 0 < v < 1 << 31
+
+
+def _code(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 31) <= v < 1 << 31
+
+
+def _time(v) -> bool:
+    """A time.time() that time.localtime() can show: finite, from 1970 to the year 5000 or so."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e11  # also false for nan
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and len(v) <= 1000 and v.isprintable()  # no escape sequence reaches the terminal
+
+
+NODE_FIELDS = {"node": _count, "node_ip": _text, "nodes": _count, "host": _text, "run_id": _text,
+               "launcher_pid": _pid, "launcher_start": _count, "attempt": _count, "max_restarts": _count,
+               "phase": _text, "exit_code": _code, "started": _time, "updated": _time}
+PROCESS_FIELDS = {"label": _text, "key": _count, "pid": _pid, "log": _text, "started": _time, "ended": _time,
+                  "returncode": _code}
+
+
+def _typed(data, checks: dict) -> dict:
+    """Each field of ``checks`` from ``data``, None where it is missing or of the wrong type."""
+    data = data if isinstance(data, dict) else {}
+    return {name: data.get(name) if ok(data.get(name)) else None for name, ok in checks.items()}
 
 
 class Writer:

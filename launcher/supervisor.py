@@ -623,7 +623,9 @@ def _step(state: policy.State, event, loop: "_Loop") -> policy.State:
     after, actions = policy.decide(state, event, time.monotonic())
     _carry_out(loop.group, actions)
     cause = _new_cause(state, after, loop)
-    if cause is not None:
+    if cause is not None and cause.kind == "worker" and state.failure is not None:
+        loop.job.revise_cause(cause)  # a server's failure came first (policy.SERVER_FIRST)
+    elif cause is not None:
         loop.job.local_cause(cause)
     return after
 
@@ -632,7 +634,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
     job, group = loop.job, loop.group
     node, label = job.plan.node_rank, job.node_label()
     on = f" on {label}" if label else ""
-    if after.failure is not None and before.failure is None:
+    if after.failure is not None and after.failure != before.failure:
         rank, returncode = after.failure
         summary = logs.format_failure(group.failure(rank))
         text = f"{after.name(rank)}{on} failed ({logs.describe_exit(returncode)})"

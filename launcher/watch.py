@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from launcher import logs, state
+from launcher import files, logs, state
 from launcher.errors import LaunchError
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
@@ -30,6 +30,9 @@ POLL = 0.2  # how often -f looks for new lines
 STATE_EVERY = 1.0  # how often -f looks whether the job has ended
 LAST_LINE_BYTES = 4096
 LAST_LINE_WIDTH = 60
+READ_LIMIT = 16 << 20  # the most -f reads of one log at a poll
+UNKNOWN = "?"  # a value the state file does not hold, or holds with the wrong type
+STATE_LIMIT = 64 << 20  # a state file is about 150 bytes a process: 64 MiB is 400,000 of them
 
 
 # ---------------------------------------------------------------- state files
@@ -59,10 +62,12 @@ def _node_of(name: str) -> tuple:
 
 def _read_state(path: str) -> state.NodeState:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = files.read_regular(path, STATE_LIMIT)
     except OSError as e:
         raise LaunchError(f"cannot read {path} ({e.strerror}).") from None
+    except files.NotReadable as e:
+        raise LaunchError(f"{path} {e}, so it is no launcher state file; remove it, or start the job again "
+                          f"with this --log_dir, which rewrites it.") from None
     try:
         return state.from_json(data)
     except ValueError as e:
@@ -86,38 +91,54 @@ def status(log_dir: str) -> str:
                           f"--log_dir of a job (python -m launcher status LOG_DIR; a job started without "
                           f"--log_dir keeps none).")
     host = state.this_host()
-    liveness = {s.node: state.launcher_status(s, host) for s in states}
-    tails = {(s.node, p.key): last_line(os.path.join(log_dir, p.log)) if p.log else ""
-             for s in states for p in s.processes}
+    liveness = [state.launcher_status(s, host) for s in states]
+    tails = [[_tail(log_dir, p.log) for p in s.processes] for s in states]
     return format_status(states, liveness, tails, time.time())
 
 
-def format_status(states, liveness: dict, tails: dict, now: float) -> str:
-    """Pure: one line per node, then a table of every process."""
-    lines = [_node_line(s, liveness[s.node]) for s in states]
+def _tail(log_dir: str, name) -> str:
+    """The last line of a process's log, read only from a file of ``log_dir`` itself."""
+    if name is None:
+        return ""
+    path = files.inside(log_dir, name)
+    return "(not in the log dir)" if path is None else last_line(path)
+
+
+def format_status(states, liveness: list, tails: list, now: float) -> str:
+    """Pure: one line per node, then a table of every process (``liveness`` and ``tails``: by
+    state, then by process)."""
+    lines = [_node_line(s, alive) for s, alive in zip(states, liveness)]
     rows = [("node", "process", "pid", "state", "time", "restarts", "last line")]
-    for s in states:
-        for p in s.processes:
-            running = not job_over(s, liveness[s.node])
-            rows.append((str(s.node), p.label, "-" if p.pid is None else str(p.pid), process_state(p, running),
-                         _run_time(p, s, now, running), str(s.attempt), tails.get((s.node, p.key), "")))
+    for s, alive, tail in zip(states, liveness, tails):
+        running = not job_over(s, alive)
+        for p, last in zip(s.processes, tail):
+            rows.append((_known(s.node), _known(p.label), "-" if p.pid is None else str(p.pid),
+                         process_state(p, running), _run_time(p, s, now, running), _known(s.attempt), last))
     return "\n".join(lines + logs.table(rows)) + "\n"
 
 
+def _known(value) -> str:
+    return UNKNOWN if value is None else str(value)
+
+
 def _node_line(s: state.NodeState, liveness: str) -> str:
-    where = f"launcher: node {s.node} of {s.nodes} ({s.node_ip})"
-    attempt = f"attempt {s.attempt + 1} of {s.max_restarts + 1}"
+    where = f"launcher: node {_known(s.node)} of {_known(s.nodes)} ({_known(s.node_ip)})"
+    attempt = f"attempt {_plus_one(s.attempt)} of {_plus_one(s.max_restarts)}"
     if s.phase == "ended":
         how = "with an error of the launcher" if s.exit_code is None else f"with exit code {s.exit_code}"
         return f"{where}: ended {how} at {_clock(s.updated)} ({attempt})"
     if liveness == "gone":
-        return (f"{where}: not running any more: its launcher (pid {s.launcher_pid}) is gone without "
+        return (f"{where}: not running any more: its launcher (pid {_known(s.launcher_pid)}) is gone without "
                 f"recording the end; last update {_clock(s.updated)}")
     doing = "restarting" if s.phase == "restarting" else "running"
     if liveness == "elsewhere":
-        return (f"{where}: {doing} at {_clock(s.updated)} (launcher pid {s.launcher_pid} on host {s.host}, "
-                f"which cannot be checked from this host), {attempt}")
+        return (f"{where}: {doing} at {_clock(s.updated)} (launcher pid {_known(s.launcher_pid)} on host "
+                f"{_known(s.host)}, which cannot be checked from this host), {attempt}")
     return f"{where}: {doing}, launcher pid {s.launcher_pid}, {attempt}, since {_clock(s.started)}"
+
+
+def _plus_one(n) -> str:
+    return UNKNOWN if n is None else str(n + 1)
 
 
 def process_state(p: state.ProcessState, running: bool) -> str:
@@ -135,9 +156,9 @@ def process_state(p: state.ProcessState, running: bool) -> str:
 
 
 def _run_time(p: state.ProcessState, s: state.NodeState, now: float, running: bool) -> str:
-    if p.started is None:
-        return "-"
     end = p.ended if p.ended is not None else now if running else s.updated
+    if p.started is None or end is None:
+        return "-"
     seconds = max(0.0, end - p.started)
     if seconds < 100:
         return f"{seconds:.1f} s"
@@ -145,18 +166,18 @@ def _run_time(p: state.ProcessState, s: state.NodeState, now: float, running: bo
     return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+def _clock(t) -> str:
+    return UNKNOWN if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def last_line(path: str) -> str:
     """The last line of a log, shortened; "" when the current run has written nothing yet."""
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path) as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - LAST_LINE_BYTES))
-            data = f.read()
-    except OSError:
+            data = f.read(LAST_LINE_BYTES)
+    except (OSError, files.NotReadable):
         return "(no log)"
     lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
     if not lines or lines[-1].startswith("===== "):
@@ -177,14 +198,15 @@ class LogFile:
 
 
 def log_files(log_dir: str, wanted: Optional[set] = None) -> list:
-    """The logs of the job in ``log_dir`` (those named in ``wanted`` only), servers first, by number."""
+    """The logs of the job in ``log_dir`` (those named in ``wanted`` only), servers first, by number;
+    a link that leads out of ``log_dir`` is left out."""
     names = _names(log_dir)
     try:  # the state file names trainers and servers; without it, the file names do
         labels = {p.log: p.label for s in read_states(log_dir) for p in s.processes if p.log}
     except LaunchError:
         labels = {}
     found = sorted((m.group(1) != "serverlog", int(m.group(2)), m.group(0))
-                   for m in map(LOG_NAME.match, names) if m)
+                   for m in map(LOG_NAME.match, names) if m and _is_log(log_dir, m.group(0)))
     if not found:
         raise LaunchError(f"no workerlog.N or serverlog.N in {log_dir}; give the --log_dir of the job.")
     missing = sorted((wanted or set()) - {name for _, _, name in found})
@@ -196,6 +218,12 @@ def log_files(log_dir: str, wanted: Optional[set] = None) -> list:
             label = labels.get(name) or (f"rank {number}" if server else f"server {number}")
             files.append(LogFile(os.path.join(log_dir, name), name, label, f"[{label}] ".encode()))
     return files
+
+
+def _is_log(log_dir: str, name: str) -> bool:
+    """A regular file of ``log_dir`` itself (a FIFO would block the reader, a link may lead anywhere)."""
+    path = files.inside(log_dir, name)
+    return path is not None and os.path.isfile(path)
 
 
 def parse_ranks(text: Optional[str]) -> Optional[set]:
@@ -234,16 +262,17 @@ class Section:
 def sections(path: str, index: int, end: int) -> list:
     """The runs in the first ``end`` bytes of a log (read as lines: a file truncated meanwhile
     only ends the scan early)."""
-    heads, at = [], 0
+    heads, at, line_start = [], 0, True
     with open(path, "rb") as f:
-        for line in f:
-            if at >= end:
+        while at < end:
+            piece = f.readline(logs.CHUNK)  # a line of 512 MB is read a megabyte at a time
+            if not piece:
                 break
-            if line.startswith(b"===== "):
-                m = HEADER.match(line)
-                if m:
-                    heads.append((at, m.group(1)))
-            at += len(line)
+            m = HEADER.match(piece) if line_start else None
+            if m:
+                heads.append((at, m.group(1)))
+            at += len(piece)
+            line_start = piece.endswith(b"\n")
     if end and (not heads or heads[0][0] > 0):
         heads.insert(0, (0, b""))
     bounds = [start for start, _ in heads[1:]] + [end]
@@ -334,7 +363,7 @@ class Follower:
                 if size < self.offsets[i]:  # truncated in place (copytruncate): from its start
                     self.offsets[i], self.buffers[i] = 0, logs.LineBuffer()
                 fh.seek(self.offsets[i])
-                data = fh.read(size - self.offsets[i])
+                data = fh.read(min(size - self.offsets[i], READ_LIMIT))  # the rest at the next poll
         except OSError:
             return b""
         self.offsets[i] += len(data)
@@ -352,14 +381,18 @@ def job_running(log_dir: str) -> bool:
     return not states or not all(job_over(s, state.launcher_status(s, host)) for s in states)
 
 
-def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep) -> None:
-    """Show new lines until the job has ended (then its last lines) or Ctrl-C."""
+def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep) -> Optional[str]:
+    """Show new lines until the job has ended (then its last lines), its log dir is gone, or Ctrl-C;
+    the reason when the dir is gone (None otherwise)."""
     checked = clock() - STATE_EVERY
     while True:
         write(follower.read())
         if clock() - checked >= STATE_EVERY:
             checked = clock()
+            if not os.path.isdir(log_dir):
+                write(follower.read(final=True))
+                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following."
             if not job_running(log_dir):
                 write(follower.read(final=True))
-                return
+                return None
         sleep(POLL)

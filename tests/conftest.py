@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,24 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = REPO / "tests" / "integration" / "workers"
 PROBE = str(WORKERS / "probe.py")
+
+
+INHERITED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _keep_ignoring(signum, frame):
+    """pytest itself still ignores the signal; a handler (unlike SIG_IGN) is reset to the default on exec."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_signal_dispositions():
+    """A suite started with signals ignored (``nohup``, ``cmd &`` in a script, some CI runners)
+    would pass SIG_IGN on to every launcher, worker and tool it starts, and the tests that send
+    them SIGINT would fail: every process the tests start gets the default dispositions instead."""
+    for sig in INHERITED_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else _keep_ignoring)
+    yield
 
 
 def netns_available():

@@ -236,3 +236,32 @@ def test_a_cause_fits_one_control_message_whatever_the_worker_printed():
     message = control.Framer().feed(control.encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
     back = p.Cause.from_dict(message["cause"])
     assert back.code == 7 and back.summary.endswith("  | the end") and len(back.summary) <= p.WIRE_SUMMARY + 5
+
+
+@pytest.mark.parametrize("server_exit, at, root", [
+    (9, 1.05, (1, 9)),  # the server died first; the launcher saw its trainer's error first
+    (-signal.SIGKILL, 1.05, (1, -signal.SIGKILL)),  # killed by someone else (the OOM killer)
+    (1, 1.4, (1, 1)),  # still within SERVER_FIRST of the trainer's failure
+    (-signal.SIGTERM, 1.05, (2, 1)),  # our SIGTERM: a consequence of the stop
+    (128 + signal.SIGTERM, 1.05, (2, 1)),  # a server that exits 128 + SIGTERM on it: the same
+    (0, 1.05, (2, 1)),  # a server that ended well
+    (9, 1.0 + p.SERVER_FIRST + 0.01, (2, 1)),  # too long after: the stop's doing
+])
+def test_a_server_that_dies_right_around_a_trainer_failure_is_the_root_cause(server_exit, at, root):
+    state, seen = run_ps([(1.0, p.WorkerExited(2, 1)), (at, p.WorkerExited(1, server_exit))])
+    assert state.failure == root and p.exit_code(state) == p.shell_code(root[1])
+    assert sends(seen) == [(1.0, "Send", signal.SIGTERM)]  # one stop: no second SIGTERM, no new deadline
+    assert state.kill_at == 1.0 + GRACE
+    if root[0] == 1:
+        assert seen[-1][1].text == (f"server 1 failed ({p.describe_exit(server_exit)}): the root cause; "
+                                    f"trainer 0 failed after it")
+
+
+def test_a_trainer_failing_after_a_server_is_never_the_root_cause():
+    state, seen = run_ps([(1.0, p.WorkerExited(1, 9)), (1.05, p.WorkerExited(2, 1)), (1.1, p.WorkerExited(3, 1))])
+    assert state.failure == (1, 9) and p.exit_code(state) == 9 and len(seen) == 2
+
+
+def test_a_collective_job_keeps_its_first_failure():
+    state, _ = run([(1.0, p.WorkerExited(2, 1)), (1.05, p.WorkerExited(1, 9))])
+    assert state.failure == (2, 1)

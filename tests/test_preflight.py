@@ -4,6 +4,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 
 import pytest
 
@@ -199,3 +200,20 @@ def test_port_finder_holds_rank_0_port_for_a_store_only():
     finally:
         for s in finder.held:
             s.close()
+
+
+def test_a_scheduler_file_that_is_a_fifo_is_left_out_without_blocking(tmp_path):
+    """LSB_DJOB_RANKFILE naming a FIFO: opening it to read would wait for a writer forever."""
+    fifo = tmp_path / "rankfile"
+    os.mkfifo(fifo)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(preflight.probe_host({"LSB_DJOB_RANKFILE": str(fifo)})),
+                              daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive():  # unblock the stuck open, so that the run can go on
+        with open(fifo, "w"):
+            pass
+        reader.join(5)
+        pytest.fail("probe_host blocked on a FIFO")
+    assert done[0].env_files == ()

@@ -83,7 +83,7 @@ def test_launcher_liveness_uses_pid_and_start_time():
 
 
 def test_status_table_running_job():
-    text = watch.format_status([node_state()], {0: "alive"}, {(0, 0): "step 3", (0, 1): "boom"}, T0 + 5.0)
+    text = watch.format_status([node_state()], ["alive"], [["step 3", "boom"]], T0 + 5.0)
     lines = text.splitlines()
     assert "node 0 of 1 (127.0.0.1): running, launcher pid 99, attempt 1 of 3" in lines[0]
     assert lines[1].split() == ["node", "process", "pid", "state", "time", "restarts", "last", "line"]
@@ -92,14 +92,14 @@ def test_status_table_running_job():
 
 
 def test_status_of_a_job_whose_launcher_is_gone():
-    text = watch.format_status([node_state()], {0: "gone"}, {}, T0 + 60.0)
+    text = watch.format_status([node_state()], ["gone"], [["", ""]], T0 + 60.0)
     assert "not running any more: its launcher (pid 99) is gone" in text
     assert "stopped" in text.splitlines()[2] and "3.0 s" in text.splitlines()[2]  # until the last update
 
 
 def test_status_of_an_ended_job_and_signals():
     p = state.ProcessState("server 0", 0, 5, "serverlog.0", T0, T0 + 200.0, -15)
-    text = watch.format_status([node_state(phase="ended", exit_code=143, processes=(p,))], {0: "gone"}, {}, T0)
+    text = watch.format_status([node_state(phase="ended", exit_code=143, processes=(p,))], ["gone"], [[""]], T0)
     assert "ended with exit code 143" in text
     assert "server 0" in text and "killed by SIGTERM" in text and "0:03:20" in text
 
@@ -218,3 +218,94 @@ def test_status_command_prints_the_table(tmp_path):
     r = CliRunner().invoke(cli.status_command, [str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "not running any more" in r.output and "step 9" in r.output
+
+
+# ---------------------------------------------------------------- an untrusted state file
+
+
+def hostile_state(tmp_path, **node):
+    """A state file with wrong-typed values, written as JSON allows (nan, 1e300, strings for numbers)."""
+    procs = [{"label": "rank 0", "key": 0, "pid": "x", "log": "workerlog.0", "started": float("nan"),
+              "ended": 1e300, "returncode": 1.5},
+             {"label": ["l"], "key": {}, "pid": 2 ** 80, "log": ["workerlog.1"], "started": "now",
+              "ended": None, "returncode": "-9"},
+             "not a process"]
+    values = dict(node=0, node_ip=7, nodes="two", host=None, run_id="r", launcher_pid=-1, launcher_start="s",
+                  attempt="one", max_restarts=float("inf"), phase=3, exit_code=1e9, started=float("-inf"),
+                  updated=1e300, processes=procs)
+    import json
+    text = json.dumps({"version": state.VERSION, **values, **node})
+    (tmp_path / "launcher.node0.json").write_text(text)
+    return text
+
+
+def test_wrong_typed_values_are_shown_as_unknown(tmp_path):
+    hostile_state(tmp_path)
+    write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["step 1"]))
+    text = watch.status(str(tmp_path))
+    assert "step 1" in text and "?" in text
+    s = watch.read_states(str(tmp_path))[0]
+    assert (s.updated, s.attempt, s.max_restarts, s.nodes, s.processes[0].pid, s.processes[1].log) == (None,) * 6
+    assert [f.label for f in watch.log_files(str(tmp_path))] == ["rank 0"]
+
+
+@pytest.mark.parametrize("node", [dict(processes={"a": 1}), dict(processes=None), dict(updated=float("nan")),
+                                  dict(node="x"), dict(attempt=-5, max_restarts=-1), dict(label=None)])
+def test_status_and_logs_commands_never_trace_on_a_hostile_state_file(tmp_path, node):
+    hostile_state(tmp_path, **node)
+    write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["step 1"]))
+    for command, args in ((cli.status_command, [str(tmp_path)]), (cli.logs_command, [str(tmp_path)])):
+        r = CliRunner().invoke(command, args)
+        assert r.exit_code == 0 and r.exception is None, r.output
+
+
+def test_a_log_outside_the_log_dir_is_never_read(tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (tmp_path / "secret.txt").write_text("the secret\n")
+    procs = (state.ProcessState("rank 0", 0, 101, "../secret.txt", T0),
+             state.ProcessState("rank 1", 1, 102, "workerlog.1", T0),
+             state.ProcessState("rank 2", 2, 103, str(tmp_path / "secret.txt"), T0))
+    (log_dir / "launcher.node0.json").write_bytes(state.to_json(node_state(processes=procs)))
+    (log_dir / "workerlog.1").symlink_to(tmp_path / "secret.txt")  # a link out of the dir: not followed
+    text = watch.status(str(log_dir))
+    assert "secret" not in text.replace("secret.txt", "")
+    with pytest.raises(LaunchError, match="no workerlog.N or serverlog.N"):
+        watch.log_files(str(log_dir))
+
+
+def test_a_state_file_that_is_not_a_regular_file_is_one_sentence(tmp_path):
+    os.mkfifo(tmp_path / "launcher.node0.json")
+    with pytest.raises(LaunchError, match="not a regular file"):
+        watch.status(str(tmp_path))
+
+
+def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
+    import shutil
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "workerlog.0").write_bytes(b"")  # no state file: the job cannot be seen to end
+    files = watch.log_files(str(log_dir))
+    shown, ticks = [], []
+
+    def sleep(seconds):
+        ticks.append(seconds)
+        assert len(ticks) < 100, "still following a log dir that is gone"
+        if len(ticks) == 3:
+            shutil.rmtree(log_dir)
+
+    clock = iter(range(10 ** 6)).__next__
+    watch.follow(str(log_dir), watch.Follower(files, [0]), shown.append, clock=clock, sleep=sleep)
+
+
+def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):
+    from launcher import logs
+    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 1000)
+    monkeypatch.setattr(logs, "CHUNK", 256)
+    fake_header = "===== 2026-01-01 00:00:09 launcher: not a header, in the middle of a line"
+    write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["x" * 256 + fake_header, "x" * 5000, "end"]))
+    files = watch.log_files(str(tmp_path))
+    assert len(watch.sections(files[0].path, 0, os.path.getsize(files[0].path))) == 1
+    out = b"".join(watch.merged(files, watch.sizes(files, False))).splitlines()[1:]
+    assert out[-1] == b"[rank 0] end" and all(len(line) < 1400 for line in out)
+    assert sum(line.count(b"x") for line in out) == 5256

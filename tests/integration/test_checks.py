@@ -1,11 +1,14 @@
 """Bad input is refused before anything starts: exit code 2, one sentence, no traceback, no worker."""
 
 import os
+import resource
 import socket
+import subprocess
 
+import psutil
 import pytest
 
-from conftest import dumps_of_one_node, PROBE, REPO, run_launcher
+from conftest import dumps_of_one_node, launcher_cmd, PROBE, REPO, run_launcher
 
 
 def refused(tmp_path, *args, env=None):
@@ -45,6 +48,14 @@ def probe_args(tmp_path):
     (["--shutdown_timeout", "inf"], "'inf' is not a number of seconds from 0 to 86400 (one day)"),
     (["--shutdown_timeout", "1e300"], "'1e300' is not a number of seconds from 0 to 86400 (one day)"),
     (["--nproc_per_node", "99999999999999999999"], "give at most 65535"),
+    (["--hang_timeout", "0"], "'0' is not a number of seconds from 1 to 86400 (one day); leave the option out"),
+    (["--hang_timeout", "0.001"], "'0.001' is not a number of seconds from 1 to 86400"),
+    (["--heartbeat_timeout", "0"], "'0' is not a number of seconds from 0.5 to 86400"),
+    (["--join_timeout", "nan"], "'nan' is not a number of seconds from 0.5 to 86400"),
+    (["--started_port", "nan"], "'nan' is not a port from 1 to 65535; give a whole number in that range."),
+    (["--control_port", "1e3"], "'1e3' is not a port from 1 to 65535"),
+    (["--max_restarts", "1.5"], "'1.5' is not a number of restarts from 0 to 1000"),
+    (["--max_restarts", "-1"], "'-1' is not a number of restarts from 0 to 1000"),
 ])
 def test_bad_options(tmp_path, args, fragment):
     assert fragment in refused(tmp_path, *args, *probe_args(tmp_path))
@@ -100,6 +111,19 @@ def test_bad_config_file(tmp_path, text, fragment):
     if text is not None:
         path.write_text(text)
     assert fragment in refused(tmp_path, "--config", path, *probe_args(tmp_path))
+
+
+@pytest.mark.parametrize("make,fragment", [
+    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),  # read, it would block forever
+    (lambda p: os.symlink("/dev/zero", p), "is a device, not a regular file"),  # read, it never ends
+    (lambda p: p.mkdir(), "is a folder, not a regular file"),
+    (lambda p: p.write_text("# " + "x" * (1 << 20) + "\n"), "is larger than 1 MiB"),
+], ids=["fifo", "dev-zero", "folder", "too-big"])
+def test_config_file_that_is_not_a_small_regular_file(tmp_path, make, fragment):
+    path = tmp_path / "job.yaml"
+    make(path)
+    msg = refused(tmp_path, "--config", path, *probe_args(tmp_path))
+    assert f"config file {path} {fragment}; give --config a YAML file of options (at most 1 MiB)." in msg
 
 
 def test_paddlecloud_variable_missing(tmp_path):
@@ -181,3 +205,63 @@ def test_no_python_bare_name_of_a_file_in_the_current_folder(tmp_path):
 ], ids=["shebang", "suffix"])
 def test_shell_script_without_no_python_gets_the_hint(tmp_path, name, first_line, fragment):
     assert fragment in refused(tmp_path, shell_script(tmp_path, name, first_line))
+
+
+def with_open_files(soft, hard, *args):
+    """The launcher run with RLIMIT_NOFILE at (soft, hard), as after ``ulimit -S -n soft``."""
+    return subprocess.run(launcher_cmd(*args), capture_output=True, text=True, timeout=120, cwd=REPO,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+
+
+def test_the_port_search_raises_the_soft_descriptor_limit_first():
+    """64 workers need more than 64 descriptors, already to find their ports: the soft limit is raised first."""
+    r = with_open_files(64, 4096, "--nproc_per_node", 64, "--no_python", "--print_config", "false", "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert "all 64 worker(s) finished" in r.stderr
+
+
+def test_a_hard_descriptor_limit_too_low_names_the_ulimit_to_ask_for():
+    r = with_open_files(64, 64, "--nproc_per_node", 64, "--no_python", "/bin/true")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "but the limit is 64 (ulimit -n); raise it (ulimit -n " in r.stderr and "ports" not in r.stderr
+
+
+STORE_WHEN_TOLD = """\
+import os, sys, time
+if os.environ["RANK"] == "0":
+    print("waiting", flush=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    import torch.distributed as dist
+    dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 1, True)
+    print("store up", flush=True)
+"""
+
+
+def test_what_the_reserved_rank_0_port_keeps_off(tmp_path):
+    """README, Guarantees: held with SO_REUSEADDR and not listening, MASTER_PORT refuses a bind
+    without SO_REUSEADDR (and the kernel never picks it for port 0), while a program that sets
+    SO_REUSEADDR itself can bind and listen on it, as rank 0's TCPStore does."""
+    script, go = tmp_path / "store.py", tmp_path / "go"
+    script.write_text(STORE_WHEN_TOLD)
+    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, "--print_config", "false", script, go),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "[rank 0] waiting\n"  # rank 0 runs; the port is held
+        rank_0 = next(p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "0")
+        port = int(rank_0.environ()["MASTER_PORT"])
+        with socket.socket() as s:
+            with pytest.raises(OSError):
+                s.bind(("127.0.0.1", port))
+        with socket.socket() as s:  # not covered: SO_REUSEADDR, which most servers set
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        go.touch()
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "[rank 0] store up" in out

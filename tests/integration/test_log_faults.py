@@ -445,7 +445,9 @@ def test_closed_standard_streams_with_log_dir(tmp_path, closed):
 
 @pytest.mark.parametrize("closed", [(1,), (2,)], ids=["stdout", "stderr"])
 def test_closed_standard_streams_keep_the_exit_code(tmp_path, closed):
-    r = run_with_closed(closed, "--nproc_per_node", 2, PROBE, "--lines", 500, "--fail-rank", 1, "--code", 7)
+    """Rank 1 fails once rank 0 has written its 500 lines (not before: the job's stop would cut them short)."""
+    r = run_with_closed(closed, "--nproc_per_node", 2, PROBE, "--lines", 500, "--fail-rank", 1, "--code", 7,
+                        "--lines-mark", tmp_path)
     assert r.returncode == 7
     text = r.stdout if r.stdout is not None else r.stderr
     assert b"Traceback" not in text

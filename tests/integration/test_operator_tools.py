@@ -2,8 +2,10 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -119,21 +121,38 @@ def test_logs_follow_stops_on_ctrl_c(tmp_path):
     (tmp_path / "launcher.node0.json").write_text(json.dumps(fake))
     follower = subprocess.Popen(launcher_cmd("logs", tmp_path, "-f"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO)
+    guard = threading.Timer(60, follower.kill)  # bounds the readlines: each waits for its own line
+    guard.start()
     try:
-        time.sleep(0.8)
+        shown = [follower.stdout.readline()]
         with open(tmp_path / "workerlog.0", "a") as f:
             f.write("second\n")
-        time.sleep(0.8)
+        shown.append(follower.stdout.readline())
         assert follower.poll() is None  # the job still runs: it follows
         follower.send_signal(signal.SIGINT)
         out, err = follower.communicate(timeout=10)
     finally:
+        guard.cancel()
         if follower.poll() is None:
             follower.kill()
             follower.communicate()
     assert follower.returncode == 130
-    assert out.splitlines() == ["[rank 0] first", "[rank 0] second"]
+    assert "".join(shown).splitlines() == ["[rank 0] first", "[rank 0] second"] and out == ""
     assert "Traceback" not in err
+
+
+def test_the_processes_tests_start_do_not_inherit_ignored_signals():
+    """Under ``nohup`` or ``cmd &`` the suite starts with SIGINT ignored: conftest resets that for
+    its children, or the Ctrl-C tests (above, test_faults, test_log_faults) fail."""
+    from conftest import INHERITED_SIGNALS
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(f"/proc/{child.pid}/status") as f:
+            ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    finally:
+        child.kill()
+        child.wait()
+    assert [s.name for s in INHERITED_SIGNALS if ignored & (1 << (s - 1))] == []
 
 
 def test_a_job_whose_launcher_is_gone(tmp_path):
@@ -171,6 +190,63 @@ def test_a_corrupt_state_file(tmp_path):
     assert "launcher.node0.json is not a launcher state file (not JSON" in r.stderr
     r = tool("logs", tmp_path)  # the logs do not need it
     assert r.returncode == 0 and r.stdout == "[rank 0] line\n"
+
+
+def test_logs_on_one_huge_line_holds_little_memory(tmp_path):
+    """A 96 MiB line is read in pieces and cut as the launcher cuts it, not held whole."""
+    log = tmp_path / "workerlog.0"
+    with open(log, "wb") as f:
+        f.write(b"===== 2026-01-01 00:00:00 launcher: rank 0 starts: python x.py\n")
+        for _ in range(96):
+            f.write(b"x" * (1 << 20))
+        f.write(b"\nend\n")
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    for args in (("logs", tmp_path), ("status", tmp_path)):
+        proc = subprocess.Popen(launcher_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": path})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert usage.ru_maxrss < 80 * 1024, f"{args[0]}: {usage.ru_maxrss // 1024} MiB at most"  # KiB
+
+
+def test_status_and_logs_on_a_hostile_state_file(tmp_path):
+    """Wrong-typed values are unknown ('?'), and a log named outside the log dir is never read."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (tmp_path / "secret.txt").write_text("the secret\n")
+    (log_dir / "workerlog.0").write_text("step 1\n")
+    procs = [{"label": "rank 0", "key": 0, "pid": 1, "log": "../secret.txt", "started": float("nan"),
+              "ended": None, "returncode": None},
+             {"label": "rank 1", "key": 1, "pid": "x", "log": "workerlog.0", "started": 1e300, "ended": None,
+              "returncode": "one"}]
+    head = dict(version=1, node=0, node_ip="127.0.0.1", nodes=1, host="h", run_id="r", launcher_pid=1,
+                launcher_start=0, attempt="one", max_restarts=0, phase="running", exit_code=None,
+                started=1e300, updated=float("nan"), processes=procs)
+    (log_dir / "launcher.node0.json").write_text(json.dumps(head))
+    r = tool("status", log_dir)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "the secret" not in r.stdout and "step 1" in r.stdout and "attempt ? of 1" in r.stdout
+    r = tool("logs", log_dir)
+    assert r.returncode == 0 and r.stdout == "[rank 1] step 1\n", r.stderr
+
+
+def test_logs_follow_ends_when_its_log_dir_is_deleted(tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "workerlog.0").write_text("one\n")  # no state file: only the folder's end can stop it
+    follower = subprocess.Popen(launcher_cmd("logs", log_dir, "-f"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO)
+    guard = threading.Timer(30, follower.kill)  # bounds the readline below
+    guard.start()
+    try:
+        first = follower.stdout.readline()  # the follower has listed and read the logs
+        shutil.rmtree(log_dir)
+        out, err = follower.communicate(timeout=20)
+    finally:
+        guard.cancel()
+        follower.kill()
+    assert follower.returncode == 0 and first + out == "[rank 0] one\n"
+    assert "is gone (deleted or moved)" in err and err.count("\n") == 1
 
 
 def test_parameter_server_logs(tmp_path):

@@ -70,3 +70,34 @@ def test_the_ctr_example_runs_as_a_parameter_server_job(tmp_path):
     assert "launcher: server 1 starts" in (logs / "serverlog.1").read_text()
     # the trainers' end ends the job: the servers return from run_server or are stopped, and it exits 0
     assert "all 4 process(es) finished" in r.stderr
+
+
+DYING_SERVER = """\
+import os, signal, sys, time
+marker = os.path.join(sys.argv[1], "server-dying")
+if os.environ["TRAINING_ROLE"] == "PSERVER":
+    if os.environ["PADDLE_PSERVER_ID"] == "0":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # dying already: the stop's SIGTERM changes nothing
+        open(marker, "w").close()  # its trainers see it gone at once...
+        time.sleep(0.2)  # ...while its own exit takes a moment (a server's teardown)
+        sys.exit(9)
+    time.sleep(60)
+else:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    print("RuntimeError: process_vm_readv: the server is gone", flush=True)
+    sys.exit(1)
+"""
+
+
+def test_a_server_that_dies_is_named_though_its_trainer_is_seen_failing_first(tmp_path):
+    """The trainer's error is a consequence: the report and the exit code are the server's."""
+    script = tmp_path / "dying_server.py"
+    script.write_text(DYING_SERVER)
+    args = ["--server_num", 1, "--worker_num", 1, "--log_dir", tmp_path / "logs", script, tmp_path]
+    r = subprocess.run([sys.executable, "-m", "launcher", *map(str, args)], cwd=psjob.REPO, env=psjob.base_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 9, r.stderr
+    assert "server 0 failed (exit code 9): the root cause; trainer 0 failed after it" in r.stderr
+    assert f"log: {tmp_path / 'logs' / 'serverlog.0'}" in r.stderr

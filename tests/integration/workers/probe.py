@@ -30,6 +30,8 @@ p.add_argument("--lines", type=int, default=0)
 p.add_argument("--width", type=int, default=100)
 p.add_argument("--stderr-every", type=int, default=0)
 p.add_argument("--kill-self", action="store_true", help="the failing rank dies by SIGKILL")
+p.add_argument("--lines-mark", help="a folder: each rank marks there that its --lines are written, and the "
+               "failing rank fails only once every rank has (at most 60 s)")
 args, extra = p.parse_known_args()
 
 rank = int(os.environ.get("RANK", "-1"))
@@ -75,7 +77,13 @@ if args.lines:
         if args.stderr_every and i % args.stderr_every == 0:
             sys.stderr.write(f"e{rank} n{i:012d} {line_body}\n")
 
+if args.lines_mark:
+    open(os.path.join(args.lines_mark, f"lines.{rank}"), "w").close()
 if rank == args.fail_rank:
+    marks_by = time.monotonic() + 60
+    while args.lines_mark and len(os.listdir(args.lines_mark)) < int(os.environ["WORLD_SIZE"]) \
+            and time.monotonic() < marks_by:
+        time.sleep(0.01)
     time.sleep(args.delay)
     print(f"rank {rank} is about to fail with {args.code}", flush=True)
     if args.kill_self:
