@@ -72,6 +72,21 @@ def start_launcher(*args, env=None, **kwargs):
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+def spares_of(launcher_pid):
+    """The launcher's spare interpreters (woken ones among them: they keep the environment they
+    were started with in /proc/PID/environ)."""
+    from launcher import spare
+
+    found = []
+    for child in psutil.Process(launcher_pid).children():
+        try:
+            if spare.FD_VAR in child.environ():
+                found.append(child)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
+
+
 def wait_for(predicate, timeout=20.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
