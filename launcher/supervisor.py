@@ -289,7 +289,7 @@ class Launch:
                 continue
             try:
                 env = worker_env(self.plan, spec, group.attempt + 1)
-                self.spares[spec.rank] = _start_spare(spec, env, group._cgroup_fd)
+                self.spares[spec.rank] = _start_spare(spec, env)
             except OSError as e:
                 log.debug("no spare interpreter for rank %d: %s", spec.rank, e)
                 return
@@ -440,12 +440,16 @@ class WorkerGroup:
         self.launch.tell_watchdog(f"pid {proc.pid}")
 
     def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
-        """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned)."""
+        """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned).
+        It enters the job's cgroup first (it waited outside, where a stop's cgroup.kill does not
+        reach), so that nothing the worker starts can be outside."""
         output = self.outputs.get(spec.rank) or spare.output
         env = worker_env(self.plan, spec, self.attempt)
         try:
             if env != spare.env:  # left over from an attempt that did not start it
                 raise OSError("it was started for another attempt")
+            if self._cgroup_fd is not None:
+                os.write(self._cgroup_fd, str(spare.proc.pid).encode())
             _write_all(spare.go, spare_module.message(env))
         except OSError as e:
             log.debug("spare for rank %d not used (%s); starting the worker afresh", spec.rank, e)
@@ -875,8 +879,9 @@ def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
     return {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
 
 
-def _start_spare(spec: WorkerSpec, env: dict, cgroup_fd: Optional[int]) -> Spare:
-    """The worker's own command, started with the environment it will have, its output where the worker's goes."""
+def _start_spare(spec: WorkerSpec, env: dict) -> Spare:
+    """The worker's own command, started with the environment it will have: outside the job's
+    cgroup until it is woken (``WorkerGroup._wake``), its output where the worker's goes."""
     output = None if spec.log_file else logs.PipeOutput(spec.label)
     r, w = os.pipe2(os.O_CLOEXEC)
     out = None
@@ -888,7 +893,7 @@ def _start_spare(spec: WorkerSpec, env: dict, cgroup_fd: Optional[int]) -> Spare
             env=spare_module.waiting_env(env, r),
             stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, pass_fds=(r,),
             start_new_session=True,
-            preexec_fn=_child_setup(os.getpid(), cgroup_fd),
+            preexec_fn=_child_setup(os.getpid(), None),
         )
     except OSError:
         os.close(w)

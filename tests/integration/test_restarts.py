@@ -15,6 +15,7 @@ from conftest import WORKERS, run_launcher, spares_of, start_launcher, wait_for
 
 INTROSPECT = str(WORKERS / "introspect.py")
 TWIN = WORKERS / "twin.py"
+STUBBORN = str(WORKERS / "stubborn.py")
 
 
 def records(folder):
@@ -162,3 +163,26 @@ def test_a_restarted_worker_cannot_tell_it_ran_in_a_spare(tmp_path, how):
     assert traceback_of(log, 1) == traceback_of(log, 0)
     assert len(re.findall(r'^  File "', traceback_of(log, 0), re.M)) == (4 if how == "module" else 2)
 
+
+def test_spares_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
+    """They wait outside the job's cgroup: their end comes from the launcher's death itself."""
+    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3,
+                              STUBBORN, tmp_path, "go")
+    spares = []
+    try:
+        wait_for((tmp_path / "ignoring").exists, timeout=30, what="the first attempt")
+
+        def both():
+            spares[:] = spares_of(launcher.pid)
+            return len(spares) == 2
+
+        wait_for(both, what="the spares")
+        launcher.kill()
+        launcher.communicate(timeout=30)
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in spares), timeout=10,
+                 what="the spares to go")
+    finally:
+        (tmp_path / "go").touch()
+        for p in spares:
+            if p.is_running():
+                p.kill()
