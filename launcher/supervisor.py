@@ -448,6 +448,8 @@ class WorkerGroup:
         try:
             if env != spare.env:  # left over from an attempt that did not start it
                 raise OSError("it was started for another attempt")
+            if spare.log_id is not None and spare.log_id != _file_id(os.stat(spec.log_file)):
+                raise OSError("its log file was replaced since")
             if self._cgroup_fd is not None:
                 os.write(self._cgroup_fd, str(spare.proc.pid).encode())
             _write_all(spare.go, spare_module.message(env))
@@ -868,6 +870,7 @@ class Spare:
     go: Optional[int]  # the launcher's end of the pipe it waits on
     output: object  # its PipeOutput without --log_dir; None with (its output goes to the log file)
     env: dict  # the environment it will have (it was started with this, plus the hook's two variables)
+    log_id: Optional[tuple] = None  # with --log_dir: (st_dev, st_ino) of the log file its output goes to
 
     def close(self) -> None:
         if self.go is not None:
@@ -887,6 +890,7 @@ def _start_spare(spec: WorkerSpec, env: dict) -> Spare:
     out = None
     try:
         out = os.open(spec.log_file, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY) if spec.log_file else None
+        log_id = _file_id(os.fstat(out)) if out is not None else None
         stdout, stderr = output.child_fds() if output else (out, out)
         proc = subprocess.Popen(
             spec.cmd,
@@ -907,7 +911,11 @@ def _start_spare(spec: WorkerSpec, env: dict) -> Spare:
             os.close(out)
     if output:
         output.spawned()
-    return Spare(proc, w, output, env)
+    return Spare(proc, w, output, env, log_id)
+
+
+def _file_id(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -186,3 +186,22 @@ def test_spares_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
         for p in spares:
             if p.is_running():
                 p.kill()
+
+
+def test_a_spare_whose_log_file_was_replaced_is_not_used(tmp_path):
+    """Its output would go to the old file: the worker is started afresh, into the new one."""
+    logs_dir = tmp_path / "logs"
+    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3,
+                              "--log_dir", logs_dir, STUBBORN, tmp_path, "go")
+    try:
+        wait_for((tmp_path / "ignoring").exists, timeout=30, what="the first attempt")
+        wait_for(lambda: len(spares_of(launcher.pid)) == 2, what="the spares")
+        (logs_dir / "workerlog.1").unlink()
+        (tmp_path / "go").touch()
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err
+    for rank in (0, 1):
+        assert f"attempt 1 rank {rank} here" in (logs_dir / f"workerlog.{rank}").read_text()

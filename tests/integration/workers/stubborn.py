@@ -4,7 +4,7 @@
 
 Attempt 0: rank 0 ignores SIGTERM and sleeps; rank 1 waits until rank 0 has said so
 (DIR/ignoring), and with ``go`` until DIR/go is there too, then exits 3. Attempt 1 and later:
-each rank writes its cgroup to DIR/cgroup.RANK and exits 0.
+each rank writes its cgroup to DIR/cgroup.RANK, says "attempt N rank R here" and exits 0.
 """
 
 import os
@@ -17,6 +17,7 @@ rank = os.environ["RANK"]
 if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
     with open("/proc/self/cgroup") as f, open(os.path.join(folder, f"cgroup.{rank}"), "w") as out:
         out.write(f.read())
+    print(f"attempt {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} here")
     sys.exit(0)
 if rank == "0":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
