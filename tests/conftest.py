@@ -87,6 +87,27 @@ def spares_of(launcher_pid):
     return found
 
 
+def start_stubborn(folder, *args):
+    """workers/stubborn.py under a launcher allowed one restart (``args`` added to its options),
+    its first attempt held until ``folder``/go exists: (the launcher, its two spares), once there."""
+    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3, *args,
+                              WORKERS / "stubborn.py", folder, "go")
+    spares = []
+
+    def two_spares():
+        spares[:] = spares_of(launcher.pid)
+        return len(spares) == 2
+
+    try:
+        wait_for((folder / "ignoring").exists, timeout=30, what="the first attempt")
+        wait_for(two_spares, timeout=30, what="the spares")
+    except BaseException:
+        launcher.kill()
+        launcher.communicate()
+        raise
+    return launcher, spares
+
+
 def wait_for(predicate, timeout=20.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ import uuid
 import psutil
 import pytest
 
-from conftest import PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, spares_of, start_launcher, wait_for
+from conftest import PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, start_launcher, start_stubborn, wait_for
 from launcher import processes
 
 ROOT = os.geteuid() == 0
@@ -125,17 +125,8 @@ def _cgroup_of(pid) -> str:
 def test_a_stop_that_needs_sigkill_spares_the_next_attempts_interpreters(tmp_path):
     """The spares wait outside the job's cgroup, so a stop's cgroup.kill does not reach them;
     woken, they enter it, as a fresh worker does."""
-    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3,
-                              str(WORKERS / "stubborn.py"), tmp_path, "go")
+    launcher, spares = start_stubborn(tmp_path)
     try:
-        wait_for((tmp_path / "ignoring").exists, timeout=30, what="rank 0 to ignore SIGTERM")
-        spares = []
-
-        def two_spares():
-            spares[:] = spares_of(launcher.pid)
-            return len(spares) == 2
-
-        wait_for(two_spares, timeout=30, what="the spares")
         assert not any("launcher-" in _cgroup_of(p.pid) for p in spares)
         (tmp_path / "go").touch()
         out, err = launcher.communicate(timeout=60)

@@ -11,11 +11,10 @@ import signal
 import psutil
 import pytest
 
-from conftest import WORKERS, run_launcher, spares_of, start_launcher, wait_for
+from conftest import WORKERS, run_launcher, spares_of, start_launcher, start_stubborn, wait_for
 
 INTROSPECT = str(WORKERS / "introspect.py")
 TWIN = WORKERS / "twin.py"
-STUBBORN = str(WORKERS / "stubborn.py")
 
 
 def records(folder):
@@ -166,17 +165,8 @@ def test_a_restarted_worker_cannot_tell_it_ran_in_a_spare(tmp_path, how):
 
 def test_spares_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
     """They wait outside the job's cgroup: their end comes from the launcher's death itself."""
-    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3,
-                              STUBBORN, tmp_path, "go")
-    spares = []
+    launcher, spares = start_stubborn(tmp_path)
     try:
-        wait_for((tmp_path / "ignoring").exists, timeout=30, what="the first attempt")
-
-        def both():
-            spares[:] = spares_of(launcher.pid)
-            return len(spares) == 2
-
-        wait_for(both, what="the spares")
         launcher.kill()
         launcher.communicate(timeout=30)
         wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in spares), timeout=10,
@@ -191,11 +181,8 @@ def test_spares_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
 def test_a_spare_whose_log_file_was_replaced_is_not_used(tmp_path):
     """Its output would go to the old file: the worker is started afresh, into the new one."""
     logs_dir = tmp_path / "logs"
-    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3,
-                              "--log_dir", logs_dir, STUBBORN, tmp_path, "go")
+    launcher, _ = start_stubborn(tmp_path, "--log_dir", logs_dir)
     try:
-        wait_for((tmp_path / "ignoring").exists, timeout=30, what="the first attempt")
-        wait_for(lambda: len(spares_of(launcher.pid)) == 2, what="the spares")
         (logs_dir / "workerlog.1").unlink()
         (tmp_path / "go").touch()
         out, err = launcher.communicate(timeout=60)
