@@ -108,6 +108,17 @@ def start_stubborn(folder, *args):
     return launcher, spares
 
 
+def release_stubborn(launcher, folder):
+    """Let start_stubborn's first attempt fail, and wait for the launcher's end: its stderr."""
+    try:
+        (folder / "go").touch()
+        return launcher.communicate(timeout=60)[1]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+
+
 def wait_for(predicate, timeout=20.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

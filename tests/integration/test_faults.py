@@ -14,7 +14,8 @@ import uuid
 import psutil
 import pytest
 
-from conftest import PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, start_launcher, start_stubborn, wait_for
+from conftest import (PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, release_stubborn,
+                      start_launcher, start_stubborn, wait_for)
 from launcher import processes
 
 ROOT = os.geteuid() == 0
@@ -126,13 +127,9 @@ def test_a_stop_that_needs_sigkill_spares_the_next_attempts_interpreters(tmp_pat
     """The spares wait outside the job's cgroup, so a stop's cgroup.kill does not reach them;
     woken, they enter it, as a fresh worker does."""
     launcher, spares = start_stubborn(tmp_path)
-    try:
-        assert not any("launcher-" in _cgroup_of(p.pid) for p in spares)
-        (tmp_path / "go").touch()
-        out, err = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    outside = not any("launcher-" in _cgroup_of(p.pid) for p in spares)
+    err = release_stubborn(launcher, tmp_path)
+    assert outside
     assert launcher.returncode == 0, err
     assert "killed by SIGKILL" not in err
     assert all("/launcher-" in (tmp_path / f"cgroup.{rank}").read_text() for rank in (0, 1))

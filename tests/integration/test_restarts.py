@@ -11,7 +11,7 @@ import signal
 import psutil
 import pytest
 
-from conftest import WORKERS, run_launcher, spares_of, start_launcher, start_stubborn, wait_for
+from conftest import WORKERS, run_launcher, spares_of, release_stubborn, start_launcher, start_stubborn, wait_for
 
 INTROSPECT = str(WORKERS / "introspect.py")
 TWIN = WORKERS / "twin.py"
@@ -182,13 +182,8 @@ def test_a_spare_whose_log_file_was_replaced_is_not_used(tmp_path):
     """Its output would go to the old file: the worker is started afresh, into the new one."""
     logs_dir = tmp_path / "logs"
     launcher, _ = start_stubborn(tmp_path, "--log_dir", logs_dir)
-    try:
-        (logs_dir / "workerlog.1").unlink()
-        (tmp_path / "go").touch()
-        out, err = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    (logs_dir / "workerlog.1").unlink()
+    err = release_stubborn(launcher, tmp_path)
     assert launcher.returncode == 0, err
     for rank in (0, 1):
         assert f"attempt 1 rank {rank} here" in (logs_dir / f"workerlog.{rank}").read_text()
