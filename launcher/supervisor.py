@@ -457,6 +457,8 @@ class WorkerGroup:
             log.debug("spare for rank %d not used (%s); starting the worker afresh", spec.rank, e)
             spare.close()
             spare.proc.kill()
+            if spare.output is not None:  # its pipes: the fresh worker gets its own
+                spare.output.finish()
             return False
         spare.close()
         if output is not spare.output and spare.output is not None:
