@@ -551,12 +551,16 @@ class FileOutput:
             console.draw(1, self._lines, bar)
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
-        with open(self.path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            self.start = min(self.start, size)
-            begin = max(self.start, size - TAIL_BYTES)
-            f.seek(begin)
-            return _last_lines(f.read(), n, cut=begin > self.start)
+        """The log's last lines since this run's header; none if the file was removed meanwhile."""
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                self.start = min(self.start, size)
+                begin = max(self.start, size - TAIL_BYTES)
+                f.seek(begin)
+                return _last_lines(f.read(), n, cut=begin > self.start)
+        except OSError:
+            return []
 
 
 def _last_lines(data: bytes, n: int, cut: bool = False) -> list:

@@ -23,7 +23,6 @@ back to the launcher (it is their child subreaper) are reaped as they end.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import resource
 import selectors
@@ -37,6 +36,7 @@ from typing import Optional
 from launcher import envvars as ev
 from launcher import job as job_module
 from launcher import logs, policy, processes
+from launcher import spare as spare_module
 from launcher import state as state_file
 from launcher.errors import LaunchError
 from launcher.logs import log
@@ -288,13 +288,14 @@ class Launch:
     # ------------------------------------------------------------ spares for a restart
 
     def make_spares(self, group: "WorkerGroup") -> None:
-        """With restarts left, start an idle interpreter for each worker of the next attempt, so
-        that a restart does not wait for interpreters to start (Python workers only)."""
+        """With restarts left, start each Python worker of the next attempt up to the end of its
+        interpreter's start-up (``launcher.spare``), so that a restart does not wait for that."""
         for spec in self.plan.workers:
-            if spec.rank in self.spares or _script_of(spec.cmd) is None:
+            if spec.rank in self.spares or not spare_module.can_wait(spec.cmd):
                 continue
             try:
-                self.spares[spec.rank] = _start_spare(spec, self.plan, group)
+                env = worker_env(self.plan, spec, group.attempt + 1)
+                self.spares[spec.rank] = _start_spare(spec, env)
             except OSError as e:
                 log.debug("no spare interpreter for rank %d: %s", spec.rank, e)
                 return
@@ -409,10 +410,6 @@ class WorkerGroup:
             self._spawn(spec)
         log.debug("started %d worker(s)", len(self.workers))
 
-    def _env(self, spec: WorkerSpec) -> dict:
-        return {**self.plan.base_env, **spec.env, ev.RESTART_COUNT: str(self.attempt),
-                ev.ELASTIC_RESTART_COUNT: str(self.attempt)}
-
     def _spawn(self, spec: WorkerSpec) -> None:
         spare = self.launch.spares.pop(spec.rank, None)
         if spare is not None and self._wake(spec, spare):
@@ -426,7 +423,7 @@ class WorkerGroup:
         try:
             proc = subprocess.Popen(
                 spec.cmd,
-                env=self._env(spec),
+                env=worker_env(self.plan, spec, self.attempt),
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
@@ -448,16 +445,26 @@ class WorkerGroup:
             self.launch.selector.register(fd, selectors.EVENT_READ, ("pipe", worker))
         self.launch.tell_watchdog(f"pid {proc.pid}")
 
-    def _wake(self, spec: WorkerSpec, spare: "Spare") -> bool:
-        """Make a spare interpreter this attempt's worker; False if it cannot be (then spawn)."""
+    def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
+        """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned).
+        It enters the job's cgroup first (it waited outside, where a stop's cgroup.kill does not
+        reach), so that nothing the worker starts can be outside."""
         output = self.outputs.get(spec.rank) or spare.output
-        script, module = _script_of(spec.cmd)
-        order = {"env": self._env(spec), "argv": [script, *spec.cmd[spec.cmd.index(script) + 1:]],
-                 "module": module, "log": spec.log_file}
+        env = worker_env(self.plan, spec, self.attempt)
         try:
-            os.write(spare.go, (json.dumps(order) + "\n").encode())
-        except OSError:
+            if env != spare.env:  # left over from an attempt that did not start it
+                raise OSError("it was started for another attempt")
+            if spare.log_id is not None and spare.log_id != _file_id(os.stat(spec.log_file)):
+                raise OSError("its log file was replaced since")
+            if self._cgroup_fd is not None:
+                os.write(self._cgroup_fd, str(spare.proc.pid).encode())
+            _write_all(spare.go, spare_module.message(env))
+        except OSError as e:
+            log.debug("spare for rank %d not used (%s); starting the worker afresh", spec.rank, e)
             spare.close()
+            spare.proc.kill()
+            if spare.output is not None:  # its pipes: the fresh worker gets its own
+                spare.output.finish()
             return False
         spare.close()
         if output is not spare.output and spare.output is not None:
@@ -888,11 +895,13 @@ def _open_fds() -> int:
 
 @dataclass
 class Spare:
-    """An idle interpreter for a worker of the next attempt (``launcher/spare.py``)."""
+    """A worker of the next attempt, waiting at the end of its interpreter's start-up (``launcher.spare``)."""
 
     proc: subprocess.Popen
     go: Optional[int]  # the launcher's end of the pipe it waits on
-    output: object  # its PipeOutput without --log_dir; None with (it opens its log file itself)
+    output: object  # its PipeOutput without --log_dir; None with (its output goes to the log file)
+    env: dict  # the environment it will have (it was started with this, plus the hook's two variables)
+    log_id: Optional[tuple] = None  # with --log_dir: (st_dev, st_ino) of the log file its output goes to
 
     def close(self) -> None:
         if self.go is not None:
@@ -900,25 +909,26 @@ class Spare:
             self.go = None
 
 
-def _script_of(cmd) -> Optional[tuple]:
-    """(script or module, is a module) of a Python worker's command; None for --no_python."""
-    if len(cmd) >= 3 and cmd[1] == "-u":
-        return (cmd[3], True) if cmd[2] == "-m" and len(cmd) >= 4 else (cmd[2], False)
-    return None
+def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
+    return {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
 
 
-def _start_spare(spec: WorkerSpec, plan: Plan, group: "WorkerGroup") -> Spare:
-    stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare.py")
+def _start_spare(spec: WorkerSpec, env: dict) -> Spare:
+    """The worker's own command, started with the environment it will have: outside the job's
+    cgroup until it is woken (``WorkerGroup._wake``), its output where the worker's goes."""
     output = None if spec.log_file else logs.PipeOutput(spec.label)
-    stdout, stderr = output.child_fds() if output else (subprocess.DEVNULL, subprocess.DEVNULL)
     r, w = os.pipe2(os.O_CLOEXEC)
+    out = None
     try:
+        out = os.open(spec.log_file, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY) if spec.log_file else None
+        log_id = _file_id(os.fstat(out)) if out is not None else None
+        stdout, stderr = output.child_fds() if output else (out, out)
         proc = subprocess.Popen(
-            [spec.cmd[0], "-u", stub, str(r)],
-            env={**plan.base_env, **spec.env},
+            spec.cmd,
+            env=spare_module.waiting_env(env, r),
             stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, pass_fds=(r,),
             start_new_session=True,
-            preexec_fn=_child_setup(os.getpid(), group._cgroup_fd),
+            preexec_fn=_child_setup(os.getpid(), None),
         )
     except OSError:
         os.close(w)
@@ -928,9 +938,20 @@ def _start_spare(spec: WorkerSpec, plan: Plan, group: "WorkerGroup") -> Spare:
         raise
     finally:
         os.close(r)
+        if out is not None:
+            os.close(out)
     if output:
         output.spawned()
-    return Spare(proc, w, output)
+    return Spare(proc, w, output, env, log_id)
+
+
+def _file_id(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _note_signal(signum, frame) -> None:

@@ -91,6 +91,53 @@ def start_launcher(*args, env=None, **kwargs):
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+def spares_of(launcher_pid):
+    """The launcher's spare interpreters (woken ones among them: they keep the environment they
+    were started with in /proc/PID/environ)."""
+    from launcher import spare
+
+    found = []
+    for child in psutil.Process(launcher_pid).children():
+        try:
+            if spare.FD_VAR in child.environ():
+                found.append(child)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
+
+
+def start_stubborn(folder, *args):
+    """workers/stubborn.py under a launcher allowed one restart (``args`` added to its options),
+    its first attempt held until ``folder``/go exists: (the launcher, its two spares), once there."""
+    launcher = start_launcher("--nproc_per_node", 2, "--max_restarts", 1, "--shutdown_timeout", 0.3, *args,
+                              WORKERS / "stubborn.py", folder, "go")
+    spares = []
+
+    def two_spares():
+        spares[:] = spares_of(launcher.pid)
+        return len(spares) == 2
+
+    try:
+        wait_for((folder / "ignoring").exists, timeout=30, what="the first attempt")
+        wait_for(two_spares, timeout=30, what="the spares")
+    except BaseException:
+        launcher.kill()
+        launcher.communicate()
+        raise
+    return launcher, spares
+
+
+def release_stubborn(launcher, folder):
+    """Let start_stubborn's first attempt fail, and wait for the launcher's end: its stderr."""
+    try:
+        (folder / "go").touch()
+        return launcher.communicate(timeout=60)[1]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+
+
 def wait_for(predicate, timeout=20.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -50,6 +50,17 @@ def test_last_lines_are_never_cut_at_the_start(monkeypatch):
     assert logs._last_lines(b"rt line\nwhole\n", 5, cut=True) == ["whole"]
 
 
+def test_a_removed_log_file_has_no_last_lines(tmp_path):
+    """A log removed while its worker ran (a clean-up, a rotation) must not break the failure summary."""
+    path = str(tmp_path / "workerlog.0")
+    out = logs.FileOutput(path, logs.open_log(path, str(tmp_path), "rank 0", ("python", "x.py")), echo=False)
+    os.write(out.child_fds()[0], b"a line\n")
+    out.spawned()
+    assert out.last_lines() == ["a line"]
+    os.remove(path)
+    assert out.last_lines() == []
+
+
 def test_two_descriptors_of_one_file_share_one_console_buffer():
     """stdout and stderr on one pipe (2>&1 | tee): one buffer, so no write lands inside a line."""
     r, w = os.pipe()

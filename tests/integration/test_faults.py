@@ -14,7 +14,8 @@ import uuid
 import psutil
 import pytest
 
-from conftest import PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, start_launcher, wait_for
+from conftest import (PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, release_stubborn,
+                      start_launcher, start_stubborn, wait_for)
 from launcher import processes
 
 ROOT = os.geteuid() == 0
@@ -114,6 +115,24 @@ def test_escapers_are_stopped_when_the_job_ends(tmp_path):
     finally:
         for pid in _marked(token):
             os.kill(pid, signal.SIGKILL)
+
+
+def _cgroup_of(pid) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read()
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup v2 with cgroup.kill")
+def test_a_stop_that_needs_sigkill_spares_the_next_attempts_interpreters(tmp_path):
+    """The spares wait outside the job's cgroup, so a stop's cgroup.kill does not reach them;
+    woken, they enter it, as a fresh worker does."""
+    launcher, spares = start_stubborn(tmp_path)
+    outside = not any("launcher-" in _cgroup_of(p.pid) for p in spares)
+    err = release_stubborn(launcher, tmp_path)
+    assert outside
+    assert launcher.returncode == 0, err
+    assert "killed by SIGKILL" not in err
+    assert all("/launcher-" in (tmp_path / f"cgroup.{rank}").read_text() for rank in (0, 1))
 
 
 # ---------------------------------------------------------------- the watchdog
