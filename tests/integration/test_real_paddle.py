@@ -183,3 +183,10 @@ def test_fleet_parameter_server_training_and_fleet_util_all_reduce_as_under_padd
     assert results(theirs, "ps.*.json", drop=("loss",)) == got, paddles.stdout[-3000:]
     for data in results(ours, "ps.*.json").values():
         assert 0 <= data["loss"] < 1000  # it trained: a number, not nan
+
+
+def test_the_launcher_runs_a_paddle_job_where_torch_is_not_installed(paddle26, tmp_path):
+    """The 2.6.2 environment has click, psutil, pyyaml and Paddle, no torch: what a Paddle user installs."""
+    assert subprocess.run([paddle26, "-c", "import torch"], capture_output=True).returncode != 0
+    done = run_ours(paddle26, ["--nproc_per_node", "1", "-m", "json.tool", "--help"], tmp_path, timeout=60)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stderr
