@@ -10,7 +10,7 @@ import click
 
 from launcher.errors import LaunchError
 
-LIST_KEYS = ("cluster_node_ips", "selected_gpus", "servers", "workers")  # a YAML list is joined with commas
+LIST_KEYS = ("cluster_node_ips", "selected_gpus", "servers", "workers", "devices", "ips", "trainers")  # a YAML list is joined with commas
 EXTRA_KEYS = ("training_script", "training_script_args", "env")
 SCALARS = (str, int, float, bool)  # YAML also makes dates, timestamps and bytes: refused, not guessed at
 _short = reprlib.Repr()

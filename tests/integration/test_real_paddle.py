@@ -115,7 +115,8 @@ def folders(tmp_path):
 
 # How a Paddle user starts 2 CPU workers on one node, with each launcher's command line
 COLLECTIVE_CLIS = {
-    "ours": lambda: ["--nproc_per_node", "2"],
+    "paddle-3": lambda: ["--nnodes", "1", "--ips", "127.0.0.1", "--start_port", free_ports(2), "--nproc_per_node", "2",
+                         "--job_id", "real-paddle", "--log_level", "INFO"],
     "paddle-1.8": lambda: ["--cluster_node_ips", "127.0.0.1", "--node_ip", "127.0.0.1", "--started_port", free_ports(2),
                            "--nproc_per_node", "2"],
 }
@@ -150,10 +151,12 @@ def paddles_results(python, script, out, pattern):
     return _PADDLES[script]
 
 
-def test_fleet_parses_the_roles_of_a_parameter_server_job_as_under_paddles_launcher(paddle3, tmp_path):
+@pytest.mark.parametrize("counts", [["--server_num", "1", "--worker_num", "2"],  # Paddle 1.8's launch_ps
+                                    ["--run_mode", "ps", "--trainer_num", "2"]])  # Paddle 3's
+def test_fleet_parses_the_roles_of_a_parameter_server_job_as_under_paddles_launcher(paddle3, tmp_path, counts):
     ours, theirs = folders(tmp_path)
     script = PROGRAMS / "fleet_ps_roles.py"
-    mine = run_ours(paddle3, ["--server_num", "1", "--worker_num", "2", script, ours], ours)
+    mine = run_ours(paddle3, [*counts, script, ours], ours)
     assert mine.returncode == 0, mine.stderr[-3000:]
     paddles = run_paddles(paddle3, ["--server_num", "1", "--trainer_num", "2", script, theirs], theirs)
     assert paddles.returncode == 0, paddles.stdout[-3000:]
