@@ -99,6 +99,7 @@ def translate(values: dict, given: set) -> dict:
     _master(out, given)
     _run_mode(out, given)
     _backend(out, given)
+    _gloo_only_with_servers(out, given)
     return out
 
 
@@ -204,6 +205,13 @@ def _run_mode(out: dict, given: set) -> None:
                           "(ps-heter and rpc are not supported).")
     if not any(out.get(n) is not None for n in PS_OPTIONS):
         out["server_num"], out["worker_num"] = 1, 1  # Paddle 2.6/3.x's defaults
+
+
+def _gloo_only_with_servers(out: dict, given: set) -> None:
+    stray = [n for n in ("gloo_port", "with_gloo", "http_port") if n in given]
+    if stray and not any(out.get(n) is not None for n in PS_OPTIONS):
+        raise LaunchError(f"--{stray[0]} sets fleet's gloo rendezvous of a parameter-server job, and this is a collective "
+                          "one (whose workers meet at rank 0's store, PADDLE_MASTER); drop it, or give --server_num/--trainer_num.")
 
 
 def _backend(out: dict, given: set) -> None:

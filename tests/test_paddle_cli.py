@@ -70,6 +70,8 @@ def test_parameter_server_options_of_paddle_3():
     assert [w.label for w in plan_of("--run_mode", "ps").workers] == ["trainer 0", "server 0"]
     assert "--run_mode collective disagrees with --server_num" in refused("--run_mode", "collective", "--server_num", "1")
     assert "--run_mode ps-heter is not supported" in refused("--run_mode", "ps-heter")
+    for name in ("--gloo_port", "--http_port", "--with_gloo"):
+        assert f"{name} sets fleet's gloo rendezvous of a parameter-server job" in refused(name, "2")
 
 
 def test_restarts_timeouts_backend_and_the_flags_that_change_nothing():
