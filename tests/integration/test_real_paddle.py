@@ -193,3 +193,24 @@ def test_the_launcher_runs_a_paddle_job_where_torch_is_not_installed(paddle26, t
     assert subprocess.run([paddle26, "-c", "import torch"], capture_output=True).returncode != 0
     done = run_ours(paddle26, ["--nproc_per_node", "1", "-m", "json.tool", "--help"], tmp_path, timeout=60)
     assert done.returncode == 0 and "usage" in done.stdout, done.stderr
+
+
+def test_paddles_role_maker_reads_endpoints_too_long_for_the_environment(paddle3, tmp_path):
+    """10,000 workers: PADDLE_TRAINER_ENDPOINTS passes 128 KiB, so the plan moves it to files; Paddle's own
+    role maker must still see every endpoint (through PADDLE_BACKUP_ENV_PATH), not fall back to one worker."""
+    from launcher.plan import HostFacts, LaunchOptions, make_plan
+
+    ips = ",".join(["127.0.0.1"] + [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(1, 1250)])
+    host = HostFacts(gpu_count=8, cpu_count=8, temp_dir=str(tmp_path), run_id="big")
+    plan = make_plan(LaunchOptions("x.py", cluster_node_ips=ips, started_port=6070), {}, host)
+    for path, text in plan.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    code = ("from paddle.distributed import fleet\n"
+            "role = fleet.PaddleCloudRoleMaker(is_collective=True)\nrole._generate_role()\n"
+            "print(role._worker_num(), len(role._get_trainer_endpoints()), role._worker_index())")
+    env = {**_env(), **plan.workers[3].env}
+    assert "PADDLE_TRAINER_ENDPOINTS" not in env
+    done = subprocess.run([paddle3, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["10000", "10000", "3"]
