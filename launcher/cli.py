@@ -78,6 +78,29 @@ def _option(name: str, aliases: tuple = (), **kwargs):
     return click.option(*kwargs.pop("short", ()), *spellings, name, **kwargs)
 
 
+# ---------------------------------------------------------------- Paddle 2.6/3.x's and fleetrun's options
+# (launcher.paddle_cli maps them onto the options above; Paddle 1.8's are this launcher's own)
+
+
+def paddle_options(command):
+    """Every option of Paddle 2.6/3.x's paddle.distributed.launch and of fleetrun that is not already ours."""
+    from launcher.paddle_cli import MAPPED, REFUSED
+
+    types = {"trainer_num": int, "max_restart": click.IntRange(0, 1000), "elastic_timeout": Seconds(),
+             "http_port": click.IntRange(1, 65535)}
+    for opt in reversed(MAPPED):
+        command = _option(opt.name, opt.aliases, type=types.get(opt.name, str), default=None, metavar=opt.metavar,
+                          help=opt.help)(command)
+    command = _option("with_gloo", default="1", show_default=True, metavar="0|1|2",
+                      help="Paddle 2.6/3.x, parameter servers: fleet's gloo among trainers (1), all (2), or none (0).")(command)
+    command = _option("gloo_port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+                      help="Paddle 2.6/3.x, parameter servers: the port of fleet's gloo rendezvous on server 0's host "
+                           "(default: a free port on one node, 6767 with --servers).")(command)
+    for name in reversed(sorted(REFUSED)):
+        command = _option(name, default=None, hidden=True)(command)
+    return command
+
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "allow_interspersed_args": False}
 
 
@@ -95,6 +118,14 @@ Watching a job started with --log_dir (reads the folder only; touches no process
   python -m launcher logs mylog -f --ranks 0,3 --grep loss   # the logs merged, followed
 status and logs are these tools only as the first argument, and only when no file of that name
 is in the current folder: a training script named status or logs runs as usual (also as ./status).
+
+\b
+Paddle 2.6/3.x and fleetrun options taken only to be refused, each saying why (NPUs and XPUs,
+the auto-parallel tuner, rank auto-mapping, heterogeneous and federated parameter servers,
+elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_parallel_config
+--auto_cluster_config --auto_tuner_json --cluster_topo_path --rank_mapping_path
+--enable_auto_mapping --coordinators --coordinator_num --heter_workers --heter_devices
+--heter_worker_num --elastic_server --elastic_pre_hook --scale --force
 """)
 @_option("cluster_node_ips", default="127.0.0.1", show_default=True, metavar="IPS",
          help="Comma-separated IPs or host names of all nodes, in node-rank order.")
@@ -158,6 +189,7 @@ is in the current folder: a training script named status or logs runs as usual (
          help="Parameter-server mode on several nodes: every server's endpoint; each node starts its own.")
 @_option("workers", default=None, metavar="IP:PORT,...",
          help="Parameter-server mode on several nodes: every trainer's endpoint; each node starts its own.")
+@paddle_options
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -173,9 +205,10 @@ def launch(ctx: click.Context, **values) -> int:
     With --server_num/--worker_num (or --servers/--workers) it starts parameter servers and
     trainers instead, and stops the servers once every trainer has finished.
     """
-    values = _with_config(ctx, values)
+    values, from_file = _with_config(ctx, values)
     logs.setup_messages(values["log_level"])
-    opts = _options(values, ctx.command_path)
+    opts, nodes = resolve_options(ctx, values, from_file)
+    from launcher import paddle_cli
 
     from launcher import preflight, supervisor
     from launcher.plan import make_plan
@@ -184,6 +217,7 @@ def launch(ctx: click.Context, **values) -> int:
     finder = preflight.port_finder(host, lambda count: supervisor.check_limits(count, log_dir=False))
     try:
         plan = make_plan(opts, os.environ, host, finder)
+        paddle_cli.check_nodes(nodes, len(plan.node_ips), plan.cluster or "--cluster_node_ips")
         preflight.check(plan, opts, host)
     except LaunchError:
         for s in finder.held:
@@ -197,6 +231,15 @@ def launch(ctx: click.Context, **values) -> int:
     if values["print_config"]:
         logs.console.write(2, (logs.format_plan(plan) + "\n").encode(errors="replace"))
     return supervisor.run(plan, tuple(reserved))
+
+
+def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset()):
+    """(LaunchOptions, the --nnodes to check the plan against): Paddle 2.6/3.x's options mapped onto ours."""
+    from launcher import paddle_cli
+
+    given = set(from_file) | {n for n in values if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)}
+    values = paddle_cli.translate(values, given)
+    return _options(values, ctx.command_path), paddle_cli.expected_nodes(values, given)
 
 
 def _with_gathered_nodes(opts, host):
@@ -283,10 +326,10 @@ def command_for(args: list, prog: str = DEFAULT_PROG):
     return launch, args, prog
 
 
-def _with_config(ctx: click.Context, values: dict) -> dict:
-    """Command line, then the --config file, then defaults."""
+def _with_config(ctx: click.Context, values: dict):
+    """Command line, then the --config file, then defaults; and the names the file set."""
     if not values["config"]:
-        return values
+        return values, set()
     from launcher import config
 
     options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
@@ -298,7 +341,7 @@ def _with_config(ctx: click.Context, values: dict) -> dict:
             continue
         if not given:
             merged[name] = value
-    return merged
+    return merged, set(settings)
 
 
 def _options(values: dict, prog: str = DEFAULT_PROG):

@@ -47,3 +47,26 @@ PSERVER_ID = "PADDLE_PSERVER_ID"
 PORT = "PADDLE_PORT"  # a server's own port
 POD_IP = "POD_IP"  # a server's own address
 TP_SOCKET_IFNAME = "TP_SOCKET_IFNAME"  # the interface TensorPipe (torch.distributed.rpc) uses
+
+# Paddle 2.6/3.x's launcher (paddle.distributed.launch): what it gives a collective worker on top of 1.8's
+DISTRI_BACKEND = "PADDLE_DISTRI_BACKEND"  # "gloo" for CPU workers: a CPU build of Paddle creates no group without it
+PADDLE_MASTER = "PADDLE_MASTER"  # ip:port of rank 0's store
+GLOBAL_SIZE = "PADDLE_GLOBAL_SIZE"
+LOCAL_SIZE = "PADDLE_LOCAL_SIZE"
+GLOBAL_RANK = "PADDLE_GLOBAL_RANK"
+PADDLE_LOCAL_RANK = "PADDLE_LOCAL_RANK"
+RANK_IN_NODE = "PADDLE_RANK_IN_NODE"  # fleet.local_rank()
+NNODES = "PADDLE_NNODES"
+LOG_DIR = "PADDLE_LOG_DIR"
+LOCAL_DEVICE_IDS = "PADDLE_LOCAL_DEVICE_IDS"  # GPU workers (fleet's launch): this node's GPUs
+WORLD_DEVICE_IDS = "PADDLE_WORLD_DEVICE_IDS"  # every node's GPUs, ':'-joined per node, ','-joined
+SELECTED_ACCELERATORS = "FLAGS_selected_accelerators"
+# Paddle's mechanism for a variable too long for the environment: a JSON file of the variables,
+# read by paddle.distributed.backup_env.getenv_or_backup (role maker, ParallelEnv)
+BACKUP_ENV_PATH = "PADDLE_BACKUP_ENV_PATH"
+# Parameter-server mode: the role under its newer name, and fleet's gloo rendezvous (fleet.util.all_reduce)
+PADDLE_ROLE = "PADDLE_ROLE"
+WITH_GLOO = "PADDLE_WITH_GLOO"  # 1: among trainers, 2: among all
+GLOO_RENDEZVOUS = "PADDLE_GLOO_RENDEZVOUS"  # 3: HTTP
+GLOO_HTTP_ENDPOINT = "PADDLE_GLOO_HTTP_ENDPOINT"  # ip:port of the KV store server 0 serves
+GLOO_FS_PATH = "PADDLE_GLOO_FS_PATH"

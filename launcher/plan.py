@@ -60,6 +60,8 @@ class LaunchOptions:
     worker_num: Optional[int] = None
     servers: Optional[str] = None  # ip:port,... of every server of the job
     workers: Optional[str] = None  # ip:port,... of every trainer of the job
+    gloo_port: Optional[int] = None  # parameter-server mode: fleet's gloo rendezvous on server 0's host
+    with_gloo: str = "1"  # PADDLE_WITH_GLOO: 0 none, 1 among trainers, 2 among all
 
     @property
     def parameter_server(self) -> bool:
@@ -242,6 +244,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     world = nper * len(cluster.node_ips)
     endpoints = endpoint_list(cluster.node_ips, ports)
     files, endpoint_vars = _endpoint_vars(",".join(endpoints), host)
+    if ev.TRAINER_ENDPOINTS not in endpoint_vars:  # in a file: the launcher's own value would be stale
+        base_env.pop(ev.TRAINER_ENDPOINTS, None)
     node_ip = cluster.node_ips[cluster.node_rank]
     shared = {
         ev.TRAINERS_NUM: str(world),
@@ -253,6 +257,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.MASTER_PORT: str(ports[0]),
         ev.RUN_ID: host.run_id,
         **endpoint_vars,
+        **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
@@ -271,9 +276,10 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
             ev.LOCAL_RANK: str(local),
             ev.CURRENT_ENDPOINT: endpoints[rank],
         }
+        own.update(paddle_worker_vars(rank, local))
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
-            own[ev.SELECTED_GPUS] = gpu
+            own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
         log_file = os.path.join(opts.log_dir, f"workerlog.{rank}") if opts.log_dir else None
         workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file))
     return Plan(
@@ -309,6 +315,23 @@ def flight_recorder_vars(opts: LaunchOptions, env: Mapping[str, str], cwd: str) 
         if ev.FR_BUFFER_SIZE not in env and ev.FR_BUFFER_SIZE_OLD not in env:
             wanted[ev.FR_BUFFER_SIZE] = wanted[ev.FR_BUFFER_SIZE_OLD] = FR_BUFFER_ENTRIES
     return {name: value for name, value in wanted.items() if name not in env}
+
+
+def paddle_collective_vars(master: str, world: int, nper: int, nnodes: int, gpus, log_dir, host: HostFacts,
+                           env: Mapping[str, str]) -> dict:
+    """What Paddle 2.6/3.x's launcher gives every collective worker of a node, beyond Paddle 1.8's variables."""
+    out = {ev.PADDLE_MASTER: master, ev.GLOBAL_SIZE: str(world), ev.LOCAL_SIZE: str(nper), ev.NNODES: str(nnodes)}
+    if gpus is None and ev.DISTRI_BACKEND not in env:
+        out[ev.DISTRI_BACKEND] = "gloo"  # as Paddle's launcher: with "auto", a CPU build of Paddle creates no group
+    if gpus is not None:  # every node runs the same GPUs
+        out[ev.WORLD_DEVICE_IDS] = ",".join([":".join(gpus)] * nnodes)
+    if log_dir:
+        out[ev.LOG_DIR] = os.path.normpath(os.path.join(host.cwd, log_dir))
+    return out
+
+
+def paddle_worker_vars(rank: int, local: int) -> dict:
+    return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
 
 
 def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,
@@ -459,11 +482,17 @@ def _host_part(ip: str) -> str:
 
 
 def _endpoint_vars(endpoints: str, host: HostFacts):
-    """PADDLE_TRAINER_ENDPOINTS, or a file naming them when the variable would be too long."""
+    """PADDLE_TRAINER_ENDPOINTS, or files holding them when the variable would be too long: one that
+    PADDLE_TRAINER_ENDPOINTS_FILE names (this project's runtime), and Paddle's own, a JSON object of
+    variables that PADDLE_BACKUP_ENV_PATH names (read by Paddle's role maker and ParallelEnv)."""
     if len(ev.TRAINER_ENDPOINTS) + len(endpoints) + 2 <= MAX_ENV_STRING:
         return {}, {ev.TRAINER_ENDPOINTS: endpoints}
-    path = os.path.join(host.temp_dir, f"launcher-{host.run_id}", "trainer_endpoints")
-    return {path: endpoints}, {ev.TRAINER_ENDPOINTS_FILE: path}
+    import json
+
+    folder = os.path.join(host.temp_dir, f"launcher-{host.run_id}")
+    path, backup = os.path.join(folder, "trainer_endpoints"), os.path.join(folder, "backup_env.json")
+    files = {path: endpoints, backup: json.dumps({ev.TRAINER_ENDPOINTS: endpoints})}
+    return files, {ev.TRAINER_ENDPOINTS_FILE: path, ev.BACKUP_ENV_PATH: backup}
 
 
 def interface_of(ip: str, interfaces: Sequence[Interface]) -> Optional[str]:

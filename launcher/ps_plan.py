@@ -23,10 +23,14 @@ from launcher import plan as pl
 from launcher.errors import LaunchError
 
 DEFAULT_COUNT = 2  # Paddle 1.8's launch_ps starts 2 servers and 2 trainers unless told otherwise
+GLOO_PORT = 6767  # Paddle 2.6/3.x's --gloo_port default, for jobs described by --servers/--workers
+HTTP_RENDEZVOUS = "3"  # PADDLE_GLOO_RENDEZVOUS: fleet's role maker on server 0 serves a KV store over HTTP
 
 # Collective variables of the launcher's own environment that would mislead a server or trainer
 _COLLECTIVE_VARS = (ev.RANK, ev.WORLD_SIZE, ev.LOCAL_RANK, ev.LOCAL_WORLD_SIZE, ev.GROUP_RANK, ev.GROUP_WORLD_SIZE,
-                    ev.MASTER_ADDR, ev.MASTER_PORT, ev.TRAINER_ID, ev.PSERVER_ID, ev.TRAINING_ROLE, ev.SELECTED_GPUS)
+                    ev.MASTER_ADDR, ev.MASTER_PORT, ev.TRAINER_ID, ev.PSERVER_ID, ev.TRAINING_ROLE, ev.SELECTED_GPUS,
+                    ev.PADDLE_ROLE, ev.PADDLE_MASTER, ev.GLOBAL_SIZE, ev.LOCAL_SIZE, ev.GLOBAL_RANK, ev.PADDLE_LOCAL_RANK,
+                    ev.RANK_IN_NODE, ev.DISTRI_BACKEND)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Layout:
     trainers: tuple  # Endpoint, by trainer id
     node_ips: tuple  # every host, servers' first, in order of appearance
     node_rank: int
+    gloo: Endpoint  # where server 0's fleet serves the gloo rendezvous (fleet.util.all_reduce and barriers)
 
 
 def make_ps_plan(
@@ -88,15 +93,25 @@ def _counted_layout(opts: pl.LaunchOptions, find_free_ports) -> Layout:
     servers = _count(opts.server_num, "--server_num")
     trainers = _count(opts.worker_num, "--worker_num")
     ip = opts.node_ip
+    count = servers + trainers + (opts.gloo_port is None)  # and the gloo rendezvous's, after the trainers'
     if opts.started_port is not None:
-        ports = pl._port_range(opts.started_port, servers + trainers,
-                               f"--started_port {opts.started_port} ({servers} servers and {trainers} trainers)")
+        ports = pl._port_range(opts.started_port, count,
+                               f"--started_port {opts.started_port} ({servers} servers, {trainers} trainers and fleet's gloo port)")
     else:
-        ports = tuple(find_free_ports(ip, servers + trainers))
-        if len(ports) != servers + trainers:
-            raise LaunchError(f"could not find {servers + trainers} free ports on {ip}; give --started_port.")
+        ports = tuple(find_free_ports(ip, count))
+        if len(ports) != count:
+            raise LaunchError(f"could not find {count} free ports on {ip}; give --started_port.")
     ends = tuple(Endpoint(ip, p) for p in ports)
-    return Layout(ends[:servers], ends[servers:], (ip,), 0)
+    gloo = Endpoint(ip, opts.gloo_port if opts.gloo_port is not None else ports[-1])
+    _check_gloo(gloo, ends[:servers + trainers])
+    return Layout(ends[:servers], ends[servers:servers + trainers], (ip,), 0, gloo)
+
+
+def _check_gloo(gloo: Endpoint, endpoints: tuple) -> None:
+    if not 1 <= gloo.port <= 65535:
+        raise LaunchError(f"--gloo_port {gloo.port} is outside 1-65535; give a free port of server 0's host.")
+    if gloo in endpoints:
+        raise LaunchError(f"--gloo_port {gloo.port} is also the port of a server or trainer on {gloo.host}; choose another one.")
 
 
 def _count(value: Optional[int], name: str) -> int:
@@ -127,7 +142,9 @@ def _listed_layout(opts: pl.LaunchOptions, host: pl.HostFacts) -> Layout:
         raise LaunchError(f"--servers/--workers list the endpoint {dup} twice; give every server and trainer an endpoint of its own.")
     node_ips = tuple(dict.fromkeys(e.host for e in servers + trainers))
     node_ip = _this_node(opts.node_ip, node_ips, host)
-    return Layout(servers, trainers, node_ips, node_ips.index(node_ip))
+    gloo = Endpoint(servers[0].host, opts.gloo_port if opts.gloo_port is not None else GLOO_PORT)
+    _check_gloo(gloo, servers + trainers)
+    return Layout(servers, trainers, node_ips, node_ips.index(node_ip), gloo)
 
 
 def _endpoints(text: str, name: str) -> tuple:
@@ -168,10 +185,14 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     local_count = len(mine_t) + len(mine_s)
     servers = ",".join(map(str, layout.servers))
     files, trainer_vars = pl._endpoint_vars(",".join(map(str, layout.trainers)), host)
+    if ev.TRAINER_ENDPOINTS not in trainer_vars:  # in a file: the launcher's own value would be stale
+        base_env.pop(ev.TRAINER_ENDPOINTS, None)
     shared = {
         ev.PSERVERS_IP_PORT_LIST: servers,
         ev.TRAINERS_NUM: str(len(layout.trainers)),
         ev.RUN_ID: host.run_id,
+        **trainer_vars,
+        **gloo_vars(opts, host, layout.gloo),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // local_count))
@@ -182,10 +203,11 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     cmd = pl._command(opts, host.python)
     specs = []
     for j, e in mine_t:
-        own = {ev.TRAINING_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e), **trainer_vars}
+        own = {ev.TRAINING_ROLE: "TRAINER", ev.PADDLE_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e),
+               ev.PORT: str(e.port), ev.POD_IP: e.host}
         specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, "trainer", j))
     for i, e in mine_s:
-        own = {ev.TRAINING_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
+        own = {ev.TRAINING_ROLE: "PSERVER", ev.PADDLE_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
                ev.CURRENT_ENDPOINT: str(e)}
         specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, "server", i))
     node0 = tuple(e.port for e in layout.servers + layout.trainers if e.host == layout.node_ips[0])
@@ -207,6 +229,16 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
         servers=tuple(map(str, layout.servers)),
         trainers=tuple(map(str, layout.trainers)),
     )
+
+
+def gloo_vars(opts: pl.LaunchOptions, host: pl.HostFacts, gloo: Endpoint) -> dict:
+    """Fleet's gloo rendezvous, as Paddle 2.6/3.x's launcher gives it: over HTTP, served by server 0's role maker."""
+    if opts.with_gloo not in ("0", "1", "2"):
+        raise LaunchError(f"--with_gloo {opts.with_gloo!r} is not 0, 1 or 2; give 1 (gloo among trainers, the default), "
+                          "2 (among all) or 0 (none).")
+    folder = os.path.join(host.temp_dir, f"launcher-{host.run_id}", "gloo")
+    return {ev.WITH_GLOO: opts.with_gloo, ev.GLOO_RENDEZVOUS: HTTP_RENDEZVOUS, ev.GLOO_HTTP_ENDPOINT: str(gloo),
+            ev.GLOO_FS_PATH: folder}
 
 
 def _spec(opts, key: int, local: int, endpoint: Endpoint, cmd: tuple, env: dict, role: str, index: int) -> pl.WorkerSpec:

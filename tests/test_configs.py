@@ -15,7 +15,7 @@ CPU_HOST = HostFacts(gpu_count=None, cpu_count=4)
 
 def plan_from(args, host, env=None):
     ctx = launch.make_context("launcher", list(args))
-    opts = _options(_with_config(ctx, ctx.params))
+    opts = _options(_with_config(ctx, ctx.params)[0])
     return make_plan(opts, env or {}, host, lambda ip, n: tuple(range(30000, 30000 + n)))
 
 

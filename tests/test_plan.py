@@ -1,5 +1,7 @@
 """The pure plan: options, environment values and host facts in, worker specs out."""
 
+import json
+import os
 import time
 
 import pytest
@@ -33,6 +35,28 @@ def test_one_cpu_node_defaults_to_two_workers_on_free_ports():
     assert w0.env[ev.OMP_NUM_THREADS] == "4"
     assert w0.env[ev.GLOO_SOCKET_IFNAME] == "lo"
     assert w0.cmd == ("/usr/bin/python3", "-u", "train.py")
+
+
+def test_cpu_workers_get_what_paddle_3s_launcher_gives_them():
+    """paddle.distributed.launch (controllers/collective.py): without PADDLE_DISTRI_BACKEND=gloo a CPU build of
+    Paddle creates no group ('The global group is not initialized'); fleet.local_rank() is PADDLE_RANK_IN_NODE."""
+    p = plan(cluster_node_ips="127.0.0.1,127.0.0.2", node_ip="127.0.0.2", started_port=6170, log_dir="mylog")
+    env = p.workers[1].env
+    assert env[ev.DISTRI_BACKEND] == "gloo" and env[ev.PADDLE_MASTER] == "127.0.0.1:6170"
+    assert (env[ev.GLOBAL_SIZE], env[ev.LOCAL_SIZE], env[ev.NNODES]) == ("4", "2", "2")
+    assert (env[ev.GLOBAL_RANK], env[ev.PADDLE_LOCAL_RANK], env[ev.RANK_IN_NODE]) == ("3", "1", "1")
+    assert env[ev.LOG_DIR] == os.path.join(CPU_HOST.cwd, "mylog")
+    assert ev.SELECTED_ACCELERATORS not in env and ev.WORLD_DEVICE_IDS not in env
+    assert ev.DISTRI_BACKEND not in plan(env={ev.DISTRI_BACKEND: "mpi"}).workers[0].env  # the user's stays
+
+
+def test_gpu_workers_get_paddles_device_variables_and_no_backend():
+    p = plan(host=HostFacts(gpu_count=4, cpu_count=8), cluster_node_ips="127.0.0.1,127.0.0.2", started_port=6170,
+             selected_gpus="2,3")
+    env = p.workers[1].env
+    assert ev.DISTRI_BACKEND not in env  # Paddle picks NCCL itself
+    assert env[ev.SELECTED_GPUS] == env[ev.SELECTED_ACCELERATORS] == env[ev.LOCAL_DEVICE_IDS] == "3"
+    assert env[ev.WORLD_DEVICE_IDS] == "2:3,2:3"
 
 
 def test_cpu_worker_does_not_inherit_selected_gpus():
@@ -298,7 +322,15 @@ def test_ten_thousand_workers_plan_fast_with_endpoints_in_a_file():
     assert p.files[path].split(",") == list(p.endpoints)
     assert len(p.files[path]) > MAX_ENV_STRING
     assert all(len(k) + len(v) + 2 < MAX_ENV_STRING for k, v in env.items())
+    backup = json.loads(p.files[env[ev.BACKUP_ENV_PATH]])  # Paddle's own way: getenv_or_backup reads it
+    assert backup == {ev.TRAINER_ENDPOINTS: ",".join(p.endpoints)}
     print(f"plan for 10,000 workers: {elapsed * 1000:.1f} ms")
+
+
+def test_endpoints_in_a_file_leave_no_stale_value_of_the_launchers_environment():
+    ips = ",".join(["127.0.0.1"] + [f"10.0.{i // 256}.{i % 256}" for i in range(1, 1250)])
+    p = plan(GPU_HOST, env={ev.TRAINER_ENDPOINTS: "10.9.9.9:1"}, cluster_node_ips=ips, started_port=6070)
+    assert ev.TRAINER_ENDPOINTS not in {**p.base_env, **p.workers[0].env}
 
 
 def test_log_dir_gets_the_nccl_flight_recorder_dumps_unless_the_user_chose_a_place():

@@ -66,6 +66,27 @@ def test_each_role_gets_paddles_variables_and_nothing_collective():
             assert name not in env
 
 
+def test_each_role_gets_what_paddle_3s_launcher_gives_it():
+    """paddle.distributed.launch (controllers/ps.py): both roles get the trainers' endpoints, their own port and
+    address (fleet's role maker: 'Can not find PADDLE_PORT' without them), PADDLE_ROLE, and the gloo rendezvous
+    of fleet.util (HTTP, served by server 0's role maker) without which fleet.util.all_reduce is local."""
+    p = plan(server_num=1, worker_num=2, started_port=6170)
+    w = by_label(p)
+    server, trainer = w["server 0"].env, w["trainer 1"].env
+    assert trainer[ev.PORT] == "6172" and trainer[ev.POD_IP] == "127.0.0.1" and trainer[ev.PADDLE_ROLE] == "TRAINER"
+    assert server[ev.PADDLE_ROLE] == "PSERVER" and server[ev.TRAINER_ENDPOINTS] == "127.0.0.1:6171,127.0.0.1:6172"
+    for env in (server, trainer):
+        assert (env[ev.WITH_GLOO], env[ev.GLOO_RENDEZVOUS]) == ("1", "3")
+        assert env[ev.GLOO_HTTP_ENDPOINT] == "127.0.0.1:6173"  # the port after the trainers'
+    listed = plan(servers="127.0.0.1:6170", workers="127.0.0.1:6171")
+    assert listed.workers[0].env[ev.GLOO_HTTP_ENDPOINT] == "127.0.0.1:6767"  # Paddle's --gloo_port default
+    chosen = plan(server_num=1, worker_num=1, started_port=6170, gloo_port=7000, with_gloo="2")
+    assert (chosen.workers[0].env[ev.GLOO_HTTP_ENDPOINT], chosen.workers[0].env[ev.WITH_GLOO]) == ("127.0.0.1:7000", "2")
+    assert chosen.ports == (6171, 6170)  # no port taken for the rendezvous
+    assert "--gloo_port 6171 is also the port" in refused(server_num=1, worker_num=1, started_port=6170, gloo_port=6171)
+    assert "--with_gloo 'yes' is not 0, 1 or 2" in refused(server_num=1, with_gloo="yes")
+
+
 def test_collective_variables_of_the_launchers_environment_are_not_passed_on():
     p = plan(env={ev.RANK: "3", ev.MASTER_ADDR: "10.9.9.9", ev.TRAINING_ROLE: "PSERVER", "HOME": "/root"}, worker_num=1)
     assert p.base_env == {"HOME": "/root"}
@@ -73,8 +94,9 @@ def test_collective_variables_of_the_launchers_environment_are_not_passed_on():
 
 
 def test_free_ports_when_no_start_port():
-    p = plan(server_num=1, worker_num=1, free=(41000, 42000))
+    p = plan(server_num=1, worker_num=1, free=(41000, 42000, 43000))
     assert p.servers == ("127.0.0.1:41000",) and p.trainers == ("127.0.0.1:42000",)
+    assert p.workers[0].env[ev.GLOO_HTTP_ENDPOINT] == "127.0.0.1:43000"  # and one for fleet's gloo rendezvous
     assert "give --started_port" in refused(server_num=3, worker_num=3, free=(1, 2))
 
 
@@ -83,7 +105,7 @@ def test_free_ports_when_no_start_port():
     (dict(worker_num=-1), "--worker_num -1 is not a positive whole number"),
     (dict(server_num=True), "--server_num True"),
     (dict(worker_num=70000), "more processes than a node has ports"),
-    (dict(server_num=2, started_port=65534), "needs ports 65534 to 65537"),
+    (dict(server_num=2, started_port=65534), "needs ports 65534 to 65538"),
     (dict(server_num=1, selected_gpus="0"), "--selected_gpus belongs to collective training"),
     (dict(server_num=1, nproc_per_node=2), "--nproc_per_node belongs to collective training"),
     (dict(worker_num=1, cluster_node_ips="10.0.0.1,10.0.0.2"), "--cluster_node_ips belongs to collective training"),

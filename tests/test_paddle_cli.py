@@ -1,0 +1,113 @@
+"""Paddle 2.6/3.x's and fleetrun's command lines, mapped onto this launcher's options: every option, one test
+each, through the real click command and the plan."""
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import envvars as ev
+from launcher import paddle_cli
+from launcher.cli import _with_config, launch, resolve_options
+from launcher.errors import LaunchError
+from launcher.plan import HostFacts, Interface, make_plan
+
+HOST = HostFacts(gpu_count=4, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),))
+
+
+def plan_of(*args, env=None):
+    ctx = launch.make_context("launcher", [*args, "train.py"])
+    values, from_file = _with_config(ctx, ctx.params)
+    opts, nodes = resolve_options(ctx, values, from_file)
+    plan = make_plan(opts, env or {}, HOST, lambda ip, n: tuple(range(30000, 30000 + n)))
+    paddle_cli.check_nodes(nodes, len(plan.node_ips), "the plan")
+    return plan
+
+
+def refused(*args) -> str:
+    with pytest.raises(LaunchError) as e:
+        plan_of(*args)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("spelling", ["--devices", "--gpus"])
+def test_devices_and_gpus_are_selected_gpus(spelling):
+    assert [w.gpu for w in plan_of(spelling, "1,3").workers] == ["1", "3"]
+    assert "disagrees with --selected_gpus" in refused(spelling, "1", "--selected_gpus", "2")
+
+
+def test_ips_host_rank_and_master_place_this_node():
+    p = plan_of("--ips", "127.0.0.1,127.0.0.2", "--rank", "1", "--start_port", "6170", "--nproc_per_node", "1",
+                "--master", "127.0.0.1:8090", "--devices", "0")
+    assert p.node_ips == ("127.0.0.1", "127.0.0.2") and p.node_rank == 1 and p.control.port == 8090
+    assert plan_of("--ips", "127.0.0.1,127.0.0.2", "--host", "127.0.0.2", "--devices", "0").node_rank == 1
+    assert "--rank 1 is node 127.0.0.2 of --ips, but --host/--node_ip is 127.0.0.1" in refused(
+        "--ips", "127.0.0.1,127.0.0.2", "--rank", "1", "--host", "127.0.0.1")
+    assert "--rank 2 is not a node rank" in refused("--ips", "127.0.0.1,127.0.0.2", "--rank", "2")
+    assert "is not on node 0 (127.0.0.1" in refused("--ips", "127.0.0.1,127.0.0.2", "--master", "127.0.0.2:8090")
+    assert "elastic rendezvous (etcd)" in refused("--master", "etcd://127.0.0.1:2379")
+    assert "is not IP:PORT" in refused("--master", "127.0.0.1")
+
+
+def test_sort_ip_ranks_the_nodes_by_address():
+    p = plan_of("--ips", "127.0.0.10,127.0.0.2", "--sort_ip", "true", "--host", "127.0.0.2", "--devices", "0")
+    assert p.node_ips == ("127.0.0.2", "127.0.0.10") and p.node_rank == 0
+
+
+@pytest.mark.parametrize("spelling", ["--nnodes", "--np"])
+def test_nnodes_is_checked_against_the_nodes_found(spelling):
+    assert plan_of(spelling, "2", "--ips", "127.0.0.1,127.0.0.2", "--devices", "0").node_ips[1] == "127.0.0.2"
+    assert "--nnodes 2 disagrees with the 1 node(s)" in refused(spelling, "2")
+    assert "asks for elastic training" in refused(spelling, "1:4")
+    assert len(plan_of(spelling, "2:2", "--ips", "127.0.0.1,127.0.0.2", "--devices", "0").node_ips) == 2
+
+
+def test_parameter_server_options_of_paddle_3():
+    p = plan_of("--trainer_num", "2", "--gloo_port", "7000", "--with_gloo", "2")
+    assert [w.label for w in p.workers] == ["trainer 0", "trainer 1", "server 0"]  # Paddle 3: 1 server by default
+    assert p.workers[0].env[ev.GLOO_HTTP_ENDPOINT] == "127.0.0.1:7000" and p.workers[0].env[ev.WITH_GLOO] == "2"
+    listed = plan_of("--servers", "127.0.0.1:6170", "--trainers", "127.0.0.1:6171,127.0.0.1:6172", "--http_port", "7100")
+    assert listed.trainers == ("127.0.0.1:6171", "127.0.0.1:6172")
+    assert listed.workers[0].env[ev.GLOO_HTTP_ENDPOINT] == "127.0.0.1:7100"
+    assert [w.label for w in plan_of("--run_mode", "ps").workers] == ["trainer 0", "server 0"]
+    assert "--run_mode collective disagrees with --server_num" in refused("--run_mode", "collective", "--server_num", "1")
+    assert "--run_mode ps-heter is not supported" in refused("--run_mode", "ps-heter")
+    for name in ("--gloo_port", "--http_port", "--with_gloo"):
+        assert f"{name} sets fleet's gloo rendezvous of a parameter-server job" in refused(name, "2")
+
+
+def test_restarts_timeouts_backend_and_the_flags_that_change_nothing():
+    assert plan_of("--max_restart", "3").max_restarts == 3
+    p = plan_of("--ips", "127.0.0.1,127.0.0.2", "--elastic_timeout", "42", "--devices", "0")
+    assert p.control.join_timeout == 42
+    cpu = plan_of("--backend", "gloo")
+    assert cpu.base_env[ev.DISTRI_BACKEND] == "gloo"
+    assert "--backend bkcl is not supported" in refused("--backend", "bkcl")
+    for args in (("--backend", "nccl"), ("--backend", "auto"), ("--legacy", "true"), ("--elastic_level", "-1"),
+                 ("--log_overwrite", "false"), ("--job_id", "j1"), ("--log_level", "DEBUG")):
+        assert plan_of(*args).workers
+    assert "--log_overwrite true cannot be honoured" in refused("--log_overwrite", "true")
+    assert "--elastic_level 1 asks for elastic training" in refused("--elastic_level", "1")
+    assert "--legacy maybe is not true or false" in refused("--legacy", "maybe")
+
+
+@pytest.mark.parametrize("name", sorted(paddle_cli.REFUSED))
+def test_an_option_that_cannot_be_honoured_is_refused_naming_why(name):
+    r = CliRunner().invoke(launch, [f"--{name}", "1", "train.py"], standalone_mode=False)
+    assert isinstance(r.exception, LaunchError)
+    assert str(r.exception).startswith(f"--{name} 1 cannot be honoured: ") and f"drop --{name}" in str(r.exception)
+
+
+def test_every_paddle_option_is_in_the_help():
+    r = CliRunner().invoke(launch, ["--help"], terminal_width=200)
+    for opt in paddle_cli.MAPPED:
+        assert f"--{opt.name}" in r.output
+    for name in ("--with_gloo", "--gloo_port", "--start_port", "--trainers", "--trainer_num"):
+        assert name in r.output
+    for name in paddle_cli.REFUSED:
+        assert f"--{name}" in r.output  # named among the refused ones
+
+
+def test_the_config_file_takes_paddle_names(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("devices: [0, 2]\nmax_restart: 2\nips: 127.0.0.1\n")
+    p = plan_of("--config", str(cfg))
+    assert [w.gpu for w in p.workers] == ["0", "2"] and p.max_restarts == 2
