@@ -12,6 +12,8 @@ import stat
 import time
 from typing import Optional
 
+from launcher import envvars as ev
+from launcher import error_file
 from launcher.errors import LaunchError
 from launcher.policy import describe_exit
 
@@ -591,6 +593,10 @@ def format_failure(failure) -> str:
     if failure.last_lines:
         lines.append(f"launcher: last lines of {label}:")
         lines += [f"  | {line}" for line in failure.last_lines]
+    recorded = error_file.traceback_of(failure.error).rstrip("\n")
+    if recorded:
+        lines.append(f"launcher: root cause, as {label}'s @record wrote it ({ev.ERROR_FILE}):")
+        lines += [f"  | {line}" for line in recorded.split("\n")]
     return "\n".join(lines)
 
 

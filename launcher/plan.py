@@ -54,6 +54,7 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -139,6 +140,7 @@ class Plan:
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
+    error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
 
     @property
     def node_ip(self) -> str:
@@ -242,6 +244,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     endpoints = endpoint_list(cluster.node_ips, ports)
     files, endpoint_vars = _endpoint_vars(",".join(endpoints), host)
     node_ip = cluster.node_ips[cluster.node_rank]
+    cmd = _command(opts, python_of(base_env, host))
+    control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
     shared = {
         ev.TRAINERS_NUM: str(world),
         ev.WORLD_SIZE: str(world),
@@ -252,6 +256,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.MASTER_PORT: str(ports[0]),
         ev.RUN_ID: host.run_id,
         **endpoint_vars,
+        **torchrun_vars(opts, base_env, world, control.job_id if control else host.run_id),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
@@ -260,7 +265,6 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
     if opts.log_dir and ev.FR_DUMP_TEMP_FILE not in base_env:  # a GPU hang leaves its trace next to the logs
         shared[ev.FR_DUMP_TEMP_FILE] = os.path.normpath(os.path.join(host.cwd, opts.log_dir, "nccl_trace_rank_"))
-    cmd = _command(opts, host.python)
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -269,6 +273,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
             ev.RANK: str(rank),
             ev.LOCAL_RANK: str(local),
             ev.CURRENT_ENDPOINT: endpoints[rank],
+            ev.ROLE_RANK: str(rank),
+            ev.ERROR_FILE: error_file_of(host, rank),
         }
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
@@ -290,11 +296,30 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
         max_restarts=opts.max_restarts,
-        control=control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id),
+        control=control,
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
+        error_file=base_env.get(ev.ERROR_FILE) or None,
     )
+
+
+def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str) -> dict:
+    """What torchrun's agent gives every worker besides RANK and the like: one role, all ranks in it.
+    The store is rank 0's (TORCHELASTIC_USE_AGENT_STORE=False), as under torchrun's own env:// rule."""
+    return {
+        ev.ROLE_NAME: opts.role,
+        ev.ROLE_WORLD_SIZE: str(world),
+        ev.ELASTIC_RUN_ID: run_id,
+        ev.ELASTIC_MAX_RESTARTS: str(opts.max_restarts),
+        ev.ELASTIC_USE_AGENT_STORE: "False",
+        ev.NCCL_ASYNC_ERROR_HANDLING: env.get(ev.NCCL_ASYNC_ERROR_HANDLING, "1"),
+    }
+
+
+def error_file_of(host: HostFacts, rank: int) -> str:
+    """Where a worker's @record writes its exception: a file of its own, in the launch's temporary folder."""
+    return os.path.join(host.temp_dir, f"launcher-{host.run_id}", f"error.{rank}.json")
 
 
 def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,
@@ -472,6 +497,11 @@ def interface_of(ip: str, interfaces: Sequence[Interface]) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def python_of(env: Mapping[str, str], host: HostFacts) -> str:
+    """The interpreter of Python workers: torchrun's PYTHON_EXEC when set, else the launcher's own."""
+    return env.get(ev.PYTHON_EXEC) or host.python
 
 
 def _command(opts: LaunchOptions, python: str) -> tuple:

@@ -44,6 +44,7 @@ class UserSignal:
 @dataclass(frozen=True)
 class LeftoversRunning:
     count: int  # every worker has exited, these processes of the job still run
+    helpers: bool = False  # all of them Python's multiprocessing helpers, given time to end by themselves
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,8 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, LeftoversRunning):
         if state.stopping:
             return state, ()
-        say = Say(logging.INFO, f"stopping {event.count} process(es) the workers left running")
+        level = logging.DEBUG if event.helpers else logging.INFO  # Python's own, not the user's: no alarm
+        say = Say(level, f"stopping {event.count} process(es) the workers left running")
         return _begin_stop(state, now, signal.SIGTERM, say)
     return _on_time(state, now)
 
@@ -285,19 +287,22 @@ class Cause:
     code: int  # the exit code every launcher of the job ends with
     text: str  # one sentence
     summary: str = ""  # the lines to show: the failing rank, its log, its last lines
+    error: str = ""  # the failing worker's @record (its TORCHELASTIC_ERROR_FILE) as JSON text; "" without one
 
     @property
     def restartable(self) -> bool:
         return self.kind in ("worker", "hang")
 
     def as_dict(self) -> dict:
-        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text, "summary": self.summary}
+        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text, "summary": self.summary,
+                "error": self.error}
 
     @classmethod
     def from_dict(cls, d) -> Optional["Cause"]:
         """From a peer's message; None when it is not one."""
         try:
-            cause = cls(int(d["node"]), str(d["kind"]), int(d["code"]), str(d["text"]), str(d.get("summary", "")))
+            cause = cls(int(d["node"]), str(d["kind"]), int(d["code"]), str(d["text"]), str(d.get("summary", "")),
+                        str(d.get("error", "")))
         except (KeyError, TypeError, ValueError):
             return None
         return cause if 0 <= cause.code <= 255 else None

@@ -179,14 +179,15 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     for name in (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME):
         if iface and name not in base_env:
             shared[name] = iface
-    cmd = pl._command(opts, host.python)
+    cmd = pl._command(opts, pl.python_of(base_env, host))
     specs = []
     for j, e in mine_t:
-        own = {ev.TRAINING_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e), **trainer_vars}
+        own = {ev.TRAINING_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e), **trainer_vars,
+               ev.ERROR_FILE: pl.error_file_of(host, len(layout.servers) + j)}
         specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, "trainer", j))
     for i, e in mine_s:
         own = {ev.TRAINING_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
-               ev.CURRENT_ENDPOINT: str(e)}
+               ev.CURRENT_ENDPOINT: str(e), ev.ERROR_FILE: pl.error_file_of(host, i)}
         specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, "server", i))
     node0 = tuple(e.port for e in layout.servers + layout.trainers if e.host == layout.node_ips[0])
     return pl.Plan(
@@ -206,6 +207,7 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
         dump_stacks=opts.dump_stacks,
         servers=tuple(map(str, layout.servers)),
         trainers=tuple(map(str, layout.trainers)),
+        error_file=base_env.get(ev.ERROR_FILE) or None,
     )
 
 

@@ -1,5 +1,6 @@
 """Output pieces: line cutting, prefixes, the plan table, failure summaries."""
 
+import dataclasses
 import os
 import time
 
@@ -84,3 +85,13 @@ def test_an_endless_line_is_cut_into_bounded_pieces(monkeypatch):
     out = b"".join(b.feed(b"y" * 4) for _ in range(10)) + b.feed(b"\n") + b.rest()
     pieces = out.split(b"\n")[:-1]
     assert b"".join(pieces) == b"y" * 40 and all(0 < len(p) <= 10 + 4 for p in pieces)
+
+
+def test_failure_summary_shows_the_workers_record_as_root_cause():
+    record = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback (x)\nValueError: boom\n"}}}
+    f = Failure(rank=1, local_rank=1, pid=42, returncode=1, run_time=2.5, log_file=None, last_lines=("RuntimeError: peer",),
+                error=record)
+    text = logs.format_failure(f)
+    assert "root cause, as rank 1's @record wrote it (TORCHELASTIC_ERROR_FILE):\n  | Traceback (x)\n  | ValueError: boom" in text
+    assert "root cause" not in logs.format_failure(dataclasses.replace(f, error=None))
+    assert "  | plain text" in logs.format_failure(dataclasses.replace(f, error={"message": "plain text"}))
