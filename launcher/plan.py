@@ -39,7 +39,7 @@ class LaunchOptions:
     node_ip: str = "127.0.0.1"
     started_port: Optional[int] = None
     selected_gpus: Optional[str] = None
-    nproc_per_node: Optional[int] = None
+    nproc_per_node: Optional[int] = None  # or torchrun's "auto", "gpu", "cpu" (resolved by the plan)
     log_dir: Optional[str] = None
     use_paddlecloud: bool = False
     cluster_env: str = "auto"  # where the nodes come from: a name of clusters.SOURCES, or auto
@@ -55,6 +55,10 @@ class LaunchOptions:
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
+    # torchrun's nodes (launcher.torchrun_cli): a fixed count, this node's rank, node 0's address
+    nnodes: Optional[int] = None
+    node_rank: int = 0
+    master_addr: Optional[str] = None
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -186,6 +190,7 @@ def make_plan(
         from launcher import ps_plan
 
         return ps_plan.make_ps_plan(opts, env, host, find_free_ports)
+    opts = _with_nproc_word(opts, host)
     _check_nproc(opts.nproc_per_node)
     _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
@@ -217,6 +222,17 @@ def _with_defaults(opts: LaunchOptions, defaults: Mapping[str, object]) -> Launc
     """A scheduler's values (its GPUs, its processes per node) for the options the user left unset."""
     unset = {k: v for k, v in defaults.items() if getattr(opts, k) is None}
     return dataclasses.replace(opts, **unset) if unset else opts
+
+
+def _with_nproc_word(opts: LaunchOptions, host: HostFacts) -> LaunchOptions:
+    """torchrun's --nproc-per-node auto (every GPU, else a worker per CPU core), gpu (every GPU), cpu (a worker per core)."""
+    word = opts.nproc_per_node
+    if word not in ("auto", "gpu", "cpu"):
+        return opts
+    if word == "gpu" and not host.gpu_count:
+        raise LaunchError("--nproc_per_node gpu, but this machine has no GPU that can be found; give a number of CPU workers.")
+    n = None if word != "cpu" and host.gpu_count else host.cpu_count
+    return dataclasses.replace(opts, nproc_per_node=n)
 
 
 def _check_nproc(n) -> None:
@@ -256,7 +272,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.MASTER_PORT: str(ports[0]),
         ev.RUN_ID: host.run_id,
         **endpoint_vars,
-        **torchrun_vars(opts, base_env, world, control.job_id if control else host.run_id),
+        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))

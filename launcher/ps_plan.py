@@ -71,6 +71,7 @@ def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
         ("--selected_gpus", opts.selected_gpus, None),
         ("--nproc_per_node", opts.nproc_per_node, None),
         ("--cluster_node_ips", opts.cluster_node_ips, "127.0.0.1"),
+        ("--nnodes", opts.nnodes, None),
         ("--use_paddlecloud", opts.use_paddlecloud, False),
     ) if value != default]
     if opts.cluster_env not in ("auto", "cli"):
