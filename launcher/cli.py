@@ -166,7 +166,7 @@ def launch(ctx: click.Context, **values) -> int:
     trainers instead, and stops the servers once every trainer has finished.
     """
     values = _with_config(ctx, values)
-    values = torchrun_cli.to_ours(values, lambda name: _given(ctx, name))
+    values = torchrun_cli.to_ours(values, lambda name: _given(ctx, name), os.environ)
     logs.setup_messages(values["log_level"])
     opts = _options(values, ctx.command_path)
 

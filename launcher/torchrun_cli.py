@@ -77,8 +77,14 @@ def options(option_maker):
     return decorate
 
 
-def to_ours(values: dict, given) -> dict:
-    """The launcher's values for torchrun's; ``given(name)``: whether the user gave that option."""
+# Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
+# rank of a c10d rendezvous given no --node-rank, as in pytorch/examples' `srun torchrun --rdzv_backend c10d`.
+NODE_RANK_VARS = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def to_ours(values: dict, given, env=None) -> dict:
+    """The launcher's values for torchrun's; ``given(name)``: whether the user gave that option;
+    ``env``: the launcher's environment (a scheduler's node rank)."""
     ours = {k: v for k, v in values.items() if k not in NAMES}
     ours["role"] = values["role"]
     if values["local_addr"]:
@@ -94,12 +100,23 @@ def to_ours(values: dict, given) -> dict:
     if port is not None and not given("started_port"):
         ours["started_port"] = port
     ours["nnodes"] = nodes
-    ours["node_rank"] = values["node_rank"] or 0
+    ours["node_rank"] = _node_rank(values, nodes or 1, env or {})
     ours["master_addr"] = host
-    if nodes and nodes > 1 and values["rdzv_backend"] == "c10d" and values["node_rank"] is None:
-        raise LaunchError(f"--rdzv-backend c10d with --nnodes {nodes} needs --node-rank on each node: this launcher "
-                          f"gives nodes fixed ranks (0 to {nodes - 1}) rather than the order they join in.")
     return ours
+
+
+def _node_rank(values: dict, nodes: int, env) -> int:
+    """--node-rank; for c10d without it, the scheduler's node index (torchrun would take the order of joining)."""
+    if values["node_rank"] is not None or nodes == 1:
+        return values["node_rank"] or 0
+    if values["rdzv_backend"] != "c10d":
+        return 0  # torchrun's static default
+    for name in NODE_RANK_VARS:
+        text = env.get(name, "").strip()
+        if text.isascii() and text.isdigit():
+            return int(text)
+    raise LaunchError(f"--rdzv-backend c10d with --nnodes {nodes} needs --node-rank on each node (or srun/mpirun, "
+                      f"whose node index is taken): this launcher gives nodes fixed ranks, 0 to {nodes - 1}.")
 
 
 def _nodes(values: dict) -> Optional[int]:

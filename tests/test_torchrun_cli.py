@@ -13,8 +13,8 @@ HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id=
 DEFAULTS = {o.name: o.kwargs.get("default") for o in TORCHRUN_OPTIONS}
 
 
-def ours(given=(), **values):
-    return to_ours({**DEFAULTS, "training_script": "train.py", **values}, lambda name: name in given)
+def ours(given=(), env=None, **values):
+    return to_ours({**DEFAULTS, "training_script": "train.py", **values}, lambda name: name in given, env)
 
 
 def test_every_torchrun_option_is_accepted_by_the_command_line():
@@ -51,7 +51,7 @@ def test_several_nodes_map_onto_a_gathered_cluster():
     ({"nnodes": "two"}, "--nnodes two is not a number of nodes"),
     ({"nnodes": "0"}, "--nnodes 0 is not a number of nodes"),
     ({"standalone": True, "nnodes": "2"}, "--standalone runs one node, but --nnodes is 2"),
-    ({"nnodes": "2", "rdzv_backend": "c10d"}, "--rdzv-backend c10d with --nnodes 2 needs --node-rank"),
+    ({"nnodes": "2", "rdzv_backend": "c10d", "env": {"SLURM_NODEID": ""}}, "--rdzv-backend c10d with --nnodes 2 needs --node-rank"),
     ({"nnodes": "2", "node_rank": 0, "rdzv_endpoint": "host:http"}, "--rdzv-endpoint host:http is not HOST:PORT"),
 ])
 def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
@@ -86,3 +86,18 @@ def test_nproc_per_node_words(word, gpus, workers):
 def test_nproc_per_node_gpu_without_a_gpu_is_refused():
     with pytest.raises(LaunchError, match="--nproc_per_node gpu, but this machine has no GPU"):
         make_plan(LaunchOptions("t.py", nproc_per_node="gpu"), {}, HOST)
+
+
+def test_pytorch_examples_recipes():
+    """The torchrun lines of pytorch/examples' run_example.sh scripts and slurm/sbatch_run.sh, as given there."""
+    args = ["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", "--rdzv_endpoint=localhost:5972", "example.py"]
+    ctx = cli.launch.make_context("launcher", args)
+    values = to_ours(ctx.params, lambda name: False)
+    assert (values["nnodes"], values["nproc_per_node"], values["job_id"], values["started_port"]) == (1, 2, "101", 5972)
+    ctx = cli.launch.make_context("launcher", ["--standalone", "--nproc_per_node=16", "main.py"])  # minGPT-ddp
+    assert to_ours(ctx.params, lambda name: False)["nproc_per_node"] == 16
+    srun = ["--nnodes", "4", "--nproc_per_node", "1", "--rdzv_id", "2024", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "10.0.0.1:29500", "multinode_torchrun.py", "50", "10"]
+    ctx = cli.launch.make_context("launcher", srun)
+    values = to_ours(ctx.params, lambda name: False, {"SLURM_NODEID": "3"})
+    assert (values["nnodes"], values["node_rank"], values["master_addr"], values["started_port"]) == (4, 3, "10.0.0.1", 29500)
