@@ -13,6 +13,9 @@ import json
 import os
 from typing import Optional
 
+MAX_STACK = 16 * 1024  # characters of a worker's traceback carried to the other nodes
+SHOWN_LINES = 40  # lines of it in the failure summary
+
 
 def read(path: Optional[str]) -> Optional[dict]:
     """The error file's JSON object; None when there is none (the worker did not use @record) or it is not one."""
@@ -44,6 +47,19 @@ def traceback_of(data: Optional[dict]) -> str:
     extra = message.get("extraInfo")
     stack = extra.get("py_callstack") if isinstance(extra, dict) else None
     return str(stack or message.get("message") or "")
+
+
+def bounded(data: dict, limit: int = MAX_STACK) -> dict:
+    """``data`` with its traceback cut to its last ``limit`` characters (a RecursionError's runs to 100 KB+),
+    so that it fits in a control message to the other nodes."""
+    message = data.get("message")
+    extra = message.get("extraInfo") if isinstance(message, dict) else None
+    if isinstance(message, str) and len(message) > limit:
+        return {**data, "message": "..." + message[-limit:]}
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if not isinstance(stack, str) or len(stack) <= limit:
+        return data
+    return {**data, "message": {**message, "extraInfo": {**extra, "py_callstack": "...\n" + stack[-limit:]}}}
 
 
 def for_parent(data: dict, code: int) -> dict:

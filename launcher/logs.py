@@ -593,10 +593,10 @@ def format_failure(failure) -> str:
     if failure.last_lines:
         lines.append(f"launcher: last lines of {label}:")
         lines += [f"  | {line}" for line in failure.last_lines]
-    recorded = error_file.traceback_of(failure.error).rstrip("\n")
-    if recorded:
+    recorded = error_file.traceback_of(failure.error).rstrip("\n").split("\n")
+    if recorded != [""]:
         lines.append(f"launcher: root cause, as {label}'s @record wrote it ({ev.ERROR_FILE}):")
-        lines += [f"  | {line}" for line in recorded.split("\n")]
+        lines += [f"  | {line}" for line in recorded[-error_file.SHOWN_LINES:]]
     return "\n".join(lines)
 
 

@@ -667,7 +667,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
         rank, returncode = after.failure
         failure = group.failure(rank)
         text = f"{after.name(rank)}{on} failed ({logs.describe_exit(returncode)})"
-        error = json.dumps(failure.error) if failure.error else ""
+        error = json.dumps(error_file.bounded(failure.error)) if failure.error else ""
         return policy.Cause(node, "worker", policy.shell_code(returncode), text, logs.format_failure(failure), error)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
         return job_module.signal_cause(job, after.stop_signal)
