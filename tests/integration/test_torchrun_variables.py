@@ -60,3 +60,13 @@ def test_pythons_own_resource_tracker_is_not_reported_as_left_running():
         assert r.returncode == 0, r.stderr
         assert r.stdout.count("sum 285") == 2
         assert "left running" not in r.stderr
+
+
+def test_an_earlier_attempts_record_is_not_taken_for_a_later_failure(tmp_path):
+    given = tmp_path / "scheduler_error.json"
+    r = run_launcher("--print_config", "false", "--nproc_per_node", 1, "--max_restarts", 1,
+                     WORKERS / "record_then_exit.py", env={"TORCHELASTIC_ERROR_FILE": str(given)}, timeout=120)
+    assert r.returncode == 3, r.stderr
+    final = r.stderr[r.stderr.rindex("launcher: rank 0 (local rank 0"):]
+    assert "exit code 3" in final and "attempt 0 raised this" not in final
+    assert json.loads(given.read_text())["message"]["message"] == "rank 0 failed (exit code 3)"
