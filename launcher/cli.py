@@ -10,13 +10,13 @@ import sys
 
 import click
 
-from launcher import __version__, logs
+from launcher import __version__, logs, torchrun_cli
 from launcher.errors import LaunchError
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 DEFAULT_PROG = "python -m launcher"
 # --cluster_env's choices: clusters.names(), spelled out so that --help does not import the plan
-CLUSTER_ENVS = ("auto", "cli", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf")
+CLUSTER_ENVS = ("auto", "cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf")
 
 
 class LogLevel(click.ParamType):
@@ -29,6 +29,20 @@ class LogLevel(click.ParamType):
         if text.isascii() and text.isdigit() and 10 <= int(text) <= 40:
             return int(text)
         self.fail(f"{value!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or a number from 10 to 40.", param, ctx)
+
+
+class WorkerCount(click.types.IntParamType):
+    """A number of workers, or torchrun's auto, gpu, cpu (the plan resolves them with the host's facts)."""
+
+    name = "N|auto|gpu|cpu"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        if text in ("auto", "gpu", "cpu"):
+            return text
+        if text.isascii() and text.lstrip("-").isdigit():
+            return int(text)
+        self.fail(f"{value!r} is not a number of workers; give a whole number such as 2, or auto, gpu or cpu.", param, ctx)
 
 
 class Seconds(click.ParamType):
@@ -136,9 +150,9 @@ elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_paralle
               "Default: free ports on one node, 6070 on several.")
 @_option("selected_gpus", default=None, metavar="IDS",
          help="Comma-separated GPU ids, one worker each. Default: all visible GPUs.")
-@_option("nproc_per_node", type=int, default=None, metavar="N",
+@_option("nproc_per_node", type=WorkerCount(), default=None, metavar="N",
          help="Workers on this node: CPU workers when there is no GPU (default 2), "
-              "or how many of the visible GPUs to use.")
+              "or how many of the visible GPUs to use; torchrun's auto, gpu, cpu too.")
 @_option("log_dir", default=None, metavar="DIR",
          help="Write each worker's output to DIR/workerlog.RANK (appended); "
               "the node's first worker is also shown on the console.")
@@ -189,6 +203,7 @@ elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_paralle
          help="Parameter-server mode on several nodes: every server's endpoint; each node starts its own.")
 @_option("workers", default=None, metavar="IP:PORT,...",
          help="Parameter-server mode on several nodes: every trainer's endpoint; each node starts its own.")
+@torchrun_cli.options(_option)  # torchrun's command line: its own block, mapped onto the options above
 @paddle_options
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
@@ -206,6 +221,7 @@ def launch(ctx: click.Context, **values) -> int:
     trainers instead, and stops the servers once every trainer has finished.
     """
     values, from_file = _with_config(ctx, values)
+    values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
     logs.setup_messages(values["log_level"])
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher import paddle_cli
@@ -239,7 +255,10 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
 
     given = set(from_file) | {n for n in values if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)}
     values = paddle_cli.translate(values, given)
-    return _options(values, ctx.command_path), paddle_cli.expected_nodes(values, given)
+    expected = paddle_cli.expected_nodes(values, given)
+    if not isinstance(values.get("nnodes"), (int, type(None))):  # Paddle's --nnodes: only that check
+        values = {**values, "nnodes": None}
+    return _options(values, ctx.command_path), expected
 
 
 def _with_gathered_nodes(opts, host):
@@ -326,6 +345,10 @@ def command_for(args: list, prog: str = DEFAULT_PROG):
     return launch, args, prog
 
 
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
 def _with_config(ctx: click.Context, values: dict):
     """Command line, then the --config file, then defaults; and the names the file set."""
     if not values["config"]:
@@ -336,7 +359,7 @@ def _with_config(ctx: click.Context, values: dict):
     settings = config.load(values["config"], options)
     merged = dict(values)
     for name, value in settings.items():
-        given = name in values and ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+        given = name in values and _given(ctx, name)
         if name in ("training_script", "training_script_args") and values["training_script"]:
             continue
         if not given:

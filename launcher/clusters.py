@@ -106,7 +106,7 @@ def resolve(request: Request) -> Cluster:
 
 def _with_override_notes(req: Request, cluster: Cluster) -> Cluster:
     """A scheduler's nodes replace --cluster_node_ips and --node_ip: say so where they differ."""
-    if cluster.source in ("cli", "paddlecloud"):
+    if cluster.source in ("cli", "paddlecloud", "torchrun"):
         return cluster
     notes = list(cluster.notes)
     label = SOURCES[cluster.source].label
@@ -239,6 +239,46 @@ def _cli(req: Request) -> Cluster:
     else:
         ports = None
     return Cluster("cli", node_ips, node_rank, ports, ("--cluster_node_ips", "--node_ip"))
+
+
+# ---------------------------------------------------------------- torchrun's --nnodes (launcher.torchrun_cli)
+
+
+def _torchrun_found(env: Mapping[str, str], opts: pl.LaunchOptions) -> bool:
+    return opts.nnodes is not None
+
+
+def _torchrun_world(opts: pl.LaunchOptions) -> tuple:
+    """(nodes, this node's rank), checked."""
+    if opts.nnodes is None:
+        raise LaunchError("--cluster_env torchrun needs torchrun's --nnodes; give it, or choose another --cluster_env.")
+    if not 0 <= opts.node_rank < opts.nnodes:
+        raise LaunchError(f"--node-rank {opts.node_rank} is not a rank of --nnodes {opts.nnodes}; give 0 to {opts.nnodes - 1}.")
+    return opts.nnodes, opts.node_rank
+
+
+def _torchrun(req: Request) -> Cluster:
+    nodes, rank = _torchrun_world(req.opts)
+    given = ("--nnodes", "--node-rank") if nodes > 1 else ("--nnodes",)
+    port = req.opts.started_port
+    if nodes == 1:
+        return Cluster("torchrun", (req.opts.node_ip,), 0, _ports(req, port, f"--master-port {port}"), given)
+    gathered = _hosts(req, tuple(req.host.gathered_nodes), "the gathered node list", ",".join(req.host.gathered_nodes))
+    if len(gathered) != nodes:
+        raise _fail(req, f"--nnodes {nodes}, but {len(gathered)} nodes were gathered; give every node the same --nnodes.")
+    return Cluster("torchrun", gathered, rank, _ports(req, port, f"--master-port {port}"), given + ("--master-addr",),
+                   detail=f"node list gathered at {req.opts.master_addr}, port {port - 1}")
+
+
+def _torchrun_gathering(opts: pl.LaunchOptions):
+    """Several nodes: every node's address, gathered at node 0 (launcher.gather) on the store port minus one."""
+    nodes, rank = _torchrun_world(opts)
+    if nodes == 1:
+        return None
+    from launcher.gather import Spec
+
+    port = opts.control_port if opts.control_port is not None else opts.started_port - 1
+    return Spec(rank, nodes, opts.master_addr, port, f"--master-port {opts.started_port} minus one")
 
 
 # ---------------------------------------------------------------- PaddleCloud (Paddle 1.8)
@@ -507,6 +547,8 @@ def _gather_port(req: Request):
 def gathering(opts: pl.LaunchOptions, env: Mapping[str, str]):
     """What an MPI job of several ranks must gather before planning (a ``gather.Spec``), else None."""
     source, chosen_by = choose(opts, env)
+    if source == "torchrun" and not opts.parameter_server:
+        return _torchrun_gathering(opts)
     if source != "mpi" or opts.parameter_server:
         return None
     req = Request(source, env, opts, None, 1, chosen_by)
@@ -593,6 +635,7 @@ def _is_launch_node(slots: list) -> bool:
 
 SOURCES = {
     "cli": Source("the command line", _cli_given, _cli, "give --cluster_node_ips and --node_ip"),
+    "torchrun": Source("torchrun's options", _torchrun_found, _torchrun, "give --nnodes, --node-rank and --master-addr"),
     "paddlecloud": Source("PaddleCloud", _paddlecloud_found, _paddlecloud, "set it or drop --use_paddlecloud"),
     "kubeflow": Source("Kubeflow", _kubeflow_found, _kubeflow,
                        "run it in a PyTorchJob or TrainJob pod, or choose another --cluster_env", devices=_kubeflow_devices),

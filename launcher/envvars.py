@@ -40,6 +40,21 @@ ELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 JOB_ID = "LAUNCHER_JOB_ID"
 JOB_TOKEN = "LAUNCHER_JOB_TOKEN"
 
+# What torchrun's agent gives each worker besides the torch names above
+# (torch/distributed/elastic/agent/server/local_elastic_agent.py)
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ROLE_NAME = "ROLE_NAME"
+ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+ELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+ELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+# Where torch's @record (torch.distributed.elastic.multiprocessing.errors) writes a worker's
+# exception as JSON; given to the launcher itself, where it writes the job's root cause.
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+PYTHON_EXEC = "PYTHON_EXEC"  # torchrun's interpreter override for Python workers
+DEFAULT_ROLE = "default"  # torchrun's --role default
+
 # Parameter-server mode (Paddle 1.8's launch_ps)
 TRAINING_ROLE = "TRAINING_ROLE"  # "PSERVER" or "TRAINER"
 PSERVERS_IP_PORT_LIST = "PADDLE_PSERVERS_IP_PORT_LIST"  # every server's ip:port, in server-id order

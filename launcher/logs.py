@@ -15,6 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from launcher import envvars as ev
+from launcher import error_file
 from launcher.errors import LaunchError
 from launcher.policy import describe_exit
 
@@ -734,6 +736,10 @@ def format_failure(failure) -> str:
     if failure.last_lines:
         lines.append(f"launcher: last lines of {label}:")
         lines += [f"  | {line}" for line in failure.last_lines]
+    recorded = error_file.traceback_of(failure.error).rstrip("\n").split("\n")
+    if recorded != [""]:
+        lines.append(f"launcher: root cause, as {label}'s @record wrote it ({ev.ERROR_FILE}):")
+        lines += [f"  | {line}" for line in recorded[-error_file.SHOWN_LINES:]]
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ class LaunchOptions:
     node_ip: str = "127.0.0.1"
     started_port: Optional[int] = None
     selected_gpus: Optional[str] = None
-    nproc_per_node: Optional[int] = None
+    nproc_per_node: Optional[int] = None  # or torchrun's "auto", "gpu", "cpu" (resolved by the plan)
     log_dir: Optional[str] = None
     use_paddlecloud: bool = False
     cluster_env: str = "auto"  # where the nodes come from: a name of clusters.SOURCES, or auto
@@ -55,6 +55,11 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
+    # torchrun's nodes (launcher.torchrun_cli): a fixed count, this node's rank, node 0's address
+    nnodes: Optional[int] = None
+    node_rank: int = 0
+    master_addr: Optional[str] = None
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -142,6 +147,7 @@ class Plan:
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
+    error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
 
     @property
     def node_ip(self) -> str:
@@ -187,6 +193,7 @@ def make_plan(
         from launcher import ps_plan
 
         return ps_plan.make_ps_plan(opts, env, host, find_free_ports)
+    opts = _with_nproc_word(opts, host)
     _check_nproc(opts.nproc_per_node)
     _check_shutdown_timeout(opts.shutdown_timeout)
     if opts.module and opts.no_python:
@@ -220,6 +227,17 @@ def _with_defaults(opts: LaunchOptions, defaults: Mapping[str, object]) -> Launc
     return dataclasses.replace(opts, **unset) if unset else opts
 
 
+def _with_nproc_word(opts: LaunchOptions, host: HostFacts) -> LaunchOptions:
+    """torchrun's --nproc-per-node auto (every GPU, else a worker per CPU core), gpu (every GPU), cpu (a worker per core)."""
+    word = opts.nproc_per_node
+    if word not in ("auto", "gpu", "cpu"):
+        return opts
+    if word == "gpu" and not host.gpu_count:
+        raise LaunchError("--nproc_per_node gpu, but this machine has no GPU that can be found; give a number of CPU workers.")
+    n = None if word != "cpu" and host.gpu_count else host.cpu_count
+    return dataclasses.replace(opts, nproc_per_node=n)
+
+
 def _check_nproc(n) -> None:
     if n is None:
         return
@@ -247,6 +265,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     if ev.TRAINER_ENDPOINTS not in endpoint_vars:  # in a file: the launcher's own value would be stale
         base_env.pop(ev.TRAINER_ENDPOINTS, None)
     node_ip = cluster.node_ips[cluster.node_rank]
+    cmd = _command(opts, python_of(base_env, host))
+    control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
     shared = {
         ev.TRAINERS_NUM: str(world),
         ev.WORLD_SIZE: str(world),
@@ -258,6 +278,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.RUN_ID: host.run_id,
         **endpoint_vars,
         **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
+        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
@@ -266,7 +287,6 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
     if opts.log_dir:  # a GPU hang leaves its trace next to the logs
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
-    cmd = _command(opts, host.python)
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -275,6 +295,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
             ev.RANK: str(rank),
             ev.LOCAL_RANK: str(local),
             ev.CURRENT_ENDPOINT: endpoints[rank],
+            ev.ROLE_RANK: str(rank),
+            ev.ERROR_FILE: error_file_of(host, rank),
         }
         own.update(paddle_worker_vars(rank, local))
         gpu = gpus[local] if gpus is not None else None
@@ -297,10 +319,11 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
         max_restarts=opts.max_restarts,
-        control=control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id),
+        control=control,
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
+        error_file=base_env.get(ev.ERROR_FILE) or None,
     )
 
 
@@ -332,6 +355,24 @@ def paddle_collective_vars(master: str, world: int, nper: int, nnodes: int, gpus
 
 def paddle_worker_vars(rank: int, local: int) -> dict:
     return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
+
+
+def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str) -> dict:
+    """What torchrun's agent gives every worker besides RANK and the like: one role, all ranks in it.
+    The store is rank 0's (TORCHELASTIC_USE_AGENT_STORE=False), as under torchrun's own env:// rule."""
+    return {
+        ev.ROLE_NAME: opts.role,
+        ev.ROLE_WORLD_SIZE: str(world),
+        ev.ELASTIC_RUN_ID: run_id,
+        ev.ELASTIC_MAX_RESTARTS: str(opts.max_restarts),
+        ev.ELASTIC_USE_AGENT_STORE: "False",
+        ev.NCCL_ASYNC_ERROR_HANDLING: env.get(ev.NCCL_ASYNC_ERROR_HANDLING, "1"),
+    }
+
+
+def error_file_of(host: HostFacts, rank: int) -> str:
+    """Where a worker's @record writes its exception: a file of its own, in the launch's temporary folder."""
+    return os.path.join(host.temp_dir, f"launcher-{host.run_id}", f"error.{rank}.json")
 
 
 def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,
@@ -515,6 +556,11 @@ def interface_of(ip: str, interfaces: Sequence[Interface]) -> Optional[str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def python_of(env: Mapping[str, str], host: HostFacts) -> str:
+    """The interpreter of Python workers: torchrun's PYTHON_EXEC when set, else the launcher's own."""
+    return env.get(ev.PYTHON_EXEC) or host.python
 
 
 def _command(opts: LaunchOptions, python: str) -> tuple:

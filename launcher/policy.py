@@ -13,6 +13,8 @@ stop signal kills at once. After SIGKILL, the supervisor waits at most ``KILL_WA
 
 from __future__ import annotations
 
+import json
+
 import logging
 import signal
 from dataclasses import dataclass, field, replace
@@ -47,6 +49,7 @@ class UserSignal:
 @dataclass(frozen=True)
 class LeftoversRunning:
     count: int  # every worker has exited, these processes of the job still run
+    helpers: bool = False  # all of them Python's multiprocessing helpers, given time to end by themselves
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,8 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, LeftoversRunning):
         if state.stopping:
             return state, ()
-        say = Say(logging.INFO, f"stopping {event.count} process(es) the workers left running")
+        level = logging.DEBUG if event.helpers else logging.INFO  # Python's own, not the user's: no alarm
+        say = Say(level, f"stopping {event.count} process(es) the workers left running")
         return _begin_stop(state, now, signal.SIGTERM, say)
     return _on_time(state, now)
 
@@ -296,7 +300,31 @@ def describe_exit(returncode: int) -> str:
 # ---------------------------------------------------------------- across attempts and nodes
 
 
-WIRE_SUMMARY = 8000  # characters of a cause's summary that go to the other nodes
+# Encoded bytes of a cause's parts that go to the other nodes: within one control message (64 KiB) together
+WIRE_TEXT_BYTES, WIRE_SUMMARY_BYTES, WIRE_ERROR_BYTES = 4000, 36000, 20000
+WIRE_SUMMARY = 8000  # characters of a summary kept at most (fewer where they take more than one byte)
+
+
+def _json_size(text: str) -> int:
+    return len(json.dumps(text))
+
+
+def _fit(text: str, budget: int, keep_end: bool = False) -> str:
+    """``text`` cut (its start kept, or its end) to at most WIRE_SUMMARY characters and ``budget`` bytes of JSON."""
+    cut = "[...]"
+    if len(text) <= WIRE_SUMMARY and _json_size(text) <= budget:
+        return text
+    low, high = 0, min(len(text), WIRE_SUMMARY)  # the most characters that fit: bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        part = text[-mid:] if keep_end else text[:mid]
+        if _json_size(part) + len(cut) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    if low == 0:
+        return cut
+    return cut + text[-low:] if keep_end else text[:low] + cut
 
 
 def one_line(text: str, limit: int = 1000) -> str:
@@ -313,28 +341,33 @@ class Cause:
     code: int  # the exit code every launcher of the job ends with
     text: str  # one sentence
     summary: str = ""  # the lines to show: the failing rank, its log, its last lines
+    error: str = ""  # the failing worker's @record (its TORCHELASTIC_ERROR_FILE) as JSON text; "" without one
 
     @property
     def restartable(self) -> bool:
         return self.kind in ("worker", "hang")
 
     def as_dict(self) -> dict:
-        """For the wire: within one control message whatever the worker printed (each character of
-        text may take 6 bytes of JSON: 1,000 of the text, 8,000 of the summary, its end kept)."""
-        summary = self.summary if len(self.summary) <= WIRE_SUMMARY else "[...]" + self.summary[-WIRE_SUMMARY:]
-        return {"node": self.node, "kind": self.kind, "code": self.code, "text": self.text[:1000], "summary": summary}
+        """For the wire: within one control message whatever the worker printed. Each part is cut to a
+        budget of encoded bytes (a character may take 12 bytes of JSON): the text's start, the summary's
+        end; the @record JSON goes whole or not at all (the other nodes then describe the cause from
+        the text and summary)."""
+        error = self.error if _json_size(self.error) <= WIRE_ERROR_BYTES else ""
+        return {"node": self.node, "kind": self.kind, "code": self.code, "text": _fit(self.text, WIRE_TEXT_BYTES),
+                "summary": _fit(self.summary, WIRE_SUMMARY_BYTES, keep_end=True), "error": error}
 
     @classmethod
     def from_dict(cls, d) -> Optional["Cause"]:
         """From a peer's message; None when it is not one (each field of its type: no conversion)."""
         if not isinstance(d, dict):
             return None
-        node, kind, code, text, summary = (d.get(k) for k in ("node", "kind", "code", "text", "summary"))
+        node, kind, code, text, summary, error = (d.get(k) for k in ("node", "kind", "code", "text", "summary", "error"))
         if type(node) is not int or type(code) is not int or not 0 <= code <= 255 or node < 0:
             return None
-        if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))):
+        if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))
+                and isinstance(error, (str, type(None)))):
             return None
-        return cls(node, kind, code, one_line(text), summary or "")
+        return cls(node, kind, code, one_line(text), summary or "", error or "")
 
 
 def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:

@@ -265,6 +265,26 @@ def members(job: Job, pids: Optional[Iterable[int]] = None) -> list:
     return found
 
 
+# Python's own helpers of a multiprocessing "spawn" or "forkserver" context: each ends by itself once
+# the last process that uses it has exited (its pipe closes), a moment after the worker.
+PF_EXITING = 0x4  # a process's flag (/proc/PID/stat) while it exits
+_SELF_ENDING = (b"from multiprocessing.resource_tracker import main", b"from multiprocessing.forkserver import main")
+
+
+def is_self_ending(pid: int) -> bool:
+    """Whether ``pid`` is a helper of Python's multiprocessing that ends by itself (resource_tracker,
+    forkserver), or is ending (exiting or a zombie: it shows no command line any more)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # state, ppid, pgrp, session, tty, tpgid, flags, ...
+    except OSError:
+        return True  # gone already
+    ending = fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING
+    return bool(ending) or any(marker in cmdline for marker in _SELF_ENDING)
+
+
 def signal_members(pinned: Iterable[Pinned], sig: int) -> None:
     for p in pinned:
         p.send(sig)

@@ -76,6 +76,7 @@ def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
         ("--selected_gpus", opts.selected_gpus, None),
         ("--nproc_per_node", opts.nproc_per_node, None),
         ("--cluster_node_ips", opts.cluster_node_ips, "127.0.0.1"),
+        ("--nnodes", opts.nnodes, None),
         ("--use_paddlecloud", opts.use_paddlecloud, False),
     ) if value != default]
     if opts.cluster_env not in ("auto", "cli"):
@@ -200,15 +201,15 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     for name in (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME):
         if iface and name not in base_env:
             shared[name] = iface
-    cmd = pl._command(opts, host.python)
+    cmd = pl._command(opts, pl.python_of(base_env, host))
     specs = []
     for j, e in mine_t:
         own = {ev.TRAINING_ROLE: "TRAINER", ev.PADDLE_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e),
-               ev.PORT: str(e.port), ev.POD_IP: e.host}
+               ev.PORT: str(e.port), ev.POD_IP: e.host, ev.ERROR_FILE: pl.error_file_of(host, len(layout.servers) + j)}
         specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, "trainer", j))
     for i, e in mine_s:
         own = {ev.TRAINING_ROLE: "PSERVER", ev.PADDLE_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
-               ev.CURRENT_ENDPOINT: str(e)}
+               ev.CURRENT_ENDPOINT: str(e), ev.ERROR_FILE: pl.error_file_of(host, i)}
         specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, "server", i))
     node0 = tuple(e.port for e in layout.servers + layout.trainers if e.host == layout.node_ips[0])
     return pl.Plan(
@@ -228,6 +229,7 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
         dump_stacks=opts.dump_stacks,
         servers=tuple(map(str, layout.servers)),
         trainers=tuple(map(str, layout.trainers)),
+        error_file=base_env.get(ev.ERROR_FILE) or None,
     )
 
 

@@ -35,7 +35,7 @@ from typing import Optional
 
 from launcher import envvars as ev
 from launcher import job as job_module
-from launcher import logs, policy, processes
+from launcher import error_file, logs, policy, processes
 from launcher import spare as spare_module
 from launcher import state as state_file
 from launcher.errors import LaunchError
@@ -49,6 +49,7 @@ KEPT_IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PASSED_ON_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 HANDLED_SIGNALS = STOPPING_SIGNALS + PASSED_ON_SIGNALS + (signal.SIGCHLD,)
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
+HELPERS_SECONDS = 2.0  # how long Python's multiprocessing helpers (resource_tracker) get to end by themselves
 STACK_TIMEOUT = 10.0  # how long taking the workers' stacks may hold up a stop
 WATCHDOG_QUIT_WAIT = 2.0
 STATE_INTERVAL = 0.2  # the state file is rewritten at most this often while a stop ends workers
@@ -77,6 +78,7 @@ class Failure:
     log_file: Optional[str]
     last_lines: tuple
     label: str = ""  # parameter-server mode: "server 0", "trainer 1"
+    error: Optional[dict] = None  # what its @record wrote to its TORCHELASTIC_ERROR_FILE (launcher.error_file)
 
 
 @dataclass
@@ -156,6 +158,8 @@ def _tell_the_end(job, code: int, started: tuple) -> None:
             what = "process(es)" if job.plan.parameter_server else "worker(s)"
             log.info("all %d %s finished in %.1f s", started[1], what, time.monotonic() - started[0])
         return
+    if job.plan.error_file:
+        _write_root_cause(job.plan.error_file, cause, code)
     lines = []
     if job.node_label():
         lines.append(f"launcher: the job stopped: {cause.text}; exit code {code}")
@@ -163,6 +167,15 @@ def _tell_the_end(job, code: int, started: tuple) -> None:
         lines.append(cause.summary)
     if lines:
         logs.console.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
+
+
+def _write_root_cause(path: str, cause: policy.Cause, code: int) -> None:
+    """For whoever gave the launcher TORCHELASTIC_ERROR_FILE (a scheduler, as to torchrun): the failing
+    worker's own @record, else the cause in the same format."""
+    data = error_file.loads(cause.error) or error_file.of_cause(cause.text, cause.summary, code, time.time())
+    problem = error_file.write(path, error_file.for_parent(data, code))
+    if problem:
+        log.warning("could not write the root cause to %s=%s (%s)", ev.ERROR_FILE, path, problem)
 
 
 # ---------------------------------------------------------------- once per launch
@@ -182,6 +195,7 @@ class Launch:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_handlers: dict = {}
         self._files_written: list = []
+        self._folders_made: list = []
         self.state = state_file.Writer(state_file.path_for(plan.log_dir, plan.node_rank)) if plan.log_dir else None
         self.started_wall = time.time()
         self._processes: tuple = ()  # the last attempt's, as the state file shows them
@@ -198,6 +212,7 @@ class Launch:
         if self.plan.log_dir:
             logs.make_log_dir(self.plan.log_dir)
         self._write_files()
+        self._make_error_folders()
         self.cgroup = processes.JobCgroup.create(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
@@ -223,6 +238,24 @@ class Launch:
             except OSError as e:
                 raise LaunchError(f"cannot write {path} ({e.strerror}); set TMPDIR to a writable folder.") from None
             self._files_written.append(path)
+
+    def _make_error_folders(self) -> None:
+        """Where each worker's @record writes (its TORCHELASTIC_ERROR_FILE); removed at the end."""
+        for folder in sorted({os.path.dirname(path) for path in _error_files(self.plan.workers)}):
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise LaunchError(f"cannot make {folder} ({e.strerror}); set TMPDIR to a writable folder.") from None
+            self._folders_made.append(folder)
+
+    def _remove_error_files(self) -> None:
+        for path in _error_files(self.plan.workers):
+            error_file.remove(path)
+        for folder in self._folders_made:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                log.debug("could not remove %s", folder)
 
     def signals(self) -> list:
         """Every signal received since the last call, in order (none is dropped)."""
@@ -361,6 +394,7 @@ class Launch:
             signal.set_wakeup_fd(-1)
         for path in self._files_written:
             _remove(path)
+        self._remove_error_files()
         for s in self.reserved:
             s.close()
         self.selector.close()
@@ -407,6 +441,7 @@ class WorkerGroup:
         self.started_at = time.monotonic()
         self.started_wall = time.time()
         for spec in self.plan.workers:
+            error_file.remove(spec.env.get(ev.ERROR_FILE))  # an earlier attempt's
             self._spawn(spec)
         log.debug("started %d worker(s)", len(self.workers))
 
@@ -555,7 +590,8 @@ class WorkerGroup:
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode, (w.ended or time.monotonic()) - w.started,
-                       w.spec.log_file, tuple(w.output.last_lines()), w.spec.role and w.spec.label)
+                       w.spec.log_file, tuple(w.output.last_lines()), w.spec.role and w.spec.label,
+                       error_file.read(w.spec.env.get(ev.ERROR_FILE)))
 
     # ------------------------------------------------------------ close
 
@@ -610,9 +646,10 @@ def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[S
         if not state.running:  # the workers are done: what they left, and their last output
             found = group.leftovers()
             processes.close_all(found)
-            if found:
-                state = _step(state, policy.LeftoversRunning(len(found)), loop)
-            elif loop.drained():
+            helpers = all(processes.is_self_ending(p.pid) for p in found)
+            if found and not (helpers and loop.helpers_may_end()):
+                state = _step(state, policy.LeftoversRunning(len(found), helpers), loop)
+            elif not found and loop.drained():
                 break
     return state
 
@@ -643,9 +680,10 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
     on = f" on {label}" if label else ""
     if after.failure is not None and after.failure != before.failure:
         rank, returncode = after.failure
-        summary = logs.format_failure(group.failure(rank))
+        failure = group.failure(rank)
         text = f"{after.name(rank)}{on} failed ({logs.describe_exit(returncode)})"
-        return policy.Cause(node, "worker", policy.shell_code(returncode), text, summary)
+        error = json.dumps(error_file.bounded(failure.error)) if failure.error else ""
+        return policy.Cause(node, "worker", policy.shell_code(returncode), text, logs.format_failure(failure), error)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
         return job_module.signal_cause(job, after.stop_signal)
     if after.start_failure is not None and before.start_failure is None:
@@ -666,6 +704,7 @@ class _Loop:
         self.selector = launch.selector
         self.follow_delay = 0.02
         self.quiet_since: Optional[float] = None  # when the last process of the job was gone
+        self.helpers_since: Optional[float] = None  # when only multiprocessing helpers were left
         self.abandoned = False
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
@@ -765,6 +804,13 @@ class _Loop:
     def abandon(self) -> None:
         self.abandoned = True
         logs.console.abandon()
+
+    def helpers_may_end(self) -> bool:
+        """Whether Python's multiprocessing helpers left by the workers still have time to end by themselves."""
+        now = time.monotonic()
+        if self.helpers_since is None:
+            self.helpers_since = now
+        return now - self.helpers_since < HELPERS_SECONDS
 
     def drained(self) -> bool:
         """All output read, or the drain time over (a process outside the job may hold a pipe),
@@ -952,6 +998,10 @@ def _file_id(st: os.stat_result) -> tuple:
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
+
+
+def _error_files(specs) -> list:
+    return [s.env[ev.ERROR_FILE] for s in specs if s.env.get(ev.ERROR_FILE)]
 
 
 def _note_signal(signum, frame) -> None:

@@ -35,7 +35,7 @@ def test_registry_names_match_the_command_line_choices():
     from launcher.cli import CLUSTER_ENVS
 
     assert clusters.names() == CLUSTER_ENVS
-    assert list(clusters.SOURCES) == ["cli", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
+    assert list(clusters.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
 
 
 # ---------------------------------------------------------------- the host list parser
@@ -102,7 +102,7 @@ def test_explicit_source_and_paddle_spelling():
     assert clusters.choose(LaunchOptions("t.py", cluster_env="slurm"), {}) == ("slurm", "--cluster_env slurm")
     assert clusters.choose(LaunchOptions("t.py", use_paddlecloud=True), {}) == ("paddlecloud", "--use_paddlecloud")
     assert "give only one of them" in refused({}, use_paddlecloud=True, cluster_env="slurm")
-    assert "is not a cluster source; choose one of auto, cli, paddlecloud" in refused({}, cluster_env="pbs")
+    assert "is not a cluster source; choose one of auto, cli, torchrun, paddlecloud" in refused({}, cluster_env="pbs")
 
 
 def test_parameter_server_mode_takes_its_nodes_from_the_command_line_only():

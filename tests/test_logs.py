@@ -1,5 +1,7 @@
 """Output pieces: line cutting, prefixes, the plan table, failure summaries."""
 
+import dataclasses
+import json
 import os
 import time
 
@@ -230,3 +232,26 @@ def test_a_bar_still_drawn_at_the_end_is_left_on_a_line_of_its_own(monkeypatch):
         c.reset()
         os.close(term.r)
         os.close(term.w)
+
+
+def test_failure_summary_shows_the_workers_record_as_root_cause():
+    record = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback (x)\nValueError: boom\n"}}}
+    f = Failure(rank=1, local_rank=1, pid=42, returncode=1, run_time=2.5, log_file=None, last_lines=("RuntimeError: peer",),
+                error=record)
+    text = logs.format_failure(f)
+    assert "root cause, as rank 1's @record wrote it (TORCHELASTIC_ERROR_FILE):\n  | Traceback (x)\n  | ValueError: boom" in text
+    assert "root cause" not in logs.format_failure(dataclasses.replace(f, error=None))
+    assert "  | plain text" in logs.format_failure(dataclasses.replace(f, error={"message": "plain text"}))
+
+
+def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_nodes():
+    from launcher import control, error_file, policy
+
+    stack = "Traceback\n" + "  File x, line 1, in f\n" * 20000 + "RecursionError: deep\n"
+    record = {"message": {"message": "RecursionError: deep", "extraInfo": {"py_callstack": stack}}}
+    f = Failure(rank=0, local_rank=0, pid=1, returncode=1, run_time=1.0, log_file=None, last_lines=(), error=record)
+    summary = logs.format_failure(f)
+    assert summary.count("\n") < 50 and summary.endswith("  | RecursionError: deep")
+    cause = policy.Cause(0, "worker", 1, "rank 0 failed", summary, json.dumps(error_file.bounded(record)))
+    assert len(control.encode(cause.as_dict())) < control.MAX_MESSAGE
+    assert error_file.loads(cause.error)["message"]["extraInfo"]["py_callstack"].endswith("RecursionError: deep\n")

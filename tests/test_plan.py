@@ -361,3 +361,29 @@ def test_a_stop_that_takes_stacks_switches_the_flight_recorder_on_with_a_pipe_ne
     env = plan(host, env={ev.FR_DUMP_TEMP_FILE: "/scratch/fr_"}, log_dir="mylog").workers[0].env
     assert env[ev.FR_DUMP_TEMP_FILE_OLD] == "/scratch/fr_"  # the old name follows the user's choice
     assert not {ev.FR_PIPE_FILE, ev.FR_BUFFER_SIZE} & set(plan(host, hang_timeout=30.0).workers[0].env)  # no log dir
+
+
+def test_every_variable_torchrun_gives_a_worker():
+    p = plan(nproc_per_node=2, max_restarts=3, cluster_node_ips="127.0.0.1,127.0.0.2", started_port=7000)
+    w0, w1 = p.workers
+    assert (w1.env[ev.ROLE_RANK], w1.env[ev.ROLE_WORLD_SIZE], w1.env[ev.ROLE_NAME]) == ("1", "4", "default")
+    assert w0.env[ev.ELASTIC_MAX_RESTARTS] == "3" and w0.env[ev.ELASTIC_USE_AGENT_STORE] == "False"
+    assert w0.env[ev.NCCL_ASYNC_ERROR_HANDLING] == "1"
+    assert w0.env[ev.ELASTIC_RUN_ID] == p.control.job_id  # the same on every node
+    assert w0.env[ev.ERROR_FILE] == "/tmp/launcher-abc/error.0.json" != w1.env[ev.ERROR_FILE]
+    assert plan().workers[0].env[ev.ELASTIC_RUN_ID] == "abc"  # one node: the launch's own id
+    assert plan(role="trainer").workers[0].env[ev.ROLE_NAME] == "trainer"
+    assert plan(env={ev.NCCL_ASYNC_ERROR_HANDLING: "0"}).workers[0].env[ev.NCCL_ASYNC_ERROR_HANDLING] == "0"
+
+
+def test_the_launchers_own_error_file_is_its_and_not_a_workers():
+    p = plan(env={ev.ERROR_FILE: "/sched/error.json"})
+    assert p.error_file == "/sched/error.json"
+    assert {w.env[ev.ERROR_FILE] for w in p.workers} == {"/tmp/launcher-abc/error.0.json", "/tmp/launcher-abc/error.1.json"}
+    assert plan().error_file is None
+
+
+def test_python_exec_is_the_workers_interpreter():
+    assert plan(env={ev.PYTHON_EXEC: "/opt/py/bin/python"}).workers[0].cmd == ("/opt/py/bin/python", "-u", "train.py")
+    assert plan(server_num=1, worker_num=1, env={ev.PYTHON_EXEC: "/opt/py"}).workers[0].cmd[0] == "/opt/py"
+    assert plan(no_python=True, training_script="./run.sh", env={ev.PYTHON_EXEC: "/opt/py"}).workers[0].cmd == ("./run.sh",)

@@ -93,7 +93,7 @@ def test_log_dir_that_cannot_be_written(tmp_path):
     ("nproc_per_node: [1\n", "is not valid YAML at line"),
     ("- 1\n- 2\n", "holds a list ([1, 2]), not a mapping"),
     ("nproc_per_nod: 2\n", "unknown key 'nproc_per_nod'; did you mean nproc_per_node?"),
-    ("nproc_per_node: two\n", "nproc_per_node: 'two' is not a valid integer"),
+    ("nproc_per_node: two\n", "nproc_per_node: 'two' is not a number of workers; give a whole number such as 2, or auto, gpu or cpu"),
     ("use_paddlecloud: 3\n", "use_paddlecloud expects true or false"),
     ("env: [1, 2]\n", "env must be a mapping"),
     ("nproc_per_node: 0\n", "--nproc_per_node 0 is below 1"),

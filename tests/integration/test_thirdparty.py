@@ -1,0 +1,77 @@
+"""Third-party programs written for torchrun, run unchanged from torchrun's own command line under
+`python -m launcher` and under `torchrun` (torch.distributed.run), comparing exit codes, output and results.
+
+accelerate's test scripts are those its package ships (accelerate/test_utils/scripts/); the Lightning run
+is a plain Trainer(strategy="ddp") script (workers/lightning_ddp.py). Skipped where the package is missing
+(.ci/run installs both).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, WORKERS
+
+RUNNERS = {"launcher": [sys.executable, "-m", "launcher", "--print_config", "false"],
+           "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+
+
+def run_both(*args, env=None, timeout=300):
+    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other."""
+    results = {}
+    for name, cmd in RUNNERS.items():
+        results[name] = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--tee", "3", *map(str, args)],
+                                       capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                                       env={**os.environ, **(env or {})})
+    return results
+
+
+def assert_same_output(ours, theirs) -> None:
+    """The same worker lines under both (--tee 3: torchrun prefixes each with [default<local rank>]:,
+    we with [rank N]; torchrun's own banner has no prefix)."""
+    def worker_lines(text, prefix):
+        return sorted(m.group(1) for m in re.finditer(prefix, text, re.M) if m.group(1).strip())
+
+    lines = worker_lines(ours.stdout, r"^\[rank \d+\] (.*)$")
+    assert lines and lines == worker_lines(theirs.stdout, r"^\[default\d+\]:(.*)$")
+
+
+def accelerate_script(name):
+    accelerate = pytest.importorskip("accelerate")
+    return Path(accelerate.__file__).parent / "test_utils" / "scripts" / name
+
+
+@pytest.mark.parametrize("script", ["test_ops.py"])
+def test_accelerate_test_scripts(script):
+    results = run_both(accelerate_script(script), env={"ACCELERATE_USE_CPU": "true"})  # accelerate's CPU switch
+    for name, r in results.items():
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+    assert_same_output(results["launcher"], results["torchrun"])
+
+
+def test_accelerate_runs_distributed_on_cpu():
+    """Accelerator() with its CPU switch: two gloo processes (PartialState alone, in test_ops.py, stays one per rank)."""
+    results = run_both(accelerate_script("test_sync.py"), env={"ACCELERATE_USE_CPU": "true"})
+    for r in results.values():
+        assert r.returncode == 0 and "**Test Distributed `no_sync` context manager**" in r.stdout, r.stdout[-2000:]
+
+
+def test_lightning_ddp_run(tmp_path):
+    pytest.importorskip("lightning")
+    outs = {name: tmp_path / name for name in RUNNERS}
+    for out in outs.values():
+        out.mkdir()
+    for name, cmd in RUNNERS.items():
+        r = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", WORKERS / "lightning_ddp.py", outs[name]],
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+    results = {name: [json.loads((out / f"result.{rank}.json").read_text()) for rank in (0, 1)]
+               for name, out in outs.items()}
+    assert results["launcher"] == results["torchrun"]
+    assert {r["environment"] for r in results["launcher"]} == {"TorchElasticEnvironment"}
+    assert [r["world_size"] for r in results["launcher"]] == [2, 2]

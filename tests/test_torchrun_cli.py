@@ -1,0 +1,103 @@
+"""torchrun's command line, mapped onto the launcher's options (launcher.torchrun_cli) and planned."""
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import cli, clusters
+from launcher import envvars as ev
+from launcher.errors import LaunchError
+from launcher.plan import HostFacts, LaunchOptions, make_plan
+from launcher.torchrun_cli import NAMES, TORCHRUN_OPTIONS, to_ours
+
+HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
+DEFAULTS = {o.name: o.kwargs.get("default") for o in TORCHRUN_OPTIONS}
+
+
+def ours(given=(), env=None, **values):
+    return to_ours({**DEFAULTS, "training_script": "train.py", **values}, lambda name: name in given, env)
+
+
+def test_every_torchrun_option_is_accepted_by_the_command_line():
+    torchrun_options = {"--standalone", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
+                        "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--nproc-per-node", "--max-restarts", "--redirects",
+                        "--tee", "--local-ranks-filter", "--role", "--run-path", "--monitor-interval", "--start-method",
+                        "--log-dir", "--no-python", "--module", "-m", "--local-addr", "-r", "-t"}
+    spelled = {s for p in cli.launch.params for s in getattr(p, "opts", ())}
+    assert torchrun_options <= spelled
+    help_text = CliRunner().invoke(cli.launch, ["--help"]).output
+    assert "--rdzv-endpoint" in help_text and "--local-ranks-filter" in help_text
+
+
+def test_one_node_options_map_onto_ours():
+    assert ours()["role"] == "default" and "nnodes" not in ours()
+    values = ours(standalone=True, rdzv_id="job7", role="trainer", local_addr="127.0.0.3")
+    assert (values["nnodes"], values["job_id"], values["role"], values["node_ip"]) == (1, "job7", "trainer", "127.0.0.3")
+    assert "started_port" not in values  # --standalone: a free port
+    assert ours(nnodes="1", master_port=29517)["started_port"] == 29517
+    assert not set(NAMES) - {"role", "node_rank", "master_addr", "nnodes"} & set(ours(standalone=True))
+
+
+def test_several_nodes_map_onto_a_gathered_cluster():
+    values = ours(nnodes="2:2", node_rank=1, master_addr="10.0.0.1")
+    assert (values["nnodes"], values["node_rank"], values["master_addr"], values["started_port"]) == (2, 1, "10.0.0.1", 29500)
+    values = ours(nnodes="2", node_rank=0, rdzv_backend="c10d", rdzv_endpoint="node0:1234", master_addr="x")
+    assert (values["master_addr"], values["started_port"]) == ("node0", 1234)
+    assert ours(nnodes="2", node_rank=0, rdzv_endpoint="node0")["started_port"] == 29400
+    assert ours(nnodes="2", node_rank=0, master_port=7000, started_port=6000, given=("started_port",))["started_port"] == 6000
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"nnodes": "1:4"}, "--nnodes 1:4 is an elastic range"),
+    ({"nnodes": "two"}, "--nnodes two is not a number of nodes"),
+    ({"nnodes": "0"}, "--nnodes 0 is not a number of nodes"),
+    ({"standalone": True, "nnodes": "2"}, "--standalone runs one node, but --nnodes is 2"),
+    ({"nnodes": "2", "rdzv_backend": "c10d", "env": {"SLURM_NODEID": ""}}, "--rdzv-backend c10d with --nnodes 2 needs --node-rank"),
+    ({"nnodes": "2", "node_rank": 0, "rdzv_endpoint": "host:http"}, "--rdzv-endpoint host:http is not HOST:PORT"),
+])
+def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
+    with pytest.raises(LaunchError, match=fragment):
+        ours(**values)
+
+
+def test_torchrun_nodes_and_cluster_node_ips_exclude_each_other():
+    with pytest.raises(LaunchError, match="both name the nodes"):
+        ours(nnodes="2", node_rank=0, given=("cluster_node_ips",))
+
+
+def test_plan_of_torchrun_nodes():
+    opts = LaunchOptions("train.py", nnodes=2, node_rank=1, master_addr="127.0.0.1", started_port=29500, node_ip="127.0.0.2")
+    with_nodes = HostFacts(**{**HOST.__dict__, "gathered_nodes": ("127.0.0.1", "127.0.0.2")})
+    p = make_plan(opts, {}, with_nodes)
+    assert p.node_rank == 1 and p.world_size == 4 and p.ports == (29500, 29501)
+    assert p.workers[0].env[ev.MASTER_ADDR] == "127.0.0.1" and p.workers[0].env[ev.RANK] == "2"
+    assert p.control.port == 29499
+    spec = clusters.gathering(opts, {})
+    assert (spec.rank, spec.size, spec.master, spec.port) == (1, 2, "127.0.0.1", 29499)
+    with pytest.raises(LaunchError, match="--node-rank 2 is not a rank of --nnodes 2"):
+        make_plan(LaunchOptions("t.py", nnodes=2, node_rank=2, master_addr="h", started_port=29500), {}, HOST)
+
+
+@pytest.mark.parametrize("word, gpus, workers", [("auto", None, 6), ("cpu", None, 6), ("auto", 4, 4), ("gpu", 4, 4)])
+def test_nproc_per_node_words(word, gpus, workers):
+    host = HostFacts(**{**HOST.__dict__, "gpu_count": gpus})
+    assert len(make_plan(LaunchOptions("t.py", nproc_per_node=word), {}, host, lambda ip, n: range(9000, 9000 + n)).workers) == workers
+
+
+def test_nproc_per_node_gpu_without_a_gpu_is_refused():
+    with pytest.raises(LaunchError, match="--nproc_per_node gpu, but this machine has no GPU"):
+        make_plan(LaunchOptions("t.py", nproc_per_node="gpu"), {}, HOST)
+
+
+def test_pytorch_examples_recipes():
+    """The torchrun lines of pytorch/examples' run_example.sh scripts and slurm/sbatch_run.sh, as given there."""
+    args = ["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", "--rdzv_endpoint=localhost:5972", "example.py"]
+    ctx = cli.launch.make_context("launcher", args)
+    values = to_ours(ctx.params, lambda name: False)
+    assert (values["nnodes"], values["nproc_per_node"], values["job_id"], values["started_port"]) == (1, 2, "101", 5972)
+    ctx = cli.launch.make_context("launcher", ["--standalone", "--nproc_per_node=16", "main.py"])  # minGPT-ddp
+    assert to_ours(ctx.params, lambda name: False)["nproc_per_node"] == 16
+    srun = ["--nnodes", "4", "--nproc_per_node", "1", "--rdzv_id", "2024", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "10.0.0.1:29500", "multinode_torchrun.py", "50", "10"]
+    ctx = cli.launch.make_context("launcher", srun)
+    values = to_ours(ctx.params, lambda name: False, {"SLURM_NODEID": "3"})
+    assert (values["nnodes"], values["node_rank"], values["master_addr"], values["started_port"]) == (4, 3, "10.0.0.1", 29500)
