@@ -47,6 +47,7 @@ def jobs(tmp_path_factory):
                             "split=HashName"),
         "async_dc": (1, 2, "fleet", "dc_asgd", "mlp", 40),
         "geo": (1, 2, "fleet", "geo", "mlp", 40, "update_frequency=4"),
+        "geo_ctr": (2, 1, "fleet", "geo", "ctr", 10, "update_frequency=3"),  # the trainer holds the table, as in Paddle
         "half_async": (1, 2, "transpiler", "half_async", "mlp", 40, "merge=2"),
     }
     kills = {
@@ -147,6 +148,14 @@ def test_the_saved_model_loads_into_the_plain_model(jobs):
     model = ps_models.ctr_model()
     model.load_state_dict(torch.load(job.out / "model" / "model.pt"))
     assert float((job.out / "done.0").read_text()) == pytest.approx(ps_models.evaluate(model, "ctr"))
+
+
+def test_geo_with_one_trainer_and_a_table_equals_one_process(jobs):
+    # one trainer: (x - old) / 1 is sent, the server answers x, and x += server - old leaves x (communicator.cc,
+    # GeoCommunicator::SendSparse / RecvSparse). 10 steps, exchanges after 3, 6, 9: the model saved before
+    # stop_worker is what the servers hold, 9 steps (Paddle's save_persistables saves the servers' values too)
+    job = finished(jobs["geo_ctr"])
+    assert_close(saved(job), ps_models.train_single("ctr", 9, 1).state_dict())
 
 
 @pytest.mark.parametrize("name", ["async_dc", "geo", "half_async"])
