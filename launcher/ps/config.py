@@ -29,6 +29,7 @@ class DistributeTranspilerConfig:
     dc_asgd_lambda: float = DC_ASGD_LAMBDA  # λ of g + λ·g⊙g⊙(w − w_backup)
     mode: str = "pserver"  # or "nccl2": collective training instead
     print_log: bool = False  # print the placement table
+    random_seed: int = 0  # Paddle's program.random_seed: the shuffle of whole parameters (slice_var_up=False)
     geo_sgd_mode: bool = False  # transpiler spelling of the geo strategy
     geo_sgd_need_push_nums: int = 100  # geo: push parameter deltas every this many steps
     half_async: bool = False  # transpiler spelling of the half-async strategy (sync_mode=False)
@@ -52,6 +53,7 @@ class PsOptions:
     update_frequency: int = 100  # geo
     max_merge_var_num: int = 20  # half-async
     print_log: bool = False
+    random_seed: int = 0
     rpc: RpcFlags = field(default_factory=RpcFlags)
 
     def __post_init__(self):
@@ -65,6 +67,9 @@ class PsOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a whole number of at least 1.")
+        if not isinstance(self.random_seed, int) or isinstance(self.random_seed, bool) or not 0 <= self.random_seed < 2**32:
+            raise ValueError(f"random_seed={self.random_seed!r} must be a whole number from 0 to 2**32 - 1 (Paddle's "
+                             "program.random_seed; 0 by default).")
         if not self.dc_asgd_lambda >= 0:
             raise ValueError(f"dc_asgd_lambda={self.dc_asgd_lambda!r} must be 0 or more.")
 
@@ -81,6 +86,7 @@ def options_from(config: DistributeTranspilerConfig, mode: str, rpc: RpcFlags, u
         update_frequency=config.geo_sgd_need_push_nums if update_frequency is None else update_frequency,
         max_merge_var_num=config.max_merge_var_num,
         print_log=bool(config.print_log),
+        random_seed=config.random_seed,
         rpc=rpc,
     )
 
