@@ -9,7 +9,7 @@ import torch
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from launcher.fleet import state as st
-from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters
+from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters, refuse_unfrozen
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import warn_once
 
@@ -98,6 +98,10 @@ class DistributedOptimizer(WrappedOptimizer):
     def step(self, closure=None):
         """Average the gradients (when this step is synchronous), step, average the parameters (local SGD)."""
         loss = closure_loss(closure)
+        if self._sync.frozen and self._needs_gradient_sync():
+            refuse_unfrozen("fleet.distributed_optimizer", [(f"parameter {i} of the optimizer", p) for i, p in self._sync.frozen],
+                            "set requires_grad before fleet.distributed_optimizer (a frozen parameter with no gradient "
+                            "is left alone), or wrap the optimizer again after unfreezing")
         if not self._sync.synced and self._needs_gradient_sync():
             self._sync()
         self._sync.synced = False
