@@ -78,11 +78,13 @@ class DistributeTranspiler:
         pserver mode: ``program`` is the model, ``optimizer`` the torch optimizer over its parameters,
         ``pservers`` every server's ip:port, ``trainers`` their number; ``sync_mode=False`` is async
         (DC-ASGD with config.enable_dc_asgd), half-async with config.half_async, and
-        config.geo_sgd_mode is geo. nccl2 mode: ``trainers`` is every trainer's ip:port and this one
-        joins the collective group as fleet's collective mode does (returns its ParallelEnv).
+        config.geo_sgd_mode is geo. nccl2 mode: ``trainers`` is every trainer's ip:port; this one
+        joins the collective group as fleet's collective mode does, takes trainer 0's parameters, and
+        from then on every backward of ``program`` averages its gradients over the trainers (what
+        Paddle's all-reduce ops do), so a plain optimizer trains data-parallel. Returns the ParallelEnv.
         """
         if self.config.mode == NCCL2_MODE:
-            return self._collective(trainer_id, trainers, current_endpoint)
+            return self._collective(trainer_id, program, trainers, current_endpoint)
         if self.config.mode != PSERVER_MODE:
             raise ValueError(f"DistributeTranspilerConfig.mode={self.config.mode!r} must be 'pserver' or 'nccl2'.")
         if not isinstance(program, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
@@ -139,10 +141,14 @@ class DistributeTranspiler:
             raise RuntimeError("call transpile(...) in pserver mode before asking for a program.")
         return self._plan
 
-    def _collective(self, trainer_id: int, trainers, current_endpoint: str):
+    def _collective(self, trainer_id: int, model, trainers, current_endpoint: str):
         from launcher.fleet import state as st
         from launcher.runtime import init_parallel_env
 
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("transpile(trainer_id, program=model, trainers=..., current_endpoint=...): in nccl2 mode "
+                            "pass the model as program (PyTorch has no default program), so that its backward "
+                            "averages the gradients over the trainers as Paddle's all-reduce ops do.")
         if not isinstance(trainers, str):
             raise ValueError(f"trainers={trainers!r}: in nccl2 mode it is every trainer's ip:port, separated by commas.")
         endpoints = parse_endpoints(trainers, "trainers")
@@ -152,4 +158,21 @@ class DistributeTranspiler:
                              f"({endpoints[trainer_id]}) in trainers.")
         penv = init_parallel_env(env=env)
         st.set_current(st.make_state(penv, None))
+        _average_gradients_in_backward(model)
         return penv
+
+
+def _average_gradients_in_backward(model: torch.nn.Module) -> None:
+    """Trainer 0's parameters everywhere, and every backward averaging the gradients (fleet's GradientSync,
+    with the strategy's defaults); fleet.distributed_optimizer on top does not average them again."""
+    from launcher.fleet import state as st
+    from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters
+
+    params = list(model.parameters())
+    check_same_parameters("transpile (nccl2)", list(model.named_parameters()))
+    broadcast_parameters(params)
+    strategy, flags = st.current().strategy, st.read_flags()
+    sync = GradientSync(params, st.bucket_limits(strategy, flags, ddp=False), st.channels_for(strategy), flags.sync_allreduce)
+    for p in params:
+        p._fleet_model_strategy = strategy  # as under fleet.distributed_model: someone else averages the gradients
+    st.current().model, st.current().transpiled = model, sync

@@ -108,6 +108,15 @@ def test_a_parameter_unfrozen_after_wrapping_stops_every_rank_naming_it(tmp_path
     assert "unexpected" not in found
 
 
+def test_after_an_nccl2_transpile_a_plain_optimizer_trains_like_one_process(tmp_path):
+    # Paddle 1.8's nccl2 transpile (distribute_transpiler.py, _transpile_nccl2) adds gen_nccl_id to the startup
+    # program, and its data-parallel executor then all-reduces every gradient: the plain optimizer trains data-parallel
+    r = launch(tmp_path, "transpiler_nccl2.py", tmp_path, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(logs(tmp_path))
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"nccl2.{rank}.json").read_text())["diff"] <= TOLERANCE
+
+
 def test_a_stuck_rank_fails_the_job_after_the_fleet_timeout(tmp_path):
     started = time.monotonic()
     r = launch(tmp_path, "fleet_stuck.py", 3, timeout=90)
