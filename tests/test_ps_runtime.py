@@ -61,12 +61,46 @@ def test_rpc_flags_have_paddles_defaults_and_are_read():
         fl.read_rpc_flags({"FLAGS_rpc_deadline": "soon"})
 
 
-def test_transpiler_config_has_paddles_defaults_and_refuses_typos():
+# Paddle 1.8, python/paddle/fluid/transpiler/distribute_transpiler.py, class DistributeTranspilerConfig: its
+# class attributes and defaults; DistributeTranspiler.__init__: split_method None -> RoundRobin, and
+# assert config.min_block_size >= 8192, assert split_method.__bases__[0] == PSDispatcher.
+PADDLE_CONFIG = {"slice_var_up": True, "split_method": None, "min_block_size": 8192, "enable_dc_asgd": False,
+                 "mode": "pserver", "print_log": False, "wait_port": True, "runtime_split_send_recv": False,
+                 "sync_mode": True, "half_async": False, "completely_not_async": False, "geo_sgd_mode": False,
+                 "geo_sgd_need_push_nums": 100, "nccl_comm_num": 1, "use_hierarchical_allreduce": False,
+                 "hierarchical_allreduce_inter_nranks": 0, "collective_mode": None}
+
+
+def test_transpiler_config_has_every_paddle_attribute_with_its_default_and_refuses_typos():
     c = DistributeTranspilerConfig()
-    assert (c.slice_var_up, c.split_method, c.min_block_size, c.enable_dc_asgd, c.mode, c.print_log) == \
-        (True, "RoundRobin", 8192, False, "pserver", False)
+    assert {name: getattr(c, name) for name in PADDLE_CONFIG} == PADDLE_CONFIG
+    for name, value in PADDLE_CONFIG.items():
+        setattr(c, name, value)  # each one accepted
+    c.nccl_comm_num, c.use_hierarchical_allreduce, c.hierarchical_allreduce_inter_nranks, c.wait_port = 2, True, 2, False
     with pytest.raises(AttributeError, match="Did you mean 'slice_var_up'"):
         c.slice_var_upp = False
+    with pytest.raises(ValueError, match="needs config.sync_mode = False first"):
+        c.runtime_split_send_recv = True
+
+
+def test_split_method_takes_paddles_classes_and_min_block_size_is_at_least_8192():
+    from launcher.transpiler import DistributeTranspiler, HashName, RoundRobin
+
+    config = DistributeTranspilerConfig()
+    assert DistributeTranspiler(config).config.split_method is RoundRobin  # None becomes RoundRobin, as in Paddle
+    for given, name in ((HashName, "HashName"), (RoundRobin, "RoundRobin"), ("HashName", "HashName")):
+        config.split_method = given
+        assert DistributeTranspiler(config)._options("sync").split_method == name
+    paddles = type("HashName", (), {})  # paddle.fluid.transpiler.HashName, as a script that imports Paddle's passes it
+    config.split_method = paddles
+    assert DistributeTranspiler(config)._options("sync").split_method == "HashName"
+    config.min_block_size = 8191
+    with pytest.raises(ValueError, match="min_block_size=8191 must be a whole number of at least 8192"):
+        DistributeTranspiler(config)
+    strategy = StrategyFactory.create_sync_strategy()
+    strategy.get_program_config().min_block_size = 64
+    with pytest.raises(ValueError, match="min_block_size=64"):
+        strategy.options(fl.RpcFlags())
 
 
 def test_strategies_become_options_and_bad_ones_are_refused():
