@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Optional
 
 import torch
@@ -86,7 +87,10 @@ class DistributedOptimizer(WrappedOptimizer):
         self._steps = 0
         self._averager = None
         if strategy.use_local_sgd:
-            self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps, warmup_steps=strategy.local_sgd_is_warm_steps)
+            with warnings.catch_warnings():  # torch's "when period is 1, use DDP": local_sgd_steps=1 is a valid Paddle setting
+                warnings.filterwarnings("ignore", message="When period is 1", category=UserWarning)
+                self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps,
+                                                       warmup_steps=strategy.local_sgd_is_warm_steps)
             for p in self._params():
                 p._fleet_averaged = True  # tells fleet.distributed_model that someone averages the parameters
         broadcast_parameters(self._params())

@@ -195,22 +195,6 @@ def wait_finished(server: Server) -> None:
         pass
     if server.failure is not None:
         raise transport.PsError(server.failure)
-    _wait_gone(server, transport.SHUTDOWN_WAIT)
-
-
-def _wait_gone(server: Server, seconds: float) -> None:
-    """Wait (bounded) until every trainer has shut its RPC agent down after stop_worker: until then the
-    answer to its stop may still be on the way, and shutting this server down would drop it."""
-    deadline = time.monotonic() + seconds
-    left = set(range(server.env.trainers_num))
-    while left and time.monotonic() < deadline:
-        for t in sorted(left):
-            try:
-                rpc.rpc_sync(trainer_name(t), transport.ping, timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:
-                left.discard(t)
-        if left:
-            time.sleep(0.05)
 
 
 def _watch(server: Server) -> None:

@@ -164,3 +164,12 @@ def test_async_modes_converge_on_a_toy_problem(jobs, name):
     start = ps_models.evaluate(ps_models.mlp_model(), "mlp")
     end = float((job.out / "done.0").read_text())
     assert end < 0.5 * start, f"{name}: loss {start} -> {end}"
+
+
+@pytest.mark.parametrize("name", ["fleet_sync", "transpiler_sync", "async_dc", "geo", "geo_ctr", "half_async"])
+def test_a_clean_job_leaves_no_rpc_warnings_in_any_log(jobs, name):
+    # every process shuts its RPC agent down together with the others: none reads from a pipe another closed
+    job = finished(jobs[name])
+    for key in job.procs:
+        log = job.log(key)
+        assert not any(w in log for w in ("tensorpipe", "EPIPE", "EOF", "Warning")), f"{key}:\n{log}"
