@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.fleet import state as st
@@ -96,10 +96,8 @@ def _register_hook(ddp: DistributedDataParallel, strategy: DistributedStrategy, 
     channels = st.channels_for(strategy)
     if strategy.use_local_sgd:
         if not is_default(channels) or flags.sync_allreduce:
-            warn_once("local_sgd_ddp", "with use_local_sgd, fleet.distributed_model uses torch's post-local-SGD hook: "
-                      f"nccl_comm_num, use_hierarchical_allreduce and {SYNC_NCCL_ALLREDUCE} do not apply to its warm-up steps.")
-        local = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=strategy.local_sgd_is_warm_steps,
-                                  post_local_gradient_allreduce=False)
-        ddp.register_comm_hook(local, post_localSGD_hook)
+            warn_once("local_sgd_ddp", "with use_local_sgd no gradient is all-reduced (the parameters are averaged): "
+                      f"nccl_comm_num, use_hierarchical_allreduce and {SYNC_NCCL_ALLREDUCE} do not apply.")
+        ddp.register_comm_hook(None, noop_hook)  # Paddle's LocalSGD averages parameters (the optimizer), never gradients
     elif not is_default(channels) or flags.sync_allreduce:
         ddp.register_comm_hook(ChannelHookState(channels, flags.sync_allreduce), channel_hook)
