@@ -83,3 +83,26 @@ def test_seed_002s_pserver_listing_runs_with_whole_parameters_shuffled_over_two_
                                                  "4.weight": "1", "4.bias": "0"}, log
     saved = torch.load(tmp_path / "output" / "model.pt", weights_only=True)
     assert [tuple(t.shape) for t in saved.values()] == [(1280, 32), (1280,), (1280, 1280), (1280,), (2, 1280), (2,)]
+
+
+SEED_000 = next(Path("/work/shared/seeds").glob("000_*.txt"), None) if Path("/work/shared/seeds").is_dir() else None
+
+
+def seed_code(lines):
+    """Code lines without comments, blank lines and indentation: what a user edits."""
+    return [re.sub(r"\s+#.*$", "", line.strip()) for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_readme_says_how_many_of_seed_000s_lines_a_user_changes():
+    if SEED_000 is None:
+        import pytest
+
+        pytest.skip("the seeds are not on this machine")
+    text = SEED_000.read_text().splitlines()
+    start = text.index("将单机单卡训练改成多机多卡训练的代码train_with_fleet.py示例如下。")
+    listing = text[start + 1:text.index("运行结果会在mylog文件夹中得到8个log日志，分别对应8张卡的运行结果。")]
+    seed = seed_code(listing)
+    ours = seed_code((EXAMPLES / "train_with_fleet.py").read_text().split('"""', 2)[2].splitlines())
+    kept = sum(b.size for b in difflib.SequenceMatcher(a=seed, b=ours, autojunk=False).get_matching_blocks())
+    readme = (REPO / "README.md").read_text()
+    assert f"{len(seed) - kept} of its {len(seed)} code lines" in readme, (len(seed) - kept, len(seed))
