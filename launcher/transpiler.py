@@ -28,15 +28,18 @@ from typing import Optional
 import torch
 
 from launcher import envvars as ev
-from launcher.ps.config import ASYNC, GEO, HALF_ASYNC, SYNC, DistributeTranspilerConfig, options_from
+from launcher.ps.config import (ASYNC, GEO, HALF_ASYNC, SYNC, DistributeTranspilerConfig, HashName, PSDispatcher,
+                                RoundRobin, check_min_block_size, options_from, split_method_name)
 from launcher.ps.env import SERVER, TRAINER, make_ps_env, parse_endpoints
 from launcher.ps.session import PsSession
 from launcher.runtime.environment import env_from_endpoints
 from launcher.runtime.flags import read_rpc_flags
 
-__all__ = ["DistributeTranspiler", "DistributeTranspilerConfig", "PServerProgram", "TrainerProgram"]
+__all__ = ["DistributeTranspiler", "DistributeTranspilerConfig", "HashName", "PSDispatcher", "PServerProgram",
+           "RoundRobin", "TrainerProgram"]
 
-PSERVER_MODE, NCCL2_MODE = "pserver", "nccl2"
+PSERVER_MODE, NCCL2_MODE, COLLECTIVE_MODE = "pserver", "nccl2", "collective"
+GRAD_ALLREDUCE = "grad_allreduce"  # the collective_mode that is nccl2's data parallelism
 
 
 class PServerProgram:
@@ -68,6 +71,10 @@ class TrainerProgram:
 class DistributeTranspiler:
     def __init__(self, config: Optional[DistributeTranspilerConfig] = None):
         self.config = config if config is not None else DistributeTranspilerConfig()
+        if self.config.split_method is None:
+            self.config.split_method = RoundRobin  # as Paddle's __init__ does
+        check_min_block_size(self.config.min_block_size)  # Paddle asserts both here
+        split_method_name(self.config.split_method)
         self._plan = None
 
     def transpile(self, trainer_id: int, program: Optional[torch.nn.Module] = None, pservers: str = "127.0.0.1:6174",
@@ -78,13 +85,19 @@ class DistributeTranspiler:
         pserver mode: ``program`` is the model, ``optimizer`` the torch optimizer over its parameters,
         ``pservers`` every server's ip:port, ``trainers`` their number; ``sync_mode=False`` is async
         (DC-ASGD with config.enable_dc_asgd), half-async with config.half_async, and
-        config.geo_sgd_mode is geo. nccl2 mode: ``trainers`` is every trainer's ip:port and this one
-        joins the collective group as fleet's collective mode does (returns its ParallelEnv).
+        config.geo_sgd_mode is geo. nccl2 mode: ``trainers`` is every trainer's ip:port; this one
+        joins the collective group as fleet's collective mode does, takes trainer 0's parameters, and
+        from then on every backward of ``program`` averages its gradients over the trainers (what
+        Paddle's all-reduce ops do), so a plain optimizer trains data-parallel. Returns the ParallelEnv.
         """
-        if self.config.mode == NCCL2_MODE:
-            return self._collective(trainer_id, trainers, current_endpoint)
+        if self.config.mode == COLLECTIVE_MODE and self.config.collective_mode != GRAD_ALLREDUCE:
+            raise ValueError(f"collective_mode={self.config.collective_mode!r}: mode='collective' runs "
+                             f"collective_mode={GRAD_ALLREDUCE!r} here (nccl2's data parallelism); for local SGD use "
+                             "fleet.distributed_optimizer with DistributedStrategy.use_local_sgd.")
+        if self.config.mode in (NCCL2_MODE, COLLECTIVE_MODE):
+            return self._collective(trainer_id, program, trainers, current_endpoint)
         if self.config.mode != PSERVER_MODE:
-            raise ValueError(f"DistributeTranspilerConfig.mode={self.config.mode!r} must be 'pserver' or 'nccl2'.")
+            raise ValueError(f"DistributeTranspilerConfig.mode={self.config.mode!r} must be 'pserver', 'nccl2' or 'collective'.")
         if not isinstance(program, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("transpile(trainer_id, program=model, pservers=..., trainers=N, optimizer=optimizer): PyTorch "
                             "has no program holding the optimizer, so pass the model and its torch optimizer.")
@@ -139,10 +152,14 @@ class DistributeTranspiler:
             raise RuntimeError("call transpile(...) in pserver mode before asking for a program.")
         return self._plan
 
-    def _collective(self, trainer_id: int, trainers, current_endpoint: str):
+    def _collective(self, trainer_id: int, model, trainers, current_endpoint: str):
         from launcher.fleet import state as st
         from launcher.runtime import init_parallel_env
 
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("transpile(trainer_id, program=model, trainers=..., current_endpoint=...): in nccl2 mode "
+                            "pass the model as program (PyTorch has no default program), so that its backward "
+                            "averages the gradients over the trainers as Paddle's all-reduce ops do.")
         if not isinstance(trainers, str):
             raise ValueError(f"trainers={trainers!r}: in nccl2 mode it is every trainer's ip:port, separated by commas.")
         endpoints = parse_endpoints(trainers, "trainers")
@@ -151,5 +168,31 @@ class DistributeTranspiler:
             raise ValueError(f"current_endpoint {current_endpoint!r} is not trainer {trainer_id}'s endpoint "
                              f"({endpoints[trainer_id]}) in trainers.")
         penv = init_parallel_env(env=env)
-        st.set_current(st.make_state(penv, None))
+        st.set_current(st.make_state(penv, self._strategy()))
+        _average_gradients_in_backward(model)
         return penv
+
+    def _strategy(self):
+        """The collective strategy of the config's nccl_comm_num and hierarchical all-reduce settings."""
+        from launcher.fleet.strategy import DistributedStrategy
+
+        strategy = DistributedStrategy()
+        for name in ("nccl_comm_num", "use_hierarchical_allreduce", "hierarchical_allreduce_inter_nranks"):
+            setattr(strategy, name, getattr(self.config, name))
+        return strategy
+
+
+def _average_gradients_in_backward(model: torch.nn.Module) -> None:
+    """Trainer 0's parameters everywhere, and every backward averaging the gradients (fleet's GradientSync,
+    with the strategy's defaults); fleet.distributed_optimizer on top does not average them again."""
+    from launcher.fleet import state as st
+    from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters
+
+    params = list(model.parameters())
+    check_same_parameters("transpile (nccl2)", list(model.named_parameters()))
+    broadcast_parameters(params)
+    strategy, flags = st.strategy_in_force(None), st.read_flags()
+    sync = GradientSync(params, st.bucket_limits(strategy, flags, ddp=False), st.channels_for(strategy), flags.sync_allreduce)
+    for p in params:
+        p._fleet_model_strategy = strategy  # as under fleet.distributed_model: someone else averages the gradients
+    st.current().model, st.current().transpiled = model, sync

@@ -235,3 +235,15 @@ def test_averaged_gradients_are_in_place_when_backward_returns(alone):
 def test_distributed_model_passes_ddp_options(alone):
     net = fleet.distributed_model(mlp(), find_unused_parameters=True, static_graph=False)
     assert net.find_unused_parameters is True
+
+
+def test_local_sgd_steps_1_lets_no_torch_warning_through(alone):
+    import warnings
+
+    strategy = fleet.DistributedStrategy()
+    strategy.use_local_sgd = True  # local_sgd_steps=1: Paddle's default, valid there
+    model = mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), strategy)
+        train(model, optimizer)

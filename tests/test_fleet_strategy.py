@@ -118,3 +118,16 @@ def test_executor_options_warn_once_and_num_threads_sets_torch_threads(monkeypat
         torch.set_num_threads(before)
     messages = sorted(str(w.message).split(" has")[0] for w in record)
     assert messages == ["fetch_frequency", "num_iteration_per_drop_scope"]
+
+
+def test_the_two_defaults_that_differ_from_paddle_on_purpose():
+    # Paddle 1.8: DEFINE_bool(sync_nccl_allreduce, true, ...) (paddle/fluid/platform/flags.cc), and
+    # incubate/fleet/collective/__init__.py, CollectiveOptimizer._try_to_compile: when FLAGS_sync_nccl_allreduce
+    # is unset or "1", exec_strategy.num_threads = nccl_comm_num + 1 (2 * nccl_comm_num + 1 hierarchical).
+    # Here the all-reduces stay asynchronous by default (torch overlaps them with backward; Paddle overlaps with
+    # those executor threads), and num_threads is torch's CPU thread count, not an executor's: neither is copied
+    # (README, "Differences from Paddle 1.8").
+    assert fl.read_flags({}).sync_allreduce is False
+    strategy = fleet.DistributedStrategy()
+    strategy.nccl_comm_num = 3
+    assert strategy.num_threads is None

@@ -27,7 +27,46 @@ def test_block_sizes_follow_paddles_slice_variable(shape, servers, min_block, si
 def test_slice_var_up_false_keeps_every_parameter_whole():
     assert block_sizes((1000, 64), 3, 8192, slice_var_up=False) == [64000]
     slices = place([("w", (1000, 64)), ("b", (100,))], 3, slice_var_up=False)
-    assert table(slices) == [("w", 0, 64000, 0), ("b", 0, 100, 1)]
+    assert table(slices) == [("w", 0, 64000, 1), ("b", 0, 100, 0)]  # shuffled (seed 0): b first
+
+
+# Paddle 1.8, python/paddle/fluid/transpiler/distribute_transpiler.py, DistributeTranspiler.transpile:
+#     grad_var_mapping_items = list(six.iteritems(self.grad_var_mapping))
+#     if not self.config.slice_var_up:
+#         np.random.seed(self.origin_program.random_seed)
+#         np.random.shuffle(grad_var_mapping_items)
+#     for grad_varname, splited_vars in grad_var_mapping_items:
+#         eplist = ps_dispatcher.dispatch(splited_vars)
+# ps_dispatcher.py, RoundRobin.dispatch: endpoints in turn, the counter kept across calls.
+SEED_MLP = [("fc_0.w_0", (32, 1280)), ("fc_0.b_0", (1280,)), ("fc_1.w_0", (1280, 1280)), ("fc_1.b_0", (1280,)),
+            ("fc_2.w_0", (1280, 2)), ("fc_2.b_0", (2,))]  # seed 000's mlp(hid_dim=1280, label_dim=2) on 32 inputs
+
+
+def paddles_whole_placement(params, servers, seed):
+    import numpy as np
+
+    items = list(params)
+    np.random.seed(seed)
+    np.random.shuffle(items)
+    return {name: turn % servers for turn, (name, _) in enumerate(items)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 2024])
+@pytest.mark.parametrize("servers", [2, 3, 4])
+def test_whole_parameters_are_shuffled_before_dispatch_as_paddles_transpile_does(servers, seed):
+    slices = place(SEED_MLP, servers, slice_var_up=False, random_seed=seed)
+    assert {s.param: s.server for s in slices} == paddles_whole_placement(SEED_MLP, servers, seed)
+    assert [s.param for s in slices] == [name for name, _ in SEED_MLP]  # listed in parameter order
+
+
+def test_seed_002s_setting_does_not_put_every_weight_on_server_0():
+    # slice_var_up=False, 2 servers, program.random_seed 0 (Paddle's default): the shuffle gives order
+    # b_2, w_1, b_0, b_1, w_0, w_2, so server 0 holds fc_0.w_0 and the biases b_0, b_2; server 1 fc_1, fc_2.w_0
+    slices = place(SEED_MLP, 2, slice_var_up=False)
+    assert {s.param: s.server for s in slices} == {"fc_0.w_0": 0, "fc_0.b_0": 0, "fc_1.w_0": 1, "fc_1.b_0": 1,
+                                                   "fc_2.w_0": 1, "fc_2.b_0": 0}
+    weights_on_0 = sum(s.size for s in slices if s.server == 0 and ".w_" in s.param)
+    assert weights_on_0 == 40960  # not 1,681,920 (every weight) as without the shuffle
 
 
 def test_round_robin_counts_on_across_parameters():

@@ -61,12 +61,46 @@ def test_rpc_flags_have_paddles_defaults_and_are_read():
         fl.read_rpc_flags({"FLAGS_rpc_deadline": "soon"})
 
 
-def test_transpiler_config_has_paddles_defaults_and_refuses_typos():
+# Paddle 1.8, python/paddle/fluid/transpiler/distribute_transpiler.py, class DistributeTranspilerConfig: its
+# class attributes and defaults; DistributeTranspiler.__init__: split_method None -> RoundRobin, and
+# assert config.min_block_size >= 8192, assert split_method.__bases__[0] == PSDispatcher.
+PADDLE_CONFIG = {"slice_var_up": True, "split_method": None, "min_block_size": 8192, "enable_dc_asgd": False,
+                 "mode": "pserver", "print_log": False, "wait_port": True, "runtime_split_send_recv": False,
+                 "sync_mode": True, "half_async": False, "completely_not_async": False, "geo_sgd_mode": False,
+                 "geo_sgd_need_push_nums": 100, "nccl_comm_num": 1, "use_hierarchical_allreduce": False,
+                 "hierarchical_allreduce_inter_nranks": 0, "collective_mode": None}
+
+
+def test_transpiler_config_has_every_paddle_attribute_with_its_default_and_refuses_typos():
     c = DistributeTranspilerConfig()
-    assert (c.slice_var_up, c.split_method, c.min_block_size, c.enable_dc_asgd, c.mode, c.print_log) == \
-        (True, "RoundRobin", 8192, False, "pserver", False)
+    assert {name: getattr(c, name) for name in PADDLE_CONFIG} == PADDLE_CONFIG
+    for name, value in PADDLE_CONFIG.items():
+        setattr(c, name, value)  # each one accepted
+    c.nccl_comm_num, c.use_hierarchical_allreduce, c.hierarchical_allreduce_inter_nranks, c.wait_port = 2, True, 2, False
     with pytest.raises(AttributeError, match="Did you mean 'slice_var_up'"):
         c.slice_var_upp = False
+    with pytest.raises(ValueError, match="needs config.sync_mode = False first"):
+        c.runtime_split_send_recv = True
+
+
+def test_split_method_takes_paddles_classes_and_min_block_size_is_at_least_8192():
+    from launcher.transpiler import DistributeTranspiler, HashName, RoundRobin
+
+    config = DistributeTranspilerConfig()
+    assert DistributeTranspiler(config).config.split_method is RoundRobin  # None becomes RoundRobin, as in Paddle
+    for given, name in ((HashName, "HashName"), (RoundRobin, "RoundRobin"), ("HashName", "HashName")):
+        config.split_method = given
+        assert DistributeTranspiler(config)._options("sync").split_method == name
+    paddles = type("HashName", (), {})  # paddle.fluid.transpiler.HashName, as a script that imports Paddle's passes it
+    config.split_method = paddles
+    assert DistributeTranspiler(config)._options("sync").split_method == "HashName"
+    config.min_block_size = 8191
+    with pytest.raises(ValueError, match="min_block_size=8191 must be a whole number of at least 8192"):
+        DistributeTranspiler(config)
+    strategy = StrategyFactory.create_sync_strategy()
+    strategy.get_program_config().min_block_size = 64
+    with pytest.raises(ValueError, match="min_block_size=64"):
+        strategy.options(fl.RpcFlags())
 
 
 def test_strategies_become_options_and_bad_ones_are_refused():
@@ -197,3 +231,65 @@ def test_a_trainer_whose_servers_never_come_names_them_after_the_deadline():
                        "PADDLE_TRAINERS_NUM": "1", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:1"})
     with pytest.raises(transport.PsError, match=rf"trainer 0 waited 1 s .*server 0 \(127.0.0.1:{port}\)"):
         transport.connect(env, fl.RpcFlags(deadline_ms=1000))
+
+
+# ---------------------------------------------------------------------- geo: Paddle's GeoCommunicator rule
+# paddle/fluid/operators/distributed/communicator.cc (release/1.8), GeoCommunicator::SendDense:
+#   delta = (latest - old) / trainers; old += delta; the server adds delta.
+# GeoCommunicator::RecvDense: latest += pserver - old; old = pserver.  SendSparse / RecvSparse: the same per row.
+
+
+def test_geo_keeps_a_trainers_own_change_as_paddles_communicator_does():
+    from launcher.ps.trainer import geo_delta, geo_take
+
+    server = torch.tensor([1.0])
+    x = [torch.tensor([1.0]), torch.tensor([1.0])]  # two trainers; trainer 1 stays idle
+    old = [torch.tensor([1.0]), torch.tensor([1.0])]
+
+    def exchange(t):
+        server.add_(geo_delta(x[t], old[t], 2))
+        geo_take(x[t], old[t], server.clone())
+
+    x[0] -= 0.6  # trainer 0's local steps: 1.0 -> 0.4
+    exchange(0)  # sends (0.4 - 1.0) / 2 = -0.3: server 0.7; old 0.7; x += 0.7 - 0.7 keeps 0.4
+    assert (server.item(), x[0].item(), old[0].item()) == pytest.approx((0.7, 0.4, 0.7))
+    exchange(1)  # sends 0; x1 += 0.7 - 1.0
+    assert (server.item(), x[1].item(), old[1].item()) == pytest.approx((0.7, 0.7, 0.7))
+    x[0] -= 0.2  # 0.4 -> 0.2
+    exchange(0)  # sends (0.2 - 0.7) / 2 = -0.25: server 0.45, x stays 0.2
+    exchange(1)
+    assert (server.item(), x[0].item(), x[1].item()) == pytest.approx((0.45, 0.2, 0.45))
+
+
+def test_geo_tables_exchange_the_rows_used_by_the_same_rule_on_their_servers():
+    from launcher.ps.trainer import LocalTable
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    table = LocalTable(emb)
+    start = torch.arange(12.0).view(6, 2)
+    table.start([start[0::2], start[1::2]])  # 2 servers: rows 0, 2, 4 and 1, 3, 5
+    assert torch.equal(emb.weight.detach(), start)
+    emb(torch.tensor([[1, 4], [4, 4]]))  # rows 1 and 4 used
+    with torch.no_grad():
+        emb.weight[1] -= 1.0
+        emb.weight[4] -= 2.0
+        emb.weight[5] -= 9.0  # changed but not used: not sent, as Paddle sends only the ids the batches held
+    sent = table.deltas(trainers=2, servers=2)
+    assert sorted(sent) == [0, 1]
+    assert sent[0][0].tolist() == [2] and sent[0][1].tolist() == [[-1.0, -1.0]]  # row 4 = server 0's local row 2
+    assert sent[1][0].tolist() == [0] and sent[1][1].tolist() == [[-0.5, -0.5]]  # row 1 = server 1's local row 0
+    server_rows = {0: start[0::2][[2]] + sent[0][1] + 10.0, 1: start[1::2][[0]] + sent[1][1]}  # another trainer moved row 4 by +10
+    table.take(server_rows, sent, servers=2)
+    # row 4: x = [6, 7], old = [8, 9] - 1 = [7, 8], server [17, 18]: x += server - old keeps its own -2 and takes the +10
+    assert emb.weight[4].tolist() == [16.0, 17.0] and emb.weight[1].tolist() == [1.0, 2.0]
+    assert table.old[4].tolist() == server_rows[0][0].tolist() and table.used == []
+    assert table.deltas(trainers=2, servers=2) == {}
+
+
+def test_a_geo_server_adds_dense_and_row_deltas_and_answers_the_rows_sent():
+    server = make_server("geo")
+    before = {n: h.value.detach().clone() for n, h in server.dense.items()}
+    name = next(iter(before))
+    dense, rows = server.add_deltas(0, {name: torch.ones_like(before[name])}, {})
+    assert torch.equal(dense[name], before[name] + 1) and rows == {}

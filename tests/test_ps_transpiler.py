@@ -33,9 +33,19 @@ def test_nccl2_mode_joins_the_collective_group_as_fleet_does():
     config = DistributeTranspilerConfig()
     config.mode = "nccl2"
     endpoint = f"127.0.0.1:{free_port()}"
-    penv = DistributeTranspiler(config).transpile(0, trainers=endpoint, current_endpoint=endpoint)
+    model, _ = model_and_optimizer()
+    penv = DistributeTranspiler(config).transpile(0, program=model, trainers=endpoint, current_endpoint=endpoint)
     assert (penv.rank, penv.world_size, penv.backend, penv.endpoints) == (0, 1, "gloo", (endpoint,))
     assert fleet.worker_index() == 0 and fleet.worker_num() == 1
+    model(torch.ones(2, 3)).sum().backward()
+    assert st.current().transpiled.calls == 1  # backward averaged the gradients (over a world of one)
+
+
+def test_nccl2_mode_needs_the_model_as_program():
+    config = DistributeTranspilerConfig()
+    config.mode = "nccl2"
+    with pytest.raises(TypeError, match="in nccl2 mode pass the model as program"):
+        DistributeTranspiler(config).transpile(0, trainers="127.0.0.1:1", current_endpoint="127.0.0.1:1")
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -69,6 +79,18 @@ def test_the_mode_follows_sync_mode_and_the_config():
     assert t._mode(False) == "half_async"
     t.config.geo_sgd_mode = True
     assert t._mode(True) == "geo"
-    with pytest.raises(ValueError, match="mode='collective' must be 'pserver' or 'nccl2'"):
-        t.config.mode = "collective"
+    with pytest.raises(ValueError, match="mode='ring' must be 'pserver', 'nccl2' or 'collective'"):
+        t.config.mode = "ring"
         t.transpile(0)
+    with pytest.raises(ValueError, match="collective_mode='local_sgd': mode='collective' runs collective_mode='grad_allreduce'"):
+        t.config.mode, t.config.collective_mode = "collective", "local_sgd"
+        t.transpile(0)
+
+
+def test_nccl2_mode_takes_the_configs_communicators():
+    config = DistributeTranspilerConfig()
+    config.mode, config.nccl_comm_num = "nccl2", 2
+    endpoint = f"127.0.0.1:{free_port()}"
+    model, _ = model_and_optimizer()
+    DistributeTranspiler(config).transpile(0, program=model, trainers=endpoint, current_endpoint=endpoint)
+    assert st.current().strategy.nccl_comm_num == 2 and len(st.current().transpiled.channels) == 2

@@ -121,6 +121,7 @@ class GradientSync:
 
     def __init__(self, params: Sequence[torch.Tensor], limits: BucketLimits, channels: list, wait_each: bool):
         self.buckets = make_buckets([p for p in params if p.requires_grad], limits)
+        self.frozen = [(i, p) for i, p in enumerate(params) if not p.requires_grad]  # at wrap time: no hooks, no bucket
         self.channels = channels
         self.wait_each = wait_each  # FLAGS_sync_nccl_allreduce=1
         self.enabled: Callable[[], bool] = lambda: True  # False: backward leaves the gradients local
@@ -202,6 +203,14 @@ class GradientSync:
         self._pending = []
         self._ready = [0] * len(self.buckets)
         self._queued = False
+
+
+def refuse_unfrozen(what: str, frozen: Sequence[tuple], fix: str) -> None:
+    """Refuse a parameter frozen when ``what`` was called and trainable now: no rank would synchronise it."""
+    late = next(((name, p) for name, p in frozen if p.requires_grad), None)
+    if late is not None:
+        raise RuntimeError(f"{what}: {late[0]} (shape {tuple(late[1].shape)}) had requires_grad=False when it was wrapped "
+                           f"and requires a gradient now, which no rank would average (the ranks would drift apart); {fix}.")
 
 
 def wait(work, flat: torch.Tensor) -> None:

@@ -5,11 +5,11 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.fleet import state as st
-from launcher.fleet.comm import UNFUSED_BUCKET_MB, check_same_parameters, is_default, wait
+from launcher.fleet.comm import UNFUSED_BUCKET_MB, check_same_parameters, is_default, refuse_unfrozen, wait
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import SYNC_NCCL_ALLREDUCE, Flags, warn_once
 
@@ -59,6 +59,7 @@ def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStra
     _register_hook(ddp, strategy, flags)
     if strategy.use_local_sgd:
         _require_averaging(ddp, strategy)
+    _refuse_unfrozen_later(ddp, [(n, p) for n, p in model.named_parameters() if not p.requires_grad])
     for p in model.parameters():
         p._fleet_model_strategy = strategy  # tells fleet.distributed_optimizer that DDP all-reduces this one
     state.model = model
@@ -82,14 +83,21 @@ def _require_averaging(ddp: DistributedDataParallel, strategy: DistributedStrate
     handle = ddp.register_forward_pre_hook(check)
 
 
+def _refuse_unfrozen_later(ddp: DistributedDataParallel, frozen: list) -> None:
+    """DistributedDataParallel averages only what required a gradient when it was built: refuse, at the next
+    forward, a parameter unfrozen since (every rank unfreezes it alike, so every rank stops)."""
+    if frozen:
+        ddp.register_forward_pre_hook(lambda _m, _args: refuse_unfrozen(
+            "fleet.distributed_model", frozen, "set requires_grad before fleet.distributed_model (a frozen parameter "
+            "is left alone), or wrap the model again after unfreezing"))
+
+
 def _register_hook(ddp: DistributedDataParallel, strategy: DistributedStrategy, flags: Flags) -> None:
     channels = st.channels_for(strategy)
     if strategy.use_local_sgd:
         if not is_default(channels) or flags.sync_allreduce:
-            warn_once("local_sgd_ddp", "with use_local_sgd, fleet.distributed_model uses torch's post-local-SGD hook: "
-                      f"nccl_comm_num, use_hierarchical_allreduce and {SYNC_NCCL_ALLREDUCE} do not apply to its warm-up steps.")
-        local = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=strategy.local_sgd_is_warm_steps,
-                                  post_local_gradient_allreduce=False)
-        ddp.register_comm_hook(local, post_localSGD_hook)
+            warn_once("local_sgd_ddp", "with use_local_sgd no gradient is all-reduced (the parameters are averaged): "
+                      f"nccl_comm_num, use_hierarchical_allreduce and {SYNC_NCCL_ALLREDUCE} do not apply.")
+        ddp.register_comm_hook(None, noop_hook)  # Paddle's LocalSGD averages parameters (the optimizer), never gradients
     elif not is_default(channels) or flags.sync_allreduce:
         ddp.register_comm_hook(ChannelHookState(channels, flags.sync_allreduce), channel_hook)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Optional
 
 import torch
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from launcher.fleet import state as st
-from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters
+from launcher.fleet.comm import GradientSync, broadcast_parameters, check_same_parameters, refuse_unfrozen
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import warn_once
 
@@ -71,11 +72,12 @@ def closure_loss(closure):
 class DistributedOptimizer(WrappedOptimizer):
     """Wraps ``optimizer`` (as torch's PostLocalSGDOptimizer does): step() keeps every rank identical.
 
-    On synchronous steps, backward averages the gradients over all ranks (as DistributedDataParallel
-    does, unless a fleet.distributed_model already does it), so clipping and GradScaler between
-    backward and step() see the averages; step() averages gradients that no backward did. With
-    use_local_sgd, after local_sgd_is_warm_steps steps each rank steps on its own gradients and the
-    parameters are averaged every local_sgd_steps steps.
+    Backward averages the gradients over all ranks (as DistributedDataParallel does, unless a
+    fleet.distributed_model already does it), so clipping and GradScaler between backward and step()
+    see the averages; step() averages gradients that no backward did. With use_local_sgd, as Paddle
+    1.8's LocalSGD program, no gradient is averaged: each rank steps on its own, and the parameters are
+    averaged after the step at each of the first local_sgd_is_warm_steps steps, then every
+    local_sgd_steps steps.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, strategy: DistributedStrategy, sync: GradientSync):
@@ -86,7 +88,9 @@ class DistributedOptimizer(WrappedOptimizer):
         self._steps = 0
         self._averager = None
         if strategy.use_local_sgd:
-            self._averager = PeriodicModelAverager(period=strategy.local_sgd_steps, warmup_steps=strategy.local_sgd_is_warm_steps)
+            with warnings.catch_warnings():  # torch's "when period is 1, use DDP": averaging is due when step() says
+                warnings.filterwarnings("ignore", message="When period is 1", category=UserWarning)
+                self._averager = PeriodicModelAverager(period=1, warmup_steps=0)
             for p in self._params():
                 p._fleet_averaged = True  # tells fleet.distributed_model that someone averages the parameters
         broadcast_parameters(self._params())
@@ -98,11 +102,15 @@ class DistributedOptimizer(WrappedOptimizer):
     def step(self, closure=None):
         """Average the gradients (when this step is synchronous), step, average the parameters (local SGD)."""
         loss = closure_loss(closure)
+        if self._sync.frozen and self._needs_gradient_sync():
+            refuse_unfrozen("fleet.distributed_optimizer", [(f"parameter {i} of the optimizer", p) for i, p in self._sync.frozen],
+                            "set requires_grad before fleet.distributed_optimizer (a frozen parameter with no gradient "
+                            "is left alone), or wrap the optimizer again after unfreezing")
         if not self._sync.synced and self._needs_gradient_sync():
             self._sync()
         self._sync.synced = False
         self.optimizer.step()
-        if self._averager is not None:
+        if self._averager is not None and averaging_due(self._steps, self.strategy):
             self._averager.average_parameters(self.param_groups)
         self._steps += 1
         return loss
@@ -114,9 +122,8 @@ class DistributedOptimizer(WrappedOptimizer):
             yield
 
     def _needs_gradient_sync(self) -> bool:
-        if self.strategy.use_local_sgd and self._steps >= self.strategy.local_sgd_is_warm_steps:
-            return False
-        return not self._under_fleet_model()
+        under_model = self._under_fleet_model()  # checked first: it refuses a model with other local SGD settings
+        return not self.strategy.use_local_sgd and not under_model
 
     def _under_fleet_model(self) -> bool:
         marks = [getattr(p, "_fleet_model_strategy", None) for p in self._params()]
@@ -128,6 +135,12 @@ class DistributedOptimizer(WrappedOptimizer):
             raise ValueError("fleet.distributed_model and fleet.distributed_optimizer were given different local SGD "
                              "settings; pass the same DistributedStrategy to both.")
         return True
+
+
+def averaging_due(step: int, strategy: DistributedStrategy) -> bool:
+    """Local SGD averages the parameters after step ``step`` (from 0): each warm-up step, then every local_sgd_steps."""
+    warm = strategy.local_sgd_is_warm_steps
+    return step < warm or (step - warm) % strategy.local_sgd_steps == 0
 
 
 def _local_sgd_of(strategy: DistributedStrategy) -> tuple:

@@ -26,6 +26,7 @@ class FleetState:
     model: Optional[torch.nn.Module] = None  # the last one given to distributed_model (Paddle-shaped saves use it)
     optimizer: Optional[torch.optim.Optimizer] = None  # the last distributed_optimizer
     saves: dict = field(default_factory=dict)  # file path -> how many times this rank saved it
+    transpiled: object = None  # the GradientSync of the model an nccl2 transpile made data-parallel
 
 
 _state: Optional[FleetState] = None

@@ -15,28 +15,78 @@ MODES = (SYNC, ASYNC, HALF_ASYNC, GEO)
 DC_ASGD_LAMBDA = 1.0  # Paddle 1.8 adds g*g*(w - w_backup) unscaled; the DC-ASGD paper also tries 0.04-2
 
 
+MIN_BLOCK_SIZE = 8192  # Paddle's DistributeTranspiler asserts config.min_block_size >= 8192
+
+
+class PSDispatcher:
+    """Paddle's ps_dispatcher base: ``config.split_method = RoundRobin`` (the class, as Paddle's user code passes it)."""
+
+
+class RoundRobin(PSDispatcher):
+    """Slices go to the servers in turn (Paddle's ps_dispatcher.RoundRobin)."""
+
+
+class HashName(PSDispatcher):
+    """A slice goes to server crc32(name) % servers (Paddle's ps_dispatcher.HashName, unsalted)."""
+
+
 @dataclass
 class DistributeTranspilerConfig:
-    """Paddle 1.8's ``fluid.DistributeTranspilerConfig``, with its defaults (plus dc_asgd_lambda).
+    """Paddle 1.8's ``fluid.DistributeTranspilerConfig``: all of its attributes, with its defaults (plus
+    dc_asgd_lambda, random_seed and max_merge_var_num, which Paddle takes from elsewhere).
 
     Setting an attribute that is not one of these raises AttributeError naming the nearest one.
     """
 
     slice_var_up: bool = True  # cut large parameters into slices spread over the servers
-    split_method: str = "RoundRobin"  # or "HashName": how slices are given to servers
-    min_block_size: int = 8192  # the smallest slice, in elements
+    split_method: object = None  # RoundRobin (None) or HashName: the class, or its name
+    min_block_size: int = MIN_BLOCK_SIZE  # the smallest slice, in elements (at least 8192, as Paddle asserts)
     enable_dc_asgd: bool = False  # delay-compensated updates (async mode only)
     dc_asgd_lambda: float = DC_ASGD_LAMBDA  # λ of g + λ·g⊙g⊙(w − w_backup)
-    mode: str = "pserver"  # or "nccl2": collective training instead
+    mode: str = "pserver"  # or "nccl2" (or "collective" with collective_mode="grad_allreduce"): collective training
     print_log: bool = False  # print the placement table
+    random_seed: int = 0  # Paddle's program.random_seed: the shuffle of whole parameters (slice_var_up=False)
+    wait_port: bool = True  # nccl2: trainer 0 waits for the others (the rendezvous always does)
+    runtime_split_send_recv: bool = False  # Paddle's async switch; here transpile's sync_mode decides
+    sync_mode: bool = True  # Paddle's; here transpile's sync_mode argument decides
+    half_async: bool = False  # transpiler spelling of the half-async strategy (sync_mode=False)
+    completely_not_async: bool = False  # Paddle's sync switch for fleet; here transpile's sync_mode decides
     geo_sgd_mode: bool = False  # transpiler spelling of the geo strategy
     geo_sgd_need_push_nums: int = 100  # geo: push parameter deltas every this many steps
-    half_async: bool = False  # transpiler spelling of the half-async strategy (sync_mode=False)
+    nccl_comm_num: int = 1  # nccl2: communicators, as the collective strategy's
+    use_hierarchical_allreduce: bool = False  # nccl2: as the collective strategy's
+    hierarchical_allreduce_inter_nranks: int = 0  # nccl2: workers per node of the hierarchy (0: LOCAL_WORLD_SIZE)
+    collective_mode: object = None  # mode="collective": "grad_allreduce" (= nccl2)
     max_merge_var_num: int = 20  # half-async: steps whose gradients are averaged into one update
 
     def __setattr__(self, name, value):
         refuse_unknown(self, name, what="DistributeTranspilerConfig", family="Paddle 1.8's DistributeTranspilerConfig")
+        if name in ("runtime_split_send_recv", "sync_mode") and value is None:
+            raise ValueError(f"{name} can't be None (Paddle's rule): set True or False.")
+        if name == "runtime_split_send_recv" and value and self.sync_mode:
+            raise ValueError("runtime_split_send_recv=True needs config.sync_mode = False first (Paddle's rule).")
+        if name == "sync_mode" and value and self.runtime_split_send_recv:
+            raise ValueError("sync_mode=True needs config.runtime_split_send_recv = False first (Paddle's rule).")
         object.__setattr__(self, name, value)
+
+
+def split_method_name(value) -> str:
+    """"RoundRobin" or "HashName" from Paddle's forms: the class, its name, or None (RoundRobin)."""
+    if value is None:
+        return "RoundRobin"
+    if isinstance(value, type) and value.__name__ in ("RoundRobin", "HashName"):
+        return value.__name__  # ours, or Paddle's own classes
+    if value in ("RoundRobin", "HashName"):
+        return value
+    raise ValueError(f"split_method={value!r} must be RoundRobin or HashName (launcher.transpiler.RoundRobin, "
+                     "or the name as a string).")
+
+
+def check_min_block_size(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_BLOCK_SIZE:
+        raise ValueError(f"min_block_size={value!r} must be a whole number of at least {MIN_BLOCK_SIZE}, as Paddle's "
+                         "DistributeTranspiler asserts; leave it at 8192 or raise it.")
+    return value
 
 
 @dataclass(frozen=True)
@@ -52,6 +102,7 @@ class PsOptions:
     update_frequency: int = 100  # geo
     max_merge_var_num: int = 20  # half-async
     print_log: bool = False
+    random_seed: int = 0
     rpc: RpcFlags = field(default_factory=RpcFlags)
 
     def __post_init__(self):
@@ -65,6 +116,9 @@ class PsOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a whole number of at least 1.")
+        if not isinstance(self.random_seed, int) or isinstance(self.random_seed, bool) or not 0 <= self.random_seed < 2**32:
+            raise ValueError(f"random_seed={self.random_seed!r} must be a whole number from 0 to 2**32 - 1 (Paddle's "
+                             "program.random_seed; 0 by default).")
         if not self.dc_asgd_lambda >= 0:
             raise ValueError(f"dc_asgd_lambda={self.dc_asgd_lambda!r} must be 0 or more.")
 
@@ -74,13 +128,14 @@ def options_from(config: DistributeTranspilerConfig, mode: str, rpc: RpcFlags, u
     return PsOptions(
         mode=mode,
         slice_var_up=bool(config.slice_var_up),
-        split_method=config.split_method,
-        min_block_size=config.min_block_size,
+        split_method=split_method_name(config.split_method),
+        min_block_size=check_min_block_size(config.min_block_size),
         enable_dc_asgd=bool(config.enable_dc_asgd),
         dc_asgd_lambda=float(config.dc_asgd_lambda),
         update_frequency=config.geo_sgd_need_push_nums if update_frequency is None else update_frequency,
         max_merge_var_num=config.max_merge_var_num,
         print_log=bool(config.print_log),
+        random_seed=config.random_seed,
         rpc=rpc,
     )
 

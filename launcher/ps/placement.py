@@ -6,7 +6,10 @@ Slicing (Paddle's ``slice_variable``): a parameter of ``numel`` elements is cut 
 ``split = min(servers, max(1, numel // min_block_size))`` blocks of ``ceil(numel / split)``
 elements, rounded up to whole rows for tensors of two or more dimensions; the last block takes
 what is left, so there are ``ceil(numel / block)`` slices. With ``slice_var_up=False`` every
-parameter is one slice. Dispatch: ``RoundRobin`` gives the slices to the servers in turn, counting
+parameter is one slice, and the parameters are dispatched in the order
+``np.random.seed(random_seed); np.random.shuffle(params)`` gives (Paddle's ``transpile``, which
+shuffles so that weights and biases do not pile up on alternate servers; its random_seed is the
+program's, 0 by default). Dispatch: ``RoundRobin`` gives the slices to the servers in turn, counting
 on across parameters; ``HashName`` gives a slice to server ``crc32(slice name) % servers`` (the
 same in every process, unlike Python's salted ``hash``).
 """
@@ -17,6 +20,8 @@ import math
 import zlib
 from dataclasses import dataclass, replace
 from typing import Sequence
+
+import numpy as np
 
 ROUND_ROBIN = "RoundRobin"
 HASH_NAME = "HashName"
@@ -55,20 +60,32 @@ def block_sizes(shape: Sequence[int], servers: int, min_block_size: int, slice_v
 
 
 def place(params: Sequence[tuple], servers: int, slice_var_up: bool = True, split_method: str = ROUND_ROBIN,
-          min_block_size: int = 8192) -> tuple:
+          min_block_size: int = 8192, random_seed: int = 0) -> tuple:
     """The Slices of ``params`` (a sequence of (name, shape)), in parameter order, each with its server."""
     check(servers, split_method, min_block_size)
-    slices, turn = [], 0
-    for name, shape in params:
-        sizes = block_sizes(shape, servers, min_block_size, slice_var_up)
-        offset = 0
-        for index, size in enumerate(sizes):
-            piece = Slice(name, index, offset, size, 0, len(sizes) == 1)
+    pieces = [_pieces(name, shape, servers, min_block_size, slice_var_up) for name, shape in params]
+    order = dispatch_order(len(pieces), slice_var_up, random_seed)
+    turn, placed = 0, {}
+    for i in order:
+        for piece in pieces[i]:
             server = turn % servers if split_method == ROUND_ROBIN else zlib.crc32(piece.name.encode()) % servers
             turn += 1
-            slices.append(replace(piece, server=server))
-            offset += size
-    return tuple(slices)
+            placed[(i, piece.index)] = replace(piece, server=server)
+    return tuple(placed[(i, piece.index)] for i in range(len(pieces)) for piece in pieces[i])
+
+
+def dispatch_order(count: int, slice_var_up: bool, random_seed: int) -> list:
+    """The order the parameters are dispatched in: theirs, or shuffled as Paddle's transpile does when whole."""
+    order = list(range(count))
+    if not slice_var_up:
+        np.random.RandomState(random_seed).shuffle(order)  # = np.random.seed(seed); np.random.shuffle(...)
+    return order
+
+
+def _pieces(name: str, shape: Sequence[int], servers: int, min_block_size: int, slice_var_up: bool) -> list:
+    sizes = block_sizes(shape, servers, min_block_size, slice_var_up)
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [Slice(name, i, offsets[i], size, 0, len(sizes) == 1) for i, size in enumerate(sizes)]
 
 
 def check(servers: int, split_method: str, min_block_size: int) -> None:

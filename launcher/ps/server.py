@@ -82,12 +82,16 @@ class Server:
         _answer(answers)
         return fut
 
-    def add_deltas(self, trainer: int, deltas: dict) -> dict:
+    def add_deltas(self, trainer: int, deltas: dict, rows: dict) -> tuple:
+        """geo: add a trainer's deltas (dense slices, and {table: (local ids, rows)}); the new values of both."""
         with self.lock:
             self._check_alive()
             for name, delta in deltas.items():
                 self.dense[name].value.data.add_(delta)
-            return self.values(trainer)
+            for name, (ids, delta) in rows.items():
+                self.sparse[name].value.data.index_add_(0, ids, delta)
+            return (self.values(trainer),
+                    {name: self.sparse[name].value.detach()[ids].clone() for name, (ids, _) in rows.items()})
 
     def rows(self, table: str, local_ids: torch.Tensor) -> torch.Tensor:
         with self.lock:
@@ -191,22 +195,6 @@ def wait_finished(server: Server) -> None:
         pass
     if server.failure is not None:
         raise transport.PsError(server.failure)
-    _wait_gone(server, transport.SHUTDOWN_WAIT)
-
-
-def _wait_gone(server: Server, seconds: float) -> None:
-    """Wait (bounded) until every trainer has shut its RPC agent down after stop_worker: until then the
-    answer to its stop may still be on the way, and shutting this server down would drop it."""
-    deadline = time.monotonic() + seconds
-    left = set(range(server.env.trainers_num))
-    while left and time.monotonic() < deadline:
-        for t in sorted(left):
-            try:
-                rpc.rpc_sync(trainer_name(t), transport.ping, timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:
-                left.discard(t)
-        if left:
-            time.sleep(0.05)
 
 
 def _watch(server: Server) -> None:
@@ -249,8 +237,8 @@ def push(trainer: int, dense: dict, sparse: dict) -> Future:
     return _server.push(trainer, dense, sparse)
 
 
-def push_deltas(trainer: int, deltas: dict) -> dict:
-    return _server.add_deltas(trainer, deltas)
+def push_deltas(trainer: int, deltas: dict, rows: dict) -> tuple:
+    return _server.add_deltas(trainer, deltas, rows)
 
 
 def prefetch(table: str, local_ids: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ class PsSession:
         self.spec, embeddings = describe(optimizer, model)
         self.params = optimizer_params(optimizer)
         self.slices = place([(p.name, p.shape) for p in self.spec.dense], len(self.env.servers), options.slice_var_up,
-                            options.split_method, options.min_block_size)
+                            options.split_method, options.min_block_size, options.random_seed)
         if options.print_log:
             tables = [(p.name, p.shape[0]) for p in self.spec.sparse]
             print(f"{self.env.name}: parameter placement ({options.mode})\n"

@@ -90,13 +90,18 @@ class Worker:
         self.params, self.optimizer = params, optimizer
         self.servers = len(env.servers)
         self.tables = {}
+        self.geo_tables: dict = {}  # geo: table name -> its LocalTable (the trainer holds the whole table)
         for index, module in embeddings.items():
-            table = Table(spec.params[index].name, module, self.servers, options.rpc.prefetch_threads)
+            name = spec.params[index].name
+            if options.mode == GEO:
+                self.geo_tables[name] = LocalTable(module)
+                continue
+            table = Table(name, module, self.servers, options.rpc.prefetch_threads)
             module.forward = table.forward
             module.weight.data = torch.empty(0, table.dim, dtype=table.dtype, device=table.device)  # the servers hold the rows
             self.tables[table.name] = table
         self.steps = 0
-        self.last_exchange: dict = {}  # geo: slice name -> the values of the last exchange
+        self.old: dict = {}  # geo: slice name -> Paddle's "old" copy (what this trainer last knew of the servers)
         self.communicator: Optional[Communicator] = None
         self.stopped = False
 
@@ -106,6 +111,8 @@ class Worker:
         """Wait for every server to be up, then take their values (init_worker)."""
         transport.call_all([(server_name(s), srv.ready, ()) for s in range(self.servers)], self.servers)
         self.take(self.pull_all())
+        if self.geo_tables:
+            self.take_tables()
         if self.options.mode == HALF_ASYNC:
             self.communicator = Communicator(self)
 
@@ -118,9 +125,6 @@ class Worker:
             self.take(self.communicator.add(self.dense_gradients(), self.sparse_gradients()))
         elif mode == GEO:
             self.optimizer.step()
-            sparse = self.sparse_gradients()
-            if sparse:
-                self.exchange({}, sparse)
             if (self.steps + 1) % self.options.update_frequency == 0:
                 self.exchange_deltas()
         self.steps += 1
@@ -160,11 +164,22 @@ class Worker:
         return calls
 
     def exchange_deltas(self) -> None:
-        """geo: send each slice's change since the last exchange, divided by the trainers; take the sums."""
-        deltas = {s.name: (self.flat(s).cpu() - self.last_exchange[s.name]) / self.env.trainers_num for s in self.slices}
-        calls = [(server_name(k), srv.push_deltas, (self.env.index, {s.name: deltas[s.name] for s in self.slices if s.server == k}))
+        """geo, Paddle's GeoCommunicator: send (x - old) / trainers of each slice and of each table's rows used
+        since the last exchange (old += that), then with the servers' values: x += server - old, old = server."""
+        with torch.no_grad():
+            deltas = {s.name: geo_delta(self.flat(s), self.old[s.name], self.env.trainers_num).cpu() for s in self.slices}
+            rows = {name: t.deltas(self.env.trainers_num, self.servers) for name, t in self.geo_tables.items()}
+        calls = [(server_name(k), srv.push_deltas,
+                  (self.env.index, {s.name: deltas[s.name] for s in self.slices if s.server == k},
+                   {name: per[k] for name, per in rows.items() if k in per}))
                  for k in range(self.servers)]
-        self.take(_merged(transport.call_all(calls, self.options.rpc.send_threads)))
+        answers = transport.call_all(calls, self.options.rpc.send_threads)
+        with torch.no_grad():
+            for s in self.slices:
+                value = next(a[0][s.name] for a in answers if s.name in a[0])
+                geo_take(self.flat(s), self.old[s.name], value)
+            for name, table in self.geo_tables.items():
+                table.take({k: a[1][name] for k, a in enumerate(answers) if name in a[1]}, rows[name], self.servers)
 
     # ------------------------------------------------------------------ local values
 
@@ -187,7 +202,14 @@ class Worker:
                 if s.name in values:
                     self.flat(s).copy_(values[s.name])
                     if self.options.mode == GEO:
-                        self.last_exchange[s.name] = values[s.name].clone()
+                        self.old[s.name] = values[s.name].to(self.flat(s).device, copy=True)
+
+    def take_tables(self) -> None:
+        """geo: every table whole from the servers (rows id % servers), as the trainer's table and its old copy."""
+        answers = transport.call_all([(server_name(k), srv.fetch_all, ()) for k in range(self.servers)],
+                                     self.options.rpc.get_threads)
+        for name, table in self.geo_tables.items():
+            table.start([tables[name] for _, tables in answers])
 
     def flat(self, s) -> torch.Tensor:
         return self.params[self.spec.index_of(s.param)].data.view(-1)[s.offset:s.offset + s.size]
@@ -195,6 +217,56 @@ class Worker:
     def _check_running(self) -> None:
         if self.stopped:
             raise RuntimeError("this trainer already called fleet.stop_worker(); it cannot step any more.")
+
+
+def geo_delta(x: torch.Tensor, old: torch.Tensor, trainers: int) -> torch.Tensor:
+    """What geo sends (Paddle's GeoCommunicator::SendDense): (x - old) / trainers, added to ``old`` in place."""
+    delta = (x - old) / trainers
+    old.add_(delta)
+    return delta
+
+
+def geo_take(x: torch.Tensor, old: torch.Tensor, server: torch.Tensor) -> None:
+    """The servers' values taken (GeoCommunicator::RecvDense): x += server - old, old = server, in place."""
+    server = server.to(x.device)
+    x.add_(server - old)
+    old.copy_(server)
+
+
+class LocalTable:
+    """geo: an nn.Embedding(sparse=True) the trainer holds whole and steps locally, with Paddle's old copy;
+    the rows its forward used since the last exchange are the rows exchanged."""
+
+    def __init__(self, module: torch.nn.Embedding):
+        self.weight = module.weight
+        self.old = torch.empty(0)
+        self.used: list = []
+        module.register_forward_pre_hook(lambda _m, args: self.used.append(args[0].detach().reshape(-1).clone()))
+
+    def start(self, shards: list) -> None:
+        """The table from each server's rows (server k holds rows k, k + servers, ...)."""
+        with torch.no_grad():
+            for k, rows in enumerate(shards):
+                self.weight[k::len(shards)] = rows
+        self.old = self.weight.detach().clone()
+
+    def deltas(self, trainers: int, servers: int) -> dict:
+        """{server: (local row ids, (x - old) / trainers of those rows)} of the rows used; old += the deltas."""
+        used, self.used = self.used, []
+        if not used:
+            return {}
+        ids = torch.unique(torch.cat(used))
+        delta = (self.weight.detach()[ids] - self.old[ids]) / trainers
+        self.old[ids] += delta
+        owner = ids % servers
+        return {k: (ids[owner == k] // servers, delta[owner == k]) for k in range(servers) if bool((owner == k).any())}
+
+    def take(self, answers: dict, sent: dict, servers: int) -> None:
+        """x += server - old, old = server, for the rows sent (``answers``: {server: those rows' new values})."""
+        for k, values in answers.items():
+            ids = sent[k][0] * servers + k
+            self.weight.data[ids] += values - self.old[ids]
+            self.old[ids] = values
 
 
 class Communicator:

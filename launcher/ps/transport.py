@@ -3,9 +3,11 @@
 ``connect`` meets every process at server 0's store (bounded by FLAGS_rpc_deadline, naming who is
 missing), then starts the RPC agent with FLAGS_rpc_get_thread_num worker threads and
 FLAGS_rpc_deadline as the timeout of every call. ``call_all`` runs calls concurrently, a window at a
-time, and turns a failed or dead peer into a PsError naming it. At exit the agent is shut down
-locally and boundedly (a process leaving on a failure exits at once: the others notice the closed
-connections and fail too).
+time, and turns a failed or dead peer into a PsError naming it. On a clean exit every process shuts
+its agent down together with the others (torch's graceful shutdown: all reach it, outstanding calls
+finish, then the connections close), bounded by FLAGS_rpc_deadline, so no agent is left reading from
+a pipe another one closed (TensorPipe's EOF / EPIPE warnings). A process leaving on a failure exits
+at once: the others notice the closed connections and fail too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from launcher.runtime import parallel
 from launcher.runtime.environment import WorkerEnv
 from launcher.runtime.flags import RpcFlags
 
-SHUTDOWN_WAIT = 10.0  # seconds the local shutdown of the RPC agent may take at exit
+SHUTDOWN_WAIT = 10.0  # seconds the shutdown of the RPC agent may take at exit, beyond FLAGS_rpc_deadline
 
 
 class PsError(RuntimeError):
@@ -136,9 +138,9 @@ def teardown() -> None:
     code = parallel.exit_code()
     if code not in (None, 0):
         parallel.leave_now(code)
-    done = threading.Thread(target=_shutdown_quietly, daemon=True)
+    done = threading.Thread(target=_shutdown_quietly, args=(link.flags.deadline_s,), daemon=True)
     done.start()
-    done.join(SHUTDOWN_WAIT)
+    done.join(link.flags.deadline_s + SHUTDOWN_WAIT)
     if done.is_alive():
         parallel.leave_now(0)
 
@@ -148,11 +150,15 @@ def disconnect() -> None:
     teardown()
 
 
-def _shutdown_quietly() -> None:
+def _shutdown_quietly(timeout: float) -> None:
+    """Shut down with every other process (they all get here on a clean exit); locally if that fails."""
     try:
-        rpc.shutdown(graceful=False)
+        rpc.shutdown(graceful=True, timeout=timeout)
     except Exception:
-        pass
+        try:
+            rpc.shutdown(graceful=False)
+        except Exception:
+            pass
 
 
 def first_line(e: Exception) -> str:

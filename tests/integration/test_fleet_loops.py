@@ -96,6 +96,27 @@ def test_different_models_are_refused_on_every_rank_naming_the_parameter(tmp_pat
     assert "unexpected" not in "".join(logs(tmp_path))
 
 
+@pytest.mark.parametrize("api, name", [("optimizer", "parameter 0 of the optimizer"), ("model", "0.weight")])
+def test_a_parameter_unfrozen_after_wrapping_stops_every_rank_naming_it(tmp_path, api, name):
+    r = launch(tmp_path, "fleet_unfrozen.py", api, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    for log in logs(tmp_path):
+        assert "step 0 done" in log and "step 1 done" not in log, log  # stopped before the first unsynchronised step
+    found = "".join(logs(tmp_path))
+    assert re.search(f"RuntimeError: fleet.distributed_{api}: {re.escape(name)} \\(shape \\(4, 4\\)\\) had requires_grad=False "
+                     "when it was wrapped and requires a gradient now", found), found
+    assert "unexpected" not in found
+
+
+def test_after_an_nccl2_transpile_a_plain_optimizer_trains_like_one_process(tmp_path):
+    # Paddle 1.8's nccl2 transpile (distribute_transpiler.py, _transpile_nccl2) adds gen_nccl_id to the startup
+    # program, and its data-parallel executor then all-reduces every gradient: the plain optimizer trains data-parallel
+    r = launch(tmp_path, "transpiler_nccl2.py", tmp_path, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(logs(tmp_path))
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"nccl2.{rank}.json").read_text())["diff"] <= TOLERANCE
+
+
 def test_a_stuck_rank_fails_the_job_after_the_fleet_timeout(tmp_path):
     started = time.monotonic()
     r = launch(tmp_path, "fleet_stuck.py", 3, timeout=90)

@@ -49,7 +49,7 @@ def train(tmp_path_factory, nproc, scenarios):
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return train(tmp_path_factory, 2, SYNCHRONOUS_2 + ["local_sgd", "model_local_sgd", "save_load"])
+    return train(tmp_path_factory, 2, SYNCHRONOUS_2 + ["local_sgd", "model_local_sgd", "local_sgd_adam", "save_load"])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,12 @@ def test_local_sgd_ranks_part_between_averaging_steps(two, four, scenario):
         for result in ranks:
             spread = result[scenario]["spread"]
             assert {i for i, s in enumerate(spread) if s == 0.0} == LOCAL_SGD_AVERAGED_AT, (scenario, result["rank"], spread)
-    assert [r["local_sgd"]["optimizer_allreduces"] for r in two] == [2, 2]  # warm-up steps only
+    assert [r["local_sgd"]["optimizer_allreduces"] for r in two] == [0, 0]  # parameters averaged, never gradients
+
+
+def test_local_sgd_warm_up_averages_parameters_as_paddles_program_does(two):
+    # with Adam, averaging gradients during the warm-up would be 3.7e-2 away from Paddle's rule
+    assert [r["local_sgd_adam"]["reference_diff"] <= TOLERANCE for r in two] == [True, True], two
 
 
 def test_save_has_one_writer_and_every_rank_loads_it(two):

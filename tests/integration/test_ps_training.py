@@ -47,6 +47,7 @@ def jobs(tmp_path_factory):
                             "split=HashName"),
         "async_dc": (1, 2, "fleet", "dc_asgd", "mlp", 40),
         "geo": (1, 2, "fleet", "geo", "mlp", 40, "update_frequency=4"),
+        "geo_ctr": (2, 1, "fleet", "geo", "ctr", 10, "update_frequency=3"),  # the trainer holds the table, as in Paddle
         "half_async": (1, 2, "transpiler", "half_async", "mlp", 40, "merge=2"),
     }
     kills = {
@@ -149,9 +150,26 @@ def test_the_saved_model_loads_into_the_plain_model(jobs):
     assert float((job.out / "done.0").read_text()) == pytest.approx(ps_models.evaluate(model, "ctr"))
 
 
+def test_geo_with_one_trainer_and_a_table_equals_one_process(jobs):
+    # one trainer: (x - old) / 1 is sent, the server answers x, and x += server - old leaves x (communicator.cc,
+    # GeoCommunicator::SendSparse / RecvSparse). 10 steps, exchanges after 3, 6, 9: the model saved before
+    # stop_worker is what the servers hold, 9 steps (Paddle's save_persistables saves the servers' values too)
+    job = finished(jobs["geo_ctr"])
+    assert_close(saved(job), ps_models.train_single("ctr", 9, 1).state_dict())
+
+
 @pytest.mark.parametrize("name", ["async_dc", "geo", "half_async"])
 def test_async_modes_converge_on_a_toy_problem(jobs, name):
     job = finished(jobs[name])
     start = ps_models.evaluate(ps_models.mlp_model(), "mlp")
     end = float((job.out / "done.0").read_text())
     assert end < 0.5 * start, f"{name}: loss {start} -> {end}"
+
+
+@pytest.mark.parametrize("name", ["fleet_sync", "transpiler_sync", "async_dc", "geo", "geo_ctr", "half_async"])
+def test_a_clean_job_leaves_no_rpc_warnings_in_any_log(jobs, name):
+    # every process shuts its RPC agent down together with the others: none reads from a pipe another closed
+    job = finished(jobs[name])
+    for key in job.procs:
+        log = job.log(key)
+        assert not any(w in log for w in ("tensorpipe", "EPIPE", "EOF", "Warning")), f"{key}:\n{log}"

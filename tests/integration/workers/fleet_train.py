@@ -109,6 +109,40 @@ def run(name):
             "optimizer_allreduces": optimizer._sync.calls}
 
 
+def local_sgd_adam():
+    """Local SGD with Adam against Paddle 1.8's LocalSGD program (python/paddle/fluid/transpiler/collective.py,
+    LocalSGD._transpile_main_program): after each rank's own optimizer step, param = snapshot - allreduce_sum(
+    snapshot - param) / nranks (the mean over ranks), snapshot = param; no gradient is all-reduced. Here that
+    runs at each warm-up step and then every local_sgd_steps, simulated on one copy per rank."""
+    rank, world = fleet.worker_index(), fleet.worker_num()
+    strategy = fleet.DistributedStrategy()
+    strategy.use_local_sgd, strategy.local_sgd_steps, strategy.local_sgd_is_warm_steps = True, 3, 2
+    torch.manual_seed(0)
+    model = mlp()
+    copies = [mlp() for _ in range(world)]
+    for c in copies:
+        c.load_state_dict(model.state_dict())
+    optimizer = fleet.distributed_optimizer(torch.optim.Adam(model.parameters(), lr=0.05), strategy)
+    ref_opts = [torch.optim.Adam(c.parameters(), lr=0.05) for c in copies]
+    for step in range(STEPS):
+        x, y = batch(step)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(shard(x, rank, world)), shard(y, rank, world)).backward()
+        optimizer.step()
+        for r, (c, o) in enumerate(zip(copies, ref_opts)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(c(shard(x, r, world)), shard(y, r, world)).backward()
+            o.step()
+        if step < 2 or (step - 2) % 3 == 0:
+            with torch.no_grad():
+                for ps in zip(*(c.parameters() for c in copies)):
+                    mean = torch.stack([p.detach() for p in ps]).mean(0)
+                    for p in ps:
+                        p.copy_(mean)
+    return {"reference_diff": (flat(model) - flat(copies[rank])).abs().max().item(), "spread": [],
+            "optimizer_allreduces": optimizer._sync.calls}
+
+
 def save_load(out):
     """Ranks hold different values; after the save, every rank loads rank 0's."""
     rank = fleet.worker_index()
@@ -131,7 +165,7 @@ def main():
     result = {"rank": penv.rank, "world_size": penv.world_size, "backend": penv.backend, "device": str(penv.device),
               "endpoints": fleet.worker_endpoints(), "first": fleet.is_first_worker()}
     for name in names:
-        result[name] = save_load(out) if name == "save_load" else run(name)
+        result[name] = save_load(out) if name == "save_load" else local_sgd_adam() if name == "local_sgd_adam" else run(name)
         fleet.barrier_worker()
     with open(os.path.join(out, f"result.{penv.rank}.json"), "w") as f:
         json.dump(result, f)

@@ -34,7 +34,7 @@ def build():
 
 
 def configure(config):
-    config.min_block_size = int(opts.get("min_block_size", 64))
+    config.min_block_size = int(opts.get("min_block_size", 8192))
     config.split_method = opts.get("split", "RoundRobin")
     config.print_log = True
     config.enable_dc_asgd = mode == "dc_asgd"
