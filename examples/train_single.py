@@ -6,7 +6,7 @@
 examples/train_with_fleet.py is this file plus the four marked changes.
 """
 import os
-
+import numpy as np
 import torch
 from torch import nn
 
@@ -16,29 +16,24 @@ def mlp(input_dim=32, hid_dim=1280, label_dim=2):
                          nn.Linear(hid_dim, hid_dim), nn.Tanh(),
                          nn.Linear(hid_dim, label_dim))
 
-# generate the data: fresh random batches of 128 in every process, like np.random in Paddle's example
-generator = torch.Generator()
-generator.seed()
-
+# generate the data: fresh random batches of 128 in every process, as in Paddle's example
 def gen_data():
-    return {"x": torch.rand(128, 32, generator=generator),
-            "y": torch.randint(2, (128,), generator=generator)}
+    return {"x": np.random.random(size=(128, 32)).astype('float32'),
+            "y": np.random.randint(2, size=(128, 1)).astype('int64')}
 
 gpu_id = int(os.getenv("FLAGS_selected_gpus", "0"))
+print(gpu_id)
 device = torch.device("cuda", gpu_id) if torch.cuda.is_available() else torch.device("cpu")
 model = mlp().to(device)
 
 # define the loss: softmax cross-entropy, averaged over the batch
 cost_fn = nn.CrossEntropyLoss()
-
-# define the optimizer
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
 step = 100
-# train
 for i in range(step):
-    data = gen_data()
-    cost = cost_fn(model(data["x"].to(device)), data["y"].to(device))
+    feed = gen_data()
+    cost = cost_fn(model(torch.from_numpy(feed["x"]).to(device)), torch.from_numpy(feed["y"]).view(-1).to(device))
     # Change 3 (fleet): these three lines become optimizer.minimize(cost)
     optimizer.zero_grad()
     cost.backward()
@@ -47,7 +42,7 @@ for i in range(step):
     print("step%d cost=%f" % (i, cost.item()))
 
 # save the model
-model_path = "./output"
-# Change 4 (fleet): these two lines become fleet.save_persistables(model_path, model, optimizer)
-os.makedirs(model_path, exist_ok=True)
-torch.save(model.state_dict(), os.path.join(model_path, "model.pt"))
+model_path = "./"
+if os.path.exists(model_path):
+    # Change 4 (fleet): this line becomes fleet.save_persistables(model_path, model, optimizer)
+    torch.save(model.state_dict(), os.path.join(model_path, "model.pt"))
