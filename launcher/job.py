@@ -269,6 +269,10 @@ class Follower(_Peered):
             self.reporting = False
 
     def _await_order(self, turn: Turn) -> Tuple[str, int]:
+        if self.cause is None and not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
+            log.warning("%s never answered; this node's workers all finished, so the job ends here with exit code 0",
+                        self.channel.node_name(0))
+            return "end", 0
         self._report()
         while self.order is None and not self.alone:
             for e in turn():

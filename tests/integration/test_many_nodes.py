@@ -392,6 +392,15 @@ def test_node_0_names_a_node_that_never_joins(cluster, tmp_path):
     assert_gone(cluster.pids)
 
 
+def test_a_node_whose_workers_finished_ends_0_at_once_when_node_0_never_answered(cluster, tmp_path):
+    port = free_ports(3)
+    node = cluster.start(LOOPBACK[:2], 1, *job_args(port, 2), WORKER, "--dump", tmp_path)
+    assert cluster.finish(60) == [0]  # the join timeout is 300 s
+    assert ("node 0 (127.0.0.1) never answered; this node's workers all finished, so the job ends here "
+            "with exit code 0") in node.stderr
+    assert_gone(cluster.pids)
+
+
 def test_node_0_done_waits_for_a_joined_node_that_still_runs(cluster, tmp_path):
     port = free_ports(2)
     args = (*job_args(port, 1, "--log_level", "DEBUG"), WORKER, "--dump", tmp_path, "--sleep", 60,
