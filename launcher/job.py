@@ -166,15 +166,15 @@ class Leader(_Peered):
         return []
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        """Success: wait until every node is done (one that never joins is named at the join
-        timeout). A failure that ends the job: say so at once. A restart: wait until every joined
+        """Success: wait until every joined node is done; one that never joined is not waited for,
+        only named. A failure that ends the job: say so at once. A restart: wait until every joined
         node has stopped (bounded), then order the next attempt."""
         deadline = None
         while True:
             decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
             if self.cause is not None and decision[0] == "end":
                 return self._end(decision)
-            waiting = self._waiting_for(joined_only=self.cause is not None)
+            waiting = policy.still_due(self.channel.joined(), self.reports, self.gone)
             if not waiting:
                 break
             if self.cause is not None and deadline is None:
@@ -193,11 +193,11 @@ class Leader(_Peered):
             return self._apply(decision)
         return self._end(decision)
 
-    def _waiting_for(self, joined_only: bool) -> list:
-        nodes = self.channel.joined() if joined_only else range(1, len(self.plan.node_ips))
-        return [n for n in nodes if n not in self.reports and n not in self.gone]
-
     def _end(self, decision) -> Tuple[str, int]:
+        absent = policy.never_joined(len(self.plan.node_ips), self.channel.ever_joined)
+        if decision == ("end", 0) and absent:
+            log.warning("%s never joined; this node's workers all finished, so the job ends here with exit code 0",
+                        ", ".join(self.channel.node_name(n) for n in absent))
         message = {"type": "end", "attempt": self.attempt, "code": decision[1],
                    "cause": self.cause.as_dict() if self.cause else None}
         self.channel.broadcast(message)
@@ -275,6 +275,10 @@ class Follower(_Peered):
             self.reporting = False
 
     def _await_order(self, turn: Turn) -> Tuple[str, int]:
+        if self.cause is None and not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
+            log.warning("%s never answered; this node's workers all finished, so the job ends here with exit code 0",
+                        self.channel.node_name(0))
+            return "end", 0
         self._report()
         while self.order is None and not self.alone:
             for e in turn():

@@ -377,3 +377,16 @@ def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tu
     if cause.restartable and attempt < max_restarts:
         return "restart", attempt + 1
     return "end", cause.code
+
+
+def still_due(joined, reported, gone) -> tuple:
+    """The nodes node 0 still waits for once its own part of an attempt is over: every joined node
+    that has neither reported nor been lost. A node that never joined is not waited for: when this
+    node's workers all exited 0 the job's work here is done (it ends with 0, naming that node), and
+    when they failed the job ends with that failure."""
+    return tuple(sorted(set(joined) - set(reported) - set(gone)))
+
+
+def never_joined(node_count: int, ever_joined) -> tuple:
+    """The nodes (1 to node_count - 1) that have not joined node 0 even once."""
+    return tuple(n for n in range(1, node_count) if n not in ever_joined)

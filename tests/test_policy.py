@@ -162,6 +162,25 @@ def test_after_an_attempt(attempt, restarts, cause, decision):
     assert p.after_attempt(attempt, restarts, cause) == decision
 
 
+@pytest.mark.parametrize("joined, reported, gone, due", [
+    ((), (), (), ()),  # node 1 never joined: node 0's job is done once its own workers are
+    ((1,), (), (), (1,)),  # joined and still running: waited for
+    ((1, 2), (2,), (), (1,)),
+    ((1,), (1,), (), ()),
+    ((1,), (), (1,), ()),  # lost: the job stops on that cause instead
+    ((2,), (), (), (2,)),  # node 1 never joined, node 2 runs
+])
+def test_node_0_waits_for_the_joined_nodes_only(joined, reported, gone, due):
+    assert p.still_due(joined, reported, gone) == due
+
+
+@pytest.mark.parametrize("nodes, ever_joined, absent", [
+    (1, (), ()), (2, (), (1,)), (2, (1,), ()), (4, (2,), (1, 3)),
+])
+def test_the_nodes_that_never_joined(nodes, ever_joined, absent):
+    assert p.never_joined(nodes, ever_joined) == absent
+
+
 @pytest.mark.parametrize("wire", [None, "junk", {}, {"node": "x", "kind": "worker", "code": 7, "text": "t"},
                                   {"node": 1, "kind": "worker", "code": 999, "text": "t"}])
 def test_a_cause_from_a_peer_is_checked(wire):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional, Union
@@ -141,7 +142,52 @@ def teardown() -> None:
         leave_now(code)
     if job.world_size > 1:
         _meet(job)
+    world = dist.group.WORLD
     dist.destroy_process_group()
+    release_captured(world)
+
+
+def release_captured(group) -> None:
+    """Let go of ``group`` where torch modules imported after it was made still hold it.
+
+    Some take the default group as a default argument when they are imported (the functions of
+    torch.distributed.nn.functional, which torch.optim's first optimizer imports via torch._dynamo,
+    ZeroRedundancyOptimizer, ShardedGradScaler: ``group=group.WORLD``). Those references kept the
+    destroyed group, its gloo threads and rank 0's store alive into the interpreter's shutdown,
+    where they were torn down in no set order, while the other ranks might still be connected:
+    now and then ``terminate called without an active exception`` (SIGABRT, exit 134) after a clean
+    run. None, what they hold when imported before the group exists, is put back.
+    """
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and module is not None:
+            for function in _functions_of(module):
+                _drop_default(function, group)
+
+
+def _functions_of(module):
+    """The functions of ``module`` and of its classes, and the ones they wrap (type() only: some
+    values of torch.distributed warn when looked at)."""
+    for value in list(vars(module).values()):
+        if issubclass(type(value), type) and value.__module__ == module.__name__:
+            yield from _plain_functions(vars(value).values())
+        else:
+            yield from _plain_functions([value])
+
+
+def _plain_functions(values):
+    for value in values:
+        if type(value) in (staticmethod, classmethod):
+            value = value.__func__
+        while type(value) is types.FunctionType:
+            yield value
+            value = getattr(value, "__wrapped__", None)
+
+
+def _drop_default(function, group) -> None:
+    if function.__defaults__ and any(d is group for d in function.__defaults__):
+        function.__defaults__ = tuple(None if d is group else d for d in function.__defaults__)
+    if function.__kwdefaults__ and any(d is group for d in function.__kwdefaults__.values()):
+        function.__kwdefaults__ = {k: None if d is group else d for k, d in function.__kwdefaults__.items()}
 
 
 def leave_now(code) -> None:

@@ -142,6 +142,14 @@ def test_short_fleet_scripts_exit_cleanly(tmp_path):
     assert run_short_script(3, tmp_path) == [0] * 3
 
 
+def test_the_runtime_leaves_no_gloo_or_store_thread_running_into_the_interpreters_shutdown(tmp_path):
+    """torch modules imported after fleet.init hold the group as a default argument; teardown lets go of it."""
+    r = launch(tmp_path, "fleet_threads.py", tmp_path, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + "".join(logs(tmp_path))
+    for rank in (0, 1):
+        assert (tmp_path / f"threads.{rank}").read_text().split() == ["python"], rank
+
+
 @pytest.mark.slow
 def test_fifty_short_fleet_scripts_exit_cleanly(tmp_path):
     assert run_short_script(50, tmp_path) == [0] * 50

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0
+from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0, wait_for
 from launcher import stacks
 
 WORKER = str(WORKERS / "node_worker.py")
@@ -408,6 +408,43 @@ def test_node_0_names_a_node_that_never_joins(cluster, tmp_path):
     assert cluster.finish(2 + 15) == [1]
     assert node.ended - node.started < 2 + 10
     assert stopped_line(f"node 1 (127.0.0.2) never joined within 2 s (node 0 listens on port {port})", 1) in node.stderr
+    assert_gone(cluster.pids)
+
+
+def test_a_node_whose_workers_finished_ends_0_at_once_when_node_0_never_answered(cluster, tmp_path):
+    port = free_ports(3)
+    node = cluster.start(LOOPBACK[:2], 1, *job_args(port, 2), WORKER, "--dump", tmp_path)
+    assert cluster.finish(60) == [0]  # the join timeout is 300 s
+    assert ("node 0 (127.0.0.1) never answered; this node's workers all finished, so the job ends here "
+            "with exit code 0") in node.stderr
+    assert_gone(cluster.pids)
+
+
+def test_node_0_done_waits_for_a_joined_node_that_still_runs(cluster, tmp_path):
+    port = free_ports(2)
+    args = (*job_args(port, 1, "--log_level", "DEBUG"), WORKER, "--dump", tmp_path, "--sleep", 60,
+            "--until", tmp_path / "done.{node}")
+    other = cluster.start(LOOPBACK[:2], 1, *args)
+    node = cluster.start(LOOPBACK[:2], 0, *args)
+    node.wait_text("control: node 1 (127.0.0.2) joined", 30)
+    read_attempt(tmp_path, 2, 0)
+    (tmp_path / "done.0").touch()
+    wait_for(lambda: "rank 0 attempt 0 done" in node.stdout, 30, "rank 0 to finish")
+    time.sleep(1.5)
+    assert node.running() and other.running()  # node 0 waits for node 1's workers
+    (tmp_path / "done.1").touch()
+    assert cluster.finish(30) == [0, 0]
+    assert "never joined" not in node.stderr + other.stderr
+    assert_gone(cluster.pids)
+
+
+def test_node_0_alone_whose_worker_fails_ends_at_once_with_that_failure(cluster, tmp_path):
+    port = free_ports(3)
+    node = cluster.start(LOOPBACK[:2], 0, *job_args(port, 2), WORKER, "--dump", tmp_path, "--sleep", 60,
+                         "--fail-rank", 1, "--code", 7)
+    assert cluster.finish(60) == [7]  # the join timeout is 300 s
+    assert "rank 1 failed (exit code 7)" in node.stderr
+    assert "exit code 0" not in node.stderr
     assert_gone(cluster.pids)
 
 

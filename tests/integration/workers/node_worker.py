@@ -7,7 +7,7 @@
 --fail-once FILE   with --fail-rank: fail only when FILE does not exist yet (creating it)
 --sleep S          every other rank (and rank R when it does not fail) sleeps S seconds, then exits 0;
                    --sleep-restarted S instead on attempts after the first
---until FILE       ... or until FILE exists, whichever comes first
+--until FILE       ... or until FILE exists, whichever comes first ({node} in FILE: this node's index)
 --term-delay S     on SIGTERM, take S seconds before exiting (143)
 """
 
@@ -76,6 +76,7 @@ if fails:
 
 sleep = args.sleep_restarted if attempt and args.sleep_restarted is not None else args.sleep
 deadline = time.monotonic() + sleep
-while time.monotonic() < deadline and not (args.until and os.path.exists(args.until)):
+until = args.until and args.until.replace("{node}", os.environ.get("GROUP_RANK", "0"))
+while time.monotonic() < deadline and not (until and os.path.exists(until)):
     time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 print(f"rank {rank} attempt {attempt} done", flush=True)
