@@ -23,6 +23,7 @@ back to the launcher (it is their child subreaper) are reaped as they end.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import resource
 import selectors

@@ -1,5 +1,6 @@
 """The state file and the operator tools (``status``, ``logs``), without running a job."""
 
+import logging
 import os
 import time
 
@@ -56,9 +57,14 @@ def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog):
     path = tmp_path / "launcher.node0.json"
     path.mkdir()  # a folder where the file should be: the rename fails
     w = state.Writer(str(path))
-    with caplog.at_level("WARNING", logger="launcher"):
-        for _ in range(3):
-            w.write(node_state())
+    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up (propagate off)
+    launcher_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger="launcher"):
+            for _ in range(3):
+                w.write(node_state())
+    finally:
+        launcher_log.removeHandler(caplog.handler)
     assert w.failed and not w.written
     assert len([r for r in caplog.records if "state file" in r.getMessage()]) == 1
     assert os.listdir(tmp_path) == ["launcher.node0.json"]
