@@ -284,3 +284,15 @@ def test_a_trainer_failing_after_a_server_is_never_the_root_cause():
 def test_a_collective_job_keeps_its_first_failure():
     state, _ = run([(1.0, p.WorkerExited(2, 1)), (1.05, p.WorkerExited(1, 9))])
     assert state.failure == (2, 1)
+
+
+def test_a_cause_of_characters_that_take_12_bytes_of_json_still_fits_one_control_message():
+    from launcher import control
+
+    astral = "\U0001F600" * 30000  # 12 bytes of JSON each (a surrogate pair, escaped)
+    cause = p.Cause(1, "worker", 7, astral, astral + "\n  | the end", error='{"message": "' + astral + '"}')
+    message = control.Framer().feed(control.encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
+    back = p.Cause.from_dict(message["cause"])
+    assert back.code == 7 and back.summary.endswith("  | the end") and back.error == ""  # too big: sent without it
+    small = p.Cause(1, "worker", 7, "rank 1 failed", "summary", error='{"message": "ValueError"}')
+    assert p.Cause.from_dict(small.as_dict()) == small

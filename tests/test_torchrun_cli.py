@@ -101,3 +101,13 @@ def test_pytorch_examples_recipes():
     ctx = cli.launch.make_context("launcher", srun)
     values = to_ours(ctx.params, lambda name: False, {"SLURM_NODEID": "3"})
     assert (values["nnodes"], values["node_rank"], values["master_addr"], values["started_port"]) == (4, 3, "10.0.0.1", 29500)
+
+
+def test_nnodes_is_paddles_check_when_paddles_options_name_the_nodes():
+    """One --nnodes for both command lines: with --ips (or --master, --rank, --host, --cluster_node_ips) it is
+    Paddle 3's count of the nodes, checked later; torchrun's node options beside them are refused."""
+    values = ours(nnodes="2", given=("ips",))
+    assert values["nnodes"] == "2" and "node_rank" not in values and "master_addr" not in values
+    with pytest.raises(LaunchError, match="--master-addr \\(torchrun's\\) and Paddle's node options both name the nodes"):
+        ours(nnodes="2", master_addr="127.0.0.1", given=("ips",))
+    assert ours(nnodes="2", node_rank=1)["nnodes"] == 2  # no Paddle option: torchrun's
