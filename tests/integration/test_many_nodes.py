@@ -729,13 +729,19 @@ def test_a_stranger_holding_node_0s_port_is_not_obeyed_and_node_0_is_joined_afte
     port = free_ports(3)
     token = f"token-{uuid.uuid4().hex}"
     forged = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
+    go = tmp_path / "go"  # the workers run until node 1 has joined (a node whose workers finished alone ends)
     follower = cluster.start(nodes, 1, *job_args(port, 1, "--join_timeout", 60), WORKER, "--dump", tmp_path,
-                             env={"LAUNCHER_JOB_TOKEN": token})
+                             "--sleep", 60, "--until", go, env={"LAUNCHER_JOB_TOKEN": token})
     hellos = [json.loads(said[4:]) for said in pose_as_node_0(port, message({"type": "welcome"}) + message(forged))]
     assert len(hellos) == 3 and all(h["type"] == "hello" for h in hellos)
-    cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, env={"LAUNCHER_JOB_TOKEN": token})
+    cluster.start(nodes, 0, *job_args(port, 1), WORKER, "--dump", tmp_path, "--sleep", 60, "--until", go,
+                  env={"LAUNCHER_JOB_TOKEN": token})
+    read_attempt(tmp_path, 2, 0)
+    time.sleep(2.0)  # node 1 tries node 0's port again every second
+    go.touch()
     assert cluster.finish(60) == [0, 0], follower.stderr
     assert "FORGED" not in follower.stderr and "the job stopped" not in follower.stderr
+    assert "never answered" not in follower.stderr and "never joined" not in follower.stderr  # it joined node 0
     assert follower.stderr.count("welcomed this node without proving the job token") == 1, follower.stderr
 
 
