@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 from typing import Callable, Iterable, Mapping
 
@@ -66,8 +67,6 @@ def _poke(pipe: str) -> bool:
 
 
 def _is_fifo(fd: int) -> bool:
-    import stat
-
     return stat.S_ISFIFO(os.fstat(fd).st_mode)
 
 

@@ -5,6 +5,8 @@ import json
 import os
 import time
 
+import pytest
+
 from launcher import logs
 from launcher.plan import HostFacts, LaunchOptions, make_plan
 from launcher.supervisor import Failure, exit_code
@@ -155,28 +157,33 @@ class FakeTerminal:
             return b""
 
 
-def test_on_a_terminal_other_lines_erase_the_live_line_and_draw_it_again_below(monkeypatch):
+@pytest.fixture
+def terminal(monkeypatch):
+    """(a FakeTerminal, a Console that takes it for a terminal); both closed after the test."""
     term = FakeTerminal()
     monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
     c = logs.Console()
+    yield term, c
+    c.reset()
+    os.close(term.r)
+    os.close(term.w)
+
+
+def test_on_a_terminal_other_lines_erase_the_live_line_and_draw_it_again_below(terminal):
+    term, c = terminal
     bar, other = object(), object()
-    try:
-        c.draw(term.w, bar, b"[rank 0] step 1/3")
-        assert term.read() == b"\r[rank 0] step 1/3\x1b[K"
-        c.write(term.w, b"[rank 1] a line\n", other)
-        assert term.read() == b"\r\x1b[K[rank 1] a line\n\r[rank 0] step 1/3\x1b[K"
-        c.draw(term.w, other, b"[rank 1] step 1/9")  # one live line: another rank's bar takes it over
-        assert term.read() == b"\r[rank 1] step 1/9\x1b[K"
-        c.draw(term.w, bar, b"[rank 0] step 2/3")
-        assert term.read() == b"\r[rank 0] step 2/3\x1b[K"
-        c.write(term.w, b"[rank 0] step 3/3\n", bar)  # the bar's own line ends it
-        assert term.read() == b"\r\x1b[K[rank 0] step 3/3\n"
-        c.write(term.w, b"launcher: done\n")
-        assert term.read() == b"launcher: done\n"
-    finally:
-        c.reset()
-        os.close(term.r)
-        os.close(term.w)
+    c.draw(term.w, bar, b"[rank 0] step 1/3")
+    assert term.read() == b"\r[rank 0] step 1/3\x1b[K"
+    c.write(term.w, b"[rank 1] a line\n", other)
+    assert term.read() == b"\r\x1b[K[rank 1] a line\n\r[rank 0] step 1/3\x1b[K"
+    c.draw(term.w, other, b"[rank 1] step 1/9")  # one live line: another rank's bar takes it over
+    assert term.read() == b"\r[rank 1] step 1/9\x1b[K"
+    c.draw(term.w, bar, b"[rank 0] step 2/3")
+    assert term.read() == b"\r[rank 0] step 2/3\x1b[K"
+    c.write(term.w, b"[rank 0] step 3/3\n", bar)  # the bar's own line ends it
+    assert term.read() == b"\r\x1b[K[rank 0] step 3/3\n"
+    c.write(term.w, b"launcher: done\n")
+    assert term.read() == b"launcher: done\n"
 
 
 def test_not_on_a_terminal_nothing_is_drawn():
@@ -192,46 +199,32 @@ def test_not_on_a_terminal_nothing_is_drawn():
         os.close(w)
 
 
-def test_a_terminal_that_does_not_take_output_holds_one_bar_state_not_every_one(monkeypatch):
+def test_a_terminal_that_does_not_take_output_holds_one_bar_state_not_every_one(terminal):
     """Ctrl-S, or a slow terminal: states drawn meanwhile are not queued; the latest is drawn once it takes output again."""
-    term = FakeTerminal()
-    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
+    term, c = terminal
     os.set_blocking(term.w, False)
     try:
         while True:
             os.write(term.w, b"f" * 65536)
     except BlockingIOError:
         pass
-    c = logs.Console()
     bar = object()
-    try:
-        for k in range(1000):
-            c.draw(term.w, bar, b"step %d/1000" % k)
-        assert len(c.stream(term.w).pending) < 100
-        while term.read():
-            pass
-        c.stream(term.w).push()
-        assert term.read() == b"\rstep 0/1000\x1b[K\rstep 999/1000\x1b[K"
-    finally:
-        c.reset()
-        os.close(term.r)
-        os.close(term.w)
+    for k in range(1000):
+        c.draw(term.w, bar, b"step %d/1000" % k)
+    assert len(c.stream(term.w).pending) < 100
+    while term.read():
+        pass
+    c.stream(term.w).push()
+    assert term.read() == b"\rstep 0/1000\x1b[K\rstep 999/1000\x1b[K"
 
 
-def test_a_bar_still_drawn_at_the_end_is_left_on_a_line_of_its_own(monkeypatch):
-    term = FakeTerminal()
-    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
-    c = logs.Console()
-    try:
-        c.draw(term.w, object(), b"step 1/3")
-        c.write(term.w, b"launcher: error: internal error\n")
-        term.read()
-        c.finish()
-        assert term.read() == b"\n"
-    finally:
-        c.reset()
-        os.close(term.r)
-        os.close(term.w)
+def test_a_bar_still_drawn_at_the_end_is_left_on_a_line_of_its_own(terminal):
+    term, c = terminal
+    c.draw(term.w, object(), b"step 1/3")
+    c.write(term.w, b"launcher: error: internal error\n")
+    term.read()
+    c.finish()
+    assert term.read() == b"\n"
 
 
 def test_failure_summary_shows_the_workers_record_as_root_cause():
