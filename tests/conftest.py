@@ -94,7 +94,7 @@ def start_launcher(*args, env=None, **kwargs):
 def spares_of(launcher_pid):
     """The launcher's spare interpreters (woken ones among them: they keep the environment they
     were started with in /proc/PID/environ)."""
-    from launcher import spare
+    from launcher.run import spare
 
     found = []
     for child in psutil.Process(launcher_pid).children():

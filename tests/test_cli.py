@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import PROBE, REPO, read_dumps, start_launcher
 from launcher import __version__
-from launcher.cli import launch, prog_name
+from launcher.cli.main import launch, prog_name
 
 
 def test_help_reads_like_torchrun_and_paddle():
@@ -23,7 +23,8 @@ def test_help_reads_like_torchrun_and_paddle():
 
 
 def test_launcher_modules_do_not_import_torch():
-    code = ("import sys; from launcher import cli, plan, preflight, supervisor, logs, config, watchdog, state, watch; "
+    code = ("import sys; import launcher.cli.main, launcher.plan.collective, launcher.host.preflight, launcher.run.supervisor, "
+            "launcher.output.logs, launcher.cli.config_file, launcher.run.watchdog, launcher.output.state_file, launcher.tools.watch; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.stdout.strip() == "False", r.stderr
@@ -50,7 +51,7 @@ def test_version():
 
 def test_console_script_shows_its_own_name():
     # what pip's console_scripts wrapper does: argv[0] is the program's path, then main()
-    code = "import sys; sys.argv[0] = '/usr/local/bin/launcher'; from launcher.cli import main; main()"
+    code = "import sys; sys.argv[0] = '/usr/local/bin/launcher'; from launcher.cli.main import main; main()"
     help_text = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=REPO).stdout
     assert help_text.startswith("Usage: launcher [OPTIONS]"), help_text
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from launcher import clusters
+from launcher.plan import clusters
 from launcher.errors import LaunchError
-from launcher.hostlist import HostListError, expand
-from launcher.logs import format_plan
-from launcher.plan import HostFacts, Interface, LaunchOptions, make_plan
+from launcher.plan.hostlist import HostListError, expand
+from launcher.output.logs import format_plan
+from launcher.plan.collective import HostFacts, Interface, LaunchOptions, make_plan
 
 LO = (Interface("lo", "127.0.0.1", "255.0.0.0"),)
 GPU4 = HostFacts(gpu_count=4, cpu_count=32, interfaces=LO, python="/usr/bin/python3", run_id="r", temp_dir="/tmp")
@@ -32,7 +32,7 @@ def refused(env, host=GPU4, **opts) -> str:
 
 
 def test_registry_names_match_the_command_line_choices():
-    from launcher.cli import CLUSTER_ENVS
+    from launcher.cli.main import CLUSTER_ENVS
 
     assert clusters.names() == CLUSTER_ENVS
     assert list(clusters.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
@@ -408,7 +408,7 @@ def test_lsf_rank_file_read_by_preflight_comes_first():
 
 
 def test_preflight_reads_the_rank_file(tmp_path):
-    from launcher import preflight
+    from launcher.host import preflight
 
     path = tmp_path / "rank"
     path.write_text("c01\nc02\n")

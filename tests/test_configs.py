@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import _options, _with_config, launch
+from launcher.cli.main import _options, _with_config, launch
 from launcher.errors import LaunchError
-from launcher.plan import HostFacts, Interface, make_plan
+from launcher.plan.collective import HostFacts, Interface, make_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 GPU_HOST = HostFacts(gpu_count=8, cpu_count=32, interfaces=(Interface("eth0", "192.168.1.3", "255.255.255.0"),))
@@ -93,7 +93,7 @@ def test_command_line_wins_over_the_file(name):
 
 
 def load(tmp_path, text):
-    from launcher import config
+    from launcher.cli import config_file as config
 
     path = tmp_path / "job.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher import control
+from launcher.nodes import control
 from tests.conftest import pose_as_node_0
 
 IDENTITY = control.Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")

@@ -1,9 +1,9 @@
-"""launcher.flight: poking torch's flight-recorder FIFOs and waiting for the dumps (real FIFOs, no torch)."""
+"""launcher.run.flight: poking torch's flight-recorder FIFOs and waiting for the dumps (real FIFOs, no torch)."""
 
 import os
 import threading
 
-from launcher import flight
+from launcher.run import flight
 
 
 def env_for(tmp_path):

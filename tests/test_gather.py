@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from launcher import control, gather
+from launcher.nodes import control
+from launcher.nodes import gather
 from tests.conftest import pose_as_node_0
 from launcher.errors import LaunchError
-from launcher.gather import GatherTimeout, Spec
+from launcher.nodes.gather import GatherTimeout, Spec
 
 
 def free_port() -> int:

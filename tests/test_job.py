@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher import control, job, policy
+from launcher.nodes import control
+from launcher.nodes import job
+from launcher.plan import policy
 
 
 def follower(attempt=0) -> job.Follower:

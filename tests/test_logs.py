@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from launcher import logs
-from launcher.plan import HostFacts, LaunchOptions, make_plan
-from launcher.supervisor import Failure, exit_code
+from launcher.output import logs
+from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+from launcher.run.supervisor import Failure, exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():
@@ -238,7 +238,9 @@ def test_failure_summary_shows_the_workers_record_as_root_cause():
 
 
 def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_nodes():
-    from launcher import control, error_file, policy
+    from launcher.nodes import control
+    from launcher.output import error_file
+    from launcher.plan import policy
 
     stack = "Traceback\n" + "  File x, line 1, in f\n" * 20000 + "RecursionError: deep\n"
     record = {"message": {"message": "RecursionError: deep", "extraInfo": {"py_callstack": stack}}}

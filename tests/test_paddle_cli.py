@@ -5,10 +5,10 @@ import pytest
 from click.testing import CliRunner
 
 from launcher import envvars as ev
-from launcher import paddle_cli
-from launcher.cli import _with_config, launch, resolve_options
+from launcher.cli import paddle as paddle_cli
+from launcher.cli.main import _with_config, launch, resolve_options
 from launcher.errors import LaunchError
-from launcher.plan import HostFacts, Interface, make_plan
+from launcher.plan.collective import HostFacts, Interface, make_plan
 
 HOST = HostFacts(gpu_count=4, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),))
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from launcher import preflight
+from launcher.host import preflight
 from launcher.errors import LaunchError
-from launcher.plan import HostFacts, Interface, LaunchOptions
+from launcher.plan.collective import HostFacts, Interface, LaunchOptions
 
 HOST = HostFacts(gpu_count=None, cpu_count=2, interfaces=(
     Interface("lo", "127.0.0.1", "255.0.0.0"),
@@ -167,7 +167,7 @@ def test_no_python_folder_or_missing_path(tmp_path):
 
 
 def test_check_uses_the_workers_path(tmp_path, monkeypatch):
-    from launcher.plan import make_plan
+    from launcher.plan.collective import make_plan
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from launcher import processes
-from launcher.watchdog import Watch
+from launcher.run import processes
+from launcher.run.watchdog import Watch
 
 
 def sleeper(env=None, new_session=False):

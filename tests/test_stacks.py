@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from launcher import logs, stacks
-from launcher.stacks import Stack
+from launcher.output import logs
+from launcher.run import stacks
+from launcher.run.stacks import Stack
 
 needs_py_spy = pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy is not installed")
 

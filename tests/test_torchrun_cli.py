@@ -1,13 +1,14 @@
-"""torchrun's command line, mapped onto the launcher's options (launcher.torchrun_cli) and planned."""
+"""torchrun's command line, mapped onto the launcher's options (launcher.cli.torchrun) and planned."""
 
 import pytest
 from click.testing import CliRunner
 
-from launcher import cli, clusters
+from launcher.cli import main as cli
+from launcher.plan import clusters
 from launcher import envvars as ev
 from launcher.errors import LaunchError
-from launcher.plan import HostFacts, LaunchOptions, make_plan
-from launcher.torchrun_cli import NAMES, TORCHRUN_OPTIONS, to_ours
+from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+from launcher.cli.torchrun import NAMES, TORCHRUN_OPTIONS, to_ours
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
 DEFAULTS = {o.name: o.kwargs.get("default") for o in TORCHRUN_OPTIONS}

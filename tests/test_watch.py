@@ -7,7 +7,9 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from launcher import cli, state, watch
+from launcher.cli import main as cli
+from launcher.output import state_file as state
+from launcher.tools import watch
 from launcher.errors import LaunchError
 
 T0 = 1_800_000_000.0
@@ -305,7 +307,7 @@ def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
 
 
 def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):
-    from launcher import logs
+    from launcher.output import logs
     monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 1000)
     monkeypatch.setattr(logs, "CHUNK", 256)
     fake_header = "===== 2026-01-01 00:00:09 launcher: not a header, in the middle of a line"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from launcher.options import refuse_unknown
+from launcher.runtime.strict import refuse_unknown
 
 
 @dataclass

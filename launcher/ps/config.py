@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.options import refuse_unknown
+from launcher.runtime.strict import refuse_unknown
 from launcher.ps.placement import check as check_placement
 from launcher.runtime.flags import RpcFlags
 

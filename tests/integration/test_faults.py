@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (PROBE, REPO, WORKERS, assert_all_gone, pids_of, read_dumps, read_until, release_stubborn,
                       start_launcher, start_stubborn, wait_for)
-from launcher import processes
+from launcher.run import processes
 
 ROOT = os.geteuid() == 0
 
@@ -242,7 +242,7 @@ def test_rank_0_port_is_held_until_the_store_takes_it(tmp_path):
 
 FORK_FAILS = """
 import errno, subprocess, sys
-from launcher import cli
+from launcher.cli import main as cli
 real, calls = subprocess.Popen, []
 class Popen(real):
     def __init__(self, cmd, *a, **kw):

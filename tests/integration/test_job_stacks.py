@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import WORKERS, assert_all_gone, free_ports
-from launcher import stacks
+from launcher.run import stacks
 
 HANG = WORKERS / "hang_allreduce.py"
 

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0, wait_for
-from launcher import stacks
+from launcher.run import stacks
 
 WORKER = str(WORKERS / "node_worker.py")
 HANG = WORKERS / "hang_two_nodes.py"

@@ -128,7 +128,8 @@ def test_leftover_processes_are_stopped_when_workers_finish(tmp_path):
 
 INJECT = """
 import sys
-from launcher import cli, policy
+from launcher.cli import main as cli
+from launcher.plan import policy
 decide = policy.decide
 def broken(state, event, now):
     if isinstance(event, policy.WorkerExited):

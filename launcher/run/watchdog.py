@@ -11,7 +11,7 @@ End of file without ``quit`` means the launcher is gone. Then every process of t
 SIGTERM, and whatever still runs after the grace time SIGKILL: with a cgroup, the kernel's
 ``cgroup.kill`` takes everything in it; without, the job is the workers, the processes in their
 groups while the group's leader lives, and every process whose environment carries the run id
-(see ``launcher.processes``). Needs only the standard library, psutil and that module.
+(see ``launcher.run.processes``). Needs only the standard library, psutil and that module.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from launcher import processes
+from launcher.run import processes
 
 POLL = 0.05
 EMPTY_WAIT = 5.0  # after cgroup.kill, how long to wait for the cgroup to empty before removing it

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional
 
-from launcher import hostlist
-from launcher import plan as pl
+from launcher.plan import hostlist
+from launcher.plan import collective as pl
 from launcher.errors import LaunchError
 
 AUTO = "auto"
@@ -241,7 +241,7 @@ def _cli(req: Request) -> Cluster:
     return Cluster("cli", node_ips, node_rank, ports, ("--cluster_node_ips", "--node_ip"))
 
 
-# ---------------------------------------------------------------- torchrun's --nnodes (launcher.torchrun_cli)
+# ---------------------------------------------------------------- torchrun's --nnodes (launcher.cli.torchrun)
 
 
 def _torchrun_found(env: Mapping[str, str], opts: pl.LaunchOptions) -> bool:
@@ -271,11 +271,11 @@ def _torchrun(req: Request) -> Cluster:
 
 
 def _torchrun_gathering(opts: pl.LaunchOptions):
-    """Several nodes: every node's address, gathered at node 0 (launcher.gather) on the store port minus one."""
+    """Several nodes: every node's address, gathered at node 0 (launcher.nodes.gather) on the store port minus one."""
     nodes, rank = _torchrun_world(opts)
     if nodes == 1:
         return None
-    from launcher.gather import Spec
+    from launcher.nodes.gather import Spec
 
     port = opts.control_port if opts.control_port is not None else opts.started_port - 1
     return Spec(rank, nodes, opts.master_addr, port, f"--master-port {opts.started_port} minus one")
@@ -555,7 +555,7 @@ def gathering(opts: pl.LaunchOptions, env: Mapping[str, str]):
     _, _, size, rank = _mpi_world(req)
     if size <= 1:
         return None
-    from launcher.gather import Spec
+    from launcher.nodes.gather import Spec
 
     return Spec(rank, size, _mpi_master(req, size), *_gather_port(req))
 

@@ -56,7 +56,7 @@ class LaunchOptions:
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
-    # torchrun's nodes (launcher.torchrun_cli): a fixed count, this node's rank, node 0's address
+    # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
     nnodes: Optional[int] = None
     node_rank: int = 0
     master_addr: Optional[str] = None
@@ -93,7 +93,7 @@ class HostFacts:
     cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
     hostname: str = ""  # this machine's name, as schedulers list it
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.FILE_VARIABLES)
-    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.gather)
+    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def make_plan(
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
     if opts.parameter_server:
-        from launcher import ps_plan
+        from launcher.plan import ps as ps_plan
 
         return ps_plan.make_ps_plan(opts, env, host, find_free_ports)
     opts = _with_nproc_word(opts, host)
@@ -200,7 +200,7 @@ def make_plan(
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
     if opts.max_restarts < 0:
         raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
-    from launcher import clusters
+    from launcher.plan import clusters
 
     source, chosen_by = clusters.choose(opts, env)
     opts = _with_defaults(opts, clusters.device_defaults(source, env))

@@ -11,9 +11,9 @@ import sys
 import tempfile
 import uuid
 
-from launcher import files
+from launcher.host import files
 from launcher.errors import LaunchError
-from launcher.plan import HostFacts, Interface, LaunchOptions, Plan
+from launcher.plan.collective import HostFacts, Interface, LaunchOptions, Plan
 
 
 def probe_host(env=None) -> HostFacts:
@@ -31,7 +31,7 @@ def probe_host(env=None) -> HostFacts:
 
 def _scheduler_files(env) -> list:
     """(path, text) of each file a scheduler's variable names (LSF's rank file), for the plan; unreadable ones are left out."""
-    from launcher.clusters import FILE_VARIABLES
+    from launcher.plan.clusters import FILE_VARIABLES
 
     found = []
     for name in FILE_VARIABLES:

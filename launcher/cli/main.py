@@ -10,7 +10,9 @@ import sys
 
 import click
 
-from launcher import __version__, logs, torchrun_cli
+from launcher import __version__
+from launcher.output import logs
+from launcher.cli import torchrun as torchrun_cli
 from launcher.errors import LaunchError
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
@@ -55,7 +57,7 @@ class Seconds(click.ParamType):
         self.low, self.hint = low, hint
 
     def convert(self, value, param, ctx):
-        from launcher.plan import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
+        from launcher.plan.collective import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
 
         try:
             seconds = float(value)
@@ -93,12 +95,12 @@ def _option(name: str, aliases: tuple = (), **kwargs):
 
 
 # ---------------------------------------------------------------- Paddle 2.6/3.x's and fleetrun's options
-# (launcher.paddle_cli maps them onto the options above; Paddle 1.8's are this launcher's own)
+# (launcher.cli.paddle maps them onto the options above; Paddle 1.8's are this launcher's own)
 
 
 def paddle_options(command):
     """Every option of Paddle 2.6/3.x's paddle.distributed.launch and of fleetrun that is not already ours."""
-    from launcher.paddle_cli import MAPPED, REFUSED
+    from launcher.cli.paddle import MAPPED, REFUSED
 
     types = {"trainer_num": int, "max_restart": click.IntRange(0, 1000), "elastic_timeout": Seconds(),
              "http_port": click.IntRange(1, 65535)}
@@ -224,10 +226,11 @@ def launch(ctx: click.Context, **values) -> int:
     values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
     logs.setup_messages(values["log_level"])
     opts, nodes = resolve_options(ctx, values, from_file)
-    from launcher import paddle_cli
+    from launcher.cli import paddle as paddle_cli
 
-    from launcher import preflight, supervisor
-    from launcher.plan import make_plan
+    from launcher.host import preflight
+    from launcher.run import supervisor
+    from launcher.plan.collective import make_plan
 
     host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
     finder = preflight.port_finder(host, lambda count: supervisor.check_limits(count, log_dir=False))
@@ -251,7 +254,7 @@ def launch(ctx: click.Context, **values) -> int:
 
 def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset()):
     """(LaunchOptions, the --nnodes to check the plan against): Paddle 2.6/3.x's options mapped onto ours."""
-    from launcher import paddle_cli
+    from launcher.cli import paddle as paddle_cli
 
     given = set(from_file) | {n for n in values if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)}
     values = paddle_cli.translate(values, given)
@@ -262,8 +265,10 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
 
 
 def _with_gathered_nodes(opts, host):
-    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.gather)."""
-    from launcher import clusters, gather, preflight
+    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.gather)."""
+    from launcher.plan import clusters
+    from launcher.nodes import gather
+    from launcher.host import preflight
     from launcher.envvars import JOB_TOKEN
 
     spec = clusters.gathering(opts, os.environ)
@@ -289,7 +294,7 @@ def status_command(log_dir: str) -> int:
     Reads the state file the launcher keeps there (launcher.nodeN.json) and the logs; touches no
     process. A job whose launcher is gone is said not to run any more.
     """
-    from launcher import watch
+    from launcher.tools import watch
 
     _show(watch.status(log_dir).encode(), flush=True)
     return 0
@@ -310,7 +315,7 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     in the order they started, each run's lines whole and in order; with -f, new lines in the
     order they arrive (looked for 5 times a second).
     """
-    from launcher import watch
+    from launcher.tools import watch
 
     pattern = watch.compile_grep(grep)
     files = watch.log_files(log_dir, watch.parse_ranks(ranks))
@@ -353,7 +358,7 @@ def _with_config(ctx: click.Context, values: dict):
     """Command line, then the --config file, then defaults; and the names the file set."""
     if not values["config"]:
         return values, set()
-    from launcher import config
+    from launcher.cli import config_file as config
 
     options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
     settings = config.load(values["config"], options)
@@ -368,7 +373,7 @@ def _with_config(ctx: click.Context, values: dict):
 
 
 def _options(values: dict, prog: str = DEFAULT_PROG):
-    from launcher.plan import LaunchOptions
+    from launcher.plan.collective import LaunchOptions
 
     if not values["training_script"]:
         raise LaunchError(f"no training script given; usage: {prog} [OPTIONS] training_script [ARGS]...")

@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher import control, preflight
+from launcher.nodes import control
+from launcher.host import preflight
 from launcher.errors import LaunchError
-from launcher.logs import log
-from launcher.policy import one_line
+from launcher.output.logs import log
+from launcher.plan.policy import one_line
 
 RETRY_EVERY = control.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id

@@ -6,7 +6,7 @@ Three parts:
   watchdog, the job's cgroup, files written for the workers, the reserved master port.
 - ``WorkerGroup``: the workers of one run of the plan. It starts them, learns of their exits,
   signals and kills them, and finds what they left running.
-- ``supervise``: the event loop. What an event means is decided by ``launcher.policy`` (pure);
+- ``supervise``: the event loop. What an event means is decided by ``launcher.plan.policy`` (pure);
   this loop only turns happenings into events and carries out the actions.
 
 One selector. SIGCHLD and every other signal arrive through the wakeup pipe, so an exit is known
@@ -16,7 +16,7 @@ it has something to follow, and the deadlines of a stop.
 Never touching what is not ours: a worker is its own process group leader, and the launcher does
 not reap a worker until it forgets the worker's group, so the group's id cannot be given to anyone
 else while the launcher may still signal it. Every other process of the job (leftovers) is pinned
-through a pidfd and checked before it is signalled (``launcher.processes``). Orphans that come
+through a pidfd and checked before it is signalled (``launcher.run.processes``). Orphans that come
 back to the launcher (it is their child subreaper) are reaped as they end.
 """
 
@@ -35,13 +35,16 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher import envvars as ev
-from launcher import job as job_module
-from launcher import error_file, logs, policy, processes
-from launcher import spare as spare_module
-from launcher import state as state_file
+from launcher.nodes import job as job_module
+from launcher.output import error_file
+from launcher.output import logs
+from launcher.plan import policy
+from launcher.run import processes
+from launcher.run import spare as spare_module
+from launcher.output import state_file
 from launcher.errors import LaunchError
-from launcher.logs import log
-from launcher.plan import Plan, WorkerSpec
+from launcher.output.logs import log
+from launcher.plan.collective import Plan, WorkerSpec
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Ignored when the launcher starts (nohup, a shell's background job): left ignored, as every program
@@ -79,7 +82,7 @@ class Failure:
     log_file: Optional[str]
     last_lines: tuple
     label: str = ""  # parameter-server mode: "server 0", "trainer 1"
-    error: Optional[dict] = None  # what its @record wrote to its TORCHELASTIC_ERROR_FILE (launcher.error_file)
+    error: Optional[dict] = None  # what its @record wrote to its TORCHELASTIC_ERROR_FILE (launcher.output.error_file)
 
 
 @dataclass
@@ -323,7 +326,7 @@ class Launch:
 
     def make_spares(self, group: "WorkerGroup") -> None:
         """With restarts left, start each Python worker of the next attempt up to the end of its
-        interpreter's start-up (``launcher.spare``), so that a restart does not wait for that."""
+        interpreter's start-up (``launcher.run.spare``), so that a restart does not wait for that."""
         for spec in self.plan.workers:
             if spec.rank in self.spares or not spare_module.can_wait(spec.cmd):
                 continue
@@ -843,7 +846,7 @@ def _carry_out(group: WorkerGroup, actions) -> None:
 
 def _ask_flight_recorders(group: WorkerGroup) -> dict:
     """Ask each surviving worker's NCCL flight recorder for a dump; {rank: the file it will write}."""
-    from launcher import flight
+    from launcher.run import flight
 
     alive = [w.spec for w in group.workers.values() if w.alive]
     base = group.plan.base_env
@@ -851,7 +854,7 @@ def _ask_flight_recorders(group: WorkerGroup) -> dict:
 
 
 def _report_flight_records(dumps: dict) -> None:
-    from launcher import flight
+    from launcher.run import flight
 
     if dumps:
         written = flight.wait(dumps)
@@ -863,7 +866,7 @@ def _report_flight_records(dumps: dict) -> None:
 def _show_stacks(group: WorkerGroup) -> None:
     """Where each surviving worker was, before it is stopped (py-spy; a note where it cannot)."""
     try:
-        from launcher import stacks
+        from launcher.run import stacks
     except ImportError:
         return
     alive = {w.spec.rank: w.pid for w in group.workers.values() if w.alive}
@@ -942,7 +945,7 @@ def _open_fds() -> int:
 
 @dataclass
 class Spare:
-    """A worker of the next attempt, waiting at the end of its interpreter's start-up (``launcher.spare``)."""
+    """A worker of the next attempt, waiting at the end of its interpreter's start-up (``launcher.run.spare``)."""
 
     proc: subprocess.Popen
     go: Optional[int]  # the launcher's end of the pipe it waits on
@@ -1027,8 +1030,8 @@ def _child_setup(launcher_pid: int, cgroup_fd: Optional[int]):
 
 
 def _start_watchdog(run_id: str, grace: float) -> subprocess.Popen:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = f"import sys; sys.path.insert(0, {root!r}); from launcher import watchdog; watchdog.main()"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"import sys; sys.path.insert(0, {root!r}); from launcher.run import watchdog; watchdog.main()"
     return subprocess.Popen(
         [sys.executable, "-c", code, run_id, repr(grace)],
         stdin=subprocess.PIPE,

@@ -19,11 +19,12 @@ import signal
 import time
 from typing import Callable, Optional, Tuple
 
-from launcher import control, policy
+from launcher.nodes import control
+from launcher.plan import policy
 from launcher.errors import LaunchError
-from launcher.logs import log
-from launcher.plan import Plan
-from launcher.policy import Cause
+from launcher.output.logs import log
+from launcher.plan.collective import Plan
+from launcher.plan.policy import Cause
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
 REPORT_MARGIN = 10.0

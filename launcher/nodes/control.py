@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from launcher.logs import log
-from launcher.policy import one_line
+from launcher.output.logs import log
+from launcher.plan.policy import one_line
 
 MAX_MESSAGE = 64 * 1024
 HELLO_TIMEOUT = 5.0

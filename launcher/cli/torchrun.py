@@ -2,7 +2,7 @@
 
 ``--nproc-per-node``, ``--max-restarts``, ``--log-dir``, ``-m``, ``--no-python`` are the launcher's own
 options already (every option has a dashed spelling), and ``--nnodes`` is shared with Paddle 2.6/3.x's
-command line (launcher.paddle_cli): it is torchrun's unless Paddle's options name the nodes
+command line (launcher.cli.paddle): it is torchrun's unless Paddle's options name the nodes
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
 Paddle's check of the nodes found. The others are in TORCHRUN_OPTIONS;
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint

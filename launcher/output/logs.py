@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from launcher import envvars as ev
-from launcher import error_file
+from launcher.output import error_file
 from launcher.errors import LaunchError
-from launcher.policy import describe_exit
+from launcher.plan.policy import describe_exit
 
 CHUNK = 1 << 20
 FOLLOW_CHUNKS = 16  # at most this many chunks of a log file are echoed before the next event
@@ -747,7 +747,7 @@ def format_failure(failure) -> str:
 
 
 def format_stacks(stacks, node_label: str, names=None) -> str:
-    """Where each rank was (``launcher.stacks.Stack``), one line per rank, for the console.
+    """Where each rank was (``launcher.run.stacks.Stack``), one line per rank, for the console.
 
     When no rank has a stack and all for the same reason (py-spy not installed), that reason is given once.
     """

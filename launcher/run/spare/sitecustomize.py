@@ -1,4 +1,4 @@
-"""The hook of a spare interpreter (see ``launcher/spare/__init__.py``): Python imports this file
+"""The hook of a spare interpreter (see ``launcher/run/spare/__init__.py``): Python imports this file
 while it starts up, because the spare's PYTHONPATH names this folder first. It waits here, at the
 end of the interpreter's start-up, until the launcher sends the worker's environment on the
 descriptor named by LAUNCHER_SPARE_FD; then it takes that environment, removes every trace of
@@ -15,7 +15,7 @@ import sys
 
 
 def _wait_for_environment() -> dict:
-    fd = int(os.environ["LAUNCHER_SPARE_FD"])  # launcher.spare.FD_VAR
+    fd = int(os.environ["LAUNCHER_SPARE_FD"])  # launcher.run.spare.FD_VAR
     chunks = []
     while True:
         chunk = os.read(fd, 1 << 16)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from launcher import envvars as ev
-from launcher import plan as pl
+from launcher.plan import collective as pl
 from launcher.errors import LaunchError
 
 DEFAULT_COUNT = 2  # Paddle 1.8's launch_ps starts 2 servers and 2 trainers unless told otherwise

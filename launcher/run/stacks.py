@@ -26,7 +26,7 @@ NOT_PERMITTED = ("py-spy may not trace the process (ptrace not permitted): it ne
 EXITED = "the process had already exited"
 NOT_PYTHON = "py-spy found no Python interpreter in the process (not a Python program, or one still starting)"
 
-_LAUNCHER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/")
 _THREAD = re.compile(r'^Thread \S+ \([^)]*\)(?:: "(?P<name>.*)")?$')
 _FRAME = re.compile(r"^\s+(?P<name>.+) \((?P<file>.+?)(?::(?P<line>\d+))?\)$")

@@ -1,6 +1,6 @@
 """``launcher status`` and ``launcher logs``: an operator's view of a job, from its log dir alone.
 
-They read what the launcher writes there, the state files (``launcher.state``) and the logs, and
+They read what the launcher writes there, the state files (``launcher.output.state_file``) and the logs, and
 never signal or touch a worker.
 
 The order of ``logs``: a worker's lines carry no time, and the launcher stays out of their way
@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from launcher import files, logs, state
+from launcher.host import files
+from launcher.output import logs
+from launcher.output import state_file as state
 from launcher.errors import LaunchError
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")

@@ -8,7 +8,7 @@ from typing import Mapping
 
 import click
 
-from launcher import files
+from launcher.host import files
 from launcher.errors import LaunchError
 
 LIST_KEYS = ("cluster_node_ips", "selected_gpus", "servers", "workers", "devices", "ips", "trainers")  # a YAML list is joined with commas
