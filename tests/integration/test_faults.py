@@ -141,7 +141,7 @@ def test_a_stop_that_needs_sigkill_spares_the_next_attempts_interpreters(tmp_pat
 def _watchdog_of(launcher_pid: int) -> psutil.Process:
     def find():
         for c in psutil.Process(launcher_pid).children():
-            if "launcher import watchdog" in " ".join(c.cmdline()):
+            if "launcher.run import watchdog" in " ".join(c.cmdline()):
                 return c
         return None
 

@@ -125,7 +125,7 @@ class Cluster:
         while time.monotonic() < deadline:
             for p in psutil.Process(node.proc.pid).children(recursive=True):
                 try:
-                    if "launcher import watchdog" in " ".join(p.cmdline()):
+                    if "launcher.run import watchdog" in " ".join(p.cmdline()):
                         self.pids.add(p.pid)
                         return p.pid
                 except psutil.Error:

@@ -126,7 +126,7 @@ def _watchdog_running() -> bool:
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if b"launcher import watchdog" in f.read():
+                    if b"launcher.run import watchdog" in f.read():
                         return True
             except OSError:
                 pass
