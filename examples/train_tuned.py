@@ -3,7 +3,7 @@
 
     FLAGS_fuse_parameter_memory_size=16 python -m launcher --nproc_per_node 2 examples/train_tuned.py
 
-README.md, section "Fleet API on PyTorch", says what each setting does on PyTorch.
+docs/fleet.md says what each setting does on PyTorch.
 """
 import os
 

@@ -126,7 +126,7 @@ def test_the_two_defaults_that_differ_from_paddle_on_purpose():
     # is unset or "1", exec_strategy.num_threads = nccl_comm_num + 1 (2 * nccl_comm_num + 1 hierarchical).
     # Here the all-reduces stay asynchronous by default (torch overlaps them with backward; Paddle overlaps with
     # those executor threads), and num_threads is torch's CPU thread count, not an executor's: neither is copied
-    # (README, "Differences from Paddle 1.8").
+    # (docs/fleet.md, "Differences from Paddle 1.8").
     assert fl.read_flags({}).sync_allreduce is False
     strategy = fleet.DistributedStrategy()
     strategy.nccl_comm_num = 3

@@ -240,7 +240,7 @@ if os.environ["RANK"] == "0":
 
 
 def test_what_the_reserved_rank_0_port_keeps_off(tmp_path):
-    """README, Guarantees: held with SO_REUSEADDR and not listening, MASTER_PORT refuses a bind
+    """docs/logs.md, Guarantees: held with SO_REUSEADDR and not listening, MASTER_PORT refuses a bind
     without SO_REUSEADDR (and the kernel never picks it for port 0), while a program that sets
     SO_REUSEADDR itself can bind and listen on it, as rank 0's TCPStore does."""
     script, go = tmp_path / "store.py", tmp_path / "go"

@@ -93,7 +93,7 @@ def seed_code(lines):
     return [re.sub(r"\s+#.*$", "", line.strip()) for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
-def test_the_readme_says_how_many_of_seed_000s_lines_a_user_changes():
+def test_the_fleet_page_says_how_many_of_seed_000s_lines_a_user_changes():
     if SEED_000 is None:
         import pytest
 
@@ -104,5 +104,15 @@ def test_the_readme_says_how_many_of_seed_000s_lines_a_user_changes():
     seed = seed_code(listing)
     ours = seed_code((EXAMPLES / "train_with_fleet.py").read_text().split('"""', 2)[2].splitlines())
     kept = sum(b.size for b in difflib.SequenceMatcher(a=seed, b=ours, autojunk=False).get_matching_blocks())
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "fleet.md").read_text()
     assert f"{len(seed) - kept} of its {len(seed)} code lines" in readme, (len(seed) - kept, len(seed))
+
+
+def test_tuned_example_trains_under_the_launcher(tmp_path):
+    """docs/fleet.md's `python -m launcher --nproc_per_node 2 examples/train_tuned.py`."""
+    run_example(tmp_path, "--nproc_per_node", "2", str(EXAMPLES / "train_tuned.py"))
+    for rank in (0, 1):
+        log = (tmp_path / "logs" / f"workerlog.{rank}").read_text()
+        steps = [int(s) for s in re.findall(r"^step(\d+) cost=\d+\.\d+$", log, re.M)]
+        assert steps == list(range(0, 100, 2)), log  # fetch_frequency = 2
+    assert (tmp_path / "output" / "persistables.pt").is_file()

@@ -1,4 +1,4 @@
-"""The README's quick start, as written: the example job on this machine's defaults."""
+"""The README's quick start, as written: the example job on this machine's defaults (tests/test_docs.py runs it too)."""
 
 from conftest import run_launcher
 
