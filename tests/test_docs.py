@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,6 +226,17 @@ def test_links_between_the_pages_lead_somewhere(page):
         assert path.exists(), f"{page.name}: a link to {target}, which does not exist"
         if anchor and path.suffix == ".md":
             assert anchor in anchors_of(path), f"{page.name}: a link to {target}#{anchor}, no such heading"
+
+
+@pytest.mark.parametrize("page", ["docs/options.md", "docs/paddle.md"])
+def test_every_option_in_a_reference_table_is_one_the_launcher_takes(page):
+    shown = subprocess.run([sys.executable, "-m", "launcher", "--help"], cwd=REPO, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=COMMAND_TIMEOUT).stdout
+    taken = set(re.findall(r"--[\w-]+|-\w\b", shown))
+    rows = [line.split("|")[1] for line in (REPO / page).read_text().splitlines() if line.startswith("| `-")]
+    named = {option for cell in rows for option in re.findall(r"`(--?[\w-]+)`", cell)}
+    assert named, page
+    assert not {o for o in named if o not in taken and o.replace("_", "-") not in taken}, page
 
 
 def test_the_readme_is_read_in_minutes():
