@@ -120,7 +120,7 @@ def pattern_of(expected: list) -> re.Pattern:
         if line.strip() == "...":
             parts.append(r"(?:[^\n]*\n)*?")
             continue
-        pieces = [r"\s+".join(re.escape(word) for word in re.split(r"\s+", piece)) for piece in line.rstrip().split("...")]
+        pieces = [r"[ \t]+".join(re.escape(word) for word in re.split(r"\s+", piece)) for piece in line.rstrip().split("...")]
         parts.append(".*?".join(pieces) + r"[ \t]*\n")
     return re.compile("".join(parts))
 
@@ -135,6 +135,7 @@ def test_the_output_pattern_means_what_the_convention_says():
     assert matches([], "")
     assert not matches(["a"], "a\nb\n")
     assert not matches(["a ... c"], "a b\n")
+    assert not matches(["a b"], "a\nb\n")
 
 
 @of_kind("console", marked=False)
