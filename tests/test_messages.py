@@ -29,6 +29,10 @@ CAUSE = Cause(1, "worker", 3, "rank 2 on node 1 failed", "the summary", "")
     (m.Start(1), {"type": "start", "attempt": 1}),
     (m.End(0, 3, CAUSE), {"type": "end", "attempt": 0, "code": 3, "cause": CAUSE.as_dict()}),
     (m.End(0, 0, None), {"type": "end", "attempt": 0, "code": 0, "cause": None}),
+    (m.Join(1, 3, "10.0.0.2", "f" * 32), {"type": "join", "rank": 1, "size": 3, "address": "10.0.0.2", "nonce": "f" * 32}),
+    (m.Join(1, 3, "10.0.0.2", "f" * 32, "0" * 64),
+     {"type": "join", "rank": 1, "size": 3, "address": "10.0.0.2", "nonce": "f" * 32, "proof": "0" * 64}),
+    (m.NodeList(["10.0.0.1", "10.0.0.2"]), {"type": "nodes", "nodes": ["10.0.0.1", "10.0.0.2"]}),
 ])
 def test_each_message_has_the_bytes_of_the_earlier_raw_dict_and_reads_back_as_itself(message, earlier):
     assert encode(m.to_wire(message)) == encode(earlier)
@@ -48,7 +52,9 @@ def test_each_message_has_the_bytes_of_the_earlier_raw_dict_and_reads_back_as_it
     ({"type": "refused", "reason": ["x"], "proof": 5}, m.Refusal(None, None)),
     ({"type": "welcome", "proof": {"a": 1}}, m.Welcome(None)),
     ({"type": "hello", "identity": "job", "node": "1", "nonce": None, "proof": 5}, m.Hello(None, "1", None, 5)),
-    ({"type": "nodes", "nodes": []}, m.Unknown("nodes")),
+    ({"type": "nodes", "nodes": ["10.0.0.1", 2]}, m.NodeList(None)),
+    ({"type": "join", "rank": True, "size": 3.0, "address": 7, "proof": ["x"]}, m.Join(None, None, None, None, None)),
+    ({"type": "ready", "nodes": []}, m.Unknown("ready")),
 ])
 def test_a_field_of_a_wrong_type_reads_as_none(wire, message):
     assert m.from_wire(wire) == message

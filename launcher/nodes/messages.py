@@ -148,6 +148,29 @@ class End:
     cause: Optional[Cause]
 
 
+# ---------------------------------------------------------------- gathering an MPI job's node list (``gather``)
+
+
+@dataclass(frozen=True)
+class Join:
+    """An MPI rank to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
+
+    type: ClassVar[str] = "join"
+    rank: Optional[int]  # strictly ints on the wire, else None
+    size: Optional[int]
+    address: Optional[str]
+    nonce: Optional[str]
+    proof: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NodeList:
+    """Rank 0's answer: every node's address in MPI rank order (None off the wire: not a list of text)."""
+
+    type: ClassVar[str] = "nodes"
+    nodes: Optional[list]
+
+
 @dataclass(frozen=True)
 class Unknown:
     """A message of a type no launcher sends: each side drops or ignores it."""
@@ -156,7 +179,7 @@ class Unknown:
 
 
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Unknown]
+                Join, NodeList, Unknown]
 
 OMITTED_WHEN_NONE = ("proof",)  # keys left out of the JSON object rather than sent as null
 
@@ -197,6 +220,10 @@ def as_cause(value) -> Optional[Cause]:
     return Cause.from_dict(value) if value else None
 
 
+def as_texts(value) -> Optional[list]:
+    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
+
+
 def _hello(m: dict) -> Hello:
     identity = m.get("identity")
     return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
@@ -216,6 +243,9 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
+    "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
+                           as_text(m.get("nonce")), as_text(m.get("proof"))),
+    "nodes": lambda m: NodeList(as_texts(m.get("nodes"))),
 }
 
 
