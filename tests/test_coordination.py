@@ -3,14 +3,17 @@ fake clock: no process, no socket, each test in milliseconds. As in honcho's man
 test states what happened (the channel's events, turn by turn) and asserts on what was ordered
 (the messages each node sent, the decisions, the causes every node shows)."""
 
+import inspect
 from types import SimpleNamespace
 from typing import Optional
 
 import pytest
 
 from launcher.nodes import coordinator, messages
-from launcher.nodes.channel import Joined, Lost, NeverJoined, Received
+from launcher.nodes.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
 from launcher.nodes.coordinator import REPORT_MARGIN, Follower, Leader, Solo
+from launcher.nodes.hub import Hub
+from launcher.nodes.spoke import Spoke
 from launcher.plan import policy
 from launcher.plan.policy import Cause
 
@@ -370,3 +373,28 @@ def test_one_node_decides_alone():
 
 def test_the_coordinator_reads_no_clock_and_opens_no_socket_of_its_own():
     assert not {"time", "socket", "selectors"} & set(vars(coordinator))
+
+
+def protocol_members(protocol) -> tuple:
+    """(methods, data attributes) that a typing.Protocol names, its bases' included."""
+    methods, data = set(), set()
+    for cls in protocol.__mro__:
+        if cls.__module__ == "typing" or cls is object:
+            continue
+        methods |= {name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")}
+        data |= set(vars(cls).get("__annotations__", {}))
+    return methods, data
+
+
+@pytest.mark.parametrize("protocol, real, fake", [(HubChannel, Hub, FakeHub), (SpokeChannel, Spoke, FakeSpoke)])
+def test_the_real_channel_ends_and_the_fakes_offer_what_the_protocols_name(protocol, real, fake):
+    methods, data = protocol_members(protocol)
+    assert {"registrations", "next_deadline", "ready", "tick", "node_name", "close", "send"} <= methods
+    assert all(callable(getattr(real, name, None)) and callable(getattr(fake, name, None)) for name in methods)
+    assert all(hasattr(fake(), name) for name in data)
+    if real is Spoke:  # opens no socket until ticked
+        spoke = Spoke(messages.Identity("j", ("10.0.0.1", "10.0.0.2"), (7000,), "train.py"), 1, "10.0.0.1", 6999,
+                      6.0, 60.0, "token")
+        assert all(hasattr(spoke, name) for name in data)
+    else:
+        assert "self.ever_joined" in inspect.getsource(Hub.__init__)
