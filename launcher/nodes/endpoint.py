@@ -9,7 +9,7 @@ from typing import Optional
 
 from launcher.nodes.auth import TOKEN_VAR
 from launcher.nodes.channel import Lost, Received
-from launcher.nodes.messages import Beat, Message, from_wire, to_wire
+from launcher.nodes.messages import Beat, Identity, Message, from_wire, to_wire
 from launcher.nodes.wire import ProtocolError
 from launcher.output.logs import log
 
