@@ -9,15 +9,22 @@ import time
 
 import pytest
 
-from launcher.nodes import control
+from launcher.nodes.auth import fresh_nonce, hub_proof, proof, Session
+from launcher.nodes.channel import Joined, Lost, NeverJoined, Received
+from launcher.nodes.connection import tune
+from launcher.nodes.endpoint import HELLO_TIMEOUT, MAX_PENDING
+from launcher.nodes.hub import Hub
+from launcher.nodes.messages import Identity
+from launcher.nodes.spoke import Spoke
+from launcher.nodes.wire import encode, Framer, MAX_MESSAGE, ProtocolError
 from tests.conftest import pose_as_node_0
 
-IDENTITY = control.Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
+IDENTITY = Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
 
 
 def test_framing_round_trip_in_pieces():
-    data = control.encode({"type": "beat"}) + control.encode({"type": "stop", "cause": {"x": [1, 2]}})
-    framer = control.Framer()
+    data = encode({"type": "beat"}) + encode({"type": "stop", "cause": {"x": [1, 2]}})
+    framer = Framer()
     got = []
     for i in range(len(data)):  # one byte at a time
         got += framer.feed(data[i:i + 1])
@@ -25,20 +32,20 @@ def test_framing_round_trip_in_pieces():
 
 
 @pytest.mark.parametrize("junk, why", [
-    (struct.pack("!I", control.MAX_MESSAGE + 1), "bytes (the limit"),
+    (struct.pack("!I", MAX_MESSAGE + 1), "bytes (the limit"),
     (struct.pack("!I", 3) + b"\xff\xfe\x00", "not JSON"),
     (struct.pack("!I", 2) + b"[]", "without a type"),
     (struct.pack("!I", 12) + b'{"type": 1 }', "without a type"),
     (b"GET / HTTP/1.1\r\n\r\n", "bytes (the limit"),
 ])
 def test_junk_is_a_protocol_error(junk, why):
-    with pytest.raises(control.ProtocolError, match=why.replace("(", r"\(")):
-        control.Framer().feed(junk)
+    with pytest.raises(ProtocolError, match=why.replace("(", r"\(")):
+        Framer().feed(junk)
 
 
 def test_a_message_over_the_limit_is_not_sent():
     with pytest.raises(ValueError):
-        control.encode({"type": "x", "pad": "a" * control.MAX_MESSAGE})
+        encode({"type": "x", "pad": "a" * MAX_MESSAGE})
 
 
 def test_identity_mismatch_names_the_field():
@@ -51,19 +58,19 @@ def test_identity_mismatch_names_the_field():
 
 def test_the_hello_of_a_job_of_10000_nodes_fits_one_message():
     nodes = tuple(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10000))
-    mine = control.Identity("job1", nodes, tuple(range(6070, 6078)), "-u train.py")
+    mine = Identity("job1", nodes, tuple(range(6070, 6078)), "-u train.py")
     hello = {"type": "hello", "identity": mine.as_dict(), "node": 1, "nonce": "a" * 32, "proof": "b" * 64}
-    assert control.Framer().feed(control.encode(hello)) == [hello]
+    assert Framer().feed(encode(hello)) == [hello]
     assert mine.mismatch(hello["identity"]) is None
-    other = control.Identity("job1", nodes[:-1] + ("10.9.9.9",), mine.ports, mine.script)
+    other = Identity("job1", nodes[:-1] + ("10.9.9.9",), mine.ports, mine.script)
     assert "its nodes is 'sha256:" in mine.mismatch(other.as_dict())
 
 
 def test_proof_depends_on_token_nonce_job_and_node():
-    p = control.proof("secret", "n1", "job1", 1)
-    assert p == control.proof("secret", "n1", "job1", 1)
-    assert len({p, control.proof("other", "n1", "job1", 1), control.proof("secret", "n2", "job1", 1),
-                control.proof("secret", "n1", "job2", 1), control.proof("secret", "n1", "job1", 2)}) == 5
+    p = proof("secret", "n1", "job1", 1)
+    assert p == proof("secret", "n1", "job1", 1)
+    assert len({p, proof("other", "n1", "job1", 1), proof("secret", "n2", "job1", 1),
+                proof("secret", "n1", "job2", 1), proof("secret", "n1", "job1", 2)}) == 5
 
 
 # ---------------------------------------------------------------- a real hub and spoke
@@ -95,16 +102,16 @@ def pump(channels, seconds, until=None):
 
 def test_a_spoke_joins_the_hub_and_both_hear_each_other():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
     try:
-        events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
+        events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
         assert {(type(e).__name__, e.node) for e in events} == {("Joined", 1), ("Joined", 0)}
         hub.send(1, {"type": "stop", "attempt": 0})
         spoke.send({"type": "report", "attempt": 0})
         events = pump([hub, spoke], 5, until=lambda ev: len(ev) == 2)
-        assert control.Received(0, {"type": "stop", "attempt": 0}) in events
-        assert control.Received(1, {"type": "report", "attempt": 0}) in events
+        assert Received(0, {"type": "stop", "attempt": 0}) in events
+        assert Received(1, {"type": "report", "attempt": 0}) in events
     finally:
         hub.close()
         spoke.close()
@@ -112,21 +119,21 @@ def test_a_spoke_joins_the_hub_and_both_hear_each_other():
 
 def test_a_wrong_token_is_refused_and_the_right_one_joins():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
-    wrong = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=1.5, token="wrong")
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    wrong = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=1.5, token="wrong")
     try:
-        events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, control.NeverJoined) for e in ev))
-        assert not any(isinstance(e, control.Joined) for e in events)
+        events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, NeverJoined) for e in ev))
+        assert not any(isinstance(e, Joined) for e in events)
         # node 0's refusal cannot prove a token the node does not share: it tries again until the join timeout
-        assert any(isinstance(e, control.NeverJoined) and "never answered" in e.reason
+        assert any(isinstance(e, NeverJoined) and "never answered" in e.reason
                    and "refused this node (wrong job or job token) without proving the job token" in e.reason
                    for e in events)
     finally:
         wrong.close()
-    right = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=5, token="right")
+    right = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=5, token="right")
     try:
-        events = pump([hub, right], 4, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
-        assert sum(isinstance(e, control.Joined) for e in events) == 2
+        events = pump([hub, right], 4, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
+        assert sum(isinstance(e, Joined) for e in events) == 2
     finally:
         hub.close()
         right.close()
@@ -134,13 +141,13 @@ def test_a_wrong_token_is_refused_and_the_right_one_joins():
 
 def test_silence_is_a_lost_node_after_the_heartbeat_timeout():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)
     try:
-        pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
+        pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
         started = time.monotonic()
         events = pump([hub], 4, until=lambda ev: ev)  # the spoke is no longer driven: silent
-        assert len(events) == 1 and isinstance(events[0], control.Lost)
+        assert len(events) == 1 and isinstance(events[0], Lost)
         assert "node 1 (127.0.0.2) lost: no heartbeat for" in events[0].reason
         assert 0.9 <= time.monotonic() - started < 2.5
     finally:
@@ -160,29 +167,29 @@ def closed_by_peer(sock, timeout=2.0) -> bool:
 
 def test_strangers_are_dropped_and_the_hub_goes_on():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
     strangers = []
     try:
         junk = socket.create_connection(("127.0.0.1", port))
         junk.sendall(b"\x00\x00\x00\x05hello")
         wrong_job = socket.create_connection(("127.0.0.1", port))
         hello = {"type": "hello", "identity": {**IDENTITY.as_dict(), "job_id": "other"}, "node": 1}
-        wrong_job.sendall(control.encode(hello))
+        wrong_job.sendall(encode(hello))
         bad_node = socket.create_connection(("127.0.0.1", port))
-        bad_node.sendall(control.encode({**hello, "identity": IDENTITY.as_dict(), "node": 7}))
+        bad_node.sendall(encode({**hello, "identity": IDENTITY.as_dict(), "node": 7}))
         strangers = [junk, wrong_job, bad_node] + [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
         events = pump([hub], 1.0)
         assert events == []
         assert hub.joined() == set()
-        assert len([c for c in hub.connections.values() if c.node is None]) <= control.MAX_PENDING
+        assert len([c for c in hub.connections.values() if c.node is None]) <= MAX_PENDING
         for s in strangers[:3]:  # dropped: the hub closed them (crowded out, unread: reset)
             assert closed_by_peer(s)
-        spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+        spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
         try:  # the 64 silent strangers still waiting for their hello do not keep the node out
             started = time.monotonic()
-            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
-            assert sum(isinstance(e, control.Joined) for e in events) == 2
-            assert time.monotonic() - started < control.HELLO_TIMEOUT - 2
+            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
+            assert sum(isinstance(e, Joined) for e in events) == 2
+            assert time.monotonic() - started < HELLO_TIMEOUT - 2
         finally:
             spoke.close()
     finally:
@@ -192,19 +199,19 @@ def test_strangers_are_dropped_and_the_hub_goes_on():
 
 
 def test_messages_carry_json_only():
-    assert json.loads(control.encode({"type": "beat"})[4:]) == {"type": "beat"}
+    assert json.loads(encode({"type": "beat"})[4:]) == {"type": "beat"}
 
 
 def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
-    other = control.Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
-    spoke = control.Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token=None)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    other = Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
+    spoke = Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token=None)
     try:
         started = time.monotonic()
         events = pump([hub, spoke], 5, until=lambda ev: ev)
         assert time.monotonic() - started < 3
-        assert len(events) == 1 and isinstance(events[0], control.NeverJoined)
+        assert len(events) == 1 and isinstance(events[0], NeverJoined)
         assert "refused this node: its script is '-u other.py', this job's is '-u train.py'" in events[0].reason
     finally:
         hub.close()
@@ -213,9 +220,9 @@ def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
 
 def test_with_a_token_the_refusal_says_nothing_of_the_job():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
-    other = control.Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
-    spoke = control.Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="right")
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    other = Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
+    spoke = Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="right")
     try:  # the right token and another script: node 0 proves its refusal, the node gives up at once
         events = pump([hub, spoke], 5, until=lambda ev: ev)
         assert [e.reason.split(": ", 1)[1] for e in events] == ["wrong job or job token"]
@@ -246,24 +253,24 @@ def frame(body: bytes) -> bytes:
     (b"", "not JSON"),
 ], ids=lambda v: v[:24].decode("latin-1") if isinstance(v, bytes) else None)
 def test_no_input_raises_anything_but_a_protocol_error(body, why):
-    with pytest.raises(control.ProtocolError, match=why):
-        control.Framer().feed(frame(body))
+    with pytest.raises(ProtocolError, match=why):
+        Framer().feed(frame(body))
 
 
 def test_a_frame_length_of_2_32_minus_1_is_refused_before_any_body():
-    with pytest.raises(control.ProtocolError, match="4294967295 bytes"):
-        control.Framer().feed(b"\xff\xff\xff\xff")
+    with pytest.raises(ProtocolError, match="4294967295 bytes"):
+        Framer().feed(b"\xff\xff\xff\xff")
 
 
 def test_unicode_junk_and_wrong_types_decode_without_harm():
     message = {"type": "stop", "cause": {"node": "x", "code": [1], "text": "\u202e\x00\uffff"}, "attempt": 1.5}
-    assert control.Framer().feed(control.encode(message)) == [message]
+    assert Framer().feed(encode(message)) == [message]
 
 
 @pytest.mark.parametrize("timeout", [0.5, 1, 2.5, 127, 128, 1000, 86400])
 def test_every_accepted_heartbeat_timeout_tunes_a_socket(timeout):
     with socket.socket() as s:
-        control._tune(s, timeout)
+        tune(s, timeout)
         cnt = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
         idle = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
         every = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
@@ -297,7 +304,7 @@ class FakeNodeZero:
         stop = {"type": "stop", "attempt": 0, "cause": {"node": 0, "kind": "worker", "code": 42, "text": "FORGED"}}
         self.said = []
         self.thread = threading.Thread(
-            target=lambda: self.said.extend(pose_as_node_0(port, control.encode(answer) + control.encode(stop),
+            target=lambda: self.said.extend(pose_as_node_0(port, encode(answer) + encode(stop),
                                                          connections, 10)),
             daemon=True)
         self.thread.start()
@@ -319,22 +326,22 @@ class FakeNodeZero:
 def test_a_stranger_on_node_0s_port_is_not_obeyed_and_the_real_node_0_is_joined_after(answer, caplog):
     port = free_port()
     fake = FakeNodeZero(port, answer)
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=15, token="right")
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=15, token="right")
     try:
         events = pump([spoke], 6, until=lambda ev: ev or len(fake.said) == 3)
         assert events == [], events  # no Joined, no stop, no giving up
-        assert fake.hellos and all(control.fresh_nonce(h["nonce"]) for h in fake.hellos)
+        assert fake.hellos and all(fresh_nonce(h["nonce"]) for h in fake.hellos)
         assert len({h["nonce"] for h in fake.hellos}) == len(fake.hellos)  # a fresh nonce every time
         warnings = [r.getMessage() for r in caplog.records if "whoever answers on" in r.getMessage()]
         assert len(warnings) == 1 and "without proving the job token" in warnings[0]
         fake.close()
-        hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+        hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
         try:
-            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, control.Joined) for e in ev) == 2)
-            assert sorted(e.node for e in events if isinstance(e, control.Joined)) == [0, 1]
+            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
+            assert sorted(e.node for e in events if isinstance(e, Joined)) == [0, 1]
             hub.send(1, {"type": "stop", "attempt": 0})
             events = pump([hub, spoke], 3, until=lambda ev: ev)
-            assert events == [control.Received(0, {"type": "stop", "attempt": 0})]
+            assert events == [Received(0, {"type": "stop", "attempt": 0})]
         finally:
             hub.close()
     finally:
@@ -343,10 +350,10 @@ def test_a_stranger_on_node_0s_port_is_not_obeyed_and_the_real_node_0_is_joined_
 
 
 def test_a_session_opens_each_sealed_message_once_in_order_and_in_its_direction():
-    hub = control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=True)
-    node = control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False)
+    hub = Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=True)
+    node = Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False)
     first, second = hub.seal(b'{"type":"stop"}'), hub.seal(b'{"type":"end"}')
-    with pytest.raises(control.ProtocolError):
+    with pytest.raises(ProtocolError):
         node.open(second)  # reordered
     assert node.open(first) == b'{"type":"stop"}'
     for bad in (first,  # replayed
@@ -354,12 +361,12 @@ def test_a_session_opens_each_sealed_message_once_in_order_and_in_its_direction(
                 second[:-1] + b"!",  # altered
                 b'{"type":"end"}',  # not sealed
                 b""):
-        with pytest.raises(control.ProtocolError, match="wrong authentication"):
+        with pytest.raises(ProtocolError, match="wrong authentication"):
             node.open(bad)
     assert node.open(second) == b'{"type":"end"}'
-    other = control.Session.between("t", "a" * 32, "c" * 32, "job1", 1, at_hub=True)  # another connection's
-    with pytest.raises(control.ProtocolError):
-        control.Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False).open(other.seal(b"{}"))
+    other = Session.between("t", "a" * 32, "c" * 32, "job1", 1, at_hub=True)  # another connection's
+    with pytest.raises(ProtocolError):
+        Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False).open(other.seal(b"{}"))
 
 
 def handshake(hub, port, token, node_nonce="c" * 32):
@@ -368,27 +375,27 @@ def handshake(hub, port, token, node_nonce="c" * 32):
     pump([hub], 0.2)
     challenge = recv_message(s)
     hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": node_nonce,
-             "proof": control.proof(token, challenge["nonce"], "job1", 1)}
-    s.sendall(control.encode(hello))
+             "proof": proof(token, challenge["nonce"], "job1", 1)}
+    s.sendall(encode(hello))
     return s, challenge["nonce"]
 
 
 def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_node():
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
     s = None
     try:
         s, hub_nonce = handshake(hub, port, "right")
         events = pump([hub], 1, until=lambda ev: ev)
-        assert events == [control.Joined(1)]
+        assert events == [Joined(1)]
         welcome = recv_message(s)
-        assert welcome["proof"] == control.hub_proof("right", "c" * 32, hub_nonce, "job1", 1)
-        mine = control.Session.between("right", hub_nonce, "c" * 32, "job1", 1, at_hub=False)
-        s.sendall(control.encode({"type": "report", "attempt": 0}, mine))
-        assert pump([hub], 1, until=lambda ev: ev) == [control.Received(1, {"type": "report", "attempt": 0})]
-        s.sendall(control.encode({"type": "failed", "attempt": 0, "cause": {"text": "INJECTED"}}))  # not sealed
+        assert welcome["proof"] == hub_proof("right", "c" * 32, hub_nonce, "job1", 1)
+        mine = Session.between("right", hub_nonce, "c" * 32, "job1", 1, at_hub=False)
+        s.sendall(encode({"type": "report", "attempt": 0}, mine))
+        assert pump([hub], 1, until=lambda ev: ev) == [Received(1, {"type": "report", "attempt": 0})]
+        s.sendall(encode({"type": "failed", "attempt": 0, "cause": {"text": "INJECTED"}}))  # not sealed
         events = pump([hub], 1, until=lambda ev: ev)
-        assert len(events) == 1 and isinstance(events[0], control.Lost), events
+        assert len(events) == 1 and isinstance(events[0], Lost), events
         assert "wrong authentication" in events[0].reason
     finally:
         if s:
@@ -407,15 +414,15 @@ def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_nod
 ])
 def test_a_hello_with_wrong_types_is_dropped_with_its_reason(change, why, caplog):
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         nonce = None
         pump([hub], 0.2)
         nonce = recv_message(s)["nonce"]
         hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": "c" * 32,
-                 "proof": control.proof("right", nonce, "job1", 1), **change}
-        s.sendall(control.encode(hello))
+                 "proof": proof("right", nonce, "job1", 1), **change}
+        s.sendall(encode(hello))
         assert pump([hub], 1) == []
         assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
         assert recv_message(s)["type"] == "refused"
@@ -426,14 +433,14 @@ def test_a_hello_with_wrong_types_is_dropped_with_its_reason(change, why, caplog
 
 def test_half_a_frame_then_silence_is_dropped_and_keeps_no_node_out(caplog):
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
     half = socket.create_connection(("127.0.0.1", port))
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
     try:
-        half.sendall(struct.pack("!I", control.MAX_MESSAGE) + b"{" * 1000)  # the rest never comes
+        half.sendall(struct.pack("!I", MAX_MESSAGE) + b"{" * 1000)  # the rest never comes
         events = pump([hub, spoke], 3, until=lambda ev: len(ev) == 2)
-        assert sorted(e.node for e in events if isinstance(e, control.Joined)) == [0, 1]
-        pump([hub, spoke], control.HELLO_TIMEOUT + 1, until=lambda ev: not any(c.node is None for c in hub.connections.values()))
+        assert sorted(e.node for e in events if isinstance(e, Joined)) == [0, 1]
+        pump([hub, spoke], HELLO_TIMEOUT + 1, until=lambda ev: not any(c.node is None for c in hub.connections.values()))
         assert [c.node for c in hub.connections.values()] == [1]
         assert any("said nothing valid for 5 s" in r.getMessage() for r in caplog.records)
     finally:
@@ -445,7 +452,7 @@ def test_half_a_frame_then_silence_is_dropped_and_keeps_no_node_out(caplog):
 def test_a_refusal_is_shown_as_one_printable_line():
     port = free_port()
     fake = FakeNodeZero(port, {"type": "refused", "reason": "x\nlauncher: the job stopped: FORGED\x1b[2J"}, connections=1)
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
     try:  # without a token, a refusal is taken as it comes: as one line
         events = pump([spoke], 5, until=lambda ev: ev)
         assert [e.reason for e in events] == ["node 0 (127.0.0.1) refused this node: x?launcher: the job stopped: FORGED?[2J"]
@@ -457,8 +464,8 @@ def test_a_refusal_is_shown_as_one_printable_line():
 @pytest.mark.parametrize("token, warnings", [(None, 1), ("right", 0)])
 def test_without_a_token_each_end_warns_once_what_a_stranger_can_do(token, warnings, caplog):
     port = free_port()
-    hub = control.Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
-    spoke = control.Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=token)
     try:
         pump([hub, spoke], 5, until=lambda ev: len(ev) == 2)
         said = [r.getMessage() for r in caplog.records if "no LAUNCHER_JOB_TOKEN is set" in r.getMessage()]

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from launcher.nodes import control
+from launcher.nodes.endpoint import MAX_PENDING
+from launcher.nodes.wire import encode
 from launcher.nodes import gather
 from tests.conftest import pose_as_node_0
 from launcher.errors import LaunchError
@@ -116,7 +117,7 @@ def test_a_duplicate_rank_or_a_size_mismatch_is_named(message, fragment):
     wait_listening(port)
     r1 = start(spec(1, 3, port), "127.0.0.2")
     time.sleep(0.5)
-    other = raw_peer(port, control.encode(message))
+    other = raw_peer(port, encode(message))
     finish(r0, r1)
     other.close()
     assert fragment in str(r0["error"]) and r0["error"].exit_code == 2, r0["error"]
@@ -215,12 +216,12 @@ def test_the_launcher_exits_1_when_node_0_never_comes(tmp_path):
 
 @pytest.mark.parametrize("payload, fragment", [
     (struct.pack("!I", 64000) + b"[" * 32000 + b"]" * 32000, "sent junk"),
-    (control.encode({"type": "hello"}), "not a rank's join"),
-    (control.encode({"type": "join", "rank": True, "size": 3, "address": "127.0.0.9"}), "not a rank's join"),
-    (control.encode({"type": "join", "rank": 1, "size": 3.0, "address": "127.0.0.9"}), "not a rank's join"),
-    (control.encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "nonce": "c" * 32,
+    (encode({"type": "hello"}), "not a rank's join"),
+    (encode({"type": "join", "rank": True, "size": 3, "address": "127.0.0.9"}), "not a rank's join"),
+    (encode({"type": "join", "rank": 1, "size": 3.0, "address": "127.0.0.9"}), "not a rank's join"),
+    (encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "nonce": "c" * 32,
                      "proof": "\u00e9" * 64}), "without proving it knows LAUNCHER_JOB_TOKEN"),
-    (control.encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "proof": ["x"]}),
+    (encode({"type": "join", "rank": 1, "size": 3, "address": "127.0.0.9", "proof": ["x"]}),
      "without proving it knows LAUNCHER_JOB_TOKEN"),
 ], ids=["deep nesting", "no join", "rank true", "size 3.0", "proof not ASCII", "proof a list"])
 def test_nothing_a_stranger_sends_stops_the_gathering(payload, fragment, caplog):
@@ -241,7 +242,7 @@ def test_a_rank_obeys_no_stranger_posing_as_rank_0_and_joins_rank_0_after(caplog
     port = free_port()
     forged = {"type": "nodes", "nodes": ["10.6.6.6", "127.0.0.2"]}
     r1 = start(spec(1, 2, port), "127.0.0.2", timeout=15, token="right")
-    answered = len(pose_as_node_0(port, control.encode({**forged, "proof": "0" * 64}), timeout=10))
+    answered = len(pose_as_node_0(port, encode({**forged, "proof": "0" * 64}), timeout=10))
     assert answered == 3 and r1["thread"].is_alive()
     r0 = start(spec(0, 2, port), "127.0.0.1", token="right")
     finish(r0, r1)
@@ -258,7 +259,7 @@ def test_a_flood_of_silent_connections_keeps_no_rank_out():
     try:
         time.sleep(1.0)  # rank 0 (a thread of this process) accepts them all
         kept = len(os.listdir("/proc/self/fd")) - before - len(flood)
-        assert kept <= control.MAX_PENDING + 2, f"rank 0 keeps {kept} silent connections open"
+        assert kept <= MAX_PENDING + 2, f"rank 0 keeps {kept} silent connections open"
         started = time.monotonic()
         r1 = start(spec(1, 3, port), "127.0.0.2", timeout=20)
         r2 = start(spec(2, 3, port), "127.0.0.3", timeout=20)

@@ -5,24 +5,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.nodes import control
 from launcher.nodes import job
+from launcher.nodes.channel import Lost, Received
+from launcher.nodes.coordinator import Follower
 from launcher.plan import policy
 
 
-def follower(attempt=0) -> job.Follower:
+def follower(attempt=0) -> Follower:
     spec = SimpleNamespace(port=1, heartbeat_timeout=3.0, join_timeout=10.0, token="t", job_id="job1")
     plan = SimpleNamespace(control=spec, node_rank=1, node_ip="127.0.0.2", node_ips=("127.0.0.1", "127.0.0.2"),
                            job_ports=(7000,), workers=[SimpleNamespace(cmd=("python", "-u", "train.py"))],
                            max_restarts=3)
-    f = job.Follower(plan)  # its spoke connects only when ticked: no socket here
+    f = job.for_plan(plan)  # its spoke connects only when ticked: no socket here
     f.channel.welcomed = True  # node 0 had answered (a node 0 that never did ends a finished node with 0)
     f.attempt = attempt
     return f
 
 
-def finish_with(f: job.Follower, *messages) -> tuple:
-    turns = iter([[control.Received(0, m) for m in messages], [control.Lost(0, "gone")]])
+def finish_with(f: Follower, *messages) -> tuple:
+    turns = iter([[Received(0, m) for m in messages], [Lost(0, "gone")]])
     return f.finish_attempt(lambda: f.on_events(next(turns)))
 
 
@@ -54,16 +55,16 @@ def test_an_end_order_gives_its_code_only_when_it_is_one(code, expected):
 @pytest.mark.parametrize("cause", [{"node": "x"}, ["worker"], "stop", {"node": 0, "kind": "worker", "code": 999, "text": "x"},
                                    {"node": 1e300, "kind": [], "code": 1.5, "text": {}}, None, 7])
 def test_a_stop_with_a_cause_that_is_none_is_ignored(cause):
-    assert follower().on_events([control.Received(0, {"type": "stop", "attempt": 0, "cause": cause})]) == []
+    assert follower().on_events([Received(0, {"type": "stop", "attempt": 0, "cause": cause})]) == []
 
 
 def test_a_stop_with_a_cause_is_obeyed():
-    events = follower().on_events([control.Received(0, {"type": "stop", "attempt": 0,
+    events = follower().on_events([Received(0, {"type": "stop", "attempt": 0,
                                                         "cause": {"node": 0, "kind": "worker", "code": 3, "text": "x"}})])
     assert events == [policy.StopOrdered("x", stacks=False)]
 
 
 def test_a_cause_from_the_wire_is_shown_as_one_printable_line():
     cause = {"node": 0, "kind": "worker", "code": 3, "text": "x\nlauncher: the job stopped: FORGED\x1b[2J\u202e"}
-    events = follower().on_events([control.Received(0, {"type": "stop", "attempt": 0, "cause": cause})])
+    events = follower().on_events([Received(0, {"type": "stop", "attempt": 0, "cause": cause})])
     assert events == [policy.StopOrdered("x?launcher: the job stopped: FORGED?[2J?", stacks=False)]

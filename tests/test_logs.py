@@ -238,7 +238,7 @@ def test_failure_summary_shows_the_workers_record_as_root_cause():
 
 
 def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_nodes():
-    from launcher.nodes import control
+    from launcher.nodes.wire import encode, MAX_MESSAGE
     from launcher.output import error_file
     from launcher.plan import policy
 
@@ -248,5 +248,5 @@ def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_n
     summary = logs.format_failure(f)
     assert summary.count("\n") < 50 and summary.endswith("  | RecursionError: deep")
     cause = policy.Cause(0, "worker", 1, "rank 0 failed", summary, json.dumps(error_file.bounded(record)))
-    assert len(control.encode(cause.as_dict())) < control.MAX_MESSAGE
+    assert len(encode(cause.as_dict())) < MAX_MESSAGE
     assert error_file.loads(cause.error)["message"]["extraInfo"]["py_callstack"].endswith("RecursionError: deep\n")

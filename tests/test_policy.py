@@ -247,12 +247,12 @@ def test_the_kill_message_names_servers_and_trainers():
 
 
 def test_a_cause_fits_one_control_message_whatever_the_worker_printed():
-    from launcher.nodes import control
+    from launcher.nodes.wire import encode, Framer
 
     line = "  | " + "\ufffd\x00" * 3000  # 6 bytes of JSON each character
     junk = "\n".join([line] * 20)
     cause = p.Cause(1, "worker", 7, "rank 5 failed" * 1000, "rank 5 failed; log: x\n" + junk + "\n  | the end")
-    message = control.Framer().feed(control.encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
+    message = Framer().feed(encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
     back = p.Cause.from_dict(message["cause"])
     assert back.code == 7 and back.summary.endswith("  | the end") and len(back.summary) <= p.WIRE_SUMMARY + 5
 
@@ -287,11 +287,11 @@ def test_a_collective_job_keeps_its_first_failure():
 
 
 def test_a_cause_of_characters_that_take_12_bytes_of_json_still_fits_one_control_message():
-    from launcher.nodes import control
+    from launcher.nodes.wire import encode, Framer
 
     astral = "\U0001F600" * 30000  # 12 bytes of JSON each (a surrogate pair, escaped)
     cause = p.Cause(1, "worker", 7, astral, astral + "\n  | the end", error='{"message": "' + astral + '"}')
-    message = control.Framer().feed(control.encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
+    message = Framer().feed(encode({"type": "failed", "attempt": 0, "cause": cause.as_dict()}))[0]
     back = p.Cause.from_dict(message["cause"])
     assert back.code == 7 and back.summary.endswith("  | the end") and back.error == ""  # too big: sent without it
     small = p.Cause(1, "worker", 7, "rank 1 failed", "summary", error='{"message": "ValueError"}')

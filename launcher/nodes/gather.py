@@ -2,15 +2,15 @@
 
 MPI tells each launcher its rank and the number of ranks, never the other hosts. Rank 0 listens
 on the gathering port (every address), sends each connection a ``challenge`` (a random nonce),
-and waits for one ``join`` from every other rank: ``{"rank": r, "size": N, "address": ip, "nonce": n}``,
-with ``proof`` (control.proof of the challenge) when LAUNCHER_JOB_TOKEN is set; then rank 0's
+and waits for one ``join`` (``messages.Join``) from every other rank: its rank, the number of ranks, its address, a nonce,
+with ``proof`` (auth.proof of the challenge) when LAUNCHER_JOB_TOKEN is set; then rank 0's
 answer proves the token too (``answer_proof`` on the rank's nonce), and a rank obeys no answer
 that does not (it may be a stranger's on the port: the rank tries again until the join timeout). Once all N-1 have
 joined it closes the listener (so that the control channel can bind the same port), answers each
-with ``{"type": "nodes", "nodes": [...]}`` (node rank = MPI rank) and returns the list. The other
+with ``messages.NodeList`` (node rank = MPI rank) and returns the list. The other
 ranks connect to MASTER_ADDR, retrying every 0.2 s, and wait for that answer.
 
-Messages are framed as the control channel frames them (``control.encode``/``Framer``). Every wait
+Messages are framed as the control channel frames them (``wire.encode``/``wire.Framer``). Every wait
 is bounded by the join timeout (``GatherTimeout``, exit code 1). What a stranger can send (junk, a
 message that is no join, a join that does not prove the token) only loses that connection, with a
 warning, and the gathering goes on: the timeout's message names the last such connection. A duplicate
@@ -30,13 +30,14 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher.nodes import control
+from launcher.nodes import auth, endpoint, wire
+from launcher.nodes.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
 from launcher.host import preflight
 from launcher.errors import LaunchError
 from launcher.output.logs import log
 from launcher.plan.policy import one_line
 
-RETRY_EVERY = control.RETRY_EVERY
+RETRY_EVERY = endpoint.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
 
 
@@ -113,7 +114,7 @@ class _Peer:
         self.sock = sock
         self.where = where
         self.nonce = secrets.token_hex(16)
-        self.framer = control.Framer()
+        self.framer = wire.Framer()
         self.rank: Optional[int] = None
         self.address = ""
         self.rank_nonce = ""  # the rank's own, for rank 0's answer to prove the token on
@@ -154,11 +155,11 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
         for peer in joined.values():
-            _send(peer.sock, _proven({"type": "nodes", "nodes": list(nodes)}, peer, token))
+            _send(peer.sock, _proven(to_wire(NodeList(list(nodes))), peer, token))
         return nodes
     except LaunchError as e:
         for peer in peers.values():
-            _send(peer.sock, _proven({"type": "refused", "reason": str(e)}, peer, token))
+            _send(peer.sock, _proven(to_wire(Refusal(str(e))), peer, token))
         raise
     finally:
         for peer in peers.values():
@@ -179,14 +180,14 @@ def _accept(listener, selector, peers) -> None:
     sock.setblocking(False)
     peers[sock.fileno()] = peer
     selector.register(sock, selectors.EVENT_READ, peer)
-    _send(sock, {"type": "challenge", "nonce": peer.nonce})
+    _send(sock, to_wire(Challenge(peer.nonce)))
 
 
 def _make_room(selector, peers) -> None:
-    """At most control.MAX_PENDING connections wait for their join: the oldest goes, so that a flood
+    """At most endpoint.MAX_PENDING connections wait for their join: the oldest goes, so that a flood
     of connections that never speak neither runs rank 0 out of descriptors nor keeps a rank out."""
     waiting = [peer for peer in peers.values() if peer.rank is None]
-    if len(waiting) >= control.MAX_PENDING:
+    if len(waiting) >= endpoint.MAX_PENDING:
         oldest = waiting[0]  # peers keeps the order of arrival
         selector.unregister(oldest.sock)
         peers.pop(oldest.sock.fileno())
@@ -206,7 +207,7 @@ def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped) -> N
     try:
         for message in peer.framer.feed(data):
             _join_message(peer, message, spec, token, joined)
-    except (control.ProtocolError, _Stranger) as e:
+    except (wire.ProtocolError, _Stranger) as e:
         why = f"{peer.where} {e if isinstance(e, _Stranger) else f'sent junk ({e})'}"
         log.warning("dropped a connection to the gathering of the node list on port %s: %s", spec.port, why)
         dropped.append(why)
@@ -223,7 +224,7 @@ def _forget(peer: _Peer, selector, peers, joined) -> None:
 
 def answer_proof(token: str, message: dict, rank_nonce: str, rank: int) -> str:
     """Rank 0's proof of the token on a rank's nonce, over the whole of its answer."""
-    return control.proof(token, f"answer|{rank_nonce}|{json.dumps(message, sort_keys=True)}", PROOF_JOB, rank)
+    return auth.proof(token, f"answer|{rank_nonce}|{json.dumps(message, sort_keys=True)}", PROOF_JOB, rank)
 
 
 def _proven(message: dict, peer: _Peer, token) -> dict:
@@ -234,13 +235,13 @@ def _proven(message: dict, peer: _Peer, token) -> dict:
 
 
 def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None:
-    rank, size, address = message.get("rank"), message.get("size"), message.get("address")
-    if message.get("type") != "join" or peer.rank is not None or type(rank) is not int or not isinstance(address, str) \
-            or not address or type(size) is not int:
+    join = from_wire(message)
+    if not isinstance(join, Join) or peer.rank is not None or join.rank is None or not join.address or join.size is None:
         raise _Stranger(f"sent a message that is not a rank's join ({one_line(str(message), 80)})")
+    rank, size, address = join.rank, join.size, join.address
     who = f"MPI rank {rank} ({one_line(address, 80)}, from {peer.where})"
-    if token and not (control.proves(message.get("proof"), control.proof(token, peer.nonce, PROOF_JOB, rank))
-                      and control.fresh_nonce(message.get("nonce"))):
+    if token and not (auth.proves(join.proof, auth.proof(token, peer.nonce, PROOF_JOB, rank))
+                      and auth.fresh_nonce(join.nonce)):
         raise _Stranger(f"joined as MPI rank {rank} without proving it knows LAUNCHER_JOB_TOKEN")
     if size != spec.size:
         raise LaunchError(f"{who} says the job has {size} ranks, rank 0 says {spec.size}; start every rank with the same mpirun.")
@@ -249,7 +250,7 @@ def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None
     if rank in joined:
         raise LaunchError(f"{who} joined twice: {joined[rank].address} (from {joined[rank].where}) is rank {rank} already; "
                           f"start one launcher per rank.")
-    peer.rank, peer.address, peer.rank_nonce = rank, address, message.get("nonce")
+    peer.rank, peer.address, peer.rank_nonce = rank, address, join.nonce
     joined[rank] = peer
 
 
@@ -261,7 +262,7 @@ def _send(sock: socket.socket, message: dict) -> None:
     """A short message on a fresh connection: the kernel's buffer takes it at once."""
     try:
         sock.settimeout(2.0)
-        sock.sendall(control.encode(message))
+        sock.sendall(wire.encode(message))
     except OSError:
         pass  # the peer is gone; its rank will say so, or time out
     finally:
@@ -285,21 +286,21 @@ def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         except GatherTimeout:
             if unproven is None:
                 raise
-            raise GatherTimeout(f"no answer to MPI rank {spec.rank} ({address}) from {where} proved {control.TOKEN_VAR} within "
+            raise GatherTimeout(f"no answer to MPI rank {spec.rank} ({address}) from {where} proved {auth.TOKEN_VAR} within "
                                 f"{timeout:g} s (--join_timeout; the last said: {unproven}); set the same token on every rank.") from None
         if proven:
             break
         # with a token, an answer that does not prove it may be a stranger's on the port: not obeyed
         if unproven is None:
             log.warning("whoever answers MPI rank %d on %s does not prove %s; not obeyed: trying again until the "
-                        "join timeout", spec.rank, where, control.TOKEN_VAR)
+                        "join timeout", spec.rank, where, auth.TOKEN_VAR)
         unproven = one_line(str(answer.get("reason", answer.get("type"))), 300)
         time.sleep(RETRY_EVERY)
     if answer.get("type") == "refused":
         raise LaunchError(f"rank 0 stopped the gathering of the node list: {one_line(str(answer.get('reason', '')), 300)}")
-    nodes = answer.get("nodes")
-    if answer.get("type") != "nodes" or not isinstance(nodes, list) or len(nodes) != spec.size \
-            or not all(isinstance(n, str) for n in nodes) or nodes[spec.rank] != address:
+    answered = from_wire(answer)
+    nodes = answered.nodes if isinstance(answered, NodeList) else None
+    if nodes is None or len(nodes) != spec.size or nodes[spec.rank] != address:
         raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with no node list of {spec.size} nodes naming it; "
                           f"check that MASTER_ADDR and the port belong to this job.")
     return tuple(nodes)
@@ -319,21 +320,20 @@ def _connect(spec: Spec, address: str, deadline: float, timeout: float, where: s
 
 def _ask(sock, spec: Spec, address: str, deadline: float, timeout: float, where: str, token: Optional[str]) -> tuple:
     """Rank 0's answer to this rank's join, and whether it proves the token (where one is set)."""
-    framer = (control.Framer(), [])
+    framer = (wire.Framer(), [])
     challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
-    if challenge.get("type") != "challenge" or not control.fresh_nonce(challenge.get("nonce")):
+    asked = from_wire(challenge)
+    if not isinstance(asked, Challenge) or not auth.fresh_nonce(asked.nonce):
         if token:
             return challenge, False
         raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with something other than the gathering's challenge; "
                           f"check that MASTER_ADDR and the port belong to this job.")
     nonce = secrets.token_hex(16)
-    join = {"type": "join", "rank": spec.rank, "size": spec.size, "address": address, "nonce": nonce}
-    if token:
-        join["proof"] = control.proof(token, challenge["nonce"], PROOF_JOB, spec.rank)
-    sock.sendall(control.encode(join))
+    given = auth.proof(token, asked.nonce, PROOF_JOB, spec.rank) if token else None
+    sock.sendall(wire.encode(to_wire(Join(spec.rank, spec.size, address, nonce, given))))
     answer = _receive(sock, framer, deadline, spec, address, where, timeout)
     body = {k: v for k, v in answer.items() if k != "proof"}
-    return answer, not token or control.proves(answer.get("proof"), answer_proof(token, body, nonce, spec.rank))
+    return answer, not token or auth.proves(answer.get("proof"), answer_proof(token, body, nonce, spec.rank))
 
 
 def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeout: float) -> dict:
@@ -358,7 +358,7 @@ def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeo
                             f"see rank 0's messages.", f"closed the connection without an answer ({why})")
         try:
             pending += framer.feed(data)
-        except control.ProtocolError as e:
+        except wire.ProtocolError as e:
             raise _NoAnswer(f"{where} sent MPI rank {spec.rank} ({address}) junk ({e}); check that MASTER_ADDR and the port belong "
                             f"to this job.", f"sent junk ({e})") from None
     return pending.pop(0)

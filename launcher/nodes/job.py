@@ -1,317 +1,43 @@
-"""One job across attempts and nodes: who decides that it stops, restarts or ends, and with what.
-
-- ``Solo``: a job of one node. The cause of a stop is the local one.
-- ``Leader``: node 0 of several. It keeps the control channel's hub, takes the first cause
-  reported anywhere as the job's root cause and orders every node to stop; once every node is
-  done with an attempt, it decides (``policy.after_attempt``) and orders a restart or the end,
-  with the root cause and exit code that every node then shows.
-- ``Follower``: every other node. It reports its own cause to node 0 and follows node 0's orders;
-  if node 0 is lost, it stops on its own and ends with code 1.
-
-The supervisor calls ``local_cause`` when something happens here, feeds ``on_events`` what the
-channel reports (getting back events for the attempt's policy), and calls ``finish_attempt``
-once this node's processes of an attempt are all gone.
-"""
+"""The coordinator of a plan, built with its real control channel (node 0's hub, the other
+nodes' spoke) and the monotonic clock: the one place that wires ``coordinator`` to sockets."""
 
 from __future__ import annotations
 
-import signal
 import time
-from typing import Callable, Optional, Tuple
 
-from launcher.nodes import control
-from launcher.plan import policy
 from launcher.errors import LaunchError
-from launcher.output.logs import log
+from launcher.nodes.coordinator import Follower, Leader, Solo
+from launcher.nodes.hub import Hub
+from launcher.nodes.messages import Identity
+from launcher.nodes.spoke import Spoke
 from launcher.plan.collective import Plan
-from launcher.plan.policy import Cause
-
-# How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
-REPORT_MARGIN = 10.0
-
-Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced
 
 
-class Solo:
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.cause: Optional[Cause] = None
-        self.channel = None
-        self.attempt = 0
-
-    def node_label(self) -> str:
-        return ""
-
-    def local_cause(self, cause: Cause) -> None:
-        if self.cause is None:
-            self.cause = cause
-
-    def revise_cause(self, cause: Cause) -> None:
-        """This node's worker failure was not the root cause after all: ``cause`` (of this node) is."""
-        if self.cause is not None and self.cause.kind == "worker" and self.cause.node == cause.node:
-            self.cause = cause
-
-    def on_events(self, events) -> list:
-        return []
-
-    def trainers_done(self) -> list:
-        """Parameter-server mode: this node's trainers all exited 0; the events for this node's policy."""
-        return [policy.TrainersDone("every trainer finished")]
-
-    def tick(self, now: float) -> list:
-        return []
-
-    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
-        return self._apply(decision)
-
-    def _apply(self, decision) -> Tuple[str, int]:
-        what, value = decision
-        if what == "restart":
-            log.error("%s: restarting the job, attempt %d of %d", self.cause.text, value + 1, self.plan.max_restarts + 1)
-            self.attempt, self.cause = value, None
-        return decision
-
-    def final_cause(self) -> Optional[Cause]:
-        return self.cause
-
-    def close(self) -> None:
-        pass
+def identity(plan: Plan) -> Identity:
+    """What the other nodes' launchers must share with this one to be parts of its job."""
+    return Identity(plan.control.job_id, tuple(plan.node_ips), tuple(plan.job_ports),
+                    " ".join(plan.workers[0].cmd[1:]))
 
 
-class _Peered(Solo):
-    def node_label(self) -> str:
-        return f"node {self.plan.node_rank} ({self.plan.node_ip})"
-
-    def _identity(self) -> control.Identity:
-        spec = self.plan.control
-        return control.Identity(spec.job_id, tuple(self.plan.node_ips), tuple(self.plan.job_ports),
-                                " ".join(self.plan.workers[0].cmd[1:]))
-
-    def tick(self, now: float) -> list:
-        return self.on_events(self.channel.tick(now))
-
-    def close(self) -> None:
-        self.channel.close()
+def open_hub(plan: Plan) -> Hub:
+    spec = plan.control
+    try:
+        return Hub(identity(plan), plan.node_ip, spec.port, spec.heartbeat_timeout, spec.join_timeout, spec.token)
+    except OSError as e:
+        raise LaunchError(f"cannot listen on the control port {spec.port} of node 0 ({e.strerror}); "
+                          f"free it or choose another --control_port (the same on every node).") from None
 
 
-class Leader(_Peered):
-    def __init__(self, plan: Plan) -> None:
-        super().__init__(plan)
-        spec = plan.control
-        try:
-            self.channel = control.Hub(self._identity(), plan.node_ip, spec.port, spec.heartbeat_timeout,
-                                       spec.join_timeout, spec.token)
-        except OSError as e:
-            raise LaunchError(f"cannot listen on the control port {spec.port} of node 0 ({e.strerror}); "
-                              f"free it or choose another --control_port (the same on every node).") from None
-        self.gone: set = set()  # nodes lost or never joined: not waited for
-        self.reports: dict = {}  # node -> its cause (or None) for the current attempt
-        self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
-
-    def local_cause(self, cause: Cause) -> None:
-        self._root(cause)
-
-    def _root(self, cause: Cause) -> bool:
-        """Take ``cause`` as the attempt's root cause if it is the first; order every node to stop."""
-        if self.cause is not None:
-            return False
-        self.cause = cause
-        self.channel.broadcast({"type": "stop", "attempt": self.attempt, "cause": cause.as_dict()})
-        return True
-
-    def on_events(self, events) -> list:
-        out = []
-        for e in events:
-            if isinstance(e, control.Joined) and self.cause is not None:
-                self.channel.send(e.node, {"type": "stop", "attempt": self.attempt, "cause": self.cause.as_dict()})
-            elif isinstance(e, control.Lost):
-                self.gone.add(e.node)
-                out += self._stop_for(Cause(e.node, "lost", 1, e.reason))
-            elif isinstance(e, control.NeverJoined):
-                self.gone.update(e.nodes)
-                out += self._stop_for(Cause(e.nodes[0], "join", 1, e.reason))
-            elif isinstance(e, control.Received):
-                out += self._on_message(e.node, e.message)
-        return out
-
-    def trainers_done(self) -> list:
-        return self._trained(0)
-
-    def _trained(self, node: int) -> list:
-        """Once every node's trainers are done, every node stops its servers."""
-        if len(self.trained) == len(self.plan.node_ips):
-            return []
-        self.trained.add(node)
-        if len(self.trained) < len(self.plan.node_ips) or self.cause is not None:
-            return []
-        self.channel.broadcast({"type": "finish", "attempt": self.attempt})
-        return [policy.TrainersDone("every trainer of the job finished")]
-
-    def _stop_for(self, cause: Cause) -> list:
-        return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
-
-    def _on_message(self, node: int, message: dict) -> list:
-        if message.get("attempt") != self.attempt:
-            return []
-        kind = message["type"]
-        cause = Cause.from_dict(message.get("cause")) if message.get("cause") is not None else None
-        if kind == "failed" and cause is not None:
-            return self._stop_for(cause)
-        if kind == "trainers_done":
-            return self._trained(node)
-        if kind == "report":
-            self.reports[node] = cause
-            if cause is not None:
-                return self._stop_for(cause)
-        return []
-
-    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        """Success: wait until every joined node is done; one that never joined is not waited for,
-        only named. A failure that ends the job: say so at once. A restart: wait until every joined
-        node has stopped (bounded), then order the next attempt."""
-        deadline = None
-        while True:
-            decision = policy.after_attempt(self.attempt, self.plan.max_restarts, self.cause)
-            if self.cause is not None and decision[0] == "end":
-                return self._end(decision)
-            waiting = policy.still_due(self.channel.joined(), self.reports, self.gone)
-            if not waiting:
-                break
-            if self.cause is not None and deadline is None:
-                deadline = time.monotonic() + self.plan.shutdown_timeout + REPORT_MARGIN
-            if deadline is not None and time.monotonic() >= deadline:
-                log.warning("no word from %s after the stop; going on without it",
-                            ", ".join(self.channel.node_name(n) for n in waiting))
-                break
-            for e in turn():
-                if isinstance(e, policy.StopSignal):
-                    self._root(signal_cause(self, e.sig))
-        if decision[0] == "restart":
-            self.channel.broadcast({"type": "start", "attempt": decision[1]})
-            self.reports.clear()
-            self.trained.clear()
-            return self._apply(decision)
-        return self._end(decision)
-
-    def _end(self, decision) -> Tuple[str, int]:
-        absent = policy.never_joined(len(self.plan.node_ips), self.channel.ever_joined)
-        if decision == ("end", 0) and absent:
-            log.warning("%s never joined; this node's workers all finished, so the job ends here with exit code 0",
-                        ", ".join(self.channel.node_name(n) for n in absent))
-        message = {"type": "end", "attempt": self.attempt, "code": decision[1],
-                   "cause": self.cause.as_dict() if self.cause else None}
-        self.channel.broadcast(message)
-        return decision
-
-
-class Follower(_Peered):
-    def __init__(self, plan: Plan) -> None:
-        super().__init__(plan)
-        spec = plan.control
-        self.channel = control.Spoke(self._identity(), plan.node_rank, plan.node_ips[0], spec.port,
-                                     spec.heartbeat_timeout, spec.join_timeout, spec.token)
-        self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
-        self.order: Optional[dict] = None  # node 0's "start" or "end" for this attempt
-        self.alone = False  # node 0 is lost or never answered
-        self.reporting = False  # this node's part of the attempt is over: its report is due
-        self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
-
-    def local_cause(self, cause: Cause) -> None:
-        if self.cause is None:
-            self.cause = cause
-            self.channel.send({"type": "failed", "attempt": self.attempt, "cause": cause.as_dict()})
-
-    def trainers_done(self) -> list:
-        self.trained = True
-        self.channel.send({"type": "trainers_done", "attempt": self.attempt})
-        return []
-
-    def _report(self) -> None:
-        self.channel.send({"type": "report", "attempt": self.attempt,
-                           "cause": self.cause.as_dict() if self.cause else None})
-
-    def on_events(self, events) -> list:
-        out = []
-        for e in events:
-            if isinstance(e, control.Joined):
-                # what was said before node 0 answered went nowhere (the channel drops it): say it now
-                if self.reporting:
-                    self._report()
-                elif self.cause is not None:
-                    self.channel.send({"type": "failed", "attempt": self.attempt, "cause": self.cause.as_dict()})
-                elif self.trained:
-                    self.channel.send({"type": "trainers_done", "attempt": self.attempt})
-            elif isinstance(e, (control.Lost, control.NeverJoined)):
-                self.alone = True
-                cause = Cause(0, "lost" if isinstance(e, control.Lost) else "join", 1, e.reason)
-                self.root = self.root or cause
-                if self.cause is None:
-                    self.cause = cause
-                out.append(policy.StopOrdered(e.reason))
-            elif isinstance(e, control.Received):
-                out += self._on_message(e.message)
-        return out
-
-    def _on_message(self, message: dict) -> list:
-        kind = message["type"]
-        if kind == "end" or (kind == "start" and type(message.get("attempt")) is int
-                             and message["attempt"] == self.attempt + 1):
-            self.order = message
-            return []
-        if kind == "finish" and message.get("attempt") == self.attempt:
-            return [policy.TrainersDone("every trainer of the job finished")]
-        if kind == "stop" and message.get("attempt") == self.attempt:
-            cause = Cause.from_dict(message.get("cause"))
-            if cause is not None and self.root is None:
-                self.root = cause
-                return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")]
-        return []
-
-    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        self.reporting = True
-        try:
-            return self._await_order(turn)
-        finally:
-            self.reporting = False
-
-    def _await_order(self, turn: Turn) -> Tuple[str, int]:
-        if self.cause is None and not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
-            log.warning("%s never answered; this node's workers all finished, so the job ends here with exit code 0",
-                        self.channel.node_name(0))
-            return "end", 0
-        self._report()
-        while self.order is None and not self.alone:
-            for e in turn():
-                if isinstance(e, policy.StopSignal):
-                    self.local_cause(signal_cause(self, e.sig))
-                    self.root = self.root or self.cause
-                    return "end", self.cause.code
-        if self.order is None:  # node 0 is gone: end with what is known here
-            known = self.final_cause()
-            return "end", known.code if known else 1
-        order, self.order = self.order, None
-        if order["type"] == "start":
-            self.attempt, self.cause, self.root, self.trained = order["attempt"], None, None, False
-            log.info("node 0 restarts the job: attempt %d of %d", self.attempt + 1, self.plan.max_restarts + 1)
-            return "restart", self.attempt
-        cause = Cause.from_dict(order.get("cause")) if order.get("cause") else None
-        self.root = cause or self.root
-        code = order.get("code")
-        return "end", code if type(code) is int and 0 <= code <= 255 else 1
-
-    def final_cause(self) -> Optional[Cause]:
-        return self.root or self.cause
-
-
-def signal_cause(job: Solo, sig: int) -> Cause:
-    """A stop signal to this node's launcher, as the cause every node shows."""
-    name = signal.Signals(sig).name
-    where = job.node_label() or "the launcher"
-    return Cause(job.plan.node_rank, "signal", 128 + sig, f"{where} received {name}")
+def open_spoke(plan: Plan) -> Spoke:
+    """Connects only when ticked: opening it opens no socket yet."""
+    spec = plan.control
+    return Spoke(identity(plan), plan.node_rank, plan.node_ips[0], spec.port, spec.heartbeat_timeout,
+                 spec.join_timeout, spec.token)
 
 
 def for_plan(plan: Plan) -> Solo:
     if plan.control is None:
         return Solo(plan)
-    return Leader(plan) if plan.node_rank == 0 else Follower(plan)
+    if plan.node_rank == 0:
+        return Leader(plan, open_hub(plan), time.monotonic)
+    return Follower(plan, open_spoke(plan))

@@ -689,7 +689,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
         error = json.dumps(error_file.bounded(failure.error)) if failure.error else ""
         return policy.Cause(node, "worker", policy.shell_code(returncode), text, logs.format_failure(failure), error)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
-        return job_module.signal_cause(job, after.stop_signal)
+        return job.signal_cause(after.stop_signal)
     if after.start_failure is not None and before.start_failure is None:
         return policy.Cause(node, "start", 1, f"{after.start_failure}{on}")
     if after.hung is not None and before.hung is None:

@@ -1,0 +1,165 @@
+"""Node 0's end of the control channel: it listens, checks who comes (job identity, node index,
+job token), and keeps one connection per node."""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import selectors
+import socket
+import time
+from typing import Optional
+
+from launcher.nodes.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
+from launcher.nodes.channel import Joined, Lost, NeverJoined
+from launcher.nodes.connection import Connection, tune
+from launcher.nodes.endpoint import MAX_PENDING, Endpoint
+from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
+from launcher.output.logs import log
+
+
+class Hub(Endpoint):
+    """Node 0: listens, checks who comes, and keeps one connection per node."""
+
+    def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
+                 join_timeout: float, token: Optional[str]) -> None:
+        super().__init__(identity, 0, heartbeat_timeout, join_timeout, token)
+        family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        self.listener.listen(128)
+        self.listener.setblocking(False)
+        self.port = port
+        self.peers: dict = {}  # node -> fd
+        self.ever_joined: set = set()
+        self.join_reported = False
+        self.dropped = 0
+
+    def registrations(self) -> dict:
+        wanted = super().registrations()
+        if not self.closed:
+            wanted[self.listener.fileno()] = selectors.EVENT_READ
+        return wanted
+
+    def next_deadline(self) -> Optional[float]:
+        times = [t for t in (super().next_deadline(),) if t is not None]
+        if not self.join_reported and len(self.ever_joined) < len(self.identity.nodes) - 1:
+            times.append(self.join_deadline)
+        return min(times) if times else None
+
+    def ready(self, fd: int, mask: int, now: float) -> list:
+        if fd == self.listener.fileno():
+            self._accept(now)
+            return []
+        if fd not in self.connections:
+            return []
+        if mask & selectors.EVENT_WRITE:
+            self.connections[fd].flush()
+        return self._read(fd, now) if mask & selectors.EVENT_READ else []
+
+    def tick(self, now: float) -> list:
+        events = self._beat_and_check(now)
+        missing = [n for n in range(1, len(self.identity.nodes)) if n not in self.ever_joined]
+        if missing and not self.join_reported and now >= self.join_deadline:
+            self.join_reported = True
+            names = ", ".join(self.node_name(n) for n in missing)
+            events.append(NeverJoined(tuple(missing), f"{names} never joined within {self.join_timeout:g} s "
+                                                      f"(node 0 listens on port {self.port})"))
+        return events
+
+    def _accept(self, now: float) -> None:
+        while True:
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    log.warning("control: out of file descriptors; not accepting connections now")
+                return
+            self._make_room()
+            tune(sock, self.heartbeat_timeout)
+            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=now)
+            self.connections[sock.fileno()] = c
+            c.send(to_wire(Challenge(c.nonce)), now)
+
+    def _make_room(self) -> None:
+        """At most MAX_PENDING connections wait for their hello: the oldest goes (silently: a flood
+        would flood the log), so that connections that never speak cannot keep a node out."""
+        pending = [fd for fd, c in self.connections.items() if c.node is None]
+        if len(pending) >= MAX_PENDING:
+            oldest = min(pending, key=lambda fd: self.connections[fd].opened)
+            self.discarded.append(self.connections.pop(oldest).sock)
+            self.dropped += 1
+
+    def _handshake(self, fd, c, message: Message, now: float) -> list:
+        if not isinstance(message, Hello):
+            self._drop(fd, f"a {message.type[:40]!r} message before saying hello")
+            return []
+        node, c.peer_nonce = message.node, message.nonce
+        problem = self.identity.mismatch(message.identity)
+        if problem is None and not (type(node) is int and 0 < node < len(self.identity.nodes)):
+            problem = f"node index {node!r} is not one of 1 to {len(self.identity.nodes) - 1}"
+        if problem is None:
+            problem = self._check_proof(c, message.proof, node)
+        if problem is None and node in self.peers:
+            problem = f"{self.node_name(node)} is already joined"
+        if problem is not None:
+            self._refuse_node(fd, c, node, problem, now)
+            return []
+        c.node = node
+        self.peers[node] = fd
+        self.ever_joined.add(node)
+        if self.token is not None:  # node 0 proves the token on the node's nonce; then every message is sealed
+            c.send(to_wire(Welcome(hub_proof(self.token, c.peer_nonce, c.nonce, self.identity.job_id, node))), now)
+            c.session = Session.between(self.token, c.nonce, c.peer_nonce, self.identity.job_id, node, at_hub=True)
+        else:
+            c.send(to_wire(Welcome()), now)
+        log.debug("control: %s joined from %s", self.node_name(node), c.where)
+        return [Joined(node)]
+
+    def _refuse_node(self, fd, c, node, problem: str, now: float) -> None:
+        """Tell a joining node why (which job, in the open, only where no token guards it), then drop it.
+        With a token the refusal is proven on the node's nonce: only then does the node give up."""
+        said = (problem if self.token is None else "wrong job or job token")[:1000]
+        proven = None
+        if self.token is not None and fresh_nonce(c.peer_nonce):
+            proven = refusal_proof(self.token, c.peer_nonce, said, self.identity.job_id, node)
+        c.send(to_wire(Refusal(said, proven)), now)
+        c.flush()
+        self._drop(fd, f"not a node of this job: {problem}")
+
+    def _check_proof(self, c, given, node) -> Optional[str]:
+        if self.token is None:
+            return None if given is None else "it proves a job token, and this job has none"
+        if not isinstance(given, str):
+            return f"it gives no proof of the job token ({TOKEN_VAR})"
+        if not proves(given, proof(self.token, c.nonce, self.identity.job_id, node)):
+            return f"its proof of the job token ({TOKEN_VAR}) is wrong"
+        if not fresh_nonce(c.peer_nonce):
+            return "it gives no nonce for node 0 to prove the job token on"
+        return None
+
+    def _lose(self, fd: int, reason: str) -> Lost:
+        lost = super()._lose(fd, reason)
+        self.peers.pop(lost.node, None)
+        return lost
+
+    def send(self, node: int, message: dict) -> None:
+        fd = self.peers.get(node)
+        if fd is not None:
+            self.connections[fd].send(message, time.monotonic())
+
+    def broadcast(self, message: dict) -> None:
+        for node in list(self.peers):
+            self.send(node, message)
+
+    def joined(self) -> set:
+        return set(self.peers)
+
+    def close(self) -> None:
+        super().close()
+        self.listener.close()
+
+

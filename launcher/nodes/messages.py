@@ -1,0 +1,255 @@
+"""The messages between the launchers of one job, as frozen dataclasses, with their one
+encode/decode pair: ``to_wire`` (a message as the JSON object the channel sends) and
+``from_wire`` (a JSON object off the wire, already bounded by ``wire.decode``, as a message).
+
+``from_wire`` never raises: a field of a wrong type reads as None (or, for an end's code, as 1),
+an unknown type as ``Unknown``, so each handler decides on typed values only. The objects
+``to_wire`` makes are byte for byte those of earlier versions (same keys, same order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar, Optional, Union
+
+from launcher.plan.policy import Cause
+
+LISTED_NODES = 256  # a job of more nodes names them in its hello by their digest
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes two launchers parts of the same job."""
+
+    job_id: str
+    nodes: tuple
+    ports: tuple
+    script: str
+
+    def as_dict(self) -> dict:
+        """For the hello; a long node list as its digest, so that the hello of a job of 10,000
+        nodes still fits one message (both ends make the same)."""
+        nodes = list(self.nodes)
+        if len(nodes) > LISTED_NODES:
+            nodes = "sha256:" + hashlib.sha256("\n".join(nodes).encode()).hexdigest()
+        return {"job_id": self.job_id, "nodes": nodes, "ports": list(self.ports), "script": self.script}
+
+    def mismatch(self, other) -> Optional[str]:
+        """What differs in a peer's identity (a dict from the wire), or None."""
+        if not isinstance(other, dict):
+            return "no job identity"
+        for name in ("job_id", "nodes", "ports", "script"):
+            mine = self.as_dict()[name]
+            if other.get(name) != mine:
+                return f"its {name} is {other.get(name)!r}, this job's is {mine!r}"
+        return None
+
+
+# ---------------------------------------------------------------- the handshake and heartbeats
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """Node 0 to a new connection: prove the job token on this nonce."""
+
+    type: ClassVar[str] = "challenge"
+    nonce: Optional[str]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A joining node to node 0. ``node`` and ``proof`` are as sent (node 0 checks them and names
+    a wrong value in its refusal); ``proof`` is left out without a job token."""
+
+    type: ClassVar[str] = "hello"
+    identity: Optional[dict]
+    node: object
+    nonce: Optional[str]
+    proof: object = None
+
+
+@dataclass(frozen=True)
+class Welcome:
+    type: ClassVar[str] = "welcome"
+    proof: Optional[str] = None  # with a job token: node 0's proof on the node's nonce
+
+
+@dataclass(frozen=True)
+class Refusal:
+    type: ClassVar[str] = "refused"
+    reason: Optional[str]
+    proof: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Beat:
+    type: ClassVar[str] = "beat"
+
+
+# ---------------------------------------------------------------- a node to node 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A cause to stop found on a node: node 0 takes the first as the attempt's root cause."""
+
+    type: ClassVar[str] = "failed"
+    attempt: Optional[int]
+    cause: Optional[Cause]
+
+
+@dataclass(frozen=True)
+class Report:
+    """A node's part of an attempt is over, with its cause (None: its workers all finished)."""
+
+    type: ClassVar[str] = "report"
+    attempt: Optional[int]
+    cause: Optional[Cause]
+
+
+@dataclass(frozen=True)
+class TrainersDone:
+    """Parameter-server mode: this node's trainers all exited 0."""
+
+    type: ClassVar[str] = "trainers_done"
+    attempt: Optional[int]
+
+
+# ---------------------------------------------------------------- node 0's orders
+
+
+@dataclass(frozen=True)
+class Stop:
+    type: ClassVar[str] = "stop"
+    attempt: Optional[int]
+    cause: Optional[Cause]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Parameter-server mode: every trainer of the job finished; stop the servers."""
+
+    type: ClassVar[str] = "finish"
+    attempt: Optional[int]
+
+
+@dataclass(frozen=True)
+class Start:
+    type: ClassVar[str] = "start"
+    attempt: Optional[int]  # strictly an int on the wire, else None
+
+
+@dataclass(frozen=True)
+class End:
+    type: ClassVar[str] = "end"
+    attempt: Optional[int]
+    code: int  # off the wire: 1 unless an int of 0 to 255
+    cause: Optional[Cause]
+
+
+# ---------------------------------------------------------------- gathering an MPI job's node list (``gather``)
+
+
+@dataclass(frozen=True)
+class Join:
+    """An MPI rank to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
+
+    type: ClassVar[str] = "join"
+    rank: Optional[int]  # strictly ints on the wire, else None
+    size: Optional[int]
+    address: Optional[str]
+    nonce: Optional[str]
+    proof: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NodeList:
+    """Rank 0's answer: every node's address in MPI rank order (None off the wire: not a list of text)."""
+
+    type: ClassVar[str] = "nodes"
+    nodes: Optional[list]
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A message of a type no launcher sends: each side drops or ignores it."""
+
+    type: str
+
+
+Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
+                Join, NodeList, Unknown]
+
+OMITTED_WHEN_NONE = ("proof",)  # keys left out of the JSON object rather than sent as null
+
+
+def to_wire(message: Message) -> dict:
+    """The JSON object the channel sends for ``message``."""
+    wire: dict = {"type": message.type}
+    for f in fields(message):
+        value = getattr(message, f.name)
+        if value is None and f.name in OMITTED_WHEN_NONE:
+            continue
+        wire[f.name] = value.as_dict() if isinstance(value, Cause) else value
+    return wire
+
+
+def as_attempt(value) -> Optional[int]:
+    """An attempt number as node 0 compares it (1.0 and True are 1); None for anything else."""
+    if isinstance(value, bool) or type(value) is int:
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def as_strict_int(value) -> Optional[int]:
+    return value if type(value) is int else None
+
+
+def as_text(value) -> Optional[str]:
+    return value if isinstance(value, str) else None
+
+
+def as_code(value) -> int:
+    return value if type(value) is int and 0 <= value <= 255 else 1
+
+
+def as_cause(value) -> Optional[Cause]:
+    return Cause.from_dict(value) if value else None
+
+
+def as_texts(value) -> Optional[list]:
+    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
+
+
+def _hello(m: dict) -> Hello:
+    identity = m.get("identity")
+    return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
+                 m.get("proof"))
+
+
+READERS: dict[str, Callable[[dict], Message]] = {
+    "challenge": lambda m: Challenge(as_text(m.get("nonce"))),
+    "hello": _hello,
+    "welcome": lambda m: Welcome(as_text(m.get("proof"))),
+    "refused": lambda m: Refusal(as_text(m.get("reason")), as_text(m.get("proof"))),
+    "beat": lambda m: Beat(),
+    "failed": lambda m: Failed(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
+    "report": lambda m: Report(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
+    "trainers_done": lambda m: TrainersDone(as_attempt(m.get("attempt"))),
+    "stop": lambda m: Stop(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
+    "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
+    "start": lambda m: Start(as_strict_int(m.get("attempt"))),
+    "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
+    "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
+                           as_text(m.get("nonce")), as_text(m.get("proof"))),
+    "nodes": lambda m: NodeList(as_texts(m.get("nodes"))),
+}
+
+
+def from_wire(message: dict) -> Message:
+    """A JSON object off the wire (its ``type`` a string, as ``wire.decode`` guarantees) as a message."""
+    reader = READERS.get(message["type"])
+    return reader(message) if reader is not None else Unknown(message["type"])
