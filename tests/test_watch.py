@@ -55,11 +55,12 @@ def test_writer_replaces_the_file_whole(tmp_path):
     assert os.listdir(tmp_path) == ["launcher.node0.json"]  # no temporary file left
 
 
-def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog):
+def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog, monkeypatch):
     path = tmp_path / "launcher.node0.json"
     path.mkdir()  # a folder where the file should be: the rename fails
     w = state.Writer(str(path))
-    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up (propagate off)
+    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up
+    monkeypatch.setattr(launcher_log, "propagate", False)  # as the launcher runs it: each record caught once
     launcher_log.addHandler(caplog.handler)
     try:
         with caplog.at_level("WARNING", logger="launcher"):
