@@ -308,9 +308,9 @@ def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
 
 
 def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):
-    from launcher.output import logs
-    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 1000)
-    monkeypatch.setattr(logs, "CHUNK", 256)
+    from launcher.output import lines
+    monkeypatch.setattr(lines, "MAX_PARTIAL_LINE", 1000)
+    monkeypatch.setattr(lines, "CHUNK", 256)
     fake_header = "===== 2026-01-01 00:00:09 launcher: not a header, in the middle of a line"
     write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["x" * 256 + fake_header, "x" * 5000, "end"]))
     files = watch.log_files(str(tmp_path))

@@ -11,7 +11,9 @@ import sys
 import click
 
 from launcher import __version__
-from launcher.output import logs
+from launcher.output import reports
+from launcher.output.console import console, error, setup_messages
+from launcher.output.messages import log
 from launcher.cli import torchrun as torchrun_cli
 from launcher.errors import LaunchError
 
@@ -224,7 +226,7 @@ def launch(ctx: click.Context, **values) -> int:
     """
     values, from_file = _with_config(ctx, values)
     values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
-    logs.setup_messages(values["log_level"])
+    setup_messages(values["log_level"])
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher.cli import paddle as paddle_cli
 
@@ -246,9 +248,9 @@ def launch(ctx: click.Context, **values) -> int:
     if not reserved and plan.store_port is not None:
         reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None]
     for note in plan.notes:
-        logs.log.warning(note)
+        log.warning(note)
     if values["print_config"]:
-        logs.console.write(2, (logs.format_plan(plan) + "\n").encode(errors="replace"))
+        console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
     return supervisor.run(plan, tuple(reserved))
 
 
@@ -326,7 +328,7 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     if follow:
         gone = watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
         if gone:
-            logs.log.warning(gone)
+            log.warning(gone)
     return 0
 
 
@@ -397,15 +399,15 @@ def main(argv=None) -> None:
     except StdoutLost as e:
         code = _stdout_lost(e.error)
     except (LaunchError, click.ClickException) as e:
-        logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
+        error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
     except (KeyboardInterrupt, click.Abort):
         code = 130
     except Exception:
         import traceback
 
-        logs.console.write(2, traceback.format_exc().encode(errors="replace"))
-        logs.error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
+        console.write(2, traceback.format_exc().encode(errors="replace"))
+        error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
         code = 1
     _finish_output()
     os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
@@ -442,7 +444,7 @@ def _stdout_lost(e: OSError) -> int:
     """Nothing to say when the reader went away (``| head``); else one sentence, exit code 1."""
     if e.errno == errno.EPIPE:
         return 0
-    logs.error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
+    error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
     return 1
 
 
@@ -474,6 +476,6 @@ def _finish_output() -> None:
                 stream.flush()
             except (OSError, ValueError, StdoutLost):
                 pass
-        logs.console.finish()
+        console.finish()
     except KeyboardInterrupt:
         pass

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan.policy import one_line
 
 MAX_MESSAGE = 64 * 1024

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Tuple
 from launcher.nodes import control
 from launcher.plan import policy
 from launcher.errors import LaunchError
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan.collective import Plan
 from launcher.plan.policy import Cause
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from launcher.host import files
-from launcher.output import logs
+from launcher.output import lines as output_lines
 from launcher.output import state_file as state
+from launcher.output.reports import table
 from launcher.errors import LaunchError
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
@@ -116,7 +117,7 @@ def format_status(states, liveness: list, tails: list, now: float) -> str:
         for p, last in zip(s.processes, tail):
             rows.append((_known(s.node), _known(p.label), "-" if p.pid is None else str(p.pid),
                          process_state(p, running), _run_time(p, s, now, running), _known(s.attempt), last))
-    return "\n".join(lines + logs.table(rows)) + "\n"
+    return "\n".join(lines + table(rows)) + "\n"
 
 
 def _known(value) -> str:
@@ -267,7 +268,7 @@ def sections(path: str, index: int, end: int) -> list:
     heads, at, line_start = [], 0, True
     with open(path, "rb") as f:
         while at < end:
-            piece = f.readline(logs.CHUNK)  # a line of 512 MB is read a megabyte at a time
+            piece = f.readline(output_lines.CHUNK)  # a line of 512 MB is read a megabyte at a time
             if not piece:
                 break
             m = HEADER.match(piece) if line_start else None
@@ -293,11 +294,11 @@ def merged(files: list, ends: list, grep=None) -> Iterator[bytes]:
 
 def _chunks(path: str, start: int, end: int) -> Iterator[bytes]:
     """Whole lines of ``path`` between two offsets, in pieces of about a megabyte."""
-    buffer = logs.LineBuffer()
+    buffer = output_lines.LineBuffer()
     with open(path, "rb") as f:
         f.seek(start)
         while start < end:
-            data = f.read(min(logs.CHUNK, end - start))
+            data = f.read(min(output_lines.CHUNK, end - start))
             if not data:
                 break
             start += len(data)
@@ -312,7 +313,7 @@ def _shown(prefix: bytes, lines: bytes, grep) -> bytes:
         lines = b"".join(line for line in lines.splitlines(keepends=True) if grep.search(line))
         if not lines:
             return b""
-    return logs.prefixed(prefix, lines)
+    return output_lines.prefixed(prefix, lines)
 
 
 def sizes(files: list, whole_lines: bool) -> list:
@@ -331,7 +332,7 @@ def _last_newline(path: str, size: int) -> int:
     with open(path, "rb") as f:
         at = size
         while at > 0:
-            begin = max(0, at - logs.CHUNK)
+            begin = max(0, at - output_lines.CHUNK)
             f.seek(begin)
             cut = f.read(at - begin).rfind(b"\n")
             if cut >= 0:
@@ -346,7 +347,7 @@ class Follower:
     def __init__(self, files: list, offsets: list, grep=None) -> None:
         self.files = files
         self.offsets = list(offsets)
-        self.buffers = [logs.LineBuffer() for _ in files]
+        self.buffers = [output_lines.LineBuffer() for _ in files]
         self.grep = grep
 
     def read(self, final: bool = False) -> bytes:
@@ -363,7 +364,7 @@ class Follower:
             with open(f.path, "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 if size < self.offsets[i]:  # truncated in place (copytruncate): from its start
-                    self.offsets[i], self.buffers[i] = 0, logs.LineBuffer()
+                    self.offsets[i], self.buffers[i] = 0, output_lines.LineBuffer()
                 fh.seek(self.offsets[i])
                 data = fh.read(min(size - self.offsets[i], READ_LIMIT))  # the rest at the next poll
         except OSError:
