@@ -296,9 +296,9 @@ def status_command(log_dir: str) -> int:
     Reads the state file the launcher keeps there (launcher.nodeN.json) and the logs; touches no
     process. A job whose launcher is gone is said not to run any more.
     """
-    from launcher.tools import watch
+    from launcher.tools import status
 
-    _show(watch.status(log_dir).encode(), flush=True)
+    _show(status.status(log_dir).encode(), flush=True)
     return 0
 
 
@@ -317,16 +317,16 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     in the order they started, each run's lines whole and in order; with -f, new lines in the
     order they arrive (looked for 5 times a second).
     """
-    from launcher.tools import watch
+    from launcher.tools import logs as log_tool
 
-    pattern = watch.compile_grep(grep)
-    files = watch.log_files(log_dir, watch.parse_ranks(ranks))
-    ends = watch.sizes(files, whole_lines=follow)
-    for chunk in watch.merged(files, ends, pattern):
+    pattern = log_tool.compile_grep(grep)
+    files = log_tool.log_files(log_dir, log_tool.parse_ranks(ranks))
+    ends = log_tool.sizes(files, whole_lines=follow)
+    for chunk in log_tool.merged(files, ends, pattern):
         _show(chunk)
     _show(b"", flush=True)
     if follow:
-        gone = watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        gone = log_tool.follow(log_dir, log_tool.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
         if gone:
             log.warning(gone)
     return 0
