@@ -10,7 +10,7 @@ import pytest
 from launcher.plan import clusters
 from launcher.errors import LaunchError
 from launcher.plan.hostlist import HostListError, expand
-from launcher.output.logs import format_plan
+from launcher.output.reports import format_plan
 from launcher.plan.collective import HostFacts, Interface, LaunchOptions, make_plan
 
 LO = (Interface("lo", "127.0.0.1", "255.0.0.0"),)

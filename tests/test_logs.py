@@ -7,13 +7,17 @@ import time
 
 import pytest
 
-from launcher.output import logs
+from launcher.output import console
+from launcher.output import lines
+from launcher.output import log_files
+from launcher.output import reports
+from launcher.output import sinks
 from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
 from launcher.run.supervisor import Failure, exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():
-    b = logs.LineBuffer()
+    b = lines.LineBuffer()
     assert b.feed(b"ab") == b""
     assert b.feed(b"c\nde") == b"abc\n"
     assert b.feed(b"f\ng\nh") == b"def\ng\n"
@@ -21,19 +25,19 @@ def test_line_buffer_keeps_the_unfinished_line_for_later():
 
 
 def test_an_endless_line_is_not_held_forever(monkeypatch):
-    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 10)
-    b = logs.LineBuffer()
+    monkeypatch.setattr(lines, "MAX_PARTIAL_LINE", 10)
+    b = lines.LineBuffer()
     assert b.feed(b"x" * 11) == b"x" * 11 + b"\n"
 
 
 def test_prefix_goes_before_every_line():
-    assert logs.prefixed(b"[rank 1] ", b"a\nb\n") == b"[rank 1] a\n[rank 1] b\n"
+    assert lines.prefixed(b"[rank 1] ", b"a\nb\n") == b"[rank 1] a\n[rank 1] b\n"
 
 
 def test_plan_table_lists_every_local_worker():
     plan = make_plan(LaunchOptions("train.py", nproc_per_node=3, log_dir="mylog"), {},
                      HostFacts(gpu_count=None, cpu_count=4), lambda ip, n: [7000, 7001, 7002])
-    table = logs.format_plan(plan)
+    table = reports.format_plan(plan)
     assert "3 CPU worker(s) here, world size 3" in table
     assert "127.0.0.1:7002" in table and "mylog/workerlog.2" in table
 
@@ -41,23 +45,23 @@ def test_plan_table_lists_every_local_worker():
 def test_failure_summary_names_rank_code_time_log_and_last_lines():
     f = Failure(rank=3, local_rank=1, pid=42, returncode=-9, run_time=2.5, log_file="mylog/workerlog.3",
                 last_lines=("loss=nan", "Killed"))
-    text = logs.format_failure(f)
+    text = reports.format_failure(f)
     assert "rank 3 (local rank 1, pid 42) failed: killed by SIGKILL after 2.5 s; log: mylog/workerlog.3" in text
     assert "  | Killed" in text
     assert exit_code(-9) == 137 and exit_code(7) == 7
 
 
 def test_last_lines_are_never_cut_at_the_start(monkeypatch):
-    monkeypatch.setattr(logs, "TAIL_BYTES", 10)
-    assert logs._last_lines(b"first line\nabc\ndef\n", 5) == ["abc", "def"]
-    assert logs._last_lines(b"a\nb\n", 1) == ["b"]
-    assert logs._last_lines(b"rt line\nwhole\n", 5, cut=True) == ["whole"]
+    monkeypatch.setattr(lines, "TAIL_BYTES", 10)
+    assert lines.last_lines_of(b"first line\nabc\ndef\n", 5) == ["abc", "def"]
+    assert lines.last_lines_of(b"a\nb\n", 1) == ["b"]
+    assert lines.last_lines_of(b"rt line\nwhole\n", 5, cut=True) == ["whole"]
 
 
 def test_a_removed_log_file_has_no_last_lines(tmp_path):
     """A log removed while its worker ran (a clean-up, a rotation) must not break the failure summary."""
     path = str(tmp_path / "workerlog.0")
-    out = logs.FileOutput(path, logs.open_log(path, str(tmp_path), "rank 0", ("python", "x.py")), echo=False)
+    out = sinks.FileOutput(path, log_files.open_log(path, str(tmp_path), "rank 0", ("python", "x.py")), echo=False)
     os.write(out.child_fds()[0], b"a line\n")
     out.spawned()
     assert out.last_lines() == ["a line"]
@@ -70,7 +74,7 @@ def test_two_descriptors_of_one_file_share_one_console_buffer():
     r, w = os.pipe()
     other_r, other_w = os.pipe()
     twin = os.dup(w)
-    c = logs.Console()
+    c = console.Console()
     try:
         assert c.stream(w) is c.stream(twin)
         assert c.stream(other_w) is not c.stream(w)
@@ -85,8 +89,8 @@ def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
     try:
         os.write(w, b"last line\n")
         started = time.monotonic()
-        assert logs._left_in(r) == b"last line\n"  # the write end is still open
-        assert logs._left_in(r) == b""
+        assert sinks._left_in(r) == b"last line\n"  # the write end is still open
+        assert sinks._left_in(r) == b""
         assert time.monotonic() - started < 1
     finally:
         os.close(r)
@@ -94,8 +98,8 @@ def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
 
 
 def test_an_endless_line_is_cut_into_bounded_pieces(monkeypatch):
-    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 10)
-    b = logs.LineBuffer()
+    monkeypatch.setattr(lines, "MAX_PARTIAL_LINE", 10)
+    b = lines.LineBuffer()
     out = b"".join(b.feed(b"y" * 4) for _ in range(10)) + b.feed(b"\n") + b.rest()
     pieces = out.split(b"\n")[:-1]
     assert b"".join(pieces) == b"y" * 40 and all(0 < len(p) <= 10 + 4 for p in pieces)
@@ -107,7 +111,7 @@ def test_a_stream_that_cannot_be_written_any_more_is_dropped_once_without_an_err
     r, w = os.pipe()
     os.close(r)
     lost = []
-    s = logs._Stream(w, lambda stream, e: lost.append(e.errno))
+    s = console._Stream(w, lambda stream, e: lost.append(e.errno))
     try:
         s.pending += b"x" * 100_000
         s.push()
@@ -121,7 +125,7 @@ def test_a_stream_that_cannot_be_written_any_more_is_dropped_once_without_an_err
 
 
 def test_a_line_redrawn_in_place_is_its_last_state_and_only_that_is_kept():
-    b = logs.LineBuffer()
+    b = lines.LineBuffer()
     assert b.feed(b"\rstep 1/3") == b"" and b.progress() == b"step 1/3"
     assert b.feed(b"\rstep 2/3" * 100_000) == b"" and b.progress() == b"step 2/3"
     assert len(b.partial) < 20  # the states before the last one are not kept
@@ -136,11 +140,11 @@ def test_a_line_redrawn_in_place_is_its_last_state_and_only_that_is_kept():
 
 
 def test_a_live_line_is_cut_to_the_terminal_width_counting_what_shows():
-    assert logs.fit(b"x" * 100, 0) == b"x" * 100  # no width known
-    assert logs.fit(b"x" * 100, 40) == b"x" * 39
-    assert logs.fit("\u2588".encode() * 50, 40) == "\u2588".encode() * 39  # 3 bytes, one column each
-    assert logs.fit("\u4e2d".encode() * 50, 40) == "\u4e2d".encode() * 19  # two columns each
-    assert logs.fit(b"\x1b[32m" + b"y" * 50, 11) == b"\x1b[32m" + b"y" * 10  # colour takes no column
+    assert console.fit(b"x" * 100, 0) == b"x" * 100  # no width known
+    assert console.fit(b"x" * 100, 40) == b"x" * 39
+    assert console.fit("\u2588".encode() * 50, 40) == "\u2588".encode() * 39  # 3 bytes, one column each
+    assert console.fit("\u4e2d".encode() * 50, 40) == "\u4e2d".encode() * 19  # two columns each
+    assert console.fit(b"\x1b[32m" + b"y" * 50, 11) == b"\x1b[32m" + b"y" * 10  # colour takes no column
 
 
 class FakeTerminal:
@@ -161,8 +165,8 @@ class FakeTerminal:
 def terminal(monkeypatch):
     """(a FakeTerminal, a Console that takes it for a terminal); both closed after the test."""
     term = FakeTerminal()
-    monkeypatch.setattr(logs.os, "isatty", lambda fd: fd == term.w)
-    c = logs.Console()
+    monkeypatch.setattr(console.os, "isatty", lambda fd: fd == term.w)
+    c = console.Console()
     yield term, c
     c.reset()
     os.close(term.r)
@@ -188,7 +192,7 @@ def test_on_a_terminal_other_lines_erase_the_live_line_and_draw_it_again_below(t
 
 def test_not_on_a_terminal_nothing_is_drawn():
     r, w = os.pipe()
-    c = logs.Console()
+    c = console.Console()
     try:
         c.draw(w, object(), b"step 1/3")
         c.write(w, b"line\n")
@@ -231,10 +235,10 @@ def test_failure_summary_shows_the_workers_record_as_root_cause():
     record = {"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback (x)\nValueError: boom\n"}}}
     f = Failure(rank=1, local_rank=1, pid=42, returncode=1, run_time=2.5, log_file=None, last_lines=("RuntimeError: peer",),
                 error=record)
-    text = logs.format_failure(f)
+    text = reports.format_failure(f)
     assert "root cause, as rank 1's @record wrote it (TORCHELASTIC_ERROR_FILE):\n  | Traceback (x)\n  | ValueError: boom" in text
-    assert "root cause" not in logs.format_failure(dataclasses.replace(f, error=None))
-    assert "  | plain text" in logs.format_failure(dataclasses.replace(f, error={"message": "plain text"}))
+    assert "root cause" not in reports.format_failure(dataclasses.replace(f, error=None))
+    assert "  | plain text" in reports.format_failure(dataclasses.replace(f, error={"message": "plain text"}))
 
 
 def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_nodes():
@@ -245,7 +249,7 @@ def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_n
     stack = "Traceback\n" + "  File x, line 1, in f\n" * 20000 + "RecursionError: deep\n"
     record = {"message": {"message": "RecursionError: deep", "extraInfo": {"py_callstack": stack}}}
     f = Failure(rank=0, local_rank=0, pid=1, returncode=1, run_time=1.0, log_file=None, last_lines=(), error=record)
-    summary = logs.format_failure(f)
+    summary = reports.format_failure(f)
     assert summary.count("\n") < 50 and summary.endswith("  | RecursionError: deep")
     cause = policy.Cause(0, "worker", 1, "rank 0 failed", summary, json.dumps(error_file.bounded(record)))
     assert len(encode(cause.as_dict())) < MAX_MESSAGE

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from launcher.output import logs
+from launcher.output import reports
 from launcher.run import stacks
 from launcher.run.stacks import Stack
 
@@ -164,7 +164,7 @@ def test_library_files_are_pythons_packages_and_the_launchers():
     for path in ("/usr/lib/python3.10/threading.py", "/opt/venv/lib/python3.13t/queue.py",
                  "/usr/lib/python3/dist-packages/numpy/core/numeric.py",
                  "/root/.local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
-                 "<frozen importlib._bootstrap>", stacks.__file__, logs.__file__):
+                 "<frozen importlib._bootstrap>", stacks.__file__, reports.__file__):
         assert stacks.is_library(path), path
     for path in ("/home/me/train.py", "train.py", "/work/python3/train.py", "/srv/launcher_jobs/train.py"):
         assert not stacks.is_library(path), path
@@ -251,7 +251,7 @@ STACKS = [
 
 
 def test_the_console_gets_one_line_per_rank():
-    assert logs.format_stacks(STACKS, "node 1 (10.0.0.2)") == (
+    assert reports.format_stacks(STACKS, "node 1 (10.0.0.2)") == (
         "launcher: where each rank of node 1 (10.0.0.2) was:\n"
         "  rank 0 (pid 101): all_reduce (train.py:42)\n"
         "  rank 1 (pid 102): no Python frame found in the dump\n"
@@ -260,14 +260,14 @@ def test_the_console_gets_one_line_per_rank():
 
 def test_one_reason_for_every_rank_is_said_once():
     missing = [Stack(r, 100 + r, None, stacks.NOT_INSTALLED, None) for r in range(8)]
-    assert logs.format_stacks(missing, "node 0 (127.0.0.1)") == (
+    assert reports.format_stacks(missing, "node 0 (127.0.0.1)") == (
         "launcher: no stacks of the 8 worker(s) of node 0 (127.0.0.1): py-spy is not installed: pip install py-spy")
 
 
 def test_the_full_dumps_are_appended_under_a_header(tmp_path):
     path = tmp_path / "stacks.txt"
-    logs.write_stacks(str(path), STACKS, "node 1 (10.0.0.2): rank 3 failed")
-    logs.write_stacks(str(path), STACKS[2:], "node 1 (10.0.0.2): again")
+    reports.write_stacks(str(path), STACKS, "node 1 (10.0.0.2): rank 3 failed")
+    reports.write_stacks(str(path), STACKS[2:], "node 1 (10.0.0.2): again")
     text = path.read_text()
     assert text.count("launcher: node 1 (10.0.0.2): rank 3 failed\n") == 1 and text.rstrip().endswith(
         "--- rank 2 (pid 103): no stack: the process had already exited")
@@ -277,5 +277,5 @@ def test_the_full_dumps_are_appended_under_a_header(tmp_path):
 
 
 def test_a_stacks_file_that_cannot_be_written_is_a_warning_not_an_error(tmp_path):
-    logs.write_stacks(str(tmp_path / "missing" / "stacks.txt"), STACKS, "header")
+    reports.write_stacks(str(tmp_path / "missing" / "stacks.txt"), STACKS, "header")
     assert not (tmp_path / "missing").exists()

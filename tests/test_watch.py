@@ -9,7 +9,9 @@ from click.testing import CliRunner
 
 from launcher.cli import main as cli
 from launcher.output import state_file as state
-from launcher.tools import watch
+from launcher.tools.log_dir import read_states
+from launcher.tools import logs as log_tool
+from launcher.tools import status
 from launcher.errors import LaunchError
 
 T0 = 1_800_000_000.0
@@ -55,11 +57,12 @@ def test_writer_replaces_the_file_whole(tmp_path):
     assert os.listdir(tmp_path) == ["launcher.node0.json"]  # no temporary file left
 
 
-def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog):
+def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog, monkeypatch):
     path = tmp_path / "launcher.node0.json"
     path.mkdir()  # a folder where the file should be: the rename fails
     w = state.Writer(str(path))
-    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up (propagate off)
+    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up
+    monkeypatch.setattr(launcher_log, "propagate", False)  # as the launcher runs it: each record caught once
     launcher_log.addHandler(caplog.handler)
     try:
         with caplog.at_level("WARNING", logger="launcher"):
@@ -91,7 +94,7 @@ def test_launcher_liveness_uses_pid_and_start_time():
 
 
 def test_status_table_running_job():
-    text = watch.format_status([node_state()], ["alive"], [["step 3", "boom"]], T0 + 5.0)
+    text = status.format_status([node_state()], ["alive"], [["step 3", "boom"]], T0 + 5.0)
     lines = text.splitlines()
     assert "node 0 of 1 (127.0.0.1): running, launcher pid 99, attempt 1 of 3" in lines[0]
     assert lines[1].split() == ["node", "process", "pid", "state", "time", "restarts", "last", "line"]
@@ -100,14 +103,14 @@ def test_status_table_running_job():
 
 
 def test_status_of_a_job_whose_launcher_is_gone():
-    text = watch.format_status([node_state()], ["gone"], [["", ""]], T0 + 60.0)
+    text = status.format_status([node_state()], ["gone"], [["", ""]], T0 + 60.0)
     assert "not running any more: its launcher (pid 99) is gone" in text
     assert "stopped" in text.splitlines()[2] and "3.0 s" in text.splitlines()[2]  # until the last update
 
 
 def test_status_of_an_ended_job_and_signals():
     p = state.ProcessState("server 0", 0, 5, "serverlog.0", T0, T0 + 200.0, -15)
-    text = watch.format_status([node_state(phase="ended", exit_code=143, processes=(p,))], ["gone"], [[""]], T0)
+    text = status.format_status([node_state(phase="ended", exit_code=143, processes=(p,))], ["gone"], [[""]], T0)
     assert "ended with exit code 143" in text
     assert "server 0" in text and "killed by SIGTERM" in text and "0:03:20" in text
 
@@ -115,21 +118,21 @@ def test_status_of_an_ended_job_and_signals():
 def test_last_line_skips_blank_lines_and_says_nothing_for_a_new_run(tmp_path):
     log = tmp_path / "workerlog.0"
     log.write_text("===== 2026-01-01 00:00:00 launcher: rank 0 starts: x\nstep 1\n\n")
-    assert watch.last_line(str(log)) == "step 1"
+    assert status.last_line(str(log)) == "step 1"
     log.write_text("old\n===== 2026-01-01 00:00:00 launcher: rank 0 starts: x\n")
-    assert watch.last_line(str(log)) == ""
+    assert status.last_line(str(log)) == ""
     log.write_text("x" * 200 + "\n")
-    assert len(watch.last_line(str(log))) == watch.LAST_LINE_WIDTH
+    assert len(status.last_line(str(log))) == status.LAST_LINE_WIDTH
 
 
 def test_status_errors_are_one_sentence(tmp_path):
     with pytest.raises(LaunchError, match="does not exist"):
-        watch.status(str(tmp_path / "none"))
+        status.status(str(tmp_path / "none"))
     with pytest.raises(LaunchError, match="no launcher state file"):
-        watch.status(str(tmp_path))
+        status.status(str(tmp_path))
     (tmp_path / "launcher.node0.json").write_text("{")
     with pytest.raises(LaunchError, match="is not a launcher state file"):
-        watch.status(str(tmp_path))
+        status.status(str(tmp_path))
 
 
 # ---------------------------------------------------------------- logs
@@ -139,35 +142,35 @@ def test_runs_are_merged_in_the_order_they_started(tmp_path):
     write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["a1"]), ("2026-01-01 00:00:09", ["a2"]))
     write_log(tmp_path, "workerlog.1", ("2026-01-01 00:00:00", ["b1"]), ("2026-01-01 00:00:09", ["b2"]))
     write_log(tmp_path, "serverlog.0", ("2026-01-01 00:00:05", ["s1"]))
-    files = watch.log_files(str(tmp_path))
-    out = b"".join(watch.merged(files, watch.sizes(files, False), watch.compile_grep(r"^\w\d$"))).decode()
+    files = log_tool.log_files(str(tmp_path))
+    out = b"".join(log_tool.merged(files, log_tool.sizes(files, False), log_tool.compile_grep(r"^\w\d$"))).decode()
     assert out.splitlines() == ["[rank 0] a1", "[rank 1] b1", "[server 0] s1", "[rank 0] a2", "[rank 1] b2"]
 
 
 def test_logs_selects_ranks_and_servers(tmp_path):
     for name in ("workerlog.0", "workerlog.3", "serverlog.1"):
         write_log(tmp_path, name, ("2026-01-01 00:00:00", [name]))
-    names = [f.name for f in watch.log_files(str(tmp_path), watch.parse_ranks("3,s1"))]
+    names = [f.name for f in log_tool.log_files(str(tmp_path), log_tool.parse_ranks("3,s1"))]
     assert names == ["serverlog.1", "workerlog.3"]
     with pytest.raises(LaunchError, match="no workerlog.7"):
-        watch.log_files(str(tmp_path), watch.parse_ranks("7"))
+        log_tool.log_files(str(tmp_path), log_tool.parse_ranks("7"))
     with pytest.raises(LaunchError, match="is not a rank"):
-        watch.parse_ranks("0,x")
+        log_tool.parse_ranks("0,x")
 
 
 def test_logs_uses_the_state_files_labels(tmp_path):
     write_log(tmp_path, "workerlog.1", ("2026-01-01 00:00:00", ["t"]))
     p = state.ProcessState("trainer 1", 3, 5, "workerlog.1", T0)
     (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(processes=(p,))))
-    assert [f.label for f in watch.log_files(str(tmp_path))] == ["trainer 1"]
+    assert [f.label for f in log_tool.log_files(str(tmp_path))] == ["trainer 1"]
 
 
 def test_a_partial_last_line_waits_for_the_follower(tmp_path):
     (tmp_path / "workerlog.0").write_bytes(b"one\ntw")
-    files = watch.log_files(str(tmp_path))
-    ends = watch.sizes(files, whole_lines=True)
-    assert b"".join(watch.merged(files, ends)) == b"[rank 0] one\n"
-    follower = watch.Follower(files, ends)
+    files = log_tool.log_files(str(tmp_path))
+    ends = log_tool.sizes(files, whole_lines=True)
+    assert b"".join(log_tool.merged(files, ends)) == b"[rank 0] one\n"
+    follower = log_tool.Follower(files, ends)
     assert follower.read() == b""
     with open(tmp_path / "workerlog.0", "ab") as f:
         f.write(b"o\nthree")
@@ -177,8 +180,8 @@ def test_a_partial_last_line_waits_for_the_follower(tmp_path):
 
 def test_follower_starts_over_on_a_truncated_file(tmp_path):
     (tmp_path / "workerlog.0").write_bytes(b"one\ntwo\n")
-    files = watch.log_files(str(tmp_path))
-    follower = watch.Follower(files, watch.sizes(files, True))
+    files = log_tool.log_files(str(tmp_path))
+    follower = log_tool.Follower(files, log_tool.sizes(files, True))
     (tmp_path / "workerlog.0").write_bytes(b"new\n")
     assert follower.read() == b"[rank 0] new\n"
 
@@ -186,17 +189,17 @@ def test_follower_starts_over_on_a_truncated_file(tmp_path):
 def test_follow_stops_once_the_job_has_ended(tmp_path):
     (tmp_path / "workerlog.0").write_bytes(b"")
     (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(phase="ended", exit_code=0)))
-    files = watch.log_files(str(tmp_path))
+    files = log_tool.log_files(str(tmp_path))
     shown = []
-    watch.follow(str(tmp_path), watch.Follower(files, [0]), shown.append, sleep=lambda s: None)
+    log_tool.follow(str(tmp_path), log_tool.Follower(files, [0]), shown.append, sleep=lambda s: None)
     assert shown == [b"", b""]
 
 
 def test_logs_of_an_empty_or_missing_folder(tmp_path):
     with pytest.raises(LaunchError, match="no workerlog.N or serverlog.N"):
-        watch.log_files(str(tmp_path))
+        log_tool.log_files(str(tmp_path))
     with pytest.raises(LaunchError, match="does not exist"):
-        watch.log_files(str(tmp_path / "none"))
+        log_tool.log_files(str(tmp_path / "none"))
 
 
 # ---------------------------------------------------------------- the command line
@@ -250,11 +253,11 @@ def hostile_state(tmp_path, **node):
 def test_wrong_typed_values_are_shown_as_unknown(tmp_path):
     hostile_state(tmp_path)
     write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["step 1"]))
-    text = watch.status(str(tmp_path))
+    text = status.status(str(tmp_path))
     assert "step 1" in text and "?" in text
-    s = watch.read_states(str(tmp_path))[0]
+    s = read_states(str(tmp_path))[0]
     assert (s.updated, s.attempt, s.max_restarts, s.nodes, s.processes[0].pid, s.processes[1].log) == (None,) * 6
-    assert [f.label for f in watch.log_files(str(tmp_path))] == ["rank 0"]
+    assert [f.label for f in log_tool.log_files(str(tmp_path))] == ["rank 0"]
 
 
 @pytest.mark.parametrize("node", [dict(processes={"a": 1}), dict(processes=None), dict(updated=float("nan")),
@@ -276,16 +279,16 @@ def test_a_log_outside_the_log_dir_is_never_read(tmp_path):
              state.ProcessState("rank 2", 2, 103, str(tmp_path / "secret.txt"), T0))
     (log_dir / "launcher.node0.json").write_bytes(state.to_json(node_state(processes=procs)))
     (log_dir / "workerlog.1").symlink_to(tmp_path / "secret.txt")  # a link out of the dir: not followed
-    text = watch.status(str(log_dir))
+    text = status.status(str(log_dir))
     assert "secret" not in text.replace("secret.txt", "")
     with pytest.raises(LaunchError, match="no workerlog.N or serverlog.N"):
-        watch.log_files(str(log_dir))
+        log_tool.log_files(str(log_dir))
 
 
 def test_a_state_file_that_is_not_a_regular_file_is_one_sentence(tmp_path):
     os.mkfifo(tmp_path / "launcher.node0.json")
     with pytest.raises(LaunchError, match="not a regular file"):
-        watch.status(str(tmp_path))
+        status.status(str(tmp_path))
 
 
 def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
@@ -293,7 +296,7 @@ def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     (log_dir / "workerlog.0").write_bytes(b"")  # no state file: the job cannot be seen to end
-    files = watch.log_files(str(log_dir))
+    files = log_tool.log_files(str(log_dir))
     shown, ticks = [], []
 
     def sleep(seconds):
@@ -303,17 +306,17 @@ def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
             shutil.rmtree(log_dir)
 
     clock = iter(range(10 ** 6)).__next__
-    watch.follow(str(log_dir), watch.Follower(files, [0]), shown.append, clock=clock, sleep=sleep)
+    log_tool.follow(str(log_dir), log_tool.Follower(files, [0]), shown.append, clock=clock, sleep=sleep)
 
 
 def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):
-    from launcher.output import logs
-    monkeypatch.setattr(logs, "MAX_PARTIAL_LINE", 1000)
-    monkeypatch.setattr(logs, "CHUNK", 256)
+    from launcher.output import lines
+    monkeypatch.setattr(lines, "MAX_PARTIAL_LINE", 1000)
+    monkeypatch.setattr(lines, "CHUNK", 256)
     fake_header = "===== 2026-01-01 00:00:09 launcher: not a header, in the middle of a line"
     write_log(tmp_path, "workerlog.0", ("2026-01-01 00:00:00", ["x" * 256 + fake_header, "x" * 5000, "end"]))
-    files = watch.log_files(str(tmp_path))
-    assert len(watch.sections(files[0].path, 0, os.path.getsize(files[0].path))) == 1
-    out = b"".join(watch.merged(files, watch.sizes(files, False))).splitlines()[1:]
+    files = log_tool.log_files(str(tmp_path))
+    assert len(log_tool.sections(files[0].path, 0, os.path.getsize(files[0].path))) == 1
+    out = b"".join(log_tool.merged(files, log_tool.sizes(files, False))).splitlines()[1:]
     assert out[-1] == b"[rank 0] end" and all(len(line) < 1400 for line in out)
     assert sum(line.count(b"x") for line in out) == 5256

@@ -11,7 +11,9 @@ import sys
 import click
 
 from launcher import __version__
-from launcher.output import logs
+from launcher.output import reports
+from launcher.output.console import console, error, setup_messages
+from launcher.output.messages import log
 from launcher.cli import torchrun as torchrun_cli
 from launcher.errors import LaunchError
 
@@ -224,7 +226,7 @@ def launch(ctx: click.Context, **values) -> int:
     """
     values, from_file = _with_config(ctx, values)
     values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
-    logs.setup_messages(values["log_level"])
+    setup_messages(values["log_level"])
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher.cli import paddle as paddle_cli
 
@@ -246,9 +248,9 @@ def launch(ctx: click.Context, **values) -> int:
     if not reserved and plan.store_port is not None:
         reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None]
     for note in plan.notes:
-        logs.log.warning(note)
+        log.warning(note)
     if values["print_config"]:
-        logs.console.write(2, (logs.format_plan(plan) + "\n").encode(errors="replace"))
+        console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
     return supervisor.run(plan, tuple(reserved))
 
 
@@ -294,9 +296,9 @@ def status_command(log_dir: str) -> int:
     Reads the state file the launcher keeps there (launcher.nodeN.json) and the logs; touches no
     process. A job whose launcher is gone is said not to run any more.
     """
-    from launcher.tools import watch
+    from launcher.tools import status
 
-    _show(watch.status(log_dir).encode(), flush=True)
+    _show(status.status(log_dir).encode(), flush=True)
     return 0
 
 
@@ -315,18 +317,18 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     in the order they started, each run's lines whole and in order; with -f, new lines in the
     order they arrive (looked for 5 times a second).
     """
-    from launcher.tools import watch
+    from launcher.tools import logs as log_tool
 
-    pattern = watch.compile_grep(grep)
-    files = watch.log_files(log_dir, watch.parse_ranks(ranks))
-    ends = watch.sizes(files, whole_lines=follow)
-    for chunk in watch.merged(files, ends, pattern):
+    pattern = log_tool.compile_grep(grep)
+    files = log_tool.log_files(log_dir, log_tool.parse_ranks(ranks))
+    ends = log_tool.sizes(files, whole_lines=follow)
+    for chunk in log_tool.merged(files, ends, pattern):
         _show(chunk)
     _show(b"", flush=True)
     if follow:
-        gone = watch.follow(log_dir, watch.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
+        gone = log_tool.follow(log_dir, log_tool.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
         if gone:
-            logs.log.warning(gone)
+            log.warning(gone)
     return 0
 
 
@@ -397,15 +399,15 @@ def main(argv=None) -> None:
     except StdoutLost as e:
         code = _stdout_lost(e.error)
     except (LaunchError, click.ClickException) as e:
-        logs.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
+        error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
     except (KeyboardInterrupt, click.Abort):
         code = 130
     except Exception:
         import traceback
 
-        logs.console.write(2, traceback.format_exc().encode(errors="replace"))
-        logs.error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
+        console.write(2, traceback.format_exc().encode(errors="replace"))
+        error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
         code = 1
     _finish_output()
     os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
@@ -442,7 +444,7 @@ def _stdout_lost(e: OSError) -> int:
     """Nothing to say when the reader went away (``| head``); else one sentence, exit code 1."""
     if e.errno == errno.EPIPE:
         return 0
-    logs.error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
+    error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
     return 1
 
 
@@ -474,6 +476,6 @@ def _finish_output() -> None:
                 stream.flush()
             except (OSError, ValueError, StdoutLost):
                 pass
-        logs.console.finish()
+        console.finish()
     except KeyboardInterrupt:
         pass

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Tuple, Union
 
 from launcher.nodes import messages
 from launcher.nodes.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.plan.collective import Plan
 from launcher.plan.policy import Cause

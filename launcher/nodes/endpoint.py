@@ -11,7 +11,7 @@ from launcher.nodes.auth import TOKEN_VAR
 from launcher.nodes.channel import Lost, Received
 from launcher.nodes.messages import Beat, Identity, Message, from_wire, to_wire
 from launcher.nodes.wire import ProtocolError
-from launcher.output.logs import log
+from launcher.output.messages import log
 
 HELLO_TIMEOUT = 5.0
 MAX_PENDING = 64  # connections not yet introduced; more are closed at once

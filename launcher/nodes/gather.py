@@ -34,7 +34,7 @@ from launcher.nodes import auth, endpoint, wire
 from launcher.nodes.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
 from launcher.host import preflight
 from launcher.errors import LaunchError
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan.policy import one_line
 
 RETRY_EVERY = endpoint.RETRY_EVERY

@@ -15,7 +15,7 @@ from launcher.nodes.channel import Joined, NeverJoined
 from launcher.nodes.connection import Connection, tune
 from launcher.nodes.endpoint import RETRY_EVERY, RETRY_REFUSED, Endpoint
 from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan.policy import one_line
 
 

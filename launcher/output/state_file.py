@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher.output.logs import log
+from launcher.output.messages import log
 
 VERSION = 1
 PREFIX, SUFFIX = "launcher.node", ".json"

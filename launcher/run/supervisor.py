@@ -37,13 +37,16 @@ from typing import Optional
 from launcher import envvars as ev
 from launcher.nodes import job as job_module
 from launcher.output import error_file
-from launcher.output import logs
+from launcher.output import log_files
+from launcher.output import reports
+from launcher.output import sinks
+from launcher.output.console import console
 from launcher.plan import policy
 from launcher.run import processes
 from launcher.run import spare as spare_module
 from launcher.output import state_file
 from launcher.errors import LaunchError
-from launcher.output.logs import log
+from launcher.output.messages import log
 from launcher.plan.collective import Plan, WorkerSpec
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -89,7 +92,7 @@ class Failure:
 class Worker:
     spec: WorkerSpec
     proc: subprocess.Popen
-    output: object  # logs.FileOutput or logs.PipeOutput
+    output: sinks.WorkerOutput
     started: float
     returncode: Optional[int] = None
     ended: Optional[float] = None
@@ -170,7 +173,7 @@ def _tell_the_end(job, code: int, started: tuple) -> None:
     if cause.summary:
         lines.append(cause.summary)
     if lines:
-        logs.console.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
+        console.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
 
 
 def _write_root_cause(path: str, cause: policy.Cause, code: int) -> None:
@@ -214,7 +217,7 @@ class Launch:
         check_limits(len(self.plan.workers), bool(self.plan.log_dir))
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if self.plan.log_dir:
-            logs.make_log_dir(self.plan.log_dir)
+            log_files.make_log_dir(self.plan.log_dir)
         self._write_files()
         self._make_error_folders()
         self.cgroup = processes.JobCgroup.create(self.run_id, self.plan.base_env)
@@ -436,8 +439,8 @@ class WorkerGroup:
         """Every log file opened (and its header written) before the first worker starts."""
         for spec in self.plan.workers:
             if spec.log_file:
-                fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
-                self.outputs[spec.rank] = logs.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
+                fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
+                self.outputs[spec.rank] = sinks.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
 
     def start(self) -> None:
         if self.launch.cgroup is not None:
@@ -454,7 +457,7 @@ class WorkerGroup:
         if spare is not None and self._wake(spec, spare):
             return
         try:
-            output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.label)
+            output = self.outputs.get(spec.rank) or sinks.PipeOutput(spec.label)
             stdout, stderr = output.child_fds()
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
@@ -525,7 +528,7 @@ class WorkerGroup:
             if info is not None:
                 w.returncode = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
                 w.ended = time.monotonic()
-                log.debug("rank %d: %s", w.spec.rank, logs.describe_exit(w.returncode))
+                log.debug("rank %d: %s", w.spec.rank, policy.describe_exit(w.returncode))
                 events.append(policy.WorkerExited(w.spec.rank, w.returncode))
         return events
 
@@ -685,9 +688,9 @@ def _new_cause(before: policy.State, after: policy.State, loop: "_Loop") -> Opti
     if after.failure is not None and after.failure != before.failure:
         rank, returncode = after.failure
         failure = group.failure(rank)
-        text = f"{after.name(rank)}{on} failed ({logs.describe_exit(returncode)})"
+        text = f"{after.name(rank)}{on} failed ({policy.describe_exit(returncode)})"
         error = json.dumps(error_file.bounded(failure.error)) if failure.error else ""
-        return policy.Cause(node, "worker", policy.shell_code(returncode), text, logs.format_failure(failure), error)
+        return policy.Cause(node, "worker", policy.shell_code(returncode), text, reports.format_failure(failure), error)
     if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
         return job.signal_cause(after.stop_signal)
     if after.start_failure is not None and before.start_failure is None:
@@ -778,7 +781,7 @@ class _Loop:
         for fd, worker in self.pipes_open.items():
             self._register(fd, selectors.EVENT_READ, ("pipe", worker), worker.output.wants(fd))
         wanted = {}
-        for fd, stream in logs.console.waiting().items():
+        for fd, stream in console.waiting().items():
             wanted[fd] = (selectors.EVENT_WRITE, ("console", stream))
         if self.job.channel is not None:
             for fd, events in self.job.channel.registrations().items():
@@ -807,7 +810,7 @@ class _Loop:
 
     def abandon(self) -> None:
         self.abandoned = True
-        logs.console.abandon()
+        console.abandon()
 
     def helpers_may_end(self) -> bool:
         """Whether Python's multiprocessing helpers left by the workers still have time to end by themselves."""
@@ -875,13 +878,13 @@ def _show_stacks(group: WorkerGroup) -> None:
     found = stacks.take(alive, timeout=STACK_TIMEOUT)
     label = group.launch.job_label or "this node"
     names = group.names()
-    logs.console.write(2, (logs.format_stacks(found, label, names) + "\n").encode(errors="replace"))
+    console.write(2, (reports.format_stacks(found, label, names) + "\n").encode(errors="replace"))
     if group.plan.log_dir:
         path = os.path.join(group.plan.log_dir, "stacks.txt")
-        logs.write_stacks(path, found, f"stacks of {label}, attempt {group.attempt + 1}", names)
+        reports.write_stacks(path, found, f"stacks of {label}, attempt {group.attempt + 1}", names)
         log.info("full stacks: %s", path)
     else:
-        logs.console.write(2, logs.format_dumps(found, f"stacks of {label}", names).encode(errors="replace"))
+        console.write(2, reports.format_dumps(found, f"stacks of {label}", names).encode(errors="replace"))
 
 
 def emergency_stop(group: WorkerGroup, grace: float) -> None:
@@ -966,7 +969,7 @@ def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
 def _start_spare(spec: WorkerSpec, env: dict) -> Spare:
     """The worker's own command, started with the environment it will have: outside the job's
     cgroup until it is woken (``WorkerGroup._wake``), its output where the worker's goes."""
-    output = None if spec.log_file else logs.PipeOutput(spec.label)
+    output = None if spec.log_file else sinks.PipeOutput(spec.label)
     r, w = os.pipe2(os.O_CLOEXEC)
     out = None
     try:

@@ -1,7 +1,5 @@
-"""``launcher status`` and ``launcher logs``: an operator's view of a job, from its log dir alone.
-
-They read what the launcher writes there, the state files (``launcher.output.state_file``) and the logs, and
-never signal or touch a worker.
+"""``launcher logs``: every log of a job merged, whole lines prefixed with their process, and ``-f``
+to follow them; read from the job's log dir alone, no worker touched.
 
 The order of ``logs``: a worker's lines carry no time, and the launcher stays out of their way
 (each worker writes its log file itself), so no tool can know when each line was written. What is
@@ -16,179 +14,21 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from launcher.host import files
-from launcher.output import logs
-from launcher.output import state_file as state
 from launcher.errors import LaunchError
+from launcher.host import files
+from launcher.output import lines as output_lines
+from launcher.output import state_file as state
+from launcher.tools.log_dir import job_over, listing, read_states
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
 HEADER = re.compile(rb"===== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) launcher: ")
 POLL = 0.2  # how often -f looks for new lines
 STATE_EVERY = 1.0  # how often -f looks whether the job has ended
-LAST_LINE_BYTES = 4096
-LAST_LINE_WIDTH = 60
 READ_LIMIT = 16 << 20  # the most -f reads of one log at a poll
-UNKNOWN = "?"  # a value the state file does not hold, or holds with the wrong type
-STATE_LIMIT = 64 << 20  # a state file is about 150 bytes a process: 64 MiB is 400,000 of them
-
-
-# ---------------------------------------------------------------- state files
-
-
-def read_states(log_dir: str) -> list:
-    """Every node's state in ``log_dir``, by node; a clear LaunchError for a missing folder or a bad file."""
-    return [_read_state(os.path.join(log_dir, name)) for name in sorted(_names(log_dir), key=_node_of)
-            if state.is_state_file(name)]
-
-
-def _names(log_dir: str) -> list:
-    try:
-        return os.listdir(log_dir)
-    except FileNotFoundError:
-        raise LaunchError(f"{log_dir} does not exist; give the --log_dir of the job.") from None
-    except NotADirectoryError:
-        raise LaunchError(f"{log_dir} is not a folder; give the --log_dir of the job.") from None
-    except OSError as e:
-        raise LaunchError(f"cannot read {log_dir} ({e.strerror}); give a --log_dir you can read.") from None
-
-
-def _node_of(name: str) -> tuple:
-    number = name[len(state.PREFIX):-len(state.SUFFIX)]
-    return (not number.isdigit(), int(number) if number.isdigit() else 0, name)
-
-
-def _read_state(path: str) -> state.NodeState:
-    try:
-        data = files.read_regular(path, STATE_LIMIT)
-    except OSError as e:
-        raise LaunchError(f"cannot read {path} ({e.strerror}).") from None
-    except files.NotReadable as e:
-        raise LaunchError(f"{path} {e}, so it is no launcher state file; remove it, or start the job again "
-                          f"with this --log_dir, which rewrites it.") from None
-    try:
-        return state.from_json(data)
-    except ValueError as e:
-        raise LaunchError(f"{path} is not a launcher state file ({e}); remove it, or start the job again "
-                          f"with this --log_dir, which rewrites it.") from None
-
-
-def job_over(s: state.NodeState, liveness: str) -> bool:
-    return s.phase == "ended" or liveness == "gone"
-
-
-# ---------------------------------------------------------------- status
-
-
-def status(log_dir: str) -> str:
-    """The text of ``launcher status LOG_DIR``."""
-    states = read_states(log_dir)
-    if not states:
-        where = "the current folder" if log_dir == "." else log_dir
-        raise LaunchError(f"no launcher state file (launcher.nodeN.json) in {where}: status needs the "
-                          f"--log_dir of a job (python -m launcher status LOG_DIR; a job started without "
-                          f"--log_dir keeps none).")
-    host = state.this_host()
-    liveness = [state.launcher_status(s, host) for s in states]
-    tails = [[_tail(log_dir, p.log) for p in s.processes] for s in states]
-    return format_status(states, liveness, tails, time.time())
-
-
-def _tail(log_dir: str, name) -> str:
-    """The last line of a process's log, read only from a file of ``log_dir`` itself."""
-    if name is None:
-        return ""
-    path = files.inside(log_dir, name)
-    return "(not in the log dir)" if path is None else last_line(path)
-
-
-def format_status(states, liveness: list, tails: list, now: float) -> str:
-    """Pure: one line per node, then a table of every process (``liveness`` and ``tails``: by
-    state, then by process)."""
-    lines = [_node_line(s, alive) for s, alive in zip(states, liveness)]
-    rows = [("node", "process", "pid", "state", "time", "restarts", "last line")]
-    for s, alive, tail in zip(states, liveness, tails):
-        running = not job_over(s, alive)
-        for p, last in zip(s.processes, tail):
-            rows.append((_known(s.node), _known(p.label), "-" if p.pid is None else str(p.pid),
-                         process_state(p, running), _run_time(p, s, now, running), _known(s.attempt), last))
-    return "\n".join(lines + logs.table(rows)) + "\n"
-
-
-def _known(value) -> str:
-    return UNKNOWN if value is None else str(value)
-
-
-def _node_line(s: state.NodeState, liveness: str) -> str:
-    where = f"launcher: node {_known(s.node)} of {_known(s.nodes)} ({_known(s.node_ip)})"
-    attempt = f"attempt {_plus_one(s.attempt)} of {_plus_one(s.max_restarts)}"
-    if s.phase == "ended":
-        how = "with an error of the launcher" if s.exit_code is None else f"with exit code {s.exit_code}"
-        return f"{where}: ended {how} at {_clock(s.updated)} ({attempt})"
-    if liveness == "gone":
-        return (f"{where}: not running any more: its launcher (pid {_known(s.launcher_pid)}) is gone without "
-                f"recording the end; last update {_clock(s.updated)}")
-    doing = "restarting" if s.phase == "restarting" else "running"
-    if liveness == "elsewhere":
-        return (f"{where}: {doing} at {_clock(s.updated)} (launcher pid {_known(s.launcher_pid)} on host "
-                f"{_known(s.host)}, which cannot be checked from this host), {attempt}")
-    return f"{where}: {doing}, launcher pid {s.launcher_pid}, {attempt}, since {_clock(s.started)}"
-
-
-def _plus_one(n) -> str:
-    return UNKNOWN if n is None else str(n + 1)
-
-
-def process_state(p: state.ProcessState, running: bool) -> str:
-    """"running", "exited N", "killed by SIGTERM", "stopped" (gone unrecorded), "not started"."""
-    if p.returncode is not None:
-        if p.returncode >= 0:
-            return f"exited {p.returncode}"
-        try:
-            return f"killed by {signal.Signals(-p.returncode).name}"
-        except ValueError:
-            return f"killed by signal {-p.returncode}"
-    if p.pid is None:
-        return "not started"
-    return "running" if running else "stopped"
-
-
-def _run_time(p: state.ProcessState, s: state.NodeState, now: float, running: bool) -> str:
-    end = p.ended if p.ended is not None else now if running else s.updated
-    if p.started is None or end is None:
-        return "-"
-    seconds = max(0.0, end - p.started)
-    if seconds < 100:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
-
-
-def _clock(t) -> str:
-    return UNKNOWN if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
-def last_line(path: str) -> str:
-    """The last line of a log, shortened; "" when the current run has written nothing yet."""
-    try:
-        with files.open_regular(path) as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - LAST_LINE_BYTES))
-            data = f.read(LAST_LINE_BYTES)
-    except (OSError, files.NotReadable):
-        return "(no log)"
-    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
-    if not lines or lines[-1].startswith("===== "):
-        return ""
-    line = lines[-1].strip()
-    return line if len(line) <= LAST_LINE_WIDTH else line[:LAST_LINE_WIDTH - 3] + "..."
-
-
-# ---------------------------------------------------------------- logs
 
 
 @dataclass(frozen=True)
@@ -202,7 +42,7 @@ class LogFile:
 def log_files(log_dir: str, wanted: Optional[set] = None) -> list:
     """The logs of the job in ``log_dir`` (those named in ``wanted`` only), servers first, by number;
     a link that leads out of ``log_dir`` is left out."""
-    names = _names(log_dir)
+    names = listing(log_dir)
     try:  # the state file names trainers and servers; without it, the file names do
         labels = {p.log: p.label for s in read_states(log_dir) for p in s.processes if p.log}
     except LaunchError:
@@ -267,7 +107,7 @@ def sections(path: str, index: int, end: int) -> list:
     heads, at, line_start = [], 0, True
     with open(path, "rb") as f:
         while at < end:
-            piece = f.readline(logs.CHUNK)  # a line of 512 MB is read a megabyte at a time
+            piece = f.readline(output_lines.CHUNK)  # a line of 512 MB is read a megabyte at a time
             if not piece:
                 break
             m = HEADER.match(piece) if line_start else None
@@ -293,11 +133,11 @@ def merged(files: list, ends: list, grep=None) -> Iterator[bytes]:
 
 def _chunks(path: str, start: int, end: int) -> Iterator[bytes]:
     """Whole lines of ``path`` between two offsets, in pieces of about a megabyte."""
-    buffer = logs.LineBuffer()
+    buffer = output_lines.LineBuffer()
     with open(path, "rb") as f:
         f.seek(start)
         while start < end:
-            data = f.read(min(logs.CHUNK, end - start))
+            data = f.read(min(output_lines.CHUNK, end - start))
             if not data:
                 break
             start += len(data)
@@ -312,7 +152,7 @@ def _shown(prefix: bytes, lines: bytes, grep) -> bytes:
         lines = b"".join(line for line in lines.splitlines(keepends=True) if grep.search(line))
         if not lines:
             return b""
-    return logs.prefixed(prefix, lines)
+    return output_lines.prefixed(prefix, lines)
 
 
 def sizes(files: list, whole_lines: bool) -> list:
@@ -331,7 +171,7 @@ def _last_newline(path: str, size: int) -> int:
     with open(path, "rb") as f:
         at = size
         while at > 0:
-            begin = max(0, at - logs.CHUNK)
+            begin = max(0, at - output_lines.CHUNK)
             f.seek(begin)
             cut = f.read(at - begin).rfind(b"\n")
             if cut >= 0:
@@ -346,7 +186,7 @@ class Follower:
     def __init__(self, files: list, offsets: list, grep=None) -> None:
         self.files = files
         self.offsets = list(offsets)
-        self.buffers = [logs.LineBuffer() for _ in files]
+        self.buffers = [output_lines.LineBuffer() for _ in files]
         self.grep = grep
 
     def read(self, final: bool = False) -> bytes:
@@ -363,7 +203,7 @@ class Follower:
             with open(f.path, "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 if size < self.offsets[i]:  # truncated in place (copytruncate): from its start
-                    self.offsets[i], self.buffers[i] = 0, logs.LineBuffer()
+                    self.offsets[i], self.buffers[i] = 0, output_lines.LineBuffer()
                 fh.seek(self.offsets[i])
                 data = fh.read(min(size - self.offsets[i], READ_LIMIT))  # the rest at the next poll
         except OSError:

@@ -1,0 +1,278 @@
+"""The launcher's stdout and stderr: written without ever blocking, in whole lines, a progress bar
+as the live last line of a terminal, a console that cannot be written any more dropped; the
+launcher's own messages (``messages.log``) and its one-sentence user errors are written there."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import stat
+import unicodedata
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from launcher.output.messages import MessageFormat, log
+
+CONSOLE_BUFFER = 4 << 20  # output the console may hold before a worker's output waits
+ERASE_LINE = b"\r\x1b[K"  # a terminal's cursor back to the line's start, and the line erased
+ERASE_REST = b"\x1b[K"
+
+
+@dataclass
+class _Live:
+    """The live last line of a terminal: a progress bar's latest state, and whose bar it is."""
+
+    owner: object
+    text: bytes
+    drawn: bool = False
+
+
+class _Stream:
+    """One of the launcher's standard streams, written without ever blocking.
+
+    A terminal, pipe or FIFO is reopened through /proc/self/fd with O_NONBLOCK: a description of
+    our own, so the flag never reaches the shell or the other programs sharing the terminal. A
+    socket is written with MSG_DONTWAIT. A regular file (or /dev/null) cannot make a writer wait
+    for a reader, and is written as it is. What cannot be written now waits in ``pending``.
+    """
+
+    def __init__(self, fd: int, on_lost: Callable[["_Stream", OSError], None] = lambda s, e: None) -> None:
+        self.fd = fd
+        self.out = fd
+        self.pending = bytearray()
+        self.closed = False
+        self.on_lost = on_lost  # told once when the stream cannot be written any more
+        self.owned = False  # self.out was opened here
+        self.sock = None
+        self.gated = False  # fallback: write only what poll says fits
+        self.live: Optional[_Live] = None
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            self.closed = True
+            return
+        self.tty = os.isatty(fd)
+        if stat.S_ISSOCK(mode):
+            import socket
+
+            self.sock = socket.socket(fileno=os.dup(fd))
+        elif stat.S_ISFIFO(mode) or os.isatty(fd):
+            try:
+                self.out = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+                self.owned = True
+            except OSError:
+                self.gated = True
+
+    tty = False
+
+    def add(self, data: bytes, owner: object = None) -> None:
+        """Queue whole lines. A live line on screen is erased first, and drawn again after them,
+        unless they are its owner's: its bar's line has ended."""
+        if self.live is not None:
+            data = ERASE_LINE + data
+            if self.live.owner is owner:
+                self.live = None
+            else:
+                self.live.drawn = False
+        self.pending += data
+
+    def draw(self, owner: object, text: bytes) -> None:
+        self.live = _Live(owner, text)
+
+    def _redraw(self) -> bool:
+        """Once all else is written: the live line, if it is not on screen as it is now."""
+        if self.live is None or self.live.drawn:
+            return False
+        self.pending += b"\r" + fit(self.live.text, self._columns()) + ERASE_REST
+        self.live.drawn = True
+        return True
+
+    def _columns(self) -> int:
+        try:
+            return os.get_terminal_size(self.fd).columns
+        except OSError:
+            return 0
+
+    def push(self) -> None:
+        """Write what is pending, as far as it goes without waiting."""
+        while not self.closed and (self.pending or self._redraw()):
+            try:
+                n = self._write(memoryview(self.pending))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # a closed pipe (| head), a hung-up terminal, a full disk
+                self._lose(e)
+                return
+            if n == 0:
+                return
+            del self.pending[:n]
+
+    def _lose(self, e: OSError) -> None:
+        """The console is a view: one that cannot be written any more is dropped, and the job goes on."""
+        self.closed = True
+        self.pending = bytearray()  # not .clear(): the error's traceback still holds a view of it
+        self.on_lost(self, e)
+
+    def _write(self, data) -> int:
+        if self.sock is not None:
+            import socket
+
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        if self.gated:
+            if not select.select([], [self.out], [], 0)[1]:
+                return 0
+            return os.write(self.out, data[:select.PIPE_BUF])
+        return os.write(self.out, data)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.pending) and not self.closed
+
+
+class Console:
+    """The launcher's stdout (1) and stderr (2). Writes never block the event loop.
+
+    The launcher's own messages are always taken. Bulk output (a worker's lines) is offered only
+    while ``has_room``: without --log_dir the launcher stops reading that worker's pipe until the
+    console catches up (the worker then waits on its own write, as it would on a paused terminal);
+    with --log_dir the echo of the log file falls behind, and skips ahead with a note if it falls
+    too far (the file keeps every line).
+    """
+
+    def __init__(self, limit: int = CONSOLE_BUFFER) -> None:
+        self.limit = limit
+        self.abandoned = False
+        self._streams: dict = {}
+
+    def abandon(self) -> None:
+        """The user asked the launcher to stop (a stop signal) while a console nobody reads holds
+        output: ``finish`` then writes only what the console takes at once, and does not wait."""
+        self.abandoned = True
+
+    def stream(self, fd: int) -> _Stream:
+        if fd not in self._streams:
+            self._streams[fd] = self._twin(fd) or _Stream(fd, self._lost)
+        return self._streams[fd]
+
+    def _lost(self, stream: _Stream, e: OSError) -> None:
+        """One note on stderr, if stderr still works (it is another stream)."""
+        names = " and ".join(n for fd, n in ((1, "stdout"), (2, "stderr")) if self._streams.get(fd) is stream)
+        if stream is not self.stream(2):
+            log.warning("%s cannot be written any more (%s): what would go there is dropped from now on; "
+                        "the job goes on", names or f"descriptor {stream.fd}", e.strerror or e)
+
+    def _twin(self, fd: int) -> Optional[_Stream]:
+        """The stream already made for the same file, when stdout and stderr are one (``2>&1 |
+        tee``, a terminal): they share one buffer, so that a write to one never lands in the
+        middle of a line the other could only write in part."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        for other, s in self._streams.items():
+            try:
+                o = os.fstat(other)
+            except OSError:
+                continue
+            if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+                return s
+        return None
+
+    def write(self, fd: int, data: bytes, owner: object = None) -> None:
+        """Whole lines; ``owner`` is the source of a live line they may end (see ``draw``)."""
+        s = self.stream(fd)
+        if data and not s.closed:
+            s.add(data, owner)
+            s.push()
+
+    def draw(self, fd: int, owner: object, text: bytes) -> None:
+        """On a terminal, ``text`` (a progress bar's latest state) becomes the live last line: drawn
+        over the one before, erased by any other line and drawn again below it, ended by its
+        owner's next line. Elsewhere nothing: the bar shows when its line ends."""
+        s = self.stream(fd)
+        if s.tty and not s.closed:
+            s.draw(owner, text)
+            s.push()
+
+    def has_room(self, fd: int) -> bool:
+        return len(self.stream(fd).pending) < self.limit
+
+    def waiting(self) -> dict:
+        """{descriptor to wait on for writing: stream} for the streams with output pending."""
+        return {s.out: s for s in self._streams.values() if s.waiting}
+
+    def finish(self) -> None:
+        """Write everything pending, waiting for the reader as long as it takes (a stop signal
+        interrupts this in the caller), unless ``abandon`` was called. A bar still drawn (its
+        worker never ended its line, the launcher stopped on an error) is left on a line of its own."""
+        for s in self._streams.values():
+            if s.live is not None:
+                s.pending += b"\n" if s.live.drawn else b""
+                s.live = None
+        while True:
+            waiting = self.waiting()
+            if not waiting or self.abandoned:
+                return
+            select.select([], list(waiting), [], 0.2)
+            for s in waiting.values():
+                s.push()
+
+    def reset(self) -> None:
+        for s in {id(s): s for s in self._streams.values()}.values():
+            if s.owned:
+                os.close(s.out)
+            if s.sock is not None:
+                s.sock.close()
+        self._streams.clear()
+
+
+console = Console()
+
+
+class ConsoleHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.write(2, (self.format(record) + "\n").encode(errors="replace"))
+        except Exception:
+            self.handleError(record)
+
+
+def setup_messages(level: int) -> None:
+    handler = ConsoleHandler()
+    handler.setFormatter(MessageFormat())
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def error(message: str) -> None:
+    """A one-sentence user error, whatever the log level."""
+    console.write(2, f"launcher: error: {message}\n".encode(errors="replace"))
+
+
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # a colour or cursor sequence: no column
+
+
+def fit(text: bytes, columns: int) -> bytes:
+    """``text`` cut to fill fewer than ``columns`` columns of a terminal (0: width unknown), so
+    that redrawing it never wraps onto a new row."""
+    if columns <= 0 or len(text) < columns:
+        return text
+    chars, kept, used, at = text.decode(errors="surrogateescape"), [], 0, 0
+    while at < len(chars):
+        sequence = _CSI.match(chars, at)
+        width = 0 if sequence else _width(chars[at])
+        if used + width >= columns:
+            break
+        end = sequence.end() if sequence else at + 1
+        kept.append(chars[at:end])
+        used, at = used + width, end
+    return "".join(kept).encode(errors="surrogateescape")
+
+
+def _width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1

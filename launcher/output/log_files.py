@@ -1,0 +1,93 @@
+"""A worker's log file (--log_dir): the folder made, the file opened for appending with the header
+of each run, and whatever would keep the file from taking the output refused first, in one sentence."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import stat
+import time
+
+from launcher.errors import LaunchError
+
+
+def header(label: str, cmd, attempt: int = 0) -> bytes:
+    """The line that opens each run in a log; ``label`` names the process ("rank 3", "server 0")."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    again = f" (attempt {attempt + 1}, restart {attempt})" if attempt else ""
+    return f"===== {when} launcher: {label} starts{again}: {shlex.join(cmd)}\n".encode()
+
+
+def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0) -> int:
+    """Open a worker's log file for appending and write this run's header; the descriptor.
+
+    Checked by doing, not by asking (``os.access`` says yes to root): whatever would keep the
+    file from taking the worker's output is refused here, before any worker starts.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise LaunchError(_log_problem(log_dir, path, e)) from None
+    size = None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LaunchError(f"--log_dir {log_dir}: {path} is {_file_kind(mode)}, not a regular file; "
+                              f"remove it or choose another --log_dir.")
+        os.set_blocking(fd, True)
+        size = os.fstat(fd).st_size
+        glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
+        _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt))
+    except OSError as e:
+        if size is not None:  # a full disk took part of the header: the old log is left as it was
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+        os.close(fd)
+        raise LaunchError(_log_problem(log_dir, path, e)) from None
+    except LaunchError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_log_dir(log_dir: str) -> None:
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as e:
+        if os.path.islink(log_dir) and not os.path.exists(log_dir):
+            raise LaunchError(_log_problem(log_dir, log_dir, e)) from None
+        why = "a part of its path is a file" if e.errno == errno.ENOTDIR else e.strerror
+        raise LaunchError(f"--log_dir {log_dir} cannot be created ({why}); choose a folder you can write to.") from None
+    if not os.path.isdir(log_dir):
+        raise LaunchError(f"--log_dir {log_dir} is not a folder; choose another --log_dir.")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _log_problem(log_dir: str, path: str, e: OSError) -> str:
+    if e.errno == errno.ENXIO:
+        return f"--log_dir {log_dir}: {path} is a FIFO nobody reads, not a regular file; remove it or choose another --log_dir."
+    if e.errno == errno.EISDIR:
+        return f"--log_dir {log_dir}: {path} is a folder, not a file; remove it or choose another --log_dir."
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"--log_dir {log_dir}: cannot write {path} ({e.strerror}); free some space or choose another --log_dir."
+    if os.path.islink(log_dir) and not os.path.exists(log_dir):
+        return f"--log_dir {log_dir} is a symbolic link to {os.readlink(log_dir)}, which does not exist; fix the link or choose another --log_dir."
+    return f"--log_dir {log_dir}: cannot write {path} ({e.strerror}); choose a folder you can write to."
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
