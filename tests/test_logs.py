@@ -9,7 +9,7 @@ import pytest
 
 from launcher.output import logs
 from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
-from launcher.run.supervisor import Failure, exit_code
+from launcher.run.workers import Failure, exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():

@@ -1,0 +1,275 @@
+"""The attempt driver (``launcher.run.attempts.run``) replaying histories against a fake process
+starter and a fake clock: no process is started and no time is waited for, each test takes
+milliseconds. The histories: a clean end, a failure, restarts up to --max_restarts, a failure
+during a restart, a stop signal, a worker that cannot be started, and the stop after an
+internal error of the launcher."""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import pytest
+
+from launcher import envvars as ev
+from launcher.plan import policy
+from launcher.plan.collective import Plan, WorkerSpec
+from launcher.run import attempts
+from launcher.run.stop import stop_what_runs
+
+START = 1000.0
+
+
+class FakeClock:
+    """Time moves only when the driver waits: to the end of its wait or to the next scheduled happening."""
+
+    def __init__(self) -> None:
+        self.now = START
+        self._due: list = []  # (when, order, what)
+        self._order = itertools.count()
+        self.waits = 0
+
+    def at(self, when: float, what: Callable[[], None]) -> None:
+        heapq.heappush(self._due, (START + when, next(self._order), what))
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now + 1e9
+
+    def sleep(self, seconds: float) -> None:
+        self._advance(self.now + seconds)
+
+    def select(self, selector, timeout):
+        self.waits += 1
+        assert self.waits < 10_000, "the driver keeps waiting"
+        ready = selector.select(0)
+        if ready:
+            return ready
+        until = None if timeout is None else self.now + timeout
+        if self._due and (until is None or self._due[0][0] < until):
+            until = self._due[0][0]
+        assert until is not None, "the driver would wait forever: nothing is scheduled"
+        self._advance(until)
+        return selector.select(0)
+
+    def _advance(self, until: float) -> None:
+        self.now = max(self.now, until)
+        while self._due and self._due[0][0] <= self.now:
+            heapq.heappop(self._due)[2]()
+
+
+@dataclass
+class Behaviour:
+    """What a fake worker does: exits with ``code`` after ``runs`` seconds (never, if None)."""
+
+    runs: Optional[float] = None
+    code: int = 0
+    ignores_term: bool = False  # SIGTERM changes nothing; only SIGKILL ends it
+    start_error: Optional[int] = None  # errno of a start that fails
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    rank: int
+    attempt: int
+    returncode: Optional[int] = None
+    ended_with: Optional[int] = None  # the return code, once it ended (not reaped)
+    signals: list = field(default_factory=list)
+    ignores_term: bool = False
+
+    def kill(self) -> None:
+        self.end(-signal.SIGKILL)
+
+    def end(self, code: int) -> None:
+        """As a real child's end: SIGCHLD to the launcher, whose handler wakes its loop."""
+        if self.ended_with is None:
+            self.ended_with = code
+            signal.raise_signal(signal.SIGCHLD)
+
+
+class FakeStarter:
+    """Workers that behave as ``behave(attempt, rank)`` says; every start and signal is noted."""
+
+    def __init__(self, clock: FakeClock, behave: Callable[[int, int], Behaviour]) -> None:
+        self.clock = clock
+        self.behave = behave
+        self.started: list = []  # FakeProcess, in order
+        self._pids = itertools.count(4_000_000)
+
+    def start(self, cmd, env, stdout, stderr, cgroup_fd=None, pass_fds=()):
+        rank, attempt = int(env[ev.TRAINER_ID]), int(env[ev.RESTART_COUNT])
+        behaviour = self.behave(attempt, rank)
+        if behaviour.start_error is not None:
+            raise OSError(behaviour.start_error, "injected")
+        proc = FakeProcess(next(self._pids), rank, attempt, ignores_term=behaviour.ignores_term)
+        self.started.append(proc)
+        if behaviour.runs is not None:
+            self.clock.at(self.clock.now - START + behaviour.runs, lambda: proc.end(behaviour.code))
+        return proc
+
+    def exit_status(self, pid):
+        return self._by_pid(pid).ended_with
+
+    def signal_group(self, pgid, sig):
+        proc = self._by_pid(pgid)
+        proc.signals.append(sig)
+        if sig == signal.SIGKILL or (sig == signal.SIGTERM and not proc.ignores_term):
+            proc.end(-sig)
+
+    def reap(self, pid, wait):
+        return True
+
+    def children(self):
+        return []
+
+    def descendants(self):
+        return []
+
+    def adopt_orphans(self):
+        pass
+
+    def make_cgroup(self, run_id, env):
+        return None
+
+    def start_watchdog(self, run_id, grace):
+        return None
+
+    def _by_pid(self, pid) -> FakeProcess:
+        return next(p for p in self.started if p.pid == pid)
+
+    def attempts(self) -> list:
+        return sorted({p.attempt for p in self.started})
+
+
+def make_plan(workers: int = 2, max_restarts: int = 0, grace: float = 10.0) -> Plan:
+    specs = tuple(WorkerSpec(rank=r, local_rank=r, endpoint=f"127.0.0.1:{7000 + r}", gpu=None,
+                             cmd=("fake-worker", str(r)), env={ev.TRAINER_ID: str(r), ev.RUN_ID: "test-run"},
+                             log_file=None)
+                  for r in range(workers))
+    return Plan(node_ips=("127.0.0.1",), node_rank=0, world_size=workers, ports=(), device="cpu", workers=specs,
+                base_env={}, log_dir=None, shutdown_timeout=grace, max_restarts=max_restarts)
+
+
+def replay(behave, **plan_args) -> tuple:
+    """The launcher's exit code for this history, and the fake starter that saw it."""
+    clock = FakeClock()
+    starter = FakeStarter(clock, behave)
+    code = attempts.run(make_plan(**plan_args), starter=starter, clock=clock)
+    return code, starter, clock
+
+
+def test_a_clean_end_exits_0():
+    code, starter, clock = replay(lambda attempt, rank: Behaviour(runs=1.0 + rank))
+    assert code == 0
+    assert [p.rank for p in starter.started] == [0, 1]
+    assert all(p.signals == [] for p in starter.started)  # nothing was stopped
+    assert clock.now - START < 2.5
+
+
+def test_a_failure_stops_the_others_and_gives_its_exit_code():
+    code, starter, clock = replay(lambda attempt, rank: Behaviour(runs=2.0, code=7) if rank == 1 else Behaviour())
+    assert code == 7
+    assert starter.started[0].signals == [signal.SIGTERM]
+    assert starter.started[0].ended_with == -signal.SIGTERM
+    assert clock.now - START < 3.0  # at once, not after the grace time
+
+
+def test_a_failure_by_signal_gives_128_plus_the_signal():
+    code, _, _ = replay(lambda attempt, rank: Behaviour(runs=1.0, code=-signal.SIGSEGV) if rank == 0 else Behaviour())
+    assert code == 128 + signal.SIGSEGV
+
+
+def test_restarts_up_to_max_restarts_then_the_end():
+    code, starter, _ = replay(lambda attempt, rank: Behaviour(runs=1.0, code=3) if rank == 0 else Behaviour(),
+                              max_restarts=2)
+    assert code == 3
+    assert starter.attempts() == [0, 1, 2]
+    assert len(starter.started) == 6
+
+
+def test_a_restart_that_succeeds_ends_with_0():
+    code, starter, _ = replay(lambda attempt, rank: Behaviour(runs=1.0, code=3 if attempt == 0 and rank == 1 else 0),
+                              max_restarts=3)
+    assert code == 0
+    assert starter.attempts() == [0, 1]
+
+
+def test_a_failure_during_the_restart_ends_with_its_code():
+    def behave(attempt, rank):
+        if attempt == 0:
+            return Behaviour(runs=1.0, code=3) if rank == 0 else Behaviour()
+        return Behaviour(runs=0.5, code=9) if rank == 1 else Behaviour()
+
+    code, starter, _ = replay(behave, max_restarts=1)
+    assert code == 9
+    assert starter.attempts() == [0, 1]
+
+
+def test_sigterm_to_the_launcher_stops_the_workers_and_exits_128_plus_15():
+    clock = FakeClock()
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour())
+    clock.at(1.0, lambda: signal.raise_signal(signal.SIGTERM))  # the launcher's own handler takes it
+    code = attempts.run(make_plan(max_restarts=2), starter=starter, clock=clock)
+    assert code == 128 + signal.SIGTERM
+    assert starter.attempts() == [0]  # a stop signal is not a failure: no restart
+    assert all(p.signals[:1] == [signal.SIGTERM] for p in starter.started)
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_time():
+    code, starter, clock = replay(
+        lambda attempt, rank: Behaviour(runs=1.0, code=5) if rank == 0 else Behaviour(ignores_term=True), grace=4.0)
+    assert code == 5
+    assert starter.started[1].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert clock.now - START == pytest.approx(5.0, abs=0.5)
+
+
+def test_a_worker_that_cannot_be_started_stops_the_others_and_exits_1():
+    code, starter, _ = replay(lambda attempt, rank: Behaviour(start_error=errno.EAGAIN) if rank == 1 else Behaviour(),
+                              max_restarts=0)
+    assert code == 1
+    assert [p.rank for p in starter.started] == [0]
+    assert starter.started[0].signals == [signal.SIGTERM]
+
+
+def test_a_command_that_does_not_exist_is_an_error_and_nothing_is_left_running():
+    from launcher.errors import LaunchError
+
+    clock = FakeClock()
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour(start_error=errno.ENOENT) if rank == 1 else Behaviour())
+    with pytest.raises(LaunchError, match="cannot start rank 1"):
+        attempts.run(make_plan(), starter=starter, clock=clock)
+    assert starter.started[0].ended_with == -signal.SIGTERM  # the one already started was stopped
+
+
+def test_an_internal_error_stops_what_runs_by_the_same_stop_sequence(monkeypatch):
+    decide = policy.decide
+
+    def broken(state, event, now):
+        if isinstance(event, policy.WorkerExited):
+            raise RuntimeError("injected fault")
+        return decide(state, event, now)
+
+    monkeypatch.setattr(policy, "decide", broken)
+    clock = FakeClock()
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour(runs=1.0, code=2) if rank == 0 else
+                          Behaviour(ignores_term=True))
+    with pytest.raises(RuntimeError, match="injected fault"):
+        attempts.run(make_plan(grace=3.0), starter=starter, clock=clock)
+    survivor = starter.started[1]
+    assert survivor.signals == [signal.SIGTERM, signal.SIGKILL]  # TERM, the grace time, KILL
+    assert clock.now - START == pytest.approx(4.0, abs=0.1)
+
+
+def test_the_stop_after_an_internal_error_does_nothing_when_nothing_runs():
+    clock = FakeClock()
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour())
+    group = type("G", (), {"anything_runs": lambda self: False})()
+    stop_what_runs(group, lambda: [])  # returns at once: no signal, no wait
+    assert clock.now == START
