@@ -273,3 +273,117 @@ def test_the_stop_after_an_internal_error_does_nothing_when_nothing_runs():
     group = type("G", (), {"anything_runs": lambda self: False})()
     stop_what_runs(group, lambda: [])  # returns at once: no signal, no wait
     assert clock.now == START
+
+
+# ---------------------------------------------------------------- with other nodes (a fake coordinator)
+
+
+class FakeChannel:
+    """A control channel whose news come at scheduled times (``tick``), with no descriptor."""
+
+    def __init__(self, clock: FakeClock, news: dict) -> None:
+        self.clock = clock
+        self.news = dict(news)  # time since START -> events for this node's policy
+
+    def registrations(self) -> dict:
+        return {}
+
+    def next_deadline(self):
+        return START + min(self.news) if self.news else None
+
+    def due(self) -> list:
+        events = []
+        for when in sorted(t for t in self.news if START + t <= self.clock.now):
+            events += self.news.pop(when)
+        return events
+
+
+class FakeCoordinator:
+    """Node 1 of two: its causes go to node 0, whose orders (``ends``) it follows."""
+
+    def __init__(self, plan: Plan, channel: FakeChannel, ends, final=None) -> None:
+        self.plan = plan
+        self.channel = channel
+        self.attempt = 0
+        self.ends = list(ends)  # what finish_attempt returns, attempt after attempt
+        self.final = final
+        self.causes: list = []  # what this node reported
+
+    def node_label(self) -> str:
+        return "node 1 (127.0.0.2)"
+
+    def local_cause(self, cause) -> None:
+        self.causes.append(cause)
+
+    def revise_cause(self, cause) -> None:
+        self.causes[-1] = cause
+
+    def on_events(self, events) -> list:
+        return list(events)
+
+    def tick(self, now: float) -> list:
+        return self.channel.due()
+
+    def trainers_done(self) -> list:
+        return []
+
+    def finish_attempt(self, turn) -> tuple:
+        what, value = self.ends.pop(0)
+        if what == "restart":
+            self.attempt = value
+        return what, value
+
+    def final_cause(self):
+        return self.final
+
+    def close(self) -> None:
+        pass
+
+
+def replay_on_node_1(behave, news: dict, ends, final=None, **plan_args) -> tuple:
+    clock = FakeClock()
+    starter = FakeStarter(clock, behave)
+    coordinators = []
+
+    def coordinator(plan):
+        coordinators.append(FakeCoordinator(plan, FakeChannel(clock, news), ends, final))
+        return coordinators[0]
+
+    code = attempts.run(make_plan(**plan_args), starter=starter, clock=clock, coordinator=coordinator)
+    return code, starter, clock, coordinators[0]
+
+
+def test_a_failure_on_another_node_stops_this_one_with_node_0s_code_and_cause(capfd):
+    root = policy.Cause(0, "worker", 5, "rank 0 on node 0 (127.0.0.1) failed (exit code 5)")
+    code, starter, clock, coordinator = replay_on_node_1(
+        lambda attempt, rank: Behaviour(), {2.0: [policy.StopOrdered("node 0 failed")]}, [("end", 5)], root)
+    assert code == 5
+    assert all(p.signals == [signal.SIGTERM] for p in starter.started)
+    assert coordinator.causes == []  # nothing failed here
+    assert clock.now - START < 2.5
+    assert "launcher: the job stopped: rank 0 on node 0 (127.0.0.1) failed (exit code 5); exit code 5" in capfd.readouterr().err
+
+
+def test_a_lost_node_ends_this_one_with_1():
+    code, starter, _, _ = replay_on_node_1(
+        lambda attempt, rank: Behaviour(), {1.0: [policy.StopOrdered("node 0 (127.0.0.1) was lost")]}, [("end", 1)])
+    assert code == 1
+    assert all(p.ended_with == -signal.SIGTERM for p in starter.started)
+
+
+def test_a_restart_ordered_by_node_0_after_a_failure_elsewhere():
+    code, starter, _, coordinator = replay_on_node_1(
+        lambda attempt, rank: Behaviour(runs=3.0) if attempt == 1 else Behaviour(),
+        {1.0: [policy.StopOrdered("node 0 failed")]}, [("restart", 1), ("end", 0)], max_restarts=1)
+    assert code == 0
+    assert starter.attempts() == [0, 1]
+    assert [p.signals for p in starter.started] == [[signal.SIGTERM]] * 2 + [[]] * 2
+
+
+def test_a_failure_here_and_a_stop_from_node_0_at_once_report_this_nodes_failure_once():
+    code, starter, _, coordinator = replay_on_node_1(
+        lambda attempt, rank: Behaviour(runs=2.0, code=7) if rank == 0 else Behaviour(),
+        {2.0: [policy.StopOrdered("node 0 failed")]}, [("end", 7)])
+    assert code == 7
+    assert [(c.kind, c.code) for c in coordinator.causes] == [("worker", 7)]
+    assert starter.started[1].signals == [signal.SIGTERM]  # one stop, not two

@@ -8,7 +8,7 @@ default, fakes in tests (tests/test_attempts.py), which replay histories without
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher import envvars as ev
 from launcher.nodes import job as job_module
@@ -17,6 +17,7 @@ from launcher.output import logs
 from launcher.output.logs import log
 from launcher.plan import policy
 from launcher.plan.collective import Plan
+from launcher.run.coordination import Coordinator
 from launcher.run.loop import Loop
 from launcher.run.session import Launch
 from launcher.run.starter import Clock, ProcessStarter, SubprocessStarter, SystemClock
@@ -26,17 +27,19 @@ from launcher.run.workers import StartFailed, WorkerGroup, worker_env
 
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
-        clock: Optional[Clock] = None) -> int:
+        clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None) -> int:
     """Start the plan's workers, supervise them to the end (and again after a failure, up to
     ``plan.max_restarts`` times), and return the launcher's exit code.
 
     ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
+    ``starter``, ``clock``: the real ones by default. ``coordinator``: makes the job's coordinator
+    across nodes, once the launch is set up (``launcher.nodes.job.for_plan`` by default).
     """
     launch = Launch(plan, starter or SubprocessStarter(), clock or SystemClock(), reserved)
     job = None
     try:
         launch.open()
-        job = job_module.for_plan(plan)
+        job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
         launch.start_watchdog()
         while True:
@@ -53,7 +56,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         launch.close()
 
 
-def _run_attempt(launch: Launch, job) -> tuple:
+def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
     """One attempt of the job on this node; (when it started, how many workers)."""
     group = WorkerGroup(launch, job.attempt)
     try:
@@ -75,7 +78,7 @@ def _run_attempt(launch: Launch, job) -> tuple:
             group.close()
 
 
-def _tell_the_end(job, code: int, started: tuple, clock: Clock) -> None:
+def _tell_the_end(job: Coordinator, code: int, started: tuple, clock: Clock) -> None:
     """Every node shows the same root cause: the one node 0 decided on."""
     cause = job.final_cause()
     if cause is None:

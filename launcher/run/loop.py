@@ -13,6 +13,7 @@ from typing import Optional
 from launcher.output import logs
 from launcher.output.logs import log
 from launcher.plan import policy
+from launcher.run.coordination import Channel, Coordinator
 from launcher.run.session import Launch
 from launcher.run.signals import PASSED_ON_SIGNALS
 from launcher.run.workers import Worker, WorkerGroup
@@ -41,13 +42,13 @@ class ConsoleTag:
 
 @dataclass(frozen=True, eq=False)
 class ControlTag:
-    channel: object  # the control channel between the nodes
+    channel: Channel  # the control channel between the nodes
 
 
 class Loop:
     """Without a worker group, it serves the time between two attempts."""
 
-    def __init__(self, launch: Launch, job, group: Optional[WorkerGroup] = None) -> None:
+    def __init__(self, launch: Launch, job: Coordinator, group: Optional[WorkerGroup] = None) -> None:
         self.launch = launch
         self.clock = launch.clock
         self.job = job

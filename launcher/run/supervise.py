@@ -15,11 +15,13 @@ from launcher.plan import policy
 from launcher.run import processes
 from launcher.run.actions import carry_out
 from launcher.run.loop import Loop
+from launcher.run.coordination import Coordinator
 from launcher.run.session import Launch
 from launcher.run.workers import StartFailed, WorkerGroup
 
 
-def supervise(launch: Launch, group: WorkerGroup, job, start_failure: Optional[StartFailed] = None) -> policy.State:
+def supervise(launch: Launch, group: WorkerGroup, job: Coordinator,
+              start_failure: Optional[StartFailed] = None) -> policy.State:
     """One attempt on this node, to the end of its last process; the policy's final state."""
     state = policy.start(group.ranks, launch.plan.shutdown_timeout, stacks=launch.plan.dump_stacks,
                          names=group.names(), trainers=group.trainers())
