@@ -1,8 +1,9 @@
 """The attempt driver (``launcher.run.attempts.run``) replaying histories against a fake process
 starter and a fake clock: no process is started and no time is waited for, each test takes
 milliseconds. The histories: a clean end, a failure, restarts up to --max_restarts, a failure
-during a restart, a stop signal, a worker that cannot be started, and the stop after an
-internal error of the launcher."""
+during a restart, a stop signal, a worker that cannot be started, the stop after an internal
+error of the launcher; and, against a fake coordinator, node 1's side of a job of two nodes: a
+failure elsewhere, a lost node 0, a restart ordered by node 0, a failure here and elsewhere at once."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from launcher import envvars as ev
 from launcher.plan import policy
 from launcher.plan.collective import Plan, WorkerSpec
 from launcher.run import attempts
-from launcher.run.stop import stop_what_runs
 
 START = 1000.0
 
@@ -248,7 +248,8 @@ def test_a_command_that_does_not_exist_is_an_error_and_nothing_is_left_running()
     assert starter.started[0].ended_with == -signal.SIGTERM  # the one already started was stopped
 
 
-def test_an_internal_error_stops_what_runs_by_the_same_stop_sequence(monkeypatch):
+def break_the_policy_on_exits(monkeypatch) -> None:
+    """An internal error of the launcher: the policy fails on the first exit (as tests/integration's INJECT)."""
     decide = policy.decide
 
     def broken(state, event, now):
@@ -257,6 +258,10 @@ def test_an_internal_error_stops_what_runs_by_the_same_stop_sequence(monkeypatch
         return decide(state, event, now)
 
     monkeypatch.setattr(policy, "decide", broken)
+
+
+def test_an_internal_error_stops_what_runs_by_the_same_stop_sequence(monkeypatch):
+    break_the_policy_on_exits(monkeypatch)
     clock = FakeClock()
     starter = FakeStarter(clock, lambda attempt, rank: Behaviour(runs=1.0, code=2) if rank == 0 else
                           Behaviour(ignores_term=True))
@@ -267,12 +272,26 @@ def test_an_internal_error_stops_what_runs_by_the_same_stop_sequence(monkeypatch
     assert clock.now - START == pytest.approx(4.0, abs=0.1)
 
 
-def test_the_stop_after_an_internal_error_does_nothing_when_nothing_runs():
+def test_a_stop_signal_during_the_stop_after_an_internal_error_kills_at_once(monkeypatch):
+    break_the_policy_on_exits(monkeypatch)
     clock = FakeClock()
-    starter = FakeStarter(clock, lambda attempt, rank: Behaviour())
-    group = type("G", (), {"anything_runs": lambda self: False})()
-    stop_what_runs(group, lambda: [])  # returns at once: no signal, no wait
-    assert clock.now == START
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour(runs=1.0, code=2) if rank == 0 else
+                          Behaviour(ignores_term=True))
+    clock.at(1.5, lambda: signal.raise_signal(signal.SIGTERM))
+    with pytest.raises(RuntimeError, match="injected fault"):
+        attempts.run(make_plan(grace=30.0), starter=starter, clock=clock)
+    assert starter.started[1].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert clock.now - START == pytest.approx(1.5, abs=0.1)  # not after the 30 s of grace
+
+
+def test_a_worker_that_exits_during_the_stop_after_an_internal_error_ends_it(monkeypatch):
+    break_the_policy_on_exits(monkeypatch)
+    clock = FakeClock()
+    starter = FakeStarter(clock, lambda attempt, rank: Behaviour(runs=1.0, code=2) if rank == 0 else Behaviour())
+    with pytest.raises(RuntimeError, match="injected fault"):
+        attempts.run(make_plan(grace=30.0), starter=starter, clock=clock)
+    assert starter.started[1].signals == [signal.SIGTERM]  # it ended on SIGTERM: no SIGKILL
+    assert clock.now - START < 1.1
 
 
 # ---------------------------------------------------------------- with other nodes (a fake coordinator)
