@@ -13,7 +13,7 @@ from launcher.output import log_files
 from launcher.output import reports
 from launcher.output import sinks
 from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
-from launcher.run.supervisor import Failure, exit_code
+from launcher.run.workers import Failure, exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():

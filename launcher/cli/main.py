@@ -231,11 +231,11 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher.cli import paddle as paddle_cli
 
     from launcher.host import preflight
-    from launcher.run import supervisor
+    from launcher.run import attempts, limits
     from launcher.plan.collective import make_plan
 
     host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
-    finder = preflight.port_finder(host, lambda count: supervisor.check_limits(count, log_dir=False))
+    finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
     try:
         plan = make_plan(opts, os.environ, host, finder)
         paddle_cli.check_nodes(nodes, len(plan.node_ips), plan.cluster or "--cluster_node_ips")
@@ -251,7 +251,7 @@ def launch(ctx: click.Context, **values) -> int:
         log.warning(note)
     if values["print_config"]:
         console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
-    return supervisor.run(plan, tuple(reserved))
+    return attempts.run(plan, tuple(reserved))
 
 
 def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset()):

@@ -1,0 +1,106 @@
+"""The attempt driver: run the plan on this node, attempt after attempt (a restart after a
+failure, up to ``--max_restarts``, as the coordinator decides), and end with the launcher's exit
+code and the root cause every node shows.
+
+It takes its process starter and clock as arguments (``launcher.run.starter``): the real ones by
+default, fakes in tests (tests/test_attempts.py), which replay histories without processes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from launcher import envvars as ev
+from launcher.nodes import job as job_module
+from launcher.output import error_file
+from launcher.output.console import console
+from launcher.output.messages import log
+from launcher.plan import policy
+from launcher.plan.collective import Plan
+from launcher.run.coordination import Coordinator
+from launcher.run.loop import Loop
+from launcher.run.session import Launch
+from launcher.run.starter import Clock, ProcessStarter, SubprocessStarter, SystemClock
+from launcher.run.stop import stop_what_runs
+from launcher.run.supervise import supervise
+from launcher.run.workers import StartFailed, WorkerGroup, worker_env
+
+
+def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
+        clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None) -> int:
+    """Start the plan's workers, supervise them to the end (and again after a failure, up to
+    ``plan.max_restarts`` times), and return the launcher's exit code.
+
+    ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
+    ``starter``, ``clock``: the real ones by default. ``coordinator``: makes the job's coordinator
+    across nodes, once the launch is set up (``launcher.nodes.job.for_plan`` by default).
+    """
+    launch = Launch(plan, starter or SubprocessStarter(), clock or SystemClock(), reserved)
+    job = None
+    try:
+        launch.open()
+        job = (coordinator or job_module.for_plan)(plan)
+        launch.job_label = job.node_label()
+        launch.start_watchdog()
+        while True:
+            started = _run_attempt(launch, job)
+            what, code = job.finish_attempt(Loop(launch, job).turn)
+            if what == "end":
+                launch.records.record("ended", code)
+                _tell_the_end(job, code, started, launch.clock)
+                return code
+            launch.records.record("restarting")
+    finally:
+        if job is not None:
+            job.close()
+        launch.close()
+
+
+def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
+    """One attempt of the job on this node; (when it started, how many workers)."""
+    group = WorkerGroup(launch, job.attempt)
+    try:
+        group.open_logs()
+        try:
+            group.start()
+            launch.records.record_processes(group.snapshot, group.attempt)
+            if job.attempt < launch.plan.max_restarts:
+                launch.spares.make(launch.plan.workers, lambda spec: worker_env(launch.plan, spec, group.attempt + 1))
+        except StartFailed as e:
+            supervise(launch, group, job, start_failure=e)
+        else:
+            supervise(launch, group, job)
+        return group.started_at, len(group.workers)
+    finally:
+        try:
+            stop_what_runs(group, launch.intake.received)  # after an internal error: nothing is left running
+        finally:
+            group.close()
+
+
+def _tell_the_end(job: Coordinator, code: int, started: tuple, clock: Clock) -> None:
+    """Every node shows the same root cause: the one node 0 decided on."""
+    cause = job.final_cause()
+    if cause is None:
+        if code == 0:
+            what = "process(es)" if job.plan.parameter_server else "worker(s)"
+            log.info("all %d %s finished in %.1f s", started[1], what, clock.monotonic() - started[0])
+        return
+    if job.plan.error_file:
+        _write_root_cause(job.plan.error_file, cause, code, clock)
+    lines = []
+    if job.node_label():
+        lines.append(f"launcher: the job stopped: {cause.text}; exit code {code}")
+    if cause.summary:
+        lines.append(cause.summary)
+    if lines:
+        console.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
+
+
+def _write_root_cause(path: str, cause: policy.Cause, code: int, clock: Clock) -> None:
+    """For whoever gave the launcher TORCHELASTIC_ERROR_FILE (a scheduler, as to torchrun): the failing
+    worker's own @record, else the cause in the same format."""
+    data = error_file.loads(cause.error) or error_file.of_cause(cause.text, cause.summary, code, clock.time())
+    problem = error_file.write(path, error_file.for_parent(data, code))
+    if problem:
+        log.warning("could not write the root cause to %s=%s (%s)", ev.ERROR_FILE, path, problem)

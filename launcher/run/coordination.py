@@ -1,0 +1,47 @@
+"""What a run needs of the coordinator across nodes (``launcher.nodes``: Solo, Leader, Follower),
+written down as the two interfaces the attempt driver and the event loop use."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol, Tuple
+
+from launcher.plan.collective import Plan
+from launcher.plan.policy import Cause
+
+Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced
+
+
+class Channel(Protocol):
+    """The control channel between the nodes, as the selector loop serves it."""
+
+    def registrations(self) -> dict: ...  # fd -> selector events wanted now
+
+    def next_deadline(self) -> Optional[float]: ...  # when it must be ticked at the latest (monotonic)
+
+    def ready(self, fd: int, mask: int, now: float) -> list: ...  # what came on ``fd``, for ``on_events``
+
+
+class Coordinator(Protocol):
+    """Who decides, across attempts and nodes, that the job stops, restarts or ends, and with what."""
+
+    plan: Plan
+    attempt: int  # the attempt this node runs now (0 first)
+    channel: Optional[Channel]  # None: one node, nothing to serve
+
+    def node_label(self) -> str: ...  # "node N (ip)" in a job of several nodes, else ""
+
+    def local_cause(self, cause: Cause) -> None: ...  # this node found a cause to stop
+
+    def revise_cause(self, cause: Cause) -> None: ...  # this node's worker failure was not the root cause
+
+    def on_events(self, events) -> list: ...  # the channel's events -> events for this node's policy
+
+    def tick(self, now: float) -> list: ...  # the channel's deadlines -> events for this node's policy
+
+    def trainers_done(self) -> list: ...  # parameter-server mode: this node's trainers all exited 0
+
+    def finish_attempt(self, turn: Turn) -> Tuple[str, int]: ...  # ("restart", attempt) or ("end", code)
+
+    def final_cause(self) -> Optional[Cause]: ...  # the root cause every node shows at the end
+
+    def close(self) -> None: ...

@@ -1,0 +1,186 @@
+"""One turn of the event loop: wait on the selector (signals, the workers' pipes, the console, the
+control channel) until something happens or a deadline comes, and turn what happened into policy
+events. Nothing wakes on a timer except the console echo of a log file while it has something to
+follow, the deadlines of a stop, and the control channel's own."""
+
+from __future__ import annotations
+
+import selectors
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher.output.console import console
+from launcher.output.messages import log
+from launcher.plan import policy
+from launcher.run.coordination import Channel, Coordinator
+from launcher.run.session import Launch
+from launcher.run.signals import PASSED_ON_SIGNALS
+from launcher.run.workers import Worker, WorkerGroup
+
+DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
+HELPERS_SECONDS = 2.0  # how long Python's multiprocessing helpers (resource_tracker) get to end by themselves
+
+
+# ---------------------------------------------------------------- what each registered descriptor is
+
+
+@dataclass(frozen=True, eq=False)
+class SignalTag:
+    """The signal intake's wakeup pipe: the signals are read on every turn."""
+
+
+@dataclass(frozen=True, eq=False)
+class PipeTag:
+    worker: Worker  # one of its output pipes
+
+
+@dataclass(frozen=True, eq=False)
+class ConsoleTag:
+    stream: object  # a console stream with output waiting for room
+
+
+@dataclass(frozen=True, eq=False)
+class ControlTag:
+    channel: Channel  # the control channel between the nodes
+
+
+class Loop:
+    """Without a worker group, it serves the time between two attempts."""
+
+    def __init__(self, launch: Launch, job: Coordinator, group: Optional[WorkerGroup] = None) -> None:
+        self.launch = launch
+        self.clock = launch.clock
+        self.job = job
+        self.group = group
+        self.selector = launch.selector
+        self.follow_delay = 0.02
+        self.quiet_since: Optional[float] = None  # when the last process of the job was gone
+        self.helpers_since: Optional[float] = None  # when only multiprocessing helpers were left
+        self.abandoned = False
+        workers = group.workers.values() if group else ()
+        self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
+        if launch.intake.fd not in self.selector.get_map():
+            self.selector.register(launch.intake.fd, selectors.EVENT_READ, SignalTag())
+
+    def turn(self, state: Optional[policy.State] = None) -> list:
+        self._sync_registrations()
+        events = []
+        for key, mask in self.clock.select(self.selector, self._timeout(state)):
+            tag = key.data
+            if isinstance(tag, PipeTag) and not tag.worker.output.read_pipe(key.fd):
+                self.selector.unregister(key.fd)
+                del self.pipes_open[key.fd]
+            elif isinstance(tag, ConsoleTag):
+                tag.stream.push()
+            elif isinstance(tag, ControlTag):
+                events += self.job.on_events(tag.channel.ready(key.fd, mask, self.clock.monotonic()))
+        if self.group is not None:
+            moved = self.group.follow_logs()
+            self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
+        if self.job.channel is not None:
+            events += self.job.tick(self.clock.monotonic())
+        return self._signal_events() + events + self._hang_events(state)
+
+    def _signal_events(self) -> list:
+        events = []
+        for sig in self.launch.intake.received():
+            if sig == signal.SIGCHLD:
+                continue
+            if sig in PASSED_ON_SIGNALS:
+                events.append(policy.UserSignal(sig))
+            else:
+                events.append(policy.StopSignal(sig))
+        workers = []
+        if self.group is not None:
+            # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
+            events[:0] = self.group.exits()
+            workers = [w.pid for w in self.group.workers.values()]
+        self.launch.reap_orphans(keep=workers)
+        return events
+
+    def _hang_events(self, state) -> list:
+        limit = self.launch.plan.hang_timeout
+        if limit is None or self.group is None or state is None or state.stopping or not state.running:
+            return []
+        quiet = self.clock.time() - self.group.last_output()
+        return [policy.Hung(limit)] if quiet >= limit else []
+
+    def _timeout(self, state) -> Optional[float]:
+        now = self.clock.monotonic()
+        waits = []
+        deadline = policy.next_deadline(state) if state is not None else None
+        if deadline is not None:
+            waits.append(max(0.0, deadline - now))
+        if self.group is not None and self.group.follows():
+            waits.append(self.follow_delay)
+        if state is not None and not state.running:
+            waits.append(0.05)  # leftovers and the drain: looked at while they last
+        if self.job.channel is not None:
+            t = self.job.channel.next_deadline()
+            if t is not None:
+                waits.append(max(0.0, t - now))
+        if self.launch.plan.hang_timeout is not None and self.group is not None:
+            waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
+        return min(waits) if waits else None
+
+    def _sync_registrations(self) -> None:
+        for fd, worker in self.pipes_open.items():
+            self._register(fd, selectors.EVENT_READ, PipeTag(worker), worker.output.wants(fd))
+        wanted = {}
+        for fd, stream in console.waiting().items():
+            wanted[fd] = (selectors.EVENT_WRITE, ConsoleTag(stream))
+        if self.job.channel is not None:
+            for fd, events in self.job.channel.registrations().items():
+                wanted[fd] = (events, ControlTag(self.job.channel))
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.data, (ConsoleTag, ControlTag)) and key.fd not in wanted:
+                self.selector.unregister(key.fd)
+        for fd, (events, data) in wanted.items():
+            key = self.selector.get_map().get(fd)
+            if key is not None and (key.events != events or key.data is not data):
+                try:
+                    self.selector.modify(fd, events, data)
+                    continue
+                except (OSError, KeyError, ValueError):  # the number was closed and taken again
+                    self.selector.unregister(fd)
+                    key = None
+            if key is None:
+                self.selector.register(fd, events, data)
+
+    def _register(self, fd, events, data, wanted: bool) -> None:
+        known = fd in self.selector.get_map()
+        if wanted and not known:
+            self.selector.register(fd, events, data)
+        elif known and not wanted:
+            self.selector.unregister(fd)
+
+    def forget_pipes(self) -> None:
+        """The group's pipes still registered are no longer looked at (before they are closed)."""
+        for fd in self.pipes_open:
+            if fd in self.selector.get_map():
+                self.selector.unregister(fd)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        console.abandon()
+
+    def helpers_may_end(self) -> bool:
+        """Whether Python's multiprocessing helpers left by the workers still have time to end by themselves."""
+        now = self.clock.monotonic()
+        if self.helpers_since is None:
+            self.helpers_since = now
+        return now - self.helpers_since < HELPERS_SECONDS
+
+    def drained(self) -> bool:
+        """All output read, or the drain time over (a process outside the job may hold a pipe),
+        or the user asked twice to stop."""
+        if not self.pipes_open or self.abandoned:
+            return True
+        now = self.clock.monotonic()
+        if self.quiet_since is None:
+            self.quiet_since = now
+        if now - self.quiet_since < DRAIN_SECONDS:
+            return False
+        log.debug("pipes still open after %.0f s: not waiting for them", DRAIN_SECONDS)
+        return True

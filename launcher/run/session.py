@@ -1,0 +1,124 @@
+"""What a launch holds from its first worker to its end: the signal intake, the selector, the
+watchdog, the job's cgroup, the spares, the state file's records, the files written for the
+workers and the ports reserved for them; set up in ``open``, all undone in ``close``."""
+
+from __future__ import annotations
+
+import os
+import selectors
+from typing import Optional
+
+from launcher import envvars as ev
+from launcher.errors import LaunchError
+from launcher.output import error_file
+from launcher.output import log_files
+from launcher.output.messages import log
+from launcher.plan.collective import Plan
+from launcher.run import processes
+from launcher.run.limits import check_limits
+from launcher.run.records import Records
+from launcher.run.signals import SignalIntake
+from launcher.run.spares import Spares
+from launcher.run.starter import Clock, ProcessStarter
+from launcher.run.watchdog_link import WatchdogLink
+
+
+class Launch:
+    def __init__(self, plan: Plan, starter: ProcessStarter, clock: Clock, reserved: tuple = ()) -> None:
+        self.plan = plan
+        self.starter = starter
+        self.clock = clock
+        self.reserved = list(reserved)
+        self.selector = selectors.DefaultSelector()
+        self.intake = SignalIntake()
+        self.cgroup: Optional[processes.JobCgroup] = None
+        self.watchdog = WatchdogLink()
+        self.job_label = ""  # "node N (ip)" in a job of several nodes
+        self.spares = Spares(starter)  # interpreters started ahead for the next attempt
+        self.records = Records(plan, self.run_id, clock)
+        self._files_written: list = []
+        self._folders_made: list = []
+
+    def open(self) -> None:
+        """Everything a launch needs before its first worker, checked and set up."""
+        self.intake.install()
+        check_limits(len(self.plan.workers), bool(self.plan.log_dir))
+        self.starter.adopt_orphans()
+        if self.plan.log_dir:
+            log_files.make_log_dir(self.plan.log_dir)
+        self._write_files()
+        self._make_error_folders()
+        self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
+        log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.workers[0].env[ev.RUN_ID]
+
+    def _write_files(self) -> None:
+        for path, text in self.plan.files.items():
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                raise LaunchError(f"cannot write {path} ({e.strerror}); set TMPDIR to a writable folder.") from None
+            self._files_written.append(path)
+
+    def _make_error_folders(self) -> None:
+        """Where each worker's @record writes (its TORCHELASTIC_ERROR_FILE); removed at the end."""
+        for folder in sorted({os.path.dirname(path) for path in _error_files(self.plan.workers)}):
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise LaunchError(f"cannot make {folder} ({e.strerror}); set TMPDIR to a writable folder.") from None
+            self._folders_made.append(folder)
+
+    def _remove_error_files(self) -> None:
+        for path in _error_files(self.plan.workers):
+            error_file.remove(path)
+        for folder in self._folders_made:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                log.debug("could not remove %s", folder)
+
+    def start_watchdog(self) -> None:
+        self.watchdog.start(self.starter, self.run_id, self.plan.shutdown_timeout,
+                            self.cgroup.path if self.cgroup is not None else None)
+
+    def reap_orphans(self, keep) -> None:
+        """Collect every child that ended, except the workers (``keep``) and the watchdog."""
+        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set())
+        for pid in self.starter.children():
+            if pid not in keep:
+                self.starter.reap(pid, wait=False)
+        self.watchdog.check()
+
+    def close(self) -> None:
+        self.records.close()
+        self.spares.drop()
+        self.watchdog.stop()
+        self.reap_orphans(keep=())
+        if self.cgroup is not None and not self.cgroup.remove():
+            log.debug("could not remove %s", self.cgroup.path)
+        self.intake.restore()
+        for path in self._files_written:
+            _remove(path)
+        self._remove_error_files()
+        for s in self.reserved:
+            s.close()
+        self.selector.close()
+        self.intake.close()
+
+
+def _error_files(specs) -> list:
+    return [s.env[ev.ERROR_FILE] for s in specs if s.env.get(ev.ERROR_FILE)]
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass

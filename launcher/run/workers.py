@@ -1,0 +1,278 @@
+"""The workers of one attempt on this node: start them (afresh or from spares), learn of their
+exits, signal and kill them, find what they left running, and say how they ended.
+
+Never touching what is not ours: a worker is its own process group leader, and the launcher does
+not reap a worker until it forgets the worker's group, so the group's id cannot be given to anyone
+else while the launcher may still signal it. Every other process of the job (leftovers) is pinned
+through a pidfd and checked before it is signalled (``launcher.run.processes``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher import envvars as ev
+from launcher.errors import LaunchError
+from launcher.output import error_file
+from launcher.output import log_files
+from launcher.output import sinks
+from launcher.output import state_file
+from launcher.output.messages import log
+from launcher.plan import policy
+from launcher.plan.collective import Plan, WorkerSpec
+from launcher.run import processes
+from launcher.run import spares as spares_module
+from launcher.run.session import Launch
+from launcher.run.spares import Spare
+from launcher.run.starter import Process
+
+
+class StartFailed(Exception):
+    """A worker could not be started for want of a resource (descriptors, processes, memory)."""
+
+    def __init__(self, spec: WorkerSpec, reason: str) -> None:
+        super().__init__(f"could not start {spec.label}: {reason}")
+        self.rank = spec.rank
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    local_rank: int
+    pid: int
+    returncode: int
+    run_time: float
+    log_file: Optional[str]
+    last_lines: tuple
+    label: str = ""  # parameter-server mode: "server 0", "trainer 1"
+    error: Optional[dict] = None  # what its @record wrote to its TORCHELASTIC_ERROR_FILE (launcher.output.error_file)
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    proc: Process
+    output: sinks.WorkerOutput
+    started: float
+    returncode: Optional[int] = None
+    ended: Optional[float] = None
+    reaped: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def exit_code(returncode: int) -> int:
+    return policy.shell_code(returncode)
+
+
+def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
+    return {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
+
+
+class WorkerGroup:
+    """Uses the launch's starter, clock, cgroup, spares and watchdog; the launch knows nothing of it."""
+
+    def __init__(self, launch: Launch, attempt: int = 0) -> None:
+        self.plan = launch.plan
+        self.launch = launch
+        self.starter = launch.starter
+        self.clock = launch.clock
+        self.attempt = attempt
+        self.workers: dict = {}  # rank -> Worker
+        self.outputs: dict = {}  # rank -> output, opened before any worker starts
+        self.started_at = self.clock.monotonic()
+        self.started_wall = self.clock.time()
+        self.cgroup_fd: Optional[int] = None  # the cgroup's procs file, open while workers start
+
+    @property
+    def ranks(self):
+        return list(self.workers)
+
+    def names(self) -> dict:
+        """rank -> how messages name it, for the processes that are not plain ranks (servers, trainers)."""
+        return {s.rank: s.label for s in self.plan.workers if s.role}
+
+    def trainers(self):
+        """Parameter-server mode: the keys of this node's trainers; None in collective mode."""
+        return [s.rank for s in self.plan.workers if s.role == "trainer"] if self.plan.parameter_server else None
+
+    def open_logs(self) -> None:
+        """Every log file opened (and its header written) before the first worker starts."""
+        for spec in self.plan.workers:
+            if spec.log_file:
+                fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
+                self.outputs[spec.rank] = sinks.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
+
+    def start(self) -> None:
+        if self.launch.cgroup is not None:
+            self.cgroup_fd = self.launch.cgroup.open_procs()
+        self.started_at = self.clock.monotonic()
+        self.started_wall = self.clock.time()
+        for spec in self.plan.workers:
+            error_file.remove(spec.env.get(ev.ERROR_FILE))  # an earlier attempt's
+            self._spawn(spec)
+        log.debug("started %d worker(s)", len(self.workers))
+
+    def _spawn(self, spec: WorkerSpec) -> None:
+        spare = self.launch.spares.pop(spec.rank)
+        if spare is not None and self._wake(spec, spare):
+            return
+        try:
+            output = self.outputs.get(spec.rank) or sinks.PipeOutput(spec.label)
+            stdout, stderr = output.child_fds()
+        except OSError as e:
+            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
+        self.outputs[spec.rank] = output
+        try:
+            proc = self.starter.start(spec.cmd, worker_env(self.plan, spec, self.attempt), stdout, stderr,
+                                      cgroup_fd=self.cgroup_fd)
+        except OSError as e:
+            if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
+                raise LaunchError(f"cannot start {spec.label} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
+            raise StartFailed(spec, e.strerror or str(e)) from None
+        finally:
+            output.spawned()
+        self._add(spec, proc, output)
+
+    def _add(self, spec: WorkerSpec, proc: Process, output) -> None:
+        self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
+        self.launch.watchdog.tell(f"pid {proc.pid}")
+
+    def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
+        """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned)."""
+        output = self.outputs.get(spec.rank) or spare.output
+        if not spares_module.wake(spare, spec, worker_env(self.plan, spec, self.attempt), self.cgroup_fd):
+            return False
+        if output is not spare.output and spare.output is not None:
+            spare.output.finish()
+        output.spawned()
+        self.outputs[spec.rank] = output
+        self._add(spec, spare.proc, output)
+        return True
+
+    # ------------------------------------------------------------ learning of exits
+
+    def exits(self) -> list:
+        """Workers that ended since the last call, as policy events. Not reaped: see the module doc."""
+        events = []
+        for w in self.workers.values():
+            if not w.alive:
+                continue
+            returncode = self.starter.exit_status(w.pid)
+            if returncode is not None:
+                w.returncode = returncode
+                w.ended = self.clock.monotonic()
+                log.debug("rank %d: %s", w.spec.rank, policy.describe_exit(w.returncode))
+                events.append(policy.WorkerExited(w.spec.rank, w.returncode))
+        return events
+
+    # ------------------------------------------------------------ signals
+
+    def job(self) -> processes.Job:
+        watchdog = self.launch.watchdog.pid
+        return processes.Job(
+            run_id=self.launch.run_id,
+            groups=frozenset(w.pid for w in self.workers.values() if not w.reaped),
+            cgroup=self.launch.cgroup,
+            exclude=frozenset({os.getpid()} | ({watchdog} if watchdog is not None else set())
+                              | self.launch.spares.pids()),
+        )
+
+    def leftovers(self) -> list:
+        """Pinned processes of the job other than the workers themselves. The caller closes them."""
+        found = processes.members(self.job(), self._candidates())
+        leaders = {w.pid for w in self.workers.values()}
+        processes.close_all(p for p in found if p.pid in leaders)
+        return [p for p in found if p.pid not in leaders]
+
+    def _candidates(self):
+        """Where the job's processes may be: the cgroup's list (the kernel keeps it; nothing
+        escapes it), else every descendant of the launcher (orphans come back to it)."""
+        if self.launch.cgroup is not None:
+            return self.launch.cgroup.pids()
+        return self.starter.descendants()
+
+    def send(self, sig: int, leftovers: bool = True) -> None:
+        for w in self.workers.values():
+            if not w.reaped:
+                self.starter.signal_group(w.pid, sig)  # safe: the leader is not reaped, so the group id is still its
+        if leftovers:
+            found = self.leftovers()
+            processes.signal_members(found, sig)
+            processes.close_all(found)
+
+    def kill(self) -> None:
+        if self.launch.cgroup is not None:
+            self.launch.cgroup.kill()
+        self.send(signal.SIGKILL)
+
+    def running_pids(self) -> list:
+        found = self.leftovers()
+        pids = [p.pid for p in found]
+        processes.close_all(found)
+        return sorted(pids + [w.pid for w in self.workers.values() if w.alive])
+
+    def anything_runs(self) -> bool:
+        return any(w.alive for w in self.workers.values()) or bool(self.running_pids())
+
+    # ------------------------------------------------------------ output
+
+    def follow_logs(self) -> bool:
+        return any([w.output.follow() for w in self.workers.values()])
+
+    def follows(self) -> bool:
+        return any(w.output.follows and w.alive for w in self.workers.values())
+
+    def last_output(self) -> float:
+        """When (time.time()) a worker last wrote a line, or the group started if none has."""
+        latest = [w.output.last_written() for w in self.workers.values()]
+        return max([t for t in latest if t is not None], default=self.started_wall)
+
+    def snapshot(self) -> tuple:
+        """Every process of this attempt as the state file shows it."""
+        return tuple(self._process_state(spec, self.workers.get(spec.rank)) for spec in self.plan.workers)
+
+    def _process_state(self, spec: WorkerSpec, worker: Optional[Worker]) -> state_file.ProcessState:
+        log_name = os.path.basename(spec.log_file) if spec.log_file else None
+        if worker is None:  # not started (a start that failed)
+            return state_file.ProcessState(spec.label, spec.rank, None, log_name, None)
+        ended = None if worker.ended is None else self._wall(worker.ended)
+        return state_file.ProcessState(spec.label, spec.rank, worker.pid, log_name, self._wall(worker.started), ended,
+                                       worker.returncode)
+
+    def _wall(self, monotonic: float) -> float:
+        """A clock.monotonic() of the past as a clock.time()."""
+        return self.clock.time() - (self.clock.monotonic() - monotonic)
+
+    def failure(self, rank: int) -> Failure:
+        w = self.workers[rank]
+        return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode,
+                       (w.ended or self.clock.monotonic()) - w.started,
+                       w.spec.log_file, tuple(w.output.last_lines()), w.spec.role and w.spec.label,
+                       error_file.read(w.spec.env.get(ev.ERROR_FILE)))
+
+    # ------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Always runs, after whatever still lived was stopped (``launcher.run.stop``): the leaders
+        are reaped, which lets their group ids go."""
+        for w in self.workers.values():
+            w.output.finish()
+            if not w.reaped:
+                w.reaped = self.starter.reap(w.pid, wait=not w.alive)
+            w.proc.returncode = w.returncode  # Popen must not wait for it again
+        for rank, output in self.outputs.items():
+            if rank not in self.workers:  # opened, but its worker never started
+                output.finish()
+        if self.cgroup_fd is not None:
+            os.close(self.cgroup_fd)
+            self.cgroup_fd = None
