@@ -32,6 +32,8 @@ class Coordinator(Protocol):
 
     def local_cause(self, cause: Cause) -> None: ...  # this node found a cause to stop
 
+    def signal_cause(self, sig: int) -> Cause: ...  # a stop signal to this launcher, as the cause every node shows
+
     def revise_cause(self, cause: Cause) -> None: ...  # this node's worker failure was not the root cause
 
     def on_events(self, events) -> list: ...  # the channel's events -> events for this node's policy
