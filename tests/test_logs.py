@@ -8,7 +8,8 @@ import time
 import pytest
 
 from launcher.output import logs
-from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+from launcher.plan.model import HostFacts, LaunchOptions
+from launcher.plan.planner import make_plan
 from launcher.run.supervisor import Failure, exit_code
 
 

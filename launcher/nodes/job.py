@@ -23,7 +23,7 @@ from launcher.nodes import control
 from launcher.plan import policy
 from launcher.errors import LaunchError
 from launcher.output.logs import log
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace

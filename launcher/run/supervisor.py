@@ -44,7 +44,7 @@ from launcher.run import spare as spare_module
 from launcher.output import state_file
 from launcher.errors import LaunchError
 from launcher.output.logs import log
-from launcher.plan.collective import Plan, WorkerSpec
+from launcher.plan.model import Plan, WorkerSpec
 
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Ignored when the launcher starts (nohup, a shell's background job): left ignored, as every program
