@@ -477,10 +477,10 @@ def test_the_command_line_offers_the_registry_sources_in_its_order():
 
 
 def test_the_registry_is_cheap_to_import():
-    # --help builds --cluster_env's choices from it: it loads the sources and the model, not the plan or the machine
+    # --help builds --cluster_env's choices from it: it loads the sources, not the model, the plan or the machine
     code = "import sys, launcher.plan.clusters.registry; print(' '.join(sorted(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     loaded = set(r.stdout.split())
-    assert {"launcher.plan.clusters.slurm", "launcher.plan.model"} <= loaded
-    assert not loaded & {"launcher.plan.planner", "launcher.plan.collective", "launcher.plan.ps", "launcher.host.preflight",
-                         "psutil", "click", "yaml"}
+    assert "launcher.plan.clusters.slurm" in loaded
+    assert not loaded & {"launcher.plan.model", "launcher.plan.planner", "launcher.plan.collective", "launcher.plan.ps",
+                         "launcher.host.preflight", "psutil", "click", "yaml"}

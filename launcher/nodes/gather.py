@@ -33,7 +33,7 @@ from launcher.nodes import control
 from launcher.host import preflight
 from launcher.errors import LaunchError
 from launcher.output.logs import log
-from launcher.plan.model import GatherSpec as Spec
+from launcher.plan.clusters.source import GatherSpec as Spec
 from launcher.plan.policy import one_line
 
 RETRY_EVERY = control.RETRY_EVERY

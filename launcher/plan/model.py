@@ -14,7 +14,6 @@ from launcher import envvars as ev
 from launcher.plan.parsing import endpoint_list
 from launcher.plan.roles import WORKER, Role, role_named
 
-MULTI_NODE_PORT = 6070  # Paddle 1.8's default when several nodes are given
 MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
 
@@ -169,17 +168,6 @@ class Plan:
     def endpoints(self) -> tuple:
         return endpoint_list(self.node_ips, self.ports)
 
-
-@dataclass(frozen=True)
-class GatherSpec:
-    """What must be gathered before planning (clusters.registry.gathering()): this rank, the number of ranks,
-    node 0's address, the port (launcher.nodes.gather does the gathering)."""
-
-    rank: int
-    size: int
-    master: str  # MASTER_ADDR
-    port: int
-    given_as: str  # how messages name the port: "--control_port 7000", "MASTER_PORT=7000", ...
 
 
 def _current_dir() -> str:

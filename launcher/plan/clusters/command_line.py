@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from launcher.plan.clusters.source import DEFAULT_NODES, Cluster, Request, Source
-from launcher.plan.model import MULTI_NODE_PORT, LaunchOptions
+from launcher.plan.clusters.source import DEFAULT_NODES, MULTI_NODE_PORT, Cluster, Request, Source
 from launcher.plan.parsing import node_rank_of, parse_node_list, port_range
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "cli"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from launcher.plan.clusters.source import (DEFAULT_NODES, Cluster, Request, Source, fail, first_var, index_var,
                                            int_var, var, worker_ports)
-from launcher.plan.model import LaunchOptions
 from launcher.plan.parsing import DIGITS
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "kubeflow"

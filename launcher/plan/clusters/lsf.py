@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from launcher.plan.clusters.source import (Cluster, Request, Source, checked_hosts, fail, int_var, job_port,
                                            own_index, var, worker_ports)
-from launcher.plan.model import LaunchOptions
 from launcher.plan.parsing import DIGITS
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "lsf"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
-from launcher.plan.clusters.source import (DEFAULT_NODES, Cluster, Request, Source, checked_hosts, fail, first_var,
-                                           index_var, int_var, worker_ports)
-from launcher.plan.model import MULTI_NODE_PORT, GatherSpec, LaunchOptions
+from launcher.plan.clusters.source import (DEFAULT_NODES, MULTI_NODE_PORT, Cluster, GatherSpec, Request, Source,
+                                           checked_hosts, fail, first_var, index_var, int_var, worker_ports)
 from launcher.plan.parsing import is_valid_host
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "mpi"

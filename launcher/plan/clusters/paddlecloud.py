@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from launcher.errors import LaunchError
 from launcher.plan.clusters import command_line
 from launcher.plan.clusters.source import DEFAULT_NODES, Cluster, Request, Source, int_var, var
-from launcher.plan.model import LaunchOptions
 from launcher.plan.parsing import first_duplicate, host_part, parse_endpoint, parse_node_list, port_range
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "paddlecloud"

@@ -6,12 +6,11 @@ A new source is a module of this folder defining ``SOURCE`` (a ``source.Source``
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from launcher.errors import LaunchError
 from launcher.plan.clusters import command_line, kubeflow, lsf, mpi, paddlecloud, slurm, torchrun, volcano
-from launcher.plan.clusters.source import AUTO, DEFAULT_NODES, Cluster, Request, short_list
-from launcher.plan.model import GatherSpec, HostFacts, LaunchOptions
+from launcher.plan.clusters.source import AUTO, DEFAULT_NODES, Cluster, GatherSpec, Request, short_list
 
 SOURCES = {source.name: source for source in (
     command_line.SOURCE,
@@ -87,3 +86,6 @@ def gathering(opts: LaunchOptions, env: Mapping[str, str]) -> Optional[GatherSpe
     if opts.parameter_server:
         return None
     return SOURCES[name].gathering(request(name, env, opts, None, 1, chosen_by))
+
+if TYPE_CHECKING:
+    from launcher.plan.model import HostFacts, LaunchOptions

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from launcher.plan import hostlist
 from launcher.plan.clusters.source import (Cluster, Request, Source, checked_hosts, fail, first_var, gpu_devices,
                                            index_var, int_var, job_port, var, worker_ports)
-from launcher.plan.model import LaunchOptions
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "slurm"

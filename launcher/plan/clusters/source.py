@@ -4,17 +4,20 @@ helpers every source reads its variables with. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 from launcher.errors import LaunchError
-from launcher.plan.model import GatherSpec, HostFacts, LaunchOptions
 from launcher.plan.parsing import INTEGER, first_duplicate, is_valid_host, port_range
+
+if TYPE_CHECKING:  # annotations only: the sources load without the model, so that --help stays fast
+    from launcher.plan.model import HostFacts, LaunchOptions
 
 
 AUTO = "auto"
 DEFAULT_NODES = "127.0.0.1"  # --cluster_node_ips when not given
 JOB_PORT_BASE = 20000  # SLURM and LSF: start port 20000 + job id % 20000, the same on every node
 JOB_PORT_SPAN = 20000
+MULTI_NODE_PORT = 6070  # Paddle 1.8's default start port when several nodes are given
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,18 @@ class Cluster:
         """``slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)``."""
         detail = f"; {self.detail}" if self.detail else ""
         return f"{self.source} ({', '.join(self.variables)}{detail})" if self.variables else self.source
+
+
+@dataclass(frozen=True)
+class GatherSpec:
+    """What a source must gather before planning (Source.gathering, registry.gathering()): this rank, the number
+    of ranks, node 0's address, the port. launcher.nodes.gather does the gathering."""
+
+    rank: int
+    size: int
+    master: str  # MASTER_ADDR
+    port: int
+    given_as: str  # how messages name the port: "--control_port 7000", "MASTER_PORT=7000", ...
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from launcher.errors import LaunchError
-from launcher.plan.clusters.source import Cluster, Request, Source, checked_hosts, fail, worker_ports
-from launcher.plan.model import GatherSpec, LaunchOptions
+from launcher.plan.clusters.source import Cluster, GatherSpec, Request, Source, checked_hosts, fail, worker_ports
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "torchrun"

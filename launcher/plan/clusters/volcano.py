@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from launcher.plan.clusters.source import (Cluster, Request, Source, checked_hosts, fail, first_var, index_var,
-                                           int_var, own_index, var, worker_ports)
-from launcher.plan.model import MULTI_NODE_PORT, LaunchOptions
+from launcher.plan.clusters.source import (MULTI_NODE_PORT, Cluster, Request, Source, checked_hosts, fail, first_var,
+                                           index_var, int_var, own_index, var, worker_ports)
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
 
 
 NAME = "volcano"
