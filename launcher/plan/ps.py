@@ -97,7 +97,7 @@ def _counted_layout(opts: LaunchOptions, find_free_ports) -> Layout:
     count = servers + trainers + (opts.gloo_port is None)  # and the gloo rendezvous's, after the trainers'
     if opts.started_port is not None:
         ports = port_range(opts.started_port, count,
-                               f"--started_port {opts.started_port} ({servers} servers, {trainers} trainers and fleet's gloo port)")
+                           f"--started_port {opts.started_port} ({servers} servers, {trainers} trainers and fleet's gloo port)")
     else:
         ports = tuple(find_free_ports(ip, count))
         if len(ports) != count:
