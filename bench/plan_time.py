@@ -6,7 +6,7 @@ and the size of the environment the launcher adds for one worker. Starts no proc
 Prints one JSON object: {"seconds": median time of one plan, "env_bytes": the largest worker's
 added variables, counted as the kernel stores them (NAME=value plus a NUL byte)}.
 
-ours:     launcher.plan.collective.make_plan for --cluster_node_ips of NODES addresses, --selected_gpus 0..G-1.
+ours:     launcher.plan.planner.make_plan for --cluster_node_ips of NODES addresses, --selected_gpus 0..G-1.
 torchrun: what torch.distributed.elastic's agent of node 0 computes for the same cluster once
           rendezvous is done: worker ranks (_assign_worker_ranks, against a real in-process
           TCPStore holding the other nodes' role infos, as the agent of node 0 hosts it) and the
@@ -41,7 +41,8 @@ def median_time(fn, repeats: int) -> float:
 
 
 def ours(nodes: int, gpus: int, repeats: int) -> dict:
-    from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+    from launcher.plan.model import HostFacts, LaunchOptions
+    from launcher.plan.planner import make_plan
 
     ips = node_ips(nodes)
     opts = LaunchOptions(

@@ -18,7 +18,7 @@ import pytest
 
 from launcher import envvars as ev
 from launcher.plan import policy
-from launcher.plan.collective import Plan, WorkerSpec
+from launcher.plan.model import Plan, WorkerSpec
 from launcher.run import attempts
 
 START = 1000.0

@@ -23,7 +23,7 @@ def test_help_reads_like_torchrun_and_paddle():
 
 
 def test_launcher_modules_do_not_import_torch():
-    code = ("import sys; import launcher.cli.main, launcher.plan.collective, launcher.host.preflight, launcher.run.attempts, "
+    code = ("import sys; import launcher.cli.main, launcher.plan.planner, launcher.host.preflight, launcher.run.attempts, "
             "launcher.output.console, launcher.output.sinks, launcher.output.reports, launcher.cli.config_file, launcher.run.watchdog, launcher.output.state_file, launcher.tools.status, launcher.tools.logs; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -7,11 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.plan import clusters
+from conftest import REPO
+from launcher.plan.clusters import registry
 from launcher.errors import LaunchError
 from launcher.plan.hostlist import HostListError, expand
 from launcher.output.reports import format_plan
-from launcher.plan.collective import HostFacts, Interface, LaunchOptions, make_plan
+from launcher.plan.model import HostFacts, Interface, LaunchOptions
+from launcher.plan.planner import make_plan
 
 LO = (Interface("lo", "127.0.0.1", "255.0.0.0"),)
 GPU4 = HostFacts(gpu_count=4, cpu_count=32, interfaces=LO, python="/usr/bin/python3", run_id="r", temp_dir="/tmp")
@@ -34,8 +36,8 @@ def refused(env, host=GPU4, **opts) -> str:
 def test_registry_names_match_the_command_line_choices():
     from launcher.cli.main import CLUSTER_ENVS
 
-    assert clusters.names() == CLUSTER_ENVS
-    assert list(clusters.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
+    assert registry.names() == CLUSTER_ENVS
+    assert list(registry.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
 
 
 # ---------------------------------------------------------------- the host list parser
@@ -89,18 +91,18 @@ def test_nothing_found_is_one_node_from_the_command_line():
 
 def test_auto_order_explicit_nodes_first_then_paddlecloud_kubeflow_slurm_volcano_mpi_lsf():
     every = {**SLURM_STEP, **PADDLECLOUD, **TRAINJOB, **VOLCANO, "OMPI_COMM_WORLD_SIZE": "1", "LSB_JOBID": "7"}
-    assert clusters.choose(LaunchOptions("t.py", cluster_node_ips="127.0.0.1,127.0.0.2"), every)[0] == "cli"
+    assert registry.choose(LaunchOptions("t.py", cluster_node_ips="127.0.0.1,127.0.0.2"), every)[0] == "cli"
     order = ["paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
     env = dict(every)
     for name, drop in zip(order, [PADDLECLOUD, TRAINJOB, SLURM_STEP, VOLCANO, {"OMPI_COMM_WORLD_SIZE": 0}, {"LSB_JOBID": 0}]):
-        assert clusters.choose(LaunchOptions("t.py"), env) == (name, f"--cluster_env auto (found {clusters.SOURCES[name].label})")
+        assert registry.choose(LaunchOptions("t.py"), env) == (name, f"--cluster_env auto (found {registry.SOURCES[name].label})")
         env = {k: v for k, v in env.items() if k not in drop}
-    assert clusters.choose(LaunchOptions("t.py"), env) == ("cli", "--cluster_env auto")
+    assert registry.choose(LaunchOptions("t.py"), env) == ("cli", "--cluster_env auto")
 
 
 def test_explicit_source_and_paddle_spelling():
-    assert clusters.choose(LaunchOptions("t.py", cluster_env="slurm"), {}) == ("slurm", "--cluster_env slurm")
-    assert clusters.choose(LaunchOptions("t.py", use_paddlecloud=True), {}) == ("paddlecloud", "--use_paddlecloud")
+    assert registry.choose(LaunchOptions("t.py", cluster_env="slurm"), {}) == ("slurm", "--cluster_env slurm")
+    assert registry.choose(LaunchOptions("t.py", use_paddlecloud=True), {}) == ("paddlecloud", "--use_paddlecloud")
     assert "give only one of them" in refused({}, use_paddlecloud=True, cluster_env="slurm")
     assert "is not a cluster source; choose one of auto, cli, torchrun, paddlecloud" in refused({}, cluster_env="pbs")
 
@@ -334,7 +336,7 @@ def test_mpi_ranks_are_nodes_of_the_gathered_list():
 ])
 def test_mpi_gathering_port_and_spec(opts, env, port, ports):
     env = {**MPI2, **env}
-    spec = clusters.gathering(LaunchOptions("train.py", **opts), env)
+    spec = registry.gathering(LaunchOptions("train.py", **opts), env)
     rank = 0 if "PMI_RANK" in env else 1
     assert (spec.rank, spec.size, spec.master, spec.port) == (rank, 2, "10.0.0.1", port)
     p = plan(env, GATHERED, **opts)
@@ -342,9 +344,9 @@ def test_mpi_gathering_port_and_spec(opts, env, port, ports):
 
 
 def test_mpi_single_rank_and_other_sources_gather_nothing():
-    assert clusters.gathering(LaunchOptions("train.py"), {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}) is None
-    assert clusters.gathering(LaunchOptions("train.py"), {}) is None
-    assert clusters.gathering(LaunchOptions("train.py", cluster_node_ips="10.0.0.1,10.0.0.2", node_ip="10.0.0.1"), MPI2) is None
+    assert registry.gathering(LaunchOptions("train.py"), {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}) is None
+    assert registry.gathering(LaunchOptions("train.py"), {}) is None
+    assert registry.gathering(LaunchOptions("train.py", cluster_node_ips="10.0.0.1,10.0.0.2", node_ip="10.0.0.1"), MPI2) is None
 
 
 @pytest.mark.parametrize("env,host,fragment", [
@@ -370,7 +372,7 @@ def test_mpi_mistakes_and_limits_are_named(env, host, fragment):
 ])
 def test_mpi_gathering_refusals_come_before_any_gathering(opts, env, fragment):
     with pytest.raises(LaunchError) as e:
-        clusters.gathering(LaunchOptions("train.py", **opts), env)
+        registry.gathering(LaunchOptions("train.py", **opts), env)
     assert fragment in str(e.value) and str(e.value).endswith(".")
 
 
@@ -463,3 +465,22 @@ def test_missing_variable_exits_2_naming_it(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "--cluster_env slurm needs the variable SLURM_STEP_ID, which is not set; start the launcher with srun" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_command_line_offers_the_registry_sources_in_its_order():
+    from launcher.cli.main import launch
+
+    choice = next(p for p in launch.params if p.name == "cluster_env").type
+    assert tuple(choice.choices) == registry.names() == ("auto", *registry.SOURCES)
+    assert all(source.name == name for name, source in registry.SOURCES.items())
+    assert registry.FILE_VARIABLES == ("LSB_DJOB_RANKFILE",)  # the rows' files, for preflight
+
+
+def test_the_registry_is_cheap_to_import():
+    # --help builds --cluster_env's choices from it: it loads the sources, not the model, the plan or the machine
+    code = "import sys, launcher.plan.clusters.registry; print(' '.join(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    loaded = set(r.stdout.split())
+    assert "launcher.plan.clusters.slurm" in loaded
+    assert not loaded & {"launcher.plan.model", "launcher.plan.planner", "launcher.plan.collective", "launcher.plan.ps",
+                         "launcher.host.preflight", "psutil", "click", "yaml"}

@@ -6,7 +6,8 @@ import pytest
 
 from launcher.cli.main import _options, _with_config, launch
 from launcher.errors import LaunchError
-from launcher.plan.collective import HostFacts, Interface, make_plan
+from launcher.plan.model import HostFacts, Interface
+from launcher.plan.planner import make_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 GPU_HOST = HostFacts(gpu_count=8, cpu_count=32, interfaces=(Interface("eth0", "192.168.1.3", "255.255.255.0"),))

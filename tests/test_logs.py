@@ -12,7 +12,8 @@ from launcher.output import lines
 from launcher.output import log_files
 from launcher.output import reports
 from launcher.output import sinks
-from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+from launcher.plan.model import HostFacts, LaunchOptions
+from launcher.plan.planner import make_plan
 from launcher.run.workers import Failure, exit_code
 
 

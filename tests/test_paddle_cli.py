@@ -8,7 +8,8 @@ from launcher import envvars as ev
 from launcher.cli import paddle as paddle_cli
 from launcher.cli.main import _with_config, launch, resolve_options
 from launcher.errors import LaunchError
-from launcher.plan.collective import HostFacts, Interface, make_plan
+from launcher.plan.model import HostFacts, Interface
+from launcher.plan.planner import make_plan
 
 HOST = HostFacts(gpu_count=4, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),))
 

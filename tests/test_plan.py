@@ -9,7 +9,9 @@ import pytest
 from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.output.reports import format_plan
-from launcher.plan.collective import MAX_ENV_STRING, HostFacts, Interface, LaunchOptions, make_plan
+from launcher.plan.common import MAX_ENV_STRING
+from launcher.plan.model import HostFacts, Interface, LaunchOptions
+from launcher.plan.planner import make_plan
 
 CPU_HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
                      python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")

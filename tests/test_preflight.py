@@ -10,7 +10,7 @@ import pytest
 
 from launcher.host import preflight
 from launcher.errors import LaunchError
-from launcher.plan.collective import HostFacts, Interface, LaunchOptions
+from launcher.plan.model import HostFacts, Interface, LaunchOptions
 
 HOST = HostFacts(gpu_count=None, cpu_count=2, interfaces=(
     Interface("lo", "127.0.0.1", "255.0.0.0"),
@@ -34,7 +34,7 @@ def test_not_local_addresses(ip):
 
 def test_node_ip_of_another_machine_lists_this_machines_addresses():
     with pytest.raises(LaunchError) as e:
-        preflight._check_node_ip("192.0.2.1", HOST)
+        preflight.check_node_ip("192.0.2.1", HOST)
     assert "--node_ip 192.0.2.1 is not an address of this machine (its addresses: 10.1.2.3, 127.0.0.1, fe80::1)" in str(e.value)
 
 
@@ -167,7 +167,7 @@ def test_no_python_folder_or_missing_path(tmp_path):
 
 
 def test_check_uses_the_workers_path(tmp_path, monkeypatch):
-    from launcher.plan.collective import make_plan
+    from launcher.plan.planner import make_plan
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

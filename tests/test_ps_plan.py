@@ -5,7 +5,8 @@ import pytest
 from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.output.reports import format_plan
-from launcher.plan.collective import HostFacts, Interface, LaunchOptions, make_plan
+from launcher.plan.model import HostFacts, Interface, LaunchOptions
+from launcher.plan.planner import make_plan
 
 HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
                  python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")

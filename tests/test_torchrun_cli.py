@@ -4,10 +4,11 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import main as cli
-from launcher.plan import clusters
+from launcher.plan.clusters import registry
 from launcher import envvars as ev
 from launcher.errors import LaunchError
-from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+from launcher.plan.model import HostFacts, LaunchOptions
+from launcher.plan.planner import make_plan
 from launcher.cli.torchrun import NAMES, TORCHRUN_OPTIONS, to_ours
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
@@ -72,7 +73,7 @@ def test_plan_of_torchrun_nodes():
     assert p.node_rank == 1 and p.world_size == 4 and p.ports == (29500, 29501)
     assert p.workers[0].env[ev.MASTER_ADDR] == "127.0.0.1" and p.workers[0].env[ev.RANK] == "2"
     assert p.control.port == 29499
-    spec = clusters.gathering(opts, {})
+    spec = registry.gathering(opts, {})
     assert (spec.rank, spec.size, spec.master, spec.port) == (1, 2, "127.0.0.1", 29499)
     with pytest.raises(LaunchError, match="--node-rank 2 is not a rank of --nnodes 2"):
         make_plan(LaunchOptions("t.py", nnodes=2, node_rank=2, master_addr="h", started_port=29500), {}, HOST)

@@ -16,11 +16,11 @@ from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
 from launcher.cli import torchrun as torchrun_cli
 from launcher.errors import LaunchError
+from launcher.plan.clusters.registry import names as cluster_source_names
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 DEFAULT_PROG = "python -m launcher"
-# --cluster_env's choices: clusters.names(), spelled out so that --help does not import the plan
-CLUSTER_ENVS = ("auto", "cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf")
+CLUSTER_ENVS = cluster_source_names()  # --cluster_env's choices, in the registry's order (a cheap import)
 
 
 class LogLevel(click.ParamType):
@@ -59,7 +59,7 @@ class Seconds(click.ParamType):
         self.low, self.hint = low, hint
 
     def convert(self, value, param, ctx):
-        from launcher.plan.collective import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
+        from launcher.plan.model import MAX_SHUTDOWN_TIMEOUT  # not at import: --help stays fast
 
         try:
             seconds = float(value)
@@ -232,7 +232,7 @@ def launch(ctx: click.Context, **values) -> int:
 
     from launcher.host import preflight
     from launcher.run import attempts, limits
-    from launcher.plan.collective import make_plan
+    from launcher.plan.planner import make_plan
 
     host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
     finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
@@ -268,15 +268,16 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
 
 def _with_gathered_nodes(opts, host):
     """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.gather)."""
-    from launcher.plan import clusters
+    from launcher.plan.clusters.registry import gathering
+    from launcher.plan.clusters.source import DEFAULT_NODES
     from launcher.nodes import gather
     from launcher.host import preflight
     from launcher.envvars import JOB_TOKEN
 
-    spec = clusters.gathering(opts, os.environ)
+    spec = gathering(opts, os.environ)
     if spec is None:
         return host
-    given = opts.node_ip != clusters.DEFAULT_NODES
+    given = opts.node_ip != DEFAULT_NODES
     address = opts.node_ip if given else gather.own_address(spec)
     preflight.check_node_ip(address, host)
     nodes = gather.gather(spec, address, opts.join_timeout, os.environ.get(JOB_TOKEN) or None)
@@ -375,7 +376,7 @@ def _with_config(ctx: click.Context, values: dict):
 
 
 def _options(values: dict, prog: str = DEFAULT_PROG):
-    from launcher.plan.collective import LaunchOptions
+    from launcher.plan.model import LaunchOptions
 
     if not values["training_script"]:
         raise LaunchError(f"no training script given; usage: {prog} [OPTIONS] training_script [ARGS]...")

@@ -11,9 +11,10 @@ import sys
 import tempfile
 import uuid
 
-from launcher.host import files
 from launcher.errors import LaunchError
-from launcher.plan.collective import HostFacts, Interface, LaunchOptions, Plan
+from launcher.host import files
+from launcher.plan.clusters.registry import FILE_VARIABLES
+from launcher.plan.model import HostFacts, Interface, LaunchOptions, Plan
 
 
 def probe_host(env=None) -> HostFacts:
@@ -31,8 +32,6 @@ def probe_host(env=None) -> HostFacts:
 
 def _scheduler_files(env) -> list:
     """(path, text) of each file a scheduler's variable names (LSF's rank file), for the plan; unreadable ones are left out."""
-    from launcher.plan.clusters import FILE_VARIABLES
-
     found = []
     for name in FILE_VARIABLES:
         path = env.get(name, "").strip()
@@ -70,7 +69,7 @@ class PortFinder:
         self.check_limits = check_limits
 
     def __call__(self, ip: str, count: int) -> list:
-        _check_node_ip(ip, self.host)
+        check_node_ip(ip, self.host)
         self.check_limits(count)
         socks = bind_free_ports(ip, count)
         ports = [s.getsockname()[1] for s in socks]
@@ -118,7 +117,7 @@ def reserve_port(ip: str, port: int):
     SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it. Not kept
     off: any other program that sets SO_REUSEADDR (tests/integration/test_checks.py pins both).
     """
-    addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
+    addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -132,7 +131,7 @@ def reserve_port(ip: str, port: int):
 def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     """Refuse, with one sentence, anything that would make the job fail right after it starts."""
     _check_script(opts, plan.base_env.get("PATH", os.defpath))
-    _check_node_ip(plan.node_ip, host)
+    check_node_ip(plan.node_ip, host)
     for port in plan.ports:
         _check_port(plan.node_ip, port)
 
@@ -228,14 +227,12 @@ def is_local_address(ip: str, host: HostFacts) -> bool:
     return addr.is_loopback or any(ipaddress.ip_address(i.address) == addr for i in host.interfaces)
 
 
-def _check_node_ip(node_ip: str, host: HostFacts) -> None:
+def check_node_ip(node_ip: str, host: HostFacts) -> None:
+    """``node_ip`` is an address of this machine (also checked before an MPI job gathers its node list)."""
     if is_local_address(node_ip, host) or any(is_local_address(a, host) for a in _resolve(node_ip)):
         return
     mine = ", ".join(sorted({i.address for i in host.interfaces})) or "none found"
     raise LaunchError(f"--node_ip {node_ip} is not an address of this machine (its addresses: {mine}); give this node's own address.")
-
-
-check_node_ip = _check_node_ip  # also before an MPI job gathers its node list (cli)
 
 
 def _resolve(name: str) -> list:
@@ -250,7 +247,7 @@ def _family(ip: str) -> int:
 
 
 def _check_port(ip: str, port: int) -> None:
-    addresses = [ip] if _is_ip(ip) else (_resolve(ip)[:1] or [ip])
+    addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -263,7 +260,7 @@ def _check_port(ip: str, port: int) -> None:
         s.close()
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
         return True

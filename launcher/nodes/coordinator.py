@@ -26,7 +26,7 @@ from launcher.nodes import messages
 from launcher.nodes.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace

@@ -27,7 +27,6 @@ import selectors
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import Optional
 
 from launcher.nodes import auth, endpoint, wire
@@ -35,6 +34,7 @@ from launcher.nodes.messages import Challenge, Join, NodeList, Refusal, from_wir
 from launcher.host import preflight
 from launcher.errors import LaunchError
 from launcher.output.messages import log
+from launcher.plan.clusters.source import GatherSpec as Spec
 from launcher.plan.policy import one_line
 
 RETRY_EVERY = endpoint.RETRY_EVERY
@@ -60,17 +60,6 @@ class _Stranger(Exception):
     """A connection sent what no rank of this job sends: it is dropped, and the gathering goes on."""
 
 
-@dataclass(frozen=True)
-class Spec:
-    """What clusters.gathering() found: this rank, the number of ranks, node 0's address, the port."""
-
-    rank: int
-    size: int
-    master: str  # MASTER_ADDR
-    port: int
-    given_as: str  # how messages name the port: "--control_port 7000", "MASTER_PORT=7000", ...
-
-
 def route_address(master: str, port: int) -> str:
     """The local address the kernel would use to reach ``master`` (a connected UDP socket; no packet is sent)."""
     try:
@@ -91,7 +80,7 @@ def own_address(spec: Spec) -> str:
     127.0.1.1 for the machine's own name) is kept as the name: the other ranks reached it by it.
     """
     address = route_address(spec.master, spec.port)
-    if spec.rank == 0 and ipaddress.ip_address(address).is_loopback and not preflight._is_ip(spec.master):
+    if spec.rank == 0 and ipaddress.ip_address(address).is_loopback and not preflight.is_ip(spec.master):
         return spec.master
     return address
 

@@ -10,7 +10,7 @@ from launcher.nodes.coordinator import Follower, Leader, Solo
 from launcher.nodes.hub import Hub
 from launcher.nodes.messages import Identity
 from launcher.nodes.spoke import Spoke
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 
 
 def identity(plan: Plan) -> Identity:

@@ -10,6 +10,7 @@ from launcher import envvars as ev
 from launcher.output import error_file
 from launcher.output.messages import log
 from launcher.plan.policy import describe_exit
+from launcher.plan.roles import PS_ROLES, SERVER, TRAINER
 
 
 def format_plan(plan) -> str:
@@ -45,10 +46,10 @@ def format_plan(plan) -> str:
 
 def _format_ps_plan(plan) -> str:
     nodes = len(plan.node_ips)
-    here = {role: sum(w.role == role for w in plan.workers) for role in ("server", "trainer")}
+    here = {role: sum(w.kind == role for w in plan.workers) for role in PS_ROLES}
     lines = [
         f"launcher: parameter-server job, node {plan.node_rank} of {nodes} ({plan.node_ip}): "
-        f"{here['server']} server(s) and {here['trainer']} trainer(s) here, "
+        f"{here[SERVER]} server(s) and {here[TRAINER]} trainer(s) here, "
         f"{len(plan.servers)} and {len(plan.trainers)} in the job",
         f"  servers: {','.join(plan.servers)}",
         f"  trainers: {','.join(plan.trainers[:16])}" + (f",... ({len(plan.trainers)})" if len(plan.trainers) > 16 else ""),

@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from launcher import envvars as ev
-from launcher.plan import collective as pl
 from launcher.errors import LaunchError
+from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
+                                  interface_of, python_of)
+from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
+from launcher.plan.parsing import first_duplicate, host_part, is_valid_host, parse_endpoint, port_range
+from launcher.plan.roles import SERVER, TRAINER, Role
 
 DEFAULT_COUNT = 2  # Paddle 1.8's launch_ps starts 2 servers and 2 trainers unless told otherwise
 GLOO_PORT = 6767  # Paddle 2.6/3.x's --gloo_port default, for jobs described by --servers/--workers
@@ -39,7 +43,7 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{pl._host_part(self.host)}:{self.port}"
+        return f"{host_part(self.host)}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -52,17 +56,13 @@ class Layout:
 
 
 def make_ps_plan(
-    opts: pl.LaunchOptions,
+    opts: LaunchOptions,
     env: Mapping[str, str],
-    host: pl.HostFacts,
+    host: HostFacts,
     find_free_ports: Callable[[str, int], Sequence[int]],
-) -> pl.Plan:
+) -> Plan:
     _refuse_collective_options(opts)
-    pl._check_shutdown_timeout(opts.shutdown_timeout)
-    if opts.module and opts.no_python:
-        raise LaunchError("--module and --no_python exclude each other; give only one of them.")
-    if opts.max_restarts < 0:
-        raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
+    check_run_options(opts)
     if opts.servers is not None or opts.workers is not None:
         layout = _listed_layout(opts, host)
     else:
@@ -71,7 +71,7 @@ def make_ps_plan(
     return _assemble(opts, host, base_env, layout)
 
 
-def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
+def _refuse_collective_options(opts: LaunchOptions) -> None:
     given = [name for name, value, default in (
         ("--selected_gpus", opts.selected_gpus, None),
         ("--nproc_per_node", opts.nproc_per_node, None),
@@ -90,14 +90,14 @@ def _refuse_collective_options(opts: pl.LaunchOptions) -> None:
 # ---------------------------------------------------------------- the two ways to describe the job
 
 
-def _counted_layout(opts: pl.LaunchOptions, find_free_ports) -> Layout:
+def _counted_layout(opts: LaunchOptions, find_free_ports) -> Layout:
     servers = _count(opts.server_num, "--server_num")
     trainers = _count(opts.worker_num, "--worker_num")
     ip = opts.node_ip
     count = servers + trainers + (opts.gloo_port is None)  # and the gloo rendezvous's, after the trainers'
     if opts.started_port is not None:
-        ports = pl._port_range(opts.started_port, count,
-                               f"--started_port {opts.started_port} ({servers} servers, {trainers} trainers and fleet's gloo port)")
+        ports = port_range(opts.started_port, count,
+                           f"--started_port {opts.started_port} ({servers} servers, {trainers} trainers and fleet's gloo port)")
     else:
         ports = tuple(find_free_ports(ip, count))
         if len(ports) != count:
@@ -120,12 +120,12 @@ def _count(value: Optional[int], name: str) -> int:
         return DEFAULT_COUNT
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise LaunchError(f"{name} {value!r} is not a positive whole number; give at least 1.")
-    if value > pl.MAX_WORKERS_PER_NODE:
-        raise LaunchError(f"{name} {value} is more processes than a node has ports; give at most {pl.MAX_WORKERS_PER_NODE}.")
+    if value > MAX_WORKERS_PER_NODE:
+        raise LaunchError(f"{name} {value} is more processes than a node has ports; give at most {MAX_WORKERS_PER_NODE}.")
     return value
 
 
-def _listed_layout(opts: pl.LaunchOptions, host: pl.HostFacts) -> Layout:
+def _listed_layout(opts: LaunchOptions, host: HostFacts) -> Layout:
     if opts.servers is None or opts.workers is None:
         missing = "--workers" if opts.workers is None else "--servers"
         raise LaunchError(f"{missing} is missing: a parameter-server job described by endpoints needs both --servers "
@@ -138,7 +138,7 @@ def _listed_layout(opts: pl.LaunchOptions, host: pl.HostFacts) -> Layout:
         if count is not None and count != len(listed):
             flag = "--servers" if listed is servers else "--workers"
             raise LaunchError(f"{name} {count} disagrees with {flag}, which lists {len(listed)}; drop {name} or make them match.")
-    dup = pl._first_duplicate([str(e) for e in servers + trainers])
+    dup = first_duplicate([str(e) for e in servers + trainers])
     if dup is not None:
         raise LaunchError(f"--servers/--workers list the endpoint {dup} twice; give every server and trainer an endpoint of its own.")
     node_ips = tuple(dict.fromkeys(e.host for e in servers + trainers))
@@ -154,14 +154,14 @@ def _endpoints(text: str, name: str) -> tuple:
         raise LaunchError(f"{name}={text!r} has an empty endpoint; give comma-separated ip:port pairs such as 10.0.0.1:6170.")
     ends = []
     for item in items:
-        h, p = pl._endpoint(item, name)
-        if not pl.is_valid_host(h):
+        h, p = parse_endpoint(item, name)
+        if not is_valid_host(h):
             raise LaunchError(f"{name} has the endpoint {item!r}, whose address {h!r} is malformed; give an IP or a host name.")
         ends.append(Endpoint(h, p))
     return tuple(ends)
 
 
-def _this_node(node_ip: str, node_ips: tuple, host: pl.HostFacts) -> str:
+def _this_node(node_ip: str, node_ips: tuple, host: HostFacts) -> str:
     """--node_ip when it is one of the job's hosts; else the one host of the lists that is an address here."""
     if node_ip in node_ips:
         return node_ip
@@ -179,13 +179,13 @@ def _this_node(node_ip: str, node_ips: tuple, host: pl.HostFacts) -> str:
 # ---------------------------------------------------------------- the plan
 
 
-def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout: Layout) -> pl.Plan:
+def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layout) -> Plan:
     node_ip = layout.node_ips[layout.node_rank]
     mine_t = [(j, e) for j, e in enumerate(layout.trainers) if e.host == node_ip]
     mine_s = [(i, e) for i, e in enumerate(layout.servers) if e.host == node_ip]
     local_count = len(mine_t) + len(mine_s)
     servers = ",".join(map(str, layout.servers))
-    files, trainer_vars = pl._endpoint_vars(",".join(map(str, layout.trainers)), host)
+    files, trainer_vars = endpoint_vars(",".join(map(str, layout.trainers)), host)
     if ev.TRAINER_ENDPOINTS not in trainer_vars:  # in a file: the launcher's own value would be stale
         base_env.pop(ev.TRAINER_ENDPOINTS, None)
     shared = {
@@ -197,22 +197,22 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // local_count))
-    iface = pl.interface_of(node_ip, host.interfaces)
+    iface = interface_of(node_ip, host.interfaces)
     for name in (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME):
         if iface and name not in base_env:
             shared[name] = iface
-    cmd = pl._command(opts, pl.python_of(base_env, host))
+    cmd = command(opts, python_of(base_env, host))
     specs = []
     for j, e in mine_t:
-        own = {ev.TRAINING_ROLE: "TRAINER", ev.PADDLE_ROLE: "TRAINER", ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e),
-               ev.PORT: str(e.port), ev.POD_IP: e.host, ev.ERROR_FILE: pl.error_file_of(host, len(layout.servers) + j)}
-        specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, "trainer", j))
+        own = {ev.TRAINING_ROLE: TRAINER.paddle_role, ev.PADDLE_ROLE: TRAINER.paddle_role, ev.TRAINER_ID: str(j), ev.CURRENT_ENDPOINT: str(e),
+               ev.PORT: str(e.port), ev.POD_IP: e.host, ev.ERROR_FILE: error_file_of(host, len(layout.servers) + j)}
+        specs.append(_spec(opts, len(layout.servers) + j, len(specs), e, cmd, {**shared, **own}, TRAINER, j))
     for i, e in mine_s:
-        own = {ev.TRAINING_ROLE: "PSERVER", ev.PADDLE_ROLE: "PSERVER", ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
-               ev.CURRENT_ENDPOINT: str(e), ev.ERROR_FILE: pl.error_file_of(host, i)}
-        specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, "server", i))
+        own = {ev.TRAINING_ROLE: SERVER.paddle_role, ev.PADDLE_ROLE: SERVER.paddle_role, ev.PSERVER_ID: str(i), ev.PORT: str(e.port), ev.POD_IP: e.host,
+               ev.CURRENT_ENDPOINT: str(e), ev.ERROR_FILE: error_file_of(host, i)}
+        specs.append(_spec(opts, i, len(specs), e, cmd, {**shared, **own}, SERVER, i))
     node0 = tuple(e.port for e in layout.servers + layout.trainers if e.host == layout.node_ips[0])
-    return pl.Plan(
+    return Plan(
         node_ips=layout.node_ips,
         node_rank=layout.node_rank,
         world_size=len(layout.servers) + len(layout.trainers),
@@ -224,7 +224,7 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
         shutdown_timeout=opts.shutdown_timeout,
         files=files,
         max_restarts=opts.max_restarts,
-        control=pl.control_spec(opts, base_env, layout.node_ips, node0, cmd),
+        control=control_spec(opts, base_env, layout.node_ips, node0, cmd),
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
         servers=tuple(map(str, layout.servers)),
@@ -233,7 +233,7 @@ def _assemble(opts: pl.LaunchOptions, host: pl.HostFacts, base_env: dict, layout
     )
 
 
-def gloo_vars(opts: pl.LaunchOptions, host: pl.HostFacts, gloo: Endpoint) -> dict:
+def gloo_vars(opts: LaunchOptions, host: HostFacts, gloo: Endpoint) -> dict:
     """Fleet's gloo rendezvous, as Paddle 2.6/3.x's launcher gives it: over HTTP, served by server 0's role maker."""
     if opts.with_gloo not in ("0", "1", "2"):
         raise LaunchError(f"--with_gloo {opts.with_gloo!r} is not 0, 1 or 2; give 1 (gloo among trainers, the default), "
@@ -243,7 +243,6 @@ def gloo_vars(opts: pl.LaunchOptions, host: pl.HostFacts, gloo: Endpoint) -> dic
             ev.GLOO_FS_PATH: folder}
 
 
-def _spec(opts, key: int, local: int, endpoint: Endpoint, cmd: tuple, env: dict, role: str, index: int) -> pl.WorkerSpec:
-    log_name = f"serverlog.{index}" if role == "server" else f"workerlog.{index}"
-    log_file = os.path.join(opts.log_dir, log_name) if opts.log_dir else None
-    return pl.WorkerSpec(key, local, str(endpoint), None, cmd, env, log_file, role=role, role_index=index)
+def _spec(opts, key: int, local: int, endpoint: Endpoint, cmd: tuple, env: dict, role: Role, index: int) -> WorkerSpec:
+    log_file = os.path.join(opts.log_dir, role.log_name_of(index)) if opts.log_dir else None
+    return WorkerSpec(key, local, str(endpoint), None, cmd, env, log_file, role=role.name, role_index=index)

@@ -16,7 +16,7 @@ from launcher.output import error_file
 from launcher.output.console import console
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.run.coordination import Coordinator
 from launcher.run.loop import Loop
 from launcher.run.session import Launch

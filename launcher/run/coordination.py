@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol, Tuple
 
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
 Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced

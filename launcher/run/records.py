@@ -7,7 +7,7 @@ import os
 from typing import Callable, Optional
 
 from launcher.output import state_file
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.run.starter import Clock
 
 STATE_INTERVAL = 0.2  # the state file is rewritten at most this often while a stop ends workers

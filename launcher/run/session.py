@@ -13,7 +13,7 @@ from launcher.errors import LaunchError
 from launcher.output import error_file
 from launcher.output import log_files
 from launcher.output.messages import log
-from launcher.plan.collective import Plan
+from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
 from launcher.run.records import Records

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from launcher.output import sinks
 from launcher.output.messages import log
-from launcher.plan.collective import WorkerSpec
+from launcher.plan.model import WorkerSpec
 from launcher.run import spare as spare_module
 from launcher.run.starter import Process, ProcessStarter
 

@@ -22,7 +22,7 @@ from launcher.output import sinks
 from launcher.output import state_file
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.collective import Plan, WorkerSpec
+from launcher.plan.model import Plan, WorkerSpec
 from launcher.run import processes
 from launcher.run import spares as spares_module
 from launcher.run.session import Launch
@@ -99,11 +99,11 @@ class WorkerGroup:
 
     def names(self) -> dict:
         """rank -> how messages name it, for the processes that are not plain ranks (servers, trainers)."""
-        return {s.rank: s.label for s in self.plan.workers if s.role}
+        return {s.rank: s.label for s in self.plan.workers if not s.kind.by_rank}
 
     def trainers(self):
         """Parameter-server mode: the keys of this node's trainers; None in collective mode."""
-        return [s.rank for s in self.plan.workers if s.role == "trainer"] if self.plan.parameter_server else None
+        return [s.rank for s in self.plan.workers if s.kind.ends_job] if self.plan.parameter_server else None
 
     def open_logs(self) -> None:
         """Every log file opened (and its header written) before the first worker starts."""
@@ -257,7 +257,7 @@ class WorkerGroup:
         w = self.workers[rank]
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode,
                        (w.ended or self.clock.monotonic()) - w.started,
-                       w.spec.log_file, tuple(w.output.last_lines()), w.spec.role and w.spec.label,
+                       w.spec.log_file, tuple(w.output.last_lines()), "" if w.spec.kind.by_rank else w.spec.label,
                        error_file.read(w.spec.env.get(ev.ERROR_FILE)))
 
     # ------------------------------------------------------------ close

@@ -198,7 +198,8 @@ def test_the_launcher_runs_a_paddle_job_where_torch_is_not_installed(paddle26, t
 def test_paddles_role_maker_reads_endpoints_too_long_for_the_environment(paddle3, tmp_path):
     """10,000 workers: PADDLE_TRAINER_ENDPOINTS passes 128 KiB, so the plan moves it to files; Paddle's own
     role maker must still see every endpoint (through PADDLE_BACKUP_ENV_PATH), not fall back to one worker."""
-    from launcher.plan.collective import HostFacts, LaunchOptions, make_plan
+    from launcher.plan.model import HostFacts, LaunchOptions
+    from launcher.plan.planner import make_plan
 
     ips = ",".join(["127.0.0.1"] + [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(1, 1250)])
     host = HostFacts(gpu_count=8, cpu_count=8, temp_dir=str(tmp_path), run_id="big")

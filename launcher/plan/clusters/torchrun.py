@@ -1,0 +1,54 @@
+"""The cluster source ``torchrun``: torchrun's --nnodes and --node-rank, the node list gathered at --master-addr. Pure."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from launcher.errors import LaunchError
+from launcher.plan.clusters.source import Cluster, GatherSpec, Request, Source, checked_hosts, fail, worker_ports
+
+if TYPE_CHECKING:  # annotations only
+    from launcher.plan.model import LaunchOptions
+
+
+NAME = "torchrun"
+
+
+def _torchrun_found(env: Mapping[str, str], opts: LaunchOptions) -> bool:
+    return opts.nnodes is not None
+
+
+def _torchrun_world(opts: LaunchOptions) -> tuple:
+    """(nodes, this node's rank), checked."""
+    if opts.nnodes is None:
+        raise LaunchError("--cluster_env torchrun needs torchrun's --nnodes; give it, or choose another --cluster_env.")
+    if not 0 <= opts.node_rank < opts.nnodes:
+        raise LaunchError(f"--node-rank {opts.node_rank} is not a rank of --nnodes {opts.nnodes}; give 0 to {opts.nnodes - 1}.")
+    return opts.nnodes, opts.node_rank
+
+
+def _torchrun(req: Request) -> Cluster:
+    nodes, rank = _torchrun_world(req.opts)
+    given = ("--nnodes", "--node-rank") if nodes > 1 else ("--nnodes",)
+    port = req.opts.started_port
+    if nodes == 1:
+        return Cluster(NAME, (req.opts.node_ip,), 0, worker_ports(req, port, f"--master-port {port}"), given)
+    gathered = checked_hosts(req, tuple(req.host.gathered_nodes), "the gathered node list", ",".join(req.host.gathered_nodes))
+    if len(gathered) != nodes:
+        raise fail(req, f"--nnodes {nodes}, but {len(gathered)} nodes were gathered; give every node the same --nnodes.")
+    return Cluster(NAME, gathered, rank, worker_ports(req, port, f"--master-port {port}"), given + ("--master-addr",),
+                   detail=f"node list gathered at {req.opts.master_addr}, port {port - 1}")
+
+
+def _torchrun_gathering(req: Request) -> Optional[GatherSpec]:
+    """Several nodes: every node's address, gathered at node 0 (launcher.nodes.gather) on the store port minus one."""
+    opts = req.opts
+    nodes, rank = _torchrun_world(opts)
+    if nodes == 1:
+        return None
+    port = opts.control_port if opts.control_port is not None else opts.started_port - 1
+    return GatherSpec(rank, nodes, opts.master_addr, port, f"--master-port {opts.started_port} minus one")
+
+
+SOURCE = Source(NAME, "torchrun's options", _torchrun_found, _torchrun, "give --nnodes, --node-rank and --master-addr",
+                gathering=_torchrun_gathering, replaces_cli_nodes=False)

@@ -1,0 +1,178 @@
+"""What flows between the layers: the options, the host facts, the plan and its worker specs. Pure data.
+
+The launcher's vocabulary, shared by the plan, the host probes, the nodes and the run: frozen dataclasses
+and the limits the options are checked against. No I/O here but the current folder a HostFacts defaults to.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from launcher import envvars as ev
+from launcher.plan.parsing import endpoint_list
+from launcher.plan.roles import WORKER, Role, role_named
+
+MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
+MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user asked for, after command line and config file are merged."""
+
+    training_script: str
+    training_script_args: tuple = ()
+    cluster_node_ips: str = "127.0.0.1"
+    node_ip: str = "127.0.0.1"
+    started_port: Optional[int] = None
+    selected_gpus: Optional[str] = None
+    nproc_per_node: Optional[int] = None  # or torchrun's "auto", "gpu", "cpu" (resolved by the plan)
+    log_dir: Optional[str] = None
+    use_paddlecloud: bool = False
+    cluster_env: str = "auto"  # where the nodes come from: a name of clusters.registry.SOURCES, or auto
+    module: bool = False
+    no_python: bool = False
+    shutdown_timeout: float = 10.0
+    extra_env: tuple = ()  # (name, value) pairs from the config file's `env`
+    max_restarts: int = 0
+    control_port: Optional[int] = None
+    heartbeat_timeout: float = 3.0
+    join_timeout: float = 300.0
+    job_id: Optional[str] = None
+    hang_timeout: Optional[float] = None
+    dump_stacks: bool = False
+    role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
+    # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
+    nnodes: Optional[int] = None
+    node_rank: int = 0
+    master_addr: Optional[str] = None
+    # parameter-server mode: any of these chooses it
+    server_num: Optional[int] = None
+    worker_num: Optional[int] = None
+    servers: Optional[str] = None  # ip:port,... of every server of the job
+    workers: Optional[str] = None  # ip:port,... of every trainer of the job
+    gloo_port: Optional[int] = None  # parameter-server mode: fleet's gloo rendezvous on server 0's host
+    with_gloo: str = "1"  # PADDLE_WITH_GLOO: 0 none, 1 among trainers, 2 among all
+
+    @property
+    def parameter_server(self) -> bool:
+        return any(v is not None for v in (self.server_num, self.worker_num, self.servers, self.workers))
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    address: str
+    netmask: Optional[str]
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the launcher found out about this machine before planning."""
+
+    gpu_count: Optional[int]  # None: no GPU can be detected at all
+    cpu_count: int
+    interfaces: tuple = ()  # Interface, one per address
+    python: str = "python3"
+    run_id: str = "run"
+    temp_dir: str = "/tmp"
+    cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
+    hostname: str = ""  # this machine's name, as schedulers list it
+    env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.registry.FILE_VARIABLES)
+    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    local_rank: int
+    endpoint: str
+    gpu: Optional[str]  # the value of FLAGS_selected_gpus; None for a CPU worker
+    cmd: tuple
+    env: Mapping[str, str]  # what the launcher sets, on top of Plan.base_env
+    log_file: Optional[str]
+    role: str = WORKER.name  # a name of roles.ROLES: parameter-server mode's "server" or "trainer" (``rank`` is then only a key)
+    role_index: int = 0  # the server's or trainer's id
+
+    @property
+    def kind(self) -> Role:
+        """Its row of the roles table."""
+        return role_named(self.role)
+
+    @property
+    def label(self) -> str:
+        """How messages name this process: "rank 3", "server 0", "trainer 1"."""
+        return self.kind.label_of(self.rank if self.kind.by_rank else self.role_index)
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """The control channel of a job of several nodes: node 0 listens on ``port``."""
+
+    port: int
+    heartbeat_timeout: float
+    join_timeout: float
+    job_id: str
+    token: Optional[str]  # LAUNCHER_JOB_TOKEN: peers prove they know it
+
+
+@dataclass(frozen=True)
+class Plan:
+    node_ips: tuple
+    node_rank: int
+    world_size: int
+    ports: tuple
+    device: str  # "gpu" or "cpu"
+    workers: tuple  # WorkerSpec, local ones only, by local rank
+    base_env: Mapping[str, str]
+    log_dir: Optional[str]
+    shutdown_timeout: float
+    files: Mapping[str, str] = field(default_factory=dict)  # path -> text, written before start
+    notes: tuple = ()  # warnings for the user, in plain sentences
+    cpu_default: bool = False  # no GPU and no --nproc_per_node: the default number of CPU workers
+    gpus_not_found: bool = False  # no GPU detected: the --selected_gpus ids are passed on as given
+    max_restarts: int = 0
+    control: Optional[ControlSpec] = None  # None: one node, no channel
+    hang_timeout: Optional[float] = None
+    dump_stacks: bool = False
+    servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
+    trainers: tuple = ()
+    cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
+    error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
+
+    @property
+    def node_ip(self) -> str:
+        return self.node_ips[self.node_rank]
+
+    @property
+    def parameter_server(self) -> bool:
+        return bool(self.servers)
+
+    @property
+    def store_port(self) -> Optional[int]:
+        """The port this node holds for the job's rendezvous store (rank 0's, or server 0's), if it hosts it."""
+        if self.node_rank != 0:
+            return None
+        return int(self.servers[0].rpartition(":")[2]) if self.servers else self.ports[0]
+
+    @property
+    def job_ports(self) -> tuple:
+        """The ports of the whole job, the same on every node (part of its identity)."""
+        if self.servers:
+            return tuple(int(e.rpartition(":")[2]) for e in self.servers + self.trainers)
+        return self.ports
+
+    @property
+    def endpoints(self) -> tuple:
+        return endpoint_list(self.node_ips, self.ports)
+
+
+
+def _current_dir() -> str:
+    """The launcher's folder, read once when the host facts are gathered (not by the plan)."""
+    try:
+        return os.getcwd()
+    except OSError:  # removed from under us: a relative path stays relative
+        return ""

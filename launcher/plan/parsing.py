@@ -1,0 +1,77 @@
+"""What users and schedulers write, parsed and checked: whole numbers, hosts, node lists, endpoints, ports. Pure.
+
+Every refusal is a LaunchError of one sentence that names the value and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Optional, Sequence
+
+from launcher.errors import LaunchError
+
+DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (fullmatch): "²".isdigit() is true, but int("²") fails
+INTEGER = re.compile(r"-?[0-9]+")
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def parse_endpoint(text: str, name: str):
+    """``host:port`` (``[v6]:port``) as (host, port), the port within 1-65535."""
+    host, _, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not DIGITS.fullmatch(port):
+        raise LaunchError(f"{name} has a malformed endpoint {text!r}; give comma-separated host:port pairs such as 10.0.0.1:6170.")
+    if not 1 <= int(port) <= 65535:
+        raise LaunchError(f"{name} has the endpoint {text!r}, whose port {port} is outside 1-65535; give a port in that range.")
+    return host, int(port)
+
+
+def port_range(first: int, count: int, given_as: str) -> tuple:
+    """Ports ``first`` to ``first + count - 1``; ``given_as`` names the start port as the user gave it."""
+    if not 1 <= first or first + count - 1 > 65535:
+        raise LaunchError(f"{given_as} with {count} workers needs ports {first} to {first + count - 1}, outside 1-65535; choose a start port between 1024 and {65535 - count + 1}.")
+    return tuple(range(first, first + count))
+
+
+def parse_node_list(text: str, name: str) -> tuple:
+    nodes = tuple(n.strip() for n in text.split(","))
+    for n in nodes:
+        if not is_valid_host(n):
+            raise LaunchError(f"{name}={text} has a malformed address {n!r}; give comma-separated IPs or host names, such as 192.168.0.1,192.168.0.2.")
+    dup = first_duplicate(nodes)
+    if dup is not None:
+        raise LaunchError(f"{name}={text} lists {dup} twice; give each node once, in node-rank order.")
+    return nodes
+
+
+def is_valid_host(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOSTNAME.match(text)) and not text.replace(".", "").isdigit()
+
+
+def node_rank_of(node_ips: tuple, node_ip: str, name: str, list_name: str) -> int:
+    if node_ip not in node_ips:
+        raise LaunchError(f"{name} {node_ip} is not in {list_name} {','.join(node_ips)}; give this node's address as it appears in that list.")
+    return node_ips.index(node_ip)
+
+
+def endpoint_list(node_ips: Sequence[str], ports: Sequence[int]) -> list:
+    return [f"{host_part(ip)}:{p}" for ip in node_ips for p in ports]
+
+
+def host_part(ip: str) -> str:
+    """An address as the host of an endpoint: an IPv6 one in brackets."""
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def first_duplicate(items: Sequence[str]) -> Optional[str]:
+    seen = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return None
