@@ -6,7 +6,7 @@
     optimizer = fleet.distributed_optimizer(optimizer, strategy)      # 3. wrap the optimizer
     fleet.save_persistables(model_path, model, optimizer)             # 4. distributed save
 
-Parameter-server mode (README, "Parameter-server mode"):
+Parameter-server mode (docs/parameter-servers.md):
 
     fleet.init(fleet.role_maker.PaddleCloudRoleMaker(is_collective=False))
     optimizer = fleet.distributed_optimizer(optimizer, fleet.StrategyFactory.create_sync_strategy())

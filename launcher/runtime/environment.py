@@ -1,4 +1,4 @@
-"""What the launcher told this worker: its variables (README, "What each worker gets"), read into a WorkerEnv.
+"""What the launcher told this worker: its variables (docs/options.md), read into a WorkerEnv.
 
 Pure: a mapping of variables in, a frozen WorkerEnv out. No torch, no os.environ.
 """
