@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from launcher import envvars as ev
 from launcher.errors import LaunchError
+from launcher.plan import agent_store
 
 DEFAULT_CPU_WORKERS = 2
 MULTI_NODE_PORT = 6070  # Paddle 1.8's default when several nodes are given
@@ -56,6 +57,7 @@ class LaunchOptions:
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
+    agent_store: str = "auto"  # who hosts the rendezvous store: node 0's launcher (on), rank 0 (off), auto (launcher.plan.agent_store)
     # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
     nnodes: Optional[int] = None
     node_rank: int = 0
@@ -94,6 +96,7 @@ class HostFacts:
     hostname: str = ""  # this machine's name, as schedulers list it
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.FILE_VARIABLES)
     gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
+    importable: frozenset = frozenset()  # of torch and paddle, those the launcher's own interpreter finds (not imported)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class Plan:
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
     error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
+    store_host: Optional[agent_store.StoreHostSpec] = None  # node 0 hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
 
     @property
     def node_ip(self) -> str:
@@ -265,7 +269,9 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     if ev.TRAINER_ENDPOINTS not in endpoint_vars:  # in a file: the launcher's own value would be stale
         base_env.pop(ev.TRAINER_ENDPOINTS, None)
     node_ip = cluster.node_ips[cluster.node_rank]
-    cmd = _command(opts, python_of(base_env, host))
+    python = python_of(base_env, host)
+    cmd = _command(opts, python)
+    use_agent_store = agent_store.uses_agent_store(opts.agent_store, opts.no_python, python, host.python, host.importable)
     control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
     shared = {
         ev.TRAINERS_NUM: str(world),
@@ -278,7 +284,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.RUN_ID: host.run_id,
         **endpoint_vars,
         **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
-        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id),
+        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id, use_agent_store),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
@@ -324,6 +330,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
+        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], ports[0]),
     )
 
 
@@ -357,15 +364,16 @@ def paddle_worker_vars(rank: int, local: int) -> dict:
     return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
 
 
-def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str) -> dict:
+def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str, agent_store: bool = False) -> dict:
     """What torchrun's agent gives every worker besides RANK and the like: one role, all ranks in it.
-    The store is rank 0's (TORCHELASTIC_USE_AGENT_STORE=False), as under torchrun's own env:// rule."""
+    The store is node 0's launcher's (TORCHELASTIC_USE_AGENT_STORE=True: every rank a client, as under
+    torchrun), or rank 0's (False: rank 0 hosts it, torch's env:// rule without an agent)."""
     return {
         ev.ROLE_NAME: opts.role,
         ev.ROLE_WORLD_SIZE: str(world),
         ev.ELASTIC_RUN_ID: run_id,
         ev.ELASTIC_MAX_RESTARTS: str(opts.max_restarts),
-        ev.ELASTIC_USE_AGENT_STORE: "False",
+        ev.ELASTIC_USE_AGENT_STORE: str(agent_store),
         ev.NCCL_ASYNC_ERROR_HANDLING: env.get(ev.NCCL_ASYNC_ERROR_HANDLING, "1"),
     }
 

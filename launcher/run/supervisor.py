@@ -41,6 +41,7 @@ from launcher.output import logs
 from launcher.plan import policy
 from launcher.run import processes
 from launcher.run import spare as spare_module
+from launcher.run import store as store_module
 from launcher.output import state_file
 from launcher.errors import LaunchError
 from launcher.output.logs import log
@@ -142,6 +143,7 @@ def _run_attempt(launch: Launch, job) -> tuple:
         group.open_logs()
         try:
             group.start()
+            launch.store.start(launch.plan.base_env, _child_setup(os.getpid(), None), launch.tell_watchdog)
             launch.record_group(group)
             if job.attempt < launch.plan.max_restarts:
                 launch.make_spares(group)
@@ -152,6 +154,7 @@ def _run_attempt(launch: Launch, job) -> tuple:
         return group.started_at, len(group.workers)
     finally:
         group.close()
+        launch.store.stop()
 
 
 def _tell_the_end(job, code: int, started: tuple) -> None:
@@ -189,6 +192,7 @@ class Launch:
     def __init__(self, plan: Plan, reserved: tuple = ()) -> None:
         self.plan = plan
         self.reserved = list(reserved)
+        self.store = store_module.AgentStore(plan.store_host, self.reserved)  # node 0's rendezvous store host
         self.selector = selectors.DefaultSelector()
         self.cgroup: Optional[processes.JobCgroup] = None
         self.watchdog: Optional[subprocess.Popen] = None
@@ -217,6 +221,7 @@ class Launch:
             logs.make_log_dir(self.plan.log_dir)
         self._write_files()
         self._make_error_folders()
+        self.store.listen()
         self.cgroup = processes.JobCgroup.create(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
@@ -349,7 +354,7 @@ class Launch:
 
     def reap_orphans(self, keep) -> None:
         """Collect every child that ended, except the workers (``keep``) and the watchdog."""
-        keep = set(keep) | ({self.watchdog.pid} if self.watchdog else set())
+        keep = set(keep) | ({self.watchdog.pid} if self.watchdog else set()) | self.store.pids()
         for pid in _children():
             if pid not in keep:
                 try:
@@ -399,6 +404,7 @@ class Launch:
         for path in self._files_written:
             _remove(path)
         self._remove_error_files()
+        self.store.close()
         for s in self.reserved:
             s.close()
         self.selector.close()
@@ -746,6 +752,7 @@ class _Loop:
             # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
             events[:0] = self.group.exits()
             workers = [w.pid for w in self.group.workers.values()]
+            events += self.launch.store.events(any(w.alive for w in self.group.workers.values()))
         self.launch.reap_orphans(keep=workers)
         return events
 
