@@ -16,6 +16,7 @@ from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
 from launcher.cli import torchrun as torchrun_cli
 from launcher.errors import LaunchError
+from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
 from launcher.plan.clusters.registry import names as cluster_source_names
 
 LOG_LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
@@ -199,6 +200,11 @@ elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_paralle
 @_option("hang_timeout", type=Seconds(1.0, "; leave the option out to never stop a quiet job"), default=None, metavar="SECONDS",
          help="Stop the job (showing every worker's stack) when no worker has written "
               "a line for this long. Default: never.")
+@_option("agent_store", type=click.Choice(AGENT_STORE_CHOICES), default="auto", show_default=True,
+         help="Who hosts the workers' rendezvous store (MASTER_PORT): node 0's launcher, as torchrun's agent "
+              "does, so that every rank connects as a client and a late rank 0 costs no wait (on; "
+              "TORCHELASTIC_USE_AGENT_STORE=True), or rank 0 itself (off). auto: on when the workers' Python "
+              "is the launcher's and has torch but not paddle. Collective mode only.")
 @_option("server_num", type=int, default=None, metavar="N",
          help="Parameter-server mode on one node: start N servers (default 2 when --worker_num is given).")
 @_option("worker_num", type=int, default=None, metavar="N",

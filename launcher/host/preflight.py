@@ -27,7 +27,22 @@ def probe_host(env=None) -> HostFacts:
         temp_dir=tempfile.gettempdir(),
         hostname=socket.gethostname(),
         env_files=tuple(_scheduler_files(env or {})),
+        importable=importable(("torch", "paddle")),
     )
+
+
+def importable(names) -> frozenset:
+    """Those of ``names`` the launcher's own interpreter can import: found on its path, not imported."""
+    import importlib.util
+
+    found = set()
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                found.add(name)
+        except (ImportError, ValueError):
+            continue
+    return frozenset(found)
 
 
 def _scheduler_files(env) -> list:

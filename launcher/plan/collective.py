@@ -12,6 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 from launcher import envvars as ev
 from launcher.errors import LaunchError
+from launcher.plan import agent_store
 from launcher.plan.clusters import registry
 from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
                                   interface_of, python_of)
@@ -90,7 +91,9 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     if ev.TRAINER_ENDPOINTS not in endpoint_env:  # in a file: the launcher's own value would be stale
         base_env.pop(ev.TRAINER_ENDPOINTS, None)
     node_ip = cluster.node_ips[cluster.node_rank]
-    cmd = command(opts, python_of(base_env, host))
+    python = python_of(base_env, host)
+    cmd = command(opts, python)
+    use_agent_store = agent_store.uses_agent_store(opts.agent_store, opts.no_python, python, host.python, host.importable)
     control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
     shared = {
         ev.TRAINERS_NUM: str(world),
@@ -103,7 +106,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.RUN_ID: host.run_id,
         **endpoint_env,
         **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
-        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id),
+        **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id, use_agent_store),
     }
     if ev.OMP_NUM_THREADS not in base_env:
         shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
@@ -149,6 +152,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
+        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], ports[0]),
     )
 
 
@@ -182,14 +186,15 @@ def paddle_worker_vars(rank: int, local: int) -> dict:
     return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
 
 
-def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str) -> dict:
+def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str, agent_hosts_store: bool = False) -> dict:
     """What torchrun's agent gives every worker besides RANK and the like: one role, all ranks in it.
-    The store is rank 0's (TORCHELASTIC_USE_AGENT_STORE=False), as under torchrun's own env:// rule."""
+    The store is node 0's launcher's (TORCHELASTIC_USE_AGENT_STORE=True: every rank a client, as under
+    torchrun), or rank 0's (False: rank 0 hosts it, torch's env:// rule without an agent)."""
     return {
         ev.ROLE_NAME: opts.role,
         ev.ROLE_WORLD_SIZE: str(world),
         ev.ELASTIC_RUN_ID: run_id,
         ev.ELASTIC_MAX_RESTARTS: str(opts.max_restarts),
-        ev.ELASTIC_USE_AGENT_STORE: "False",
+        ev.ELASTIC_USE_AGENT_STORE: str(agent_hosts_store),
         ev.NCCL_ASYNC_ERROR_HANDLING: env.get(ev.NCCL_ASYNC_ERROR_HANDLING, "1"),
     }

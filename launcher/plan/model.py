@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from launcher import envvars as ev
+from launcher.plan.agent_store import StoreHostSpec
 from launcher.plan.parsing import endpoint_list
 from launcher.plan.roles import WORKER, Role, role_named
 
@@ -44,6 +45,7 @@ class LaunchOptions:
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
+    agent_store: str = "auto"  # who hosts the rendezvous store: node 0's launcher (on), rank 0 (off), auto (launcher.plan.agent_store)
     # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
     nnodes: Optional[int] = None
     node_rank: int = 0
@@ -82,6 +84,7 @@ class HostFacts:
     hostname: str = ""  # this machine's name, as schedulers list it
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.registry.FILE_VARIABLES)
     gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
+    importable: frozenset = frozenset()  # of torch and paddle, those the launcher's own interpreter finds (not imported)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class Plan:
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
     error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
+    store_host: Optional[StoreHostSpec] = None  # node 0 hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
 
     @property
     def node_ip(self) -> str:

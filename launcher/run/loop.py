@@ -96,6 +96,7 @@ class Loop:
             # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
             events[:0] = self.group.exits()
             workers = [w.pid for w in self.group.workers.values()]
+            events += self.launch.store.events(any(w.alive for w in self.group.workers.values()))
         self.launch.reap_orphans(keep=workers)
         return events
 

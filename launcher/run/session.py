@@ -21,6 +21,7 @@ from launcher.run.signals import SignalIntake
 from launcher.run.spares import Spares
 from launcher.run.starter import Clock, ProcessStarter
 from launcher.run.watchdog_link import WatchdogLink
+from launcher.run.store import AgentStore
 
 
 class Launch:
@@ -29,6 +30,7 @@ class Launch:
         self.starter = starter
         self.clock = clock
         self.reserved = list(reserved)
+        self.store = AgentStore(plan.store_host, self.reserved)  # node 0's rendezvous store host
         self.selector = selectors.DefaultSelector()
         self.intake = SignalIntake()
         self.cgroup: Optional[processes.JobCgroup] = None
@@ -48,6 +50,7 @@ class Launch:
             log_files.make_log_dir(self.plan.log_dir)
         self._write_files()
         self._make_error_folders()
+        self.store.listen()
         self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
@@ -89,7 +92,7 @@ class Launch:
 
     def reap_orphans(self, keep) -> None:
         """Collect every child that ended, except the workers (``keep``) and the watchdog."""
-        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set())
+        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set()) | self.store.pids()
         for pid in self.starter.children():
             if pid not in keep:
                 self.starter.reap(pid, wait=False)
@@ -106,6 +109,7 @@ class Launch:
         for path in self._files_written:
             _remove(path)
         self._remove_error_files()
+        self.store.close()
         for s in self.reserved:
             s.close()
         self.selector.close()

@@ -29,6 +29,7 @@ class WorkerEnv:
     master_addr: Optional[str] = None  # where rank 0 hosts the store; None: a world of one
     master_port: Optional[int] = None
     selected_gpus: Optional[str] = None  # FLAGS_selected_gpus; None on CPU workers
+    agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store, rank 0 is a client
 
     @property
     def alone(self) -> bool:
@@ -67,6 +68,7 @@ def read_worker_env(environ: Mapping[str, str], read_file: Callable[[str], str] 
         master_addr=addr,
         master_port=port,
         selected_gpus=_gpus(environ),
+        agent_store=environ.get(ev.ELASTIC_USE_AGENT_STORE) == "True",  # torch's own test of the value
     )
 
 

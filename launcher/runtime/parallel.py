@@ -101,13 +101,15 @@ def init_parallel_env(
 
 
 def rendezvous(env: WorkerEnv, timeout: timedelta) -> dist.Store:
-    """Meet every rank at rank 0's TCPStore; name the ones missing after ``timeout``."""
+    """Meet every rank at rank 0's TCPStore (the launcher's, with ``env.agent_store``); name the ones missing
+    after ``timeout``."""
     where = f"{env.master_addr}:{env.master_port}"
+    hosts = env.rank == 0 and not env.agent_store
     try:
-        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, env.rank == 0,
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, hosts,
                               timeout=timeout, wait_for_workers=False)
     except Exception as e:  # torch raises several types (DistNetworkError, DistStoreError, RuntimeError)
-        if env.rank == 0:
+        if hosts:
             raise RendezvousError(f"rank 0 could not host the store at {where}: {e}") from e
         raise RendezvousError(f"rank {env.rank} waited {timeout.total_seconds():g} s for rank 0's store at {where}; "
                               f"missing: rank 0 ({env.endpoint_of(0)}).") from e

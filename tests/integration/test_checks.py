@@ -242,10 +242,11 @@ if os.environ["RANK"] == "0":
 def test_what_the_reserved_rank_0_port_keeps_off(tmp_path):
     """docs/logs.md, Guarantees: held with SO_REUSEADDR and not listening, MASTER_PORT refuses a bind
     without SO_REUSEADDR (and the kernel never picks it for port 0), while a program that sets
-    SO_REUSEADDR itself can bind and listen on it, as rank 0's TCPStore does."""
+    SO_REUSEADDR itself can bind and listen on it, as rank 0's TCPStore does (--agent_store off: rank 0 hosts it)."""
     script, go = tmp_path / "store.py", tmp_path / "go"
     script.write_text(STORE_WHEN_TOLD)
-    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, "--print_config", "false", script, go),
+    proc = subprocess.Popen(launcher_cmd("--agent_store", "off", "--nproc_per_node", 2, "--print_config", "false",
+                                         script, go),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "[rank 0] waiting\n"  # rank 0 runs; the port is held

@@ -8,7 +8,7 @@ from conftest import WORKERS, read_dumps, run_launcher
 
 
 def test_every_torchrun_variable_and_torch_sees_a_torchelastic_launch(tmp_path):
-    r = run_launcher("--print_config", "false", "--nproc_per_node", 2, "--max_restarts", 1,
+    r = run_launcher("--agent_store", "off", "--print_config", "false", "--nproc_per_node", 2, "--max_restarts", 1,
                      WORKERS / "torchrun_env.py", tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     dumps = read_dumps(tmp_path, 2)
