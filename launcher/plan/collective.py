@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from launcher import envvars as ev
 from launcher.errors import LaunchError
+from launcher.plan import streams
 
 DEFAULT_CPU_WORKERS = 2
 MULTI_NODE_PORT = 6070  # Paddle 1.8's default when several nodes are given
@@ -60,6 +61,7 @@ class LaunchOptions:
     nnodes: Optional[int] = None
     node_rank: int = 0
     master_addr: Optional[str] = None
+    streams: Optional[streams.StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -107,6 +109,7 @@ class WorkerSpec:
     log_file: Optional[str]
     role: str = ""  # parameter-server mode: "server" or "trainer" (``rank`` is then only a key)
     role_index: int = 0  # the server's or trainer's id
+    route: Optional[streams.StreamRoute] = None  # torchrun's choice of streams; None: the launcher's layout
 
     @property
     def label(self) -> str:
@@ -190,6 +193,9 @@ def make_plan(
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
     if opts.parameter_server:
+        if opts.streams:
+            raise LaunchError("--redirects, --tee and --local-ranks-filter are torchrun's, for collective jobs; "
+                              "in parameter-server mode --log_dir writes serverlog.N and workerlog.N.")
         from launcher.plan import ps as ps_plan
 
         return ps_plan.make_ps_plan(opts, env, host, find_free_ports)
@@ -287,6 +293,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
     if opts.log_dir:  # a GPU hang leaves its trace next to the logs
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
+    if opts.streams and opts.streams.needs_files and not opts.log_dir:
+        raise LaunchError("--redirects and --tee write log files; give --log-dir too.")
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -302,8 +310,9 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
             own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
-        log_file = os.path.join(opts.log_dir, f"workerlog.{rank}") if opts.log_dir else None
-        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file))
+        route = streams.route(opts.streams, local, bool(opts.log_dir)) if opts.streams else None
+        log_file = os.path.join(opts.log_dir, f"workerlog.{rank}") if opts.log_dir and (route is None or route.to_file) else None
+        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route))
     return Plan(
         node_ips=cluster.node_ips,
         node_rank=cluster.node_rank,

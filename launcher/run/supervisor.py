@@ -38,6 +38,7 @@ from launcher import envvars as ev
 from launcher.nodes import job as job_module
 from launcher.output import error_file
 from launcher.output import logs
+from launcher.output import routes
 from launcher.plan import policy
 from launcher.run import processes
 from launcher.run import spare as spare_module
@@ -330,6 +331,8 @@ class Launch:
         for spec in self.plan.workers:
             if spec.rank in self.spares or not spare_module.can_wait(spec.cmd):
                 continue
+            if spec.route is not None and not spec.route.one_place:
+                continue  # its streams go to different places: the restart starts it afresh
             try:
                 env = worker_env(self.plan, spec, group.attempt + 1)
                 self.spares[spec.rank] = _start_spare(spec, env)
@@ -437,7 +440,7 @@ class WorkerGroup:
         for spec in self.plan.workers:
             if spec.log_file:
                 fd = logs.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
-                self.outputs[spec.rank] = logs.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
+                self.outputs[spec.rank] = routes.worker_output(spec, fd)
 
     def start(self) -> None:
         if self.launch.cgroup is not None:
@@ -454,7 +457,7 @@ class WorkerGroup:
         if spare is not None and self._wake(spec, spare):
             return
         try:
-            output = self.outputs.get(spec.rank) or logs.PipeOutput(spec.label)
+            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
             stdout, stderr = output.child_fds()
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
