@@ -55,7 +55,7 @@ TORCHRUN_OPTIONS = (
                    "torchrun: node 0's address and store port (instead of --master-addr/--master-port)."),
     TorchrunOption("rdzv_id", {"default": None, "metavar": "ID"}, "torchrun: the job's id (= --job_id)."),
     TorchrunOption("rdzv_conf", {"default": None, "metavar": "K=V,..."}, "torchrun: accepted, no effect."),
-    TorchrunOption("redirects", {"short": ("-r",), "default": None, "metavar": "0-3|R:V,..."},
+    TorchrunOption("redirects", {"short": ("-r",), "aliases": ("redirect",), "default": None, "metavar": "0-3|R:V,..."},
                    "torchrun: these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
                    "log_dir/workerlog.N only, the others to the console."),
     TorchrunOption("tee", {"short": ("-t",), "default": None, "metavar": "0-3|R:V,..."},
