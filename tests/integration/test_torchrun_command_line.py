@@ -51,7 +51,7 @@ def shown(text):
 
 def in_file(folder, rank):
     path = folder / f"workerlog.{rank}"
-    return sorted(line for line in path.read_text().splitlines()[1:]) if path.exists() else None
+    return sorted(line for line in path.read_text().splitlines() if not line.startswith("===== ")) if path.exists() else None
 
 
 # What torchrun 2.13 shows and writes for each choice (DefaultLogsSpecs.reify), in our layout:
@@ -71,6 +71,16 @@ def test_redirects_tee_and_filter_route_the_streams_as_torchrun(tmp_path, args, 
     assert r.returncode == 0, r.stderr
     assert (shown(r.stdout), shown(r.stderr)) == (out, err)
     assert (in_file(tmp_path, 0), in_file(tmp_path, 1)) == (log0, log1)
+
+
+def test_a_restart_keeps_each_stream_where_it_goes(tmp_path):
+    """A split route (-r 1: stdout to the file, stderr on the console) in both attempts (no spare
+    interpreter takes it over: it is started afresh)."""
+    r = run_launcher("--print_config", "false", "--nproc-per-node", 2, "--max-restarts", 1, "--log-dir", tmp_path,
+                     "-r", 1, TWO_STREAMS, env={"FAIL_FIRST_ATTEMPT": "1"})
+    assert r.returncode == 0, r.stderr
+    assert shown(r.stderr) == ["stderr of 0", "stderr of 0", "stderr of 1", "stderr of 1"] and shown(r.stdout) == []
+    assert in_file(tmp_path, 1) == ["stdout of 1", "stdout of 1"]
 
 
 def test_the_filter_without_a_log_dir_limits_the_console():
