@@ -56,7 +56,7 @@ def test_the_filter_alone_without_log_dir_limits_the_console():
 
 
 def test_the_plan_gives_each_worker_its_route_and_a_log_file_only_where_a_stream_goes():
-    opts = LaunchOptions("train.py", nproc_per_node=2, log_dir="logs", streams=parse_choice("0:3", None, None))
+    opts = LaunchOptions("train.py", nproc_per_node=2, log_dir="logs", stream_choice=parse_choice("0:3", None, None))
     plan = make_plan(opts, {}, HOST, lambda ip, n: range(7000, 7000 + n))
     assert [w.route for w in plan.workers] == [StreamRoute(BOTH, NONE), StreamRoute(NONE, BOTH)]
     assert [w.log_file for w in plan.workers] == ["logs/workerlog.0", None]
@@ -66,13 +66,13 @@ def test_the_plan_gives_each_worker_its_route_and_a_log_file_only_where_a_stream
 
 def test_the_plan_refuses_streams_to_files_without_a_log_dir_and_in_ps_mode():
     with pytest.raises(LaunchError, match="give --log-dir too"):
-        make_plan(LaunchOptions("train.py", streams=parse_choice("3", None, None)), {}, HOST, lambda ip, n: range(7000, 7000 + n))
+        make_plan(LaunchOptions("train.py", stream_choice=parse_choice("3", None, None)), {}, HOST, lambda ip, n: range(7000, 7000 + n))
     with pytest.raises(LaunchError, match="are torchrun's, for collective jobs"):
-        make_plan(LaunchOptions("train.py", server_num=1, worker_num=1, streams=parse_choice(None, "3", None)), {}, HOST)
+        make_plan(LaunchOptions("train.py", server_num=1, worker_num=1, stream_choice=parse_choice(None, "3", None)), {}, HOST)
 
 
 def outputs_of(tmp_path, redirects, tee=None, shown=None):
-    opts = LaunchOptions("train.py", nproc_per_node=2, log_dir=str(tmp_path), streams=parse_choice(redirects, tee, shown))
+    opts = LaunchOptions("train.py", nproc_per_node=2, log_dir=str(tmp_path), stream_choice=parse_choice(redirects, tee, shown))
     plan = make_plan(opts, {}, HOST, lambda ip, n: range(7000, 7000 + n))
     made = []
     for spec in plan.workers:

@@ -79,10 +79,10 @@ def test_accepted_with_no_effect():
 
 
 def test_streams_map_onto_the_plans_choice_and_a_log_dir():
-    assert "streams" not in ours(log_dir="logs")
+    assert "stream_choice" not in ours(log_dir="logs")
     values = ours(redirects="0:3", tee="1", local_ranks_filter="0", log_dir="logs")
-    assert values["streams"] == StreamChoice({0: 3}, 1, frozenset({0})) and values["log_dir"] == "logs"
-    assert ours(local_ranks_filter="1")["streams"] == StreamChoice(shown=frozenset({1}))
+    assert values["stream_choice"] == StreamChoice({0: 3}, 1, frozenset({0})) and values["log_dir"] == "logs"
+    assert ours(local_ranks_filter="1")["stream_choice"] == StreamChoice(shown=frozenset({1}))
     assert ours(local_ranks_filter="1").get("log_dir") is None  # the filter alone writes no file
     made = ours(tee="3")["log_dir"]  # no --log_dir: a fresh folder of torchrun's kind
     assert os.path.basename(made).startswith("torchelastic_") and os.path.isdir(made)

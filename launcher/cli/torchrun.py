@@ -131,8 +131,8 @@ def _streams(values: dict, given) -> dict:
     if choice is None:
         return {}
     if choice.needs_files and not values.get("log_dir"):
-        return {"streams": choice, "log_dir": tempfile.mkdtemp(prefix="torchelastic_")}
-    return {"streams": choice}
+        return {"stream_choice": choice, "log_dir": tempfile.mkdtemp(prefix="torchelastic_")}
+    return {"stream_choice": choice}
 
 
 def _node_rank(values: dict, nodes: int, env) -> int:

@@ -61,7 +61,7 @@ class LaunchOptions:
     nnodes: Optional[int] = None
     node_rank: int = 0
     master_addr: Optional[str] = None
-    streams: Optional[streams.StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
+    stream_choice: Optional[streams.StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -193,7 +193,7 @@ def make_plan(
     ``find_free_ports(ip, n)`` is called only when one node runs without --started_port.
     """
     if opts.parameter_server:
-        if opts.streams:
+        if opts.stream_choice:
             raise LaunchError("--redirects, --tee and --local-ranks-filter are torchrun's, for collective jobs; "
                               "in parameter-server mode --log_dir writes serverlog.N and workerlog.N.")
         from launcher.plan import ps as ps_plan
@@ -293,7 +293,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
     if opts.log_dir:  # a GPU hang leaves its trace next to the logs
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
-    if opts.streams and opts.streams.needs_files and not opts.log_dir:
+    if opts.stream_choice and opts.stream_choice.needs_files and not opts.log_dir:
         raise LaunchError("--redirects and --tee write log files; give --log-dir too.")
     workers = []
     for local in range(nper):
@@ -310,7 +310,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
             own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
-        route = streams.route(opts.streams, local, bool(opts.log_dir)) if opts.streams else None
+        route = streams.route(opts.stream_choice, local, bool(opts.log_dir)) if opts.stream_choice else None
         log_file = os.path.join(opts.log_dir, f"workerlog.{rank}") if opts.log_dir and (route is None or route.to_file) else None
         workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route))
     return Plan(
