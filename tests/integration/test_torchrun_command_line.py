@@ -14,7 +14,8 @@ ENV_DUMP = WORKERS / "torchrun_env.py"
 def test_standalone_with_torchruns_options(tmp_path):
     r = run_launcher("--standalone", "--nnodes", 1, "--nproc-per-node", 2, "--max-restarts", 0, "--rdzv-id", "job7",
                      "--monitor-interval", 1, "--start-method", "spawn", "--redirects", 3, "--tee", 3,
-                     "--local-ranks-filter", 0, "--role", "trainer", "--run-path", ENV_DUMP, tmp_path, timeout=120)
+                     "--local-ranks-filter", 0, "--role", "trainer", "--run-path", ENV_DUMP, tmp_path, timeout=120,
+                     env={"TMPDIR": str(tmp_path)})  # --redirects without --log-dir: a torchelastic_* folder there
     assert r.returncode == 0, r.stderr
     dumps = read_dumps(tmp_path, 2)
     assert {d["ROLE_NAME"] for d in dumps.values()} == {"trainer"}
