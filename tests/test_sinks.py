@@ -1,11 +1,11 @@
-"""The written interface of a worker's output (``sinks.WorkerOutput``): both sinks keep it."""
+"""The written interface of a worker's output (``sinks.WorkerOutput``): every sink keeps it."""
 
 import inspect
 import os
 
 import pytest
 
-from launcher.output import log_files, sinks
+from launcher.output import log_files, routes, sinks
 
 MEMBERS = ("follows", "child_fds", "spawned", "pipes", "wants", "read_pipe", "follow", "last_written",
            "finish", "last_lines")
@@ -32,7 +32,7 @@ def test_a_log_file_and_pipes_are_both_worker_outputs(both_sinks):
         assert isinstance(output, sinks.WorkerOutput), type(output).__name__
 
 
-@pytest.mark.parametrize("sink", [sinks.FileOutput, sinks.PipeOutput])
+@pytest.mark.parametrize("sink", [sinks.FileOutput, sinks.PipeOutput, routes.RoutedOutput])
 def test_each_sink_takes_the_arguments_the_protocol_gives(sink):
     for name in MEMBERS[1:]:
         wanted = list(inspect.signature(getattr(sinks.WorkerOutput, name)).parameters)

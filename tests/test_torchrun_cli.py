@@ -1,5 +1,7 @@
 """torchrun's command line, mapped onto the launcher's options (launcher.cli.torchrun) and planned."""
 
+import os
+
 import pytest
 from click.testing import CliRunner
 
@@ -10,6 +12,7 @@ from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
 from launcher.cli.torchrun import NAMES, TORCHRUN_OPTIONS, to_ours
+from launcher.plan.streams import StreamChoice
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
 DEFAULTS = {o.name: o.kwargs.get("default") for o in TORCHRUN_OPTIONS}
@@ -59,6 +62,34 @@ def test_several_nodes_map_onto_a_gathered_cluster():
 def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
     with pytest.raises(LaunchError, match=fragment):
         ours(**values)
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
+def test_a_monitor_interval_that_is_not_a_positive_number_is_refused(seconds):
+    with pytest.raises(LaunchError, match=f"^--monitor-interval {seconds:g} is not a positive number of seconds"):
+        ours(monitor_interval=seconds)
+
+
+def test_accepted_with_no_effect():
+    """--run-path (a fresh interpreter runs the script by its path either way), --monitor-interval (exits are
+    seen as they happen), --start-method (every worker is a fresh process): nothing of theirs reaches the plan."""
+    plain = ours()
+    assert ours(run_path=True, monitor_interval=0.5, start_method="fork", rdzv_conf="timeout=5") == plain
+    result = CliRunner().invoke(cli.launch, ["--start-method", "thread", "train.py"])
+    assert result.exit_code == 2 and "'thread' is not one of 'spawn', 'fork', 'forkserver'" in result.output
+
+
+def test_streams_map_onto_the_plans_choice_and_a_log_dir():
+    assert "stream_choice" not in ours(log_dir="logs")
+    values = ours(redirects="0:3", tee="1", local_ranks_filter="0", log_dir="logs")
+    assert values["stream_choice"] == StreamChoice({0: 3}, 1, frozenset({0})) and values["log_dir"] == "logs"
+    assert ours(local_ranks_filter="1")["stream_choice"] == StreamChoice(shown=frozenset({1}))
+    assert ours(local_ranks_filter="1").get("log_dir") is None  # the filter alone writes no file
+    made = ours(tee="3")["log_dir"]  # no --log_dir: a fresh folder of torchrun's kind
+    assert os.path.basename(made).startswith("torchelastic_") and os.path.isdir(made)
+    os.rmdir(made)
+    with pytest.raises(LaunchError, match="^--redirects 9 is not a choice of streams"):
+        ours(redirects="9")
 
 
 def test_torchrun_nodes_and_cluster_node_ips_exclude_each_other():

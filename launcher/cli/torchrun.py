@@ -6,18 +6,22 @@ command line (launcher.cli.paddle): it is torchrun's unless Paddle's options nam
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
 Paddle's check of the nodes found. The others are in TORCHRUN_OPTIONS;
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint
-into a cluster of fixed size (gathered from node 0 when there are several), the rest into nothing
-(the launcher already does what they ask, or has no such choice).
+into a cluster of fixed size (gathered from node 0 when there are several), ``--redirects``, ``--tee``
+and ``--local-ranks-filter`` into where each worker's streams go (launcher.plan.streams), the rest into
+nothing (the launcher already does what they ask, or has no such choice).
 """
 
 from __future__ import annotations
 
+import math
+import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 import click
 
 from launcher.errors import LaunchError
+from launcher.plan import streams
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = 29500  # torchrun's --master-port default
@@ -51,12 +55,13 @@ TORCHRUN_OPTIONS = (
                    "torchrun: node 0's address and store port (instead of --master-addr/--master-port)."),
     TorchrunOption("rdzv_id", {"default": None, "metavar": "ID"}, "torchrun: the job's id (= --job_id)."),
     TorchrunOption("rdzv_conf", {"default": None, "metavar": "K=V,..."}, "torchrun: accepted, no effect."),
-    TorchrunOption("redirects", {"short": ("-r",), "default": None, "metavar": "0-3"},
-                   "torchrun: accepted; --log_dir writes each rank's output to its file."),
-    TorchrunOption("tee", {"short": ("-t",), "default": None, "metavar": "0-3"},
-                   "torchrun: accepted; with --log_dir the node's first worker is also on the console."),
+    TorchrunOption("redirects", {"short": ("-r",), "aliases": ("redirect",), "default": None, "metavar": "0-3|R:V,..."},
+                   "torchrun: these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
+                   "log_dir/workerlog.N only, the others to the console."),
+    TorchrunOption("tee", {"short": ("-t",), "default": None, "metavar": "0-3|R:V,..."},
+                   "torchrun: these streams go to log_dir/workerlog.N and to the console."),
     TorchrunOption("local_ranks_filter", {"default": None, "metavar": "0,1,..."},
-                   "torchrun: accepted; with --log_dir local rank 0 is on the console, without it every rank."),
+                   "torchrun: the console shows only these local ranks (the log files keep every line)."),
     TorchrunOption("role", {"default": "default", "show_default": True, "metavar": "NAME"},
                    "torchrun: the workers' ROLE_NAME."),
     TorchrunOption("run_path", {"is_flag": True, "default": False},
@@ -90,6 +95,8 @@ def to_ours(values: dict, given, env=None) -> dict:
     ``env``: the launcher's environment (a scheduler's node rank)."""
     ours = {k: v for k, v in values.items() if k not in NAMES}
     ours["role"] = values["role"]
+    _check_monitor_interval(values["monitor_interval"])
+    ours.update(_streams(values, given))
     if values["local_addr"]:
         ours["node_ip"] = values["local_addr"]
     if values["rdzv_id"] and not given("job_id"):
@@ -109,6 +116,23 @@ def to_ours(values: dict, given, env=None) -> dict:
     ours["node_rank"] = _node_rank(values, nodes or 1, env or {})
     ours["master_addr"] = host
     return ours
+
+
+def _check_monitor_interval(seconds: Optional[float]) -> None:
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise LaunchError(f"--monitor-interval {seconds:g} is not a positive number of seconds; give one such as 0.1 "
+                          "(exits are seen as they happen here, whatever the value).")
+
+
+def _streams(values: dict, given) -> dict:
+    """--redirects, --tee, --local-ranks-filter as the plan's StreamChoice; a log dir of torchrun's kind
+    (a fresh temporary folder) when they write log files and no --log_dir was given."""
+    choice = streams.parse_choice(values["redirects"], values["tee"], values["local_ranks_filter"])
+    if choice is None:
+        return {}
+    if choice.needs_files and not values.get("log_dir"):
+        return {"stream_choice": choice, "log_dir": tempfile.mkdtemp(prefix="torchelastic_")}
+    return {"stream_choice": choice}
 
 
 def _node_rank(values: dict, nodes: int, env) -> int:

@@ -59,8 +59,9 @@ class WorkerOutput(Protocol):
 class FileOutput:
     """--log_dir: the worker writes its log file itself; the launcher may follow it onto the console."""
 
-    def __init__(self, path: str, fd: int, echo: bool) -> None:
+    def __init__(self, path: str, fd: int, echo: bool, prefix: bytes = b"") -> None:
         self.path = path
+        self._prefix = prefix  # before each echoed line (torchrun's --tee: the rank's label)
         self.start = os.lseek(fd, 0, os.SEEK_END)
         self._child_fd: Optional[int] = fd
         self._follow_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if echo else None
@@ -166,10 +167,10 @@ class FileOutput:
         self.spawned()
 
     def _echo(self, lines: bytes) -> None:
-        console.write(1, lines, self._lines)
+        console.write(1, prefixed(self._prefix, lines) if self._prefix and lines else lines, self._lines)
         bar = self._lines.progress()
         if bar:
-            console.draw(1, self._lines, bar)
+            console.draw(1, self._lines, self._prefix + bar)
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         """The log's last lines since this run's header; none if the file was removed meanwhile."""

@@ -20,6 +20,7 @@ from launcher.plan.devices import select_gpus
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan.parsing import endpoint_list
 from launcher.plan.roles import WORKER
+from launcher.plan import streams
 
 DEFAULT_CPU_WORKERS = 2
 FR_BUFFER_ENTRIES = "2000"  # collectives torch's flight recorder keeps when the launcher switches it on
@@ -115,6 +116,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         shared[ev.GLOO_SOCKET_IFNAME] = iface
     if opts.log_dir:  # a GPU hang leaves its trace next to the logs
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
+    if opts.stream_choice and opts.stream_choice.needs_files and not opts.log_dir:
+        raise LaunchError("--redirects and --tee write log files; give --log-dir too.")
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -130,8 +133,10 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
             own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
-        log_file = os.path.join(opts.log_dir, WORKER.log_name_of(rank)) if opts.log_dir else None
-        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file))
+        route = streams.route(opts.stream_choice, local, bool(opts.log_dir)) if opts.stream_choice else None
+        to_file = opts.log_dir and (route is None or route.to_file)
+        log_file = os.path.join(opts.log_dir, WORKER.log_name_of(rank)) if to_file else None
+        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route))
     return Plan(
         node_ips=cluster.node_ips,
         node_rank=cluster.node_rank,

@@ -14,6 +14,7 @@ from launcher import envvars as ev
 from launcher.plan.agent_store import StoreHostSpec
 from launcher.plan.parsing import endpoint_list
 from launcher.plan.roles import WORKER, Role, role_named
+from launcher.plan.streams import StreamChoice, StreamRoute
 
 MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
@@ -50,6 +51,7 @@ class LaunchOptions:
     nnodes: Optional[int] = None
     node_rank: int = 0
     master_addr: Optional[str] = None
+    stream_choice: Optional[StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -98,6 +100,7 @@ class WorkerSpec:
     log_file: Optional[str]
     role: str = WORKER.name  # a name of roles.ROLES: parameter-server mode's "server" or "trainer" (``rank`` is then only a key)
     role_index: int = 0  # the server's or trainer's id
+    route: Optional[StreamRoute] = None  # torchrun's choice of streams; None: the launcher's layout
 
     @property
     def kind(self) -> Role:

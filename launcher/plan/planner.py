@@ -7,6 +7,7 @@ from typing import Callable, Mapping, Sequence
 from launcher.plan.collective import make_collective_plan
 from launcher.plan.model import HostFacts, LaunchOptions, Plan
 from launcher.plan.ps import make_ps_plan
+from launcher.errors import LaunchError
 
 
 def make_plan(
@@ -21,5 +22,8 @@ def make_plan(
     in parameter-server mode).
     """
     if opts.parameter_server:
+        if opts.stream_choice:
+            raise LaunchError("--redirects, --tee and --local-ranks-filter are torchrun's, for collective jobs; "
+                              "in parameter-server mode --log_dir writes serverlog.N and workerlog.N.")
         return make_ps_plan(opts, env, host, find_free_ports)
     return make_collective_plan(opts, env, host, find_free_ports)

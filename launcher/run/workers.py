@@ -28,6 +28,7 @@ from launcher.run import spares as spares_module
 from launcher.run.session import Launch
 from launcher.run.spares import Spare
 from launcher.run.starter import Process
+from launcher.output import routes
 
 
 class StartFailed(Exception):
@@ -110,7 +111,7 @@ class WorkerGroup:
         for spec in self.plan.workers:
             if spec.log_file:
                 fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
-                self.outputs[spec.rank] = sinks.FileOutput(spec.log_file, fd, echo=spec.local_rank == 0)
+                self.outputs[spec.rank] = routes.worker_output(spec, fd)
 
     def start(self) -> None:
         if self.launch.cgroup is not None:
@@ -127,7 +128,7 @@ class WorkerGroup:
         if spare is not None and self._wake(spec, spare):
             return
         try:
-            output = self.outputs.get(spec.rank) or sinks.PipeOutput(spec.label)
+            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
             stdout, stderr = output.child_fds()
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None

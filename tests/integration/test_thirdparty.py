@@ -49,7 +49,12 @@ def accelerate_script(name):
     return Path(accelerate.__file__).parent / "test_utils" / "scripts" / name
 
 
-@pytest.mark.parametrize("script", ["test_ops.py"])
+# Those of accelerate 1.15's scripts that run on CPU with 2 processes in seconds. Left out: test_ddp_comm_hook.py
+# (DDP with device_ids: GPUs only), test_merge_weights.py (FSDP's state_dict_type fails on CPU: KeyError None),
+# test_distributed_data_loop.py (waits for ever in its uneven-inputs join, which has no effect on CPU),
+# test_notebook.py (starts its own processes: notebook_launcher), external_deps/ (deepspeed, transformers, datasets).
+# test_script.py (about 25 s alone, 60 s in this suite's CI, both runners) is marked slow.
+@pytest.mark.parametrize("script", ["test_ops.py", "test_cli.py", pytest.param("test_script.py", marks=pytest.mark.slow)])
 def test_accelerate_test_scripts(script):
     results = run_both(accelerate_script(script), env={"ACCELERATE_USE_CPU": "true"})  # accelerate's CPU switch
     for name, r in results.items():
@@ -78,3 +83,31 @@ def test_lightning_ddp_run(tmp_path):
     assert results["launcher"] == results["torchrun"]
     assert {r["environment"] for r in results["launcher"]} == {"TorchElasticEnvironment"}
     assert [r["world_size"] for r in results["launcher"]] == [2, 2]
+
+
+def worker_lines_of(text):
+    return sorted(re.findall(r"std(?:out|err) of \d", text))
+
+
+def files_of(name, folder):
+    """{local rank: the worker lines in its files}: ours workerlog.N, torchrun's <run>_*/attempt_0/N/std*.log."""
+    if name == "launcher":
+        return {int(p.name.split(".")[1]): worker_lines_of(p.read_text()) for p in folder.glob("workerlog.*")}
+    found = {}
+    for p in folder.glob("*/attempt_0/*/std*.log"):
+        found.setdefault(int(p.parent.name), []).extend(worker_lines_of(p.read_text()))
+    return {rank: sorted(lines) for rank, lines in found.items() if lines}
+
+
+@pytest.mark.parametrize("choice", [["--redirects", "1"], ["--tee", "0:3", "--local-ranks-filter", "0"]])
+def test_streams_reach_the_console_and_the_files_as_under_torchrun(tmp_path, choice):
+    """torchrun's --redirects, --tee, --local-ranks-filter: the same worker lines on the console, the same
+    lines in each local rank's files (one workerlog.N here, stdout.log and stderr.log there)."""
+    seen = {}
+    for name, cmd in RUNNERS.items():
+        folder = tmp_path / name
+        r = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--log-dir", folder, *choice,
+                            WORKERS / "two_streams.py"], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+        seen[name] = (worker_lines_of(r.stdout + r.stderr), files_of(name, folder))
+    assert seen["launcher"] == seen["torchrun"]
