@@ -409,6 +409,7 @@ def main(argv=None) -> None:
         error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
     except (KeyboardInterrupt, click.Abort):
+        _abandon_stdout()
         code = 130
     except Exception:
         import traceback
@@ -472,6 +473,16 @@ def _text(raw: io.FileIO, old) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
                             errors=getattr(old, "errors", None) or "backslashreplace",
                             line_buffering=raw.isatty(), write_through=False)
+
+
+_ABANDONED: list = []  # streams dropped after Ctrl-C, kept referenced: one collected would flush itself
+
+
+def _abandon_stdout() -> None:
+    """After Ctrl-C, what sys.stdout still holds may be on the screen already (the interrupt can come
+    just as a write returns, leaving the written bytes in the buffer): it is dropped, never written twice."""
+    _ABANDONED.append(sys.stdout)
+    sys.stdout = _text(_Stdout(1, "w", closefd=False), sys.stdout)
 
 
 def _finish_output() -> None:

@@ -109,8 +109,10 @@ def test_logs_merge_with_ranks_and_grep(job):
     assert r.stdout.splitlines() == ["[rank 1] tick 1 0", "[rank 1] tick 1 1", "[rank 1] tick 1 2"]
 
 
-def test_logs_follow_stops_on_ctrl_c(tmp_path):
-    """A job that runs as far as the state file says (its launcher: this test): -f follows until Ctrl-C."""
+@pytest.mark.parametrize("attempt", range(5))  # the Ctrl-C can come as a write returns: 1 run in 5 showed a line twice
+def test_logs_follow_stops_on_ctrl_c(tmp_path, attempt):
+    """A job that runs as far as the state file says (its launcher: this test): -f follows until Ctrl-C,
+    every line shown once."""
     (tmp_path / "workerlog.0").write_text("first\n")
     me = os.getpid()
     start = int(open(f"/proc/{me}/stat").read().rsplit(")", 1)[1].split()[19])
