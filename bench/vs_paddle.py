@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our launcher against Paddle's own (``python -m paddle.distributed.launch``), side by side, as against torchrun.
 
-    python bench/vs_paddle.py [--runs N] [--json FILE]
+    python bench/vs_paddle.py [--runs N] [--json FILE] [--python PADDLES_PYTHON]
 
 Both start 2 CPU workers of ``paddle_worker.py``, which reads only Paddle's variables, so Paddle itself is not
 imported by the workers; Paddle must be installed for its launcher (else: nothing is measured, exit 0, saying so).
@@ -32,19 +32,22 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "paddle_worker.py")
-LAUNCHERS = {
-    "ours": [sys.executable, "-m", "launcher", "--nproc_per_node", "2", "--print_config", "false"],
-    "paddle": [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"],
-}
+NAMES = ("ours", "paddle")
+
+
+def launchers(python: str) -> dict:
+    """Each launcher's command, both run by ``python`` (an interpreter that has paddle)."""
+    return {"ours": [python, "-m", "launcher", "--nproc_per_node", "2", "--print_config", "false"],
+            "paddle": [python, "-m", "paddle.distributed.launch", "--nproc_per_node", "2"]}
 SPEW_MB = 20
 
 
-def paddle_installed() -> bool:
-    return subprocess.run([sys.executable, "-c", "import paddle.distributed.launch"], capture_output=True).returncode == 0
+def paddle_installed(python: str = sys.executable) -> bool:
+    return subprocess.run([python, "-c", "import paddle.distributed.launch"], capture_output=True).returncode == 0
 
 
-def start(name: str, folder: Path, *worker_args) -> subprocess.Popen:
-    cmd = [*LAUNCHERS[name], "--log_dir", str(folder / "log"), WORKER, *map(str, worker_args)]
+def start(launcher: list, folder: Path, *worker_args) -> subprocess.Popen:
+    cmd = [*launcher, "--log_dir", str(folder / "log"), WORKER, *map(str, worker_args)]
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     return subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -77,15 +80,15 @@ def cleanup(proc: subprocess.Popen, folder: Path) -> None:
     psutil.wait_procs(leftovers, timeout=10)
 
 
-def startup(name: str, folder: Path) -> dict:
+def startup(launcher: list, folder: Path) -> dict:
     began = time.perf_counter()
-    proc = start(name, folder, "exit", folder)
+    proc = start(launcher, folder, "exit", folder)
     code = proc.wait(timeout=120)
     return {"startup_s": time.perf_counter() - began, "startup_exit": code}
 
 
-def teardown(name: str, folder: Path) -> dict:
-    proc = start(name, folder, "fail", folder)
+def teardown(launcher: list, folder: Path) -> dict:
+    proc = start(launcher, folder, "fail", folder)
     try:
         code = proc.wait(timeout=120)
         ended = time.time()
@@ -94,8 +97,8 @@ def teardown(name: str, folder: Path) -> dict:
         cleanup(proc, folder)
 
 
-def killed(name: str, folder: Path) -> dict:
-    proc = start(name, folder, "sleep", folder, 60)
+def killed(launcher: list, folder: Path) -> dict:
+    proc = start(launcher, folder, "sleep", folder, 60)
     try:
         wait_ready(folder, 2)
         time.sleep(0.5)
@@ -122,9 +125,9 @@ def _helpers_rss(proc: subprocess.Popen, folder: Path) -> float:
     return total / 2**20
 
 
-def throughput(name: str, folder: Path) -> dict:
+def throughput(launcher: list, folder: Path) -> dict:
     began = time.perf_counter()
-    proc = start(name, folder, "spew", folder, SPEW_MB)
+    proc = start(launcher, folder, "spew", folder, SPEW_MB)
     code = proc.wait(timeout=300)
     elapsed = time.perf_counter() - began
     written = sum(f.stat().st_size for f in (folder / "log").glob("workerlog.*"))
@@ -134,16 +137,17 @@ def throughput(name: str, folder: Path) -> dict:
 MEASURES = (startup, teardown, killed, throughput)
 
 
-def measure(runs: int) -> dict:
-    samples = {name: {} for name in LAUNCHERS}
+def measure(runs: int, python: str = sys.executable) -> dict:
+    samples = {name: {} for name in NAMES}
+    commands = launchers(python)
     root = Path(tempfile.mkdtemp(prefix="vs-paddle-"))
     try:
         for i in range(runs):
             for fn in MEASURES:
-                for name in LAUNCHERS:  # ours, Paddle's, in turn
+                for name in NAMES:  # ours, Paddle's, in turn
                     folder = root / f"{name}-{fn.__name__}-{i}"
                     folder.mkdir()
-                    for key, value in fn(name, folder).items():
+                    for key, value in fn(commands[name], folder).items():
                         samples[name].setdefault(key, []).append(value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -166,11 +170,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs both launchers and their workers (one with paddlepaddle)")
     args = parser.parse_args()
-    if not paddle_installed():
-        print("paddlepaddle is not installed: nothing to compare with (pip install paddlepaddle)")
+    if not paddle_installed(args.python):
+        print(f"paddlepaddle is not installed for {args.python}: nothing to compare with (pip install paddlepaddle, "
+              "or give --python)")
         return 0
-    samples = measure(args.runs)
+    samples = measure(args.runs, args.python)
     print(f"{'figure':<18}{'ours':>14}{'Paddle':>14}{'ours/Paddle':>13}   (medians of {args.runs} runs)")
     for key, a, b, ratio in summary(samples):
         print(f"{key:<18}{str(a):>14}{str(b):>14}{str(ratio):>13}")

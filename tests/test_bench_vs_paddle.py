@@ -1,5 +1,5 @@
-"""bench/vs_paddle.py still works: one run of each figure against Paddle's own launcher (skipped without
-paddlepaddle). No timing is asserted, only what holds however loaded the machine: exit codes, complete
+"""bench/vs_paddle.py still works: one run of each figure against Paddle's own launcher, run from the
+Paddle 3 environment of tests/paddle_envs.py (skipped where it cannot be made). No timing is asserted, only what holds however loaded the machine: exit codes, complete
 logs, and nothing of ours left after kill -9."""
 
 import subprocess
@@ -8,14 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from tests import paddle_envs
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import vs_paddle  # noqa: E402
 
 
-@pytest.mark.skipif(not vs_paddle.paddle_installed(), reason="paddlepaddle is not installed (pip install paddlepaddle)")
 def test_one_run_of_each_figure_against_paddles_launcher():
-    samples = vs_paddle.measure(runs=1)
+    try:
+        python = paddle_envs.make(paddle_envs.PADDLE3)
+    except (subprocess.SubprocessError, OSError) as e:
+        pytest.skip(f"cannot make the paddle3 environment: {e}")
+    samples = vs_paddle.measure(runs=1, python=python)
     ours, paddle = samples["ours"], samples["paddle"]
     assert ours["startup_exit"] == paddle["startup_exit"] == [0]
     assert ours["teardown_exit"] == [7]  # the failing worker's code (Paddle's launcher exits 241)
@@ -26,7 +31,7 @@ def test_one_run_of_each_figure_against_paddles_launcher():
 
 
 def test_without_paddle_it_says_so_and_measures_nothing(monkeypatch, capsys):
-    monkeypatch.setattr(vs_paddle, "paddle_installed", lambda: False)
+    monkeypatch.setattr(vs_paddle, "paddle_installed", lambda python: False)
     monkeypatch.setattr(sys, "argv", ["vs_paddle.py"])
     assert vs_paddle.main() == 0
     assert "paddlepaddle is not installed" in capsys.readouterr().out

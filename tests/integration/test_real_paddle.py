@@ -1,11 +1,9 @@
 """Real PaddlePaddle programs, unchanged, under this launcher and under Paddle's own: the same exit code,
 the same results, the same files.
 
-Paddle 3.x (collective, DataParallel, fleet collective, fleet's roles in parameter-server mode) is the
-``paddle`` of the interpreter running the tests. Paddle 2.6.2, the last with a parameter-server runtime on
-CPU, lives in its own virtual environment (it needs protobuf<5 and numpy<2): $LAUNCHER_PADDLE26_VENV, or
-~/.cache/launcher-tests/paddle26, created here when missing. Either is skipped, saying why, where it cannot
-be installed.
+Paddle 3.x (collective, DataParallel, fleet collective, fleet's roles in parameter-server mode) and Paddle
+2.6.2, the last with a parameter-server runtime on CPU, each run from a virtual environment of its own
+(tests/paddle_envs.py), made here when missing; either is skipped, saying why, where it cannot be made.
 """
 
 import glob
@@ -13,45 +11,35 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests import paddle_envs
 from tests.conftest import REPO, free_ports
 
 PROGRAMS = REPO / "tests" / "integration" / "paddle_programs"
-VENV = Path(os.environ.get("LAUNCHER_PADDLE26_VENV") or Path.home() / ".cache" / "launcher-tests" / "paddle26")
-PADDLE26 = ["paddlepaddle==2.6.2", "protobuf<5", "numpy<2", "click>=8.1", "psutil>=5.9", "pyyaml>=6.0"]
 
 
-def _has_paddle(python) -> bool:
-    probe = subprocess.run([str(python), "-c", "import paddle"], capture_output=True, timeout=120)
-    return probe.returncode == 0
+def _paddle_python(env):
+    try:
+        return paddle_envs.make(env)
+    except (subprocess.SubprocessError, OSError) as e:
+        pytest.skip(f"cannot make the {env.name} environment in {env.folder}: {e}")
 
 
 @pytest.fixture(scope="module")
 def paddle3():
-    if not _has_paddle(sys.executable):
-        pytest.skip("paddlepaddle is not installed in this interpreter (pip install paddlepaddle)")
-    return sys.executable
+    """The Python of a virtual environment with paddlepaddle 3.3.1 (and this launcher's dependencies)."""
+    return _paddle_python(paddle_envs.PADDLE3)
 
 
 @pytest.fixture(scope="module")
 def paddle26():
     """The Python of a virtual environment with paddlepaddle 2.6.2 (and this launcher's dependencies)."""
-    python = VENV / "bin" / "python"
-    if python.exists() and _has_paddle(python):
-        return str(python)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, capture_output=True, timeout=300)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PADDLE26], check=True, capture_output=True,
-                       timeout=1200)
-    except (subprocess.SubprocessError, OSError) as e:
-        pytest.skip(f"cannot create the paddlepaddle 2.6.2 environment in {VENV}: {e}")
-    return str(python)
+    return _paddle_python(paddle_envs.PADDLE26)
 
 
 def _env(extra=None):
