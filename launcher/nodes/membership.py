@@ -1,0 +1,445 @@
+"""The membership of an elastic job as node 0's launcher keeps it: a pure function of (state, event, time).
+
+Node 0's launcher is the keeper: it is the first member and node rank 0 of every round (its own
+loss ends the job elsewhere, not here). Every other launcher asks to join with an identity it made
+(``Node``: an id of its own, its host, its number of workers). The event loop feeds ``decide`` what
+the control channel reports and what the nodes say, and carries out the actions it returns; nothing
+here touches a socket or reads the clock (``now`` is given), so every rule is tested by replaying
+histories (tests/test_membership.py). The settings are an ``ElasticSpec``'s (``launcher.plan.elastic``).
+
+The rules:
+
+- The job starts (round 1) when MAX nodes are in, or MIN nodes and ``last_call_timeout`` has passed
+  since the MIN-th came.
+- A node is lost when its connection closes, when node 0 has heard nothing from it for
+  ``heartbeat_timeout``, or when it has not reported its workers stopped within ``close_timeout`` of
+  a re-form's start. While at least MIN remain, the round is re-formed at once: every surviving
+  member stops its workers (``StopWorkers``), and once they all report them stopped the next round
+  starts with the survivors. Losses and joins meanwhile go into that same round.
+- A node that joins a running job below MAX is admitted and the round re-formed at once; at MAX it
+  is admitted as a standby (MAX of them at most), which takes the place of the next member lost.
+- In each round node ranks stay as stable as they can: the survivors keep their order, a standby
+  takes the node rank of the member it replaces, newcomers go last; global ranks are contiguous, each
+  node's block as long as its number of workers.
+- A membership change spends no restart: ``max_restarts`` counts worker failures only. A worker
+  failure of the running round spends one and re-forms the round with the same members; none left,
+  the job ends with the failure's code. With ``failed_node_leaves`` (Paddle's ``--elastic_level 0``)
+  the failing node leaves instead (its launcher ends with that code) and the others re-form.
+- Below MIN, node 0 waits up to ``join_timeout`` for nodes to join (a lost node comes back as a new
+  one, with a new id), then ends the job with code 1, naming the nodes lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Tuple, Union
+
+from launcher.plan.elastic import ElasticSpec
+from launcher.plan.policy import Say
+
+WAITING = "waiting"  # no round runs: before the first, or fewer than MIN nodes are left
+REFORMING = "reforming"  # the last round's members are stopping their workers; the next round follows
+RUNNING = "running"
+ENDED = "ended"
+
+
+# ---------------------------------------------------------------- who
+
+
+@dataclass(frozen=True)
+class Node:
+    """A launcher of the job as it introduced itself: an id it made (unique to that launcher's run),
+    its host, its number of workers."""
+
+    node_id: str
+    host: str
+    workers: int
+
+    @property
+    def label(self) -> str:
+        return f"node {self.node_id} ({self.host})"
+
+
+@dataclass(frozen=True)
+class Member:
+    node: Node
+    node_rank: int
+    first_rank: int  # the global rank of its local rank 0
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of the job, as every node starts it and the console and ``launcher status`` show it."""
+
+    number: int  # 1, 2, ...
+    members: tuple  # Member, by node rank
+    world_size: int
+    why: str  # what ended the round before: "start" (none), "lost", "joined", "restart"
+    joined: tuple = ()  # Node: those not in the round before
+    left: tuple = ()  # (Node, reason): those lost since the round before
+    restarts: int = 0  # worker failures spent so far (TORCHELASTIC_RESTART_COUNT)
+
+    def member(self, node_id: str) -> Optional[Member]:
+        return next((m for m in self.members if m.node.node_id == node_id), None)
+
+
+def describe(round_: Round) -> str:
+    """A round in one line, for every node's console and log."""
+    parts = [f"round {round_.number} ({round_.why}): {len(round_.members)} node(s), world size {round_.world_size}"]
+    if round_.left:
+        parts.append("left: " + ", ".join(f"{node.label} ({reason})" for node, reason in round_.left))
+    if round_.joined and round_.number > 1:
+        parts.append("joined: " + ", ".join(node.label for node in round_.joined))
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class JoinAsked:
+    node: Node
+    job_id: str  # the job it says it belongs to
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Closed:
+    node_id: str  # its connection to node 0 closed
+
+
+@dataclass(frozen=True)
+class WorkersStopped:
+    node_id: str
+    round: int  # its workers of this round are all gone
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    node_id: str
+    round: int
+    code: int  # the exit code the job ends with if it cannot restart
+    reason: str  # one sentence: which worker, how
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    code: int  # the job is over (its workers finished, or node 0 was told to stop)
+    reason: str
+
+
+@dataclass(frozen=True)
+class TimePassed:
+    pass  # a deadline of the state may have come
+
+
+Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, WorkerFailed, JobEnded, TimePassed]
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Admit:
+    node_id: str
+    standby: bool = False  # a standby waits for a member's place; a member waits for the next round
+
+
+@dataclass(frozen=True)
+class Refuse:
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Node 0 counts this node out: it closes its connection, and that launcher stops its workers and ends."""
+
+    node_id: str
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    round: int
+    nodes: tuple  # node ids, by node rank: the round's members still in the job
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartRound:
+    round: Round  # to each of its members
+
+
+@dataclass(frozen=True)
+class EndJob:
+    code: int
+    reason: str
+    nodes: tuple  # node ids: every member and standby
+
+
+Action = Union[Admit, Refuse, Drop, StopWorkers, StartRound, EndJob, Say]
+
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class State:
+    spec: ElasticSpec
+    keeper: str  # node 0's id
+    job_id: str
+    phase: str = WAITING
+    members: tuple = ()  # Node, in the order of the running round, or of the next one
+    standbys: tuple = ()  # Node, in the order they came
+    heard: Mapping[str, float] = field(default_factory=dict)  # node id -> when node 0 last heard it (all but node 0)
+    rounds: tuple = ()  # every round started, the current one last
+    unstopped: frozenset = frozenset()  # ids of the last round's members still stopping its workers
+    stop_began: Optional[float] = None
+    why: str = "start"  # what the next round is formed for
+    left: tuple = ()  # (Node, reason): lost since the last round started
+    restarts: int = 0
+    wait_began: Optional[float] = None  # WAITING: when the wait for MIN nodes began
+    min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
+    end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
+
+    @property
+    def round(self) -> Optional[Round]:
+        return self.rounds[-1] if self.rounds else None
+
+    def known(self, node_id: str) -> Optional[Node]:
+        return next((n for n in self.members + self.standbys if n.node_id == node_id), None)
+
+
+def begin(spec: ElasticSpec, keeper: Node, job_id: str, now: float) -> Tuple[State, tuple]:
+    """The membership when node 0's launcher starts: itself, waiting for the others (a job of one node at
+    most starts at once)."""
+    state = State(spec=spec, keeper=keeper.node_id, job_id=job_id, members=(keeper,), wait_began=now)
+    return _maybe_start(state, now)
+
+
+def next_deadline(state: State) -> Optional[float]:
+    """When ``TimePassed`` may next change something; None: only an event will."""
+    if state.phase == ENDED:
+        return None
+    times = [at + state.spec.rendezvous.heartbeat_timeout for at in state.heard.values()]
+    if state.unstopped:
+        times.append(state.stop_began + state.spec.rendezvous.close_timeout)
+    if state.phase == WAITING and len(state.members) < state.spec.min_nodes:
+        times.append(state.wait_began + state.spec.rendezvous.join_timeout)
+    elif state.phase == WAITING and state.min_reached is not None:
+        times.append(state.min_reached + state.spec.rendezvous.last_call_timeout)
+    return min(times, default=None)
+
+
+# ---------------------------------------------------------------- rules
+
+
+def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
+    if state.phase == ENDED:
+        refusal = (Refuse(event.node.node_id, "the job has ended"),) if isinstance(event, JoinAsked) else ()
+        return state, refusal
+    if isinstance(event, JoinAsked):
+        return _on_join(state, event.node, event.job_id, now)
+    if isinstance(event, Heartbeat):
+        if event.node_id in state.heard:
+            state = replace(state, heard={**state.heard, event.node_id: now})
+        return state, ()
+    if isinstance(event, Closed):
+        return _lose(state, event.node_id, "its connection closed", now)
+    if isinstance(event, WorkersStopped):
+        if state.round is None or event.round != state.round.number or event.node_id not in state.unstopped:
+            return state, ()
+        return _maybe_start(replace(state, unstopped=state.unstopped - {event.node_id}), now)
+    if isinstance(event, WorkerFailed):
+        return _on_failure(state, event, now)
+    if isinstance(event, JobEnded):
+        return _end(state, event.code, event.reason)
+    return _on_time(state, now)
+
+
+def _on_join(state: State, node: Node, job_id: str, now: float):
+    refusal = _refusal(state, node, job_id)
+    if refusal is not None:
+        return state, (Refuse(node.node_id, refusal),)
+    heard = {**state.heard, node.node_id: now}
+    if len(state.members) >= state.spec.max_nodes:
+        state = replace(state, standbys=state.standbys + (node,), heard=heard)
+        return state, (Admit(node.node_id, standby=True),
+                       Say(logging.INFO, f"{node.label} waits as a standby: the job has its {state.spec.max_nodes} nodes"))
+    state = replace(state, members=state.members + (node,), heard=heard)
+    actions = (Admit(node.node_id), Say(logging.INFO, f"{node.label} joined ({len(state.members)} node(s))"))
+    if state.phase == RUNNING:
+        state, more = _reform(state, "joined", f"{node.label} joined", now)
+    else:
+        state, more = _maybe_start(state, now)
+    return state, actions + more
+
+
+def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
+    """Why a node may not join, or None."""
+    if job_id != state.job_id:
+        return f"its job id is {job_id!r}, this job's is {state.job_id!r}"
+    taken = state.known(node.node_id)
+    if taken is not None:
+        return (f"the node id {node.node_id!r} is taken by a launcher already in the job (on {taken.host}); "
+                "each launcher makes an id of its own")
+    if not (isinstance(node.node_id, str) and node.node_id and isinstance(node.host, str) and node.host):
+        return f"its node id {node.node_id!r} or host {node.host!r} is not a name"
+    if type(node.workers) is not int or node.workers < 1:
+        return f"it has {node.workers!r} workers; a node needs one at least"
+    if state.spec.node_hosts and node.host not in state.spec.node_hosts:
+        return f"its host {node.host} is not one of the job's nodes ({','.join(state.spec.node_hosts)})"
+    if len(state.members) >= state.spec.max_nodes and len(state.standbys) >= state.spec.max_nodes:
+        return f"the job is full: {state.spec.max_nodes} node(s) and {len(state.standbys)} standby(s)"
+    return None
+
+
+def _lose(state: State, node_id: str, reason: str, now: float):
+    """``node_id`` is gone: a standby is just forgotten; a member's place goes to the first standby, and
+    the round is re-formed (or the wait for MIN nodes begins)."""
+    node = state.known(node_id)
+    if node is None or node_id == state.keeper:
+        return state, ()
+    heard = {k: v for k, v in state.heard.items() if k != node_id}
+    if node in state.standbys:
+        state = replace(state, standbys=tuple(n for n in state.standbys if n != node), heard=heard)
+        return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
+    text = f"{node.label} lost: {reason}"
+    if state.standbys:
+        substitute, standbys = state.standbys[0], state.standbys[1:]
+        members = tuple(substitute if n == node else n for n in state.members)
+        text += f"; standby {substitute.label} takes its place"
+    else:
+        members, standbys = tuple(n for n in state.members if n != node), state.standbys
+    state = replace(state, members=members, standbys=standbys, heard=heard, unstopped=state.unstopped - {node_id},
+                    left=state.left + ((node, reason),))
+    actions = (Say(logging.WARNING, text),)
+    if state.phase == RUNNING:
+        state, more = _reform(state, "lost", text, now)
+    else:
+        state, more = _settle(state, now)
+    return state, actions + more
+
+
+def _on_failure(state: State, event: WorkerFailed, now: float):
+    """A worker failure of the running round (one of a round being stopped is the stop's own, and ignored)."""
+    current = state.round
+    if state.phase != RUNNING or event.round != current.number or current.member(event.node_id) is None:
+        return state, ()
+    if state.spec.failed_node_leaves and event.node_id != state.keeper:
+        state, actions = _lose(state, event.node_id, f"{event.reason}; it leaves the job (--elastic_level 0)", now)
+        return state, (Drop(event.node_id, event.code, event.reason),) + actions
+    spent, most = state.restarts, state.spec.max_restarts
+    if spent < most and not state.spec.failed_node_leaves:  # node 0, which cannot leave, ends the job instead
+        state = replace(state, restarts=spent + 1)
+        return _reform(state, "restart", f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)", now)
+    return _end(state, event.code, f"{event.reason} (restarts spent: {spent} of {most})")
+
+
+def _reform(state: State, why: str, reason: str, now: float):
+    """Stop the running round's workers on every member still in; the next round follows once they have."""
+    staying = {n.node_id for n in state.members}
+    stopping = tuple(m.node.node_id for m in state.round.members if m.node.node_id in staying)
+    stop = StopWorkers(state.round.number, stopping, reason)
+    state = replace(state, phase=REFORMING, why=why, unstopped=frozenset(stopping), stop_began=now)
+    state, more = _settle(state, now)
+    return state, (stop,) + more
+
+
+def _settle(state: State, now: float):
+    """After a change while no round runs: below MIN the wait for nodes begins; else a round may start."""
+    spec = state.spec
+    if state.phase == REFORMING and len(state.members) < spec.min_nodes:
+        state = replace(state, phase=WAITING, wait_began=now, min_reached=None)
+        say = Say(logging.WARNING, f"{len(state.members)} node(s) left, {spec.min_nodes} needed: waiting up to "
+                                   f"{spec.rendezvous.join_timeout:g} s (join_timeout) for nodes to join")
+        state, more = _maybe_start(state, now)
+        return state, (say,) + more
+    return _maybe_start(state, now)
+
+
+def _maybe_start(state: State, now: float):
+    """Start the next round if it may: every stop reported and MIN nodes in; when waiting, MAX of them or
+    the last call over."""
+    count, spec = len(state.members), state.spec
+    if state.phase == RUNNING:
+        return state, ()
+    if count < spec.min_nodes:
+        return replace(state, min_reached=None), ()
+    last_call = state.phase == WAITING and count < spec.max_nodes
+    if last_call and state.min_reached is None:
+        state = replace(state, min_reached=now)
+    if state.unstopped or last_call and now < state.min_reached + spec.rendezvous.last_call_timeout:
+        return state, ()
+    return _start_round(state)
+
+
+def _start_round(state: State):
+    previous = state.round
+    members, rank = [], 0
+    for node_rank, node in enumerate(state.members):
+        members.append(Member(node, node_rank, rank))
+        rank += node.workers
+    before = set() if previous is None else {m.node.node_id for m in previous.members}
+    round_ = Round(number=1 if previous is None else previous.number + 1, members=tuple(members), world_size=rank,
+                   why=state.why, joined=tuple(n for n in state.members if n.node_id not in before), left=state.left,
+                   restarts=state.restarts)
+    state = replace(state, phase=RUNNING, rounds=state.rounds + (round_,), why="start", left=(),
+                    unstopped=frozenset(), stop_began=None, wait_began=None, min_reached=None)
+    return state, (StartRound(round_), Say(logging.INFO, describe(round_)))
+
+
+def _on_time(state: State, now: float):
+    rendezvous, actions = state.spec.rendezvous, ()
+    for node_id, at in sorted(state.heard.items()):
+        if now >= at + rendezvous.heartbeat_timeout and state.phase != ENDED:
+            reason = f"no heartbeat for {now - at:.1f} s (heartbeat_timeout {rendezvous.heartbeat_timeout:g} s)"
+            state, more = _lose(state, node_id, reason, now)
+            actions += (Drop(node_id, 1, reason),) + more
+    if state.unstopped and now >= state.stop_began + rendezvous.close_timeout and state.phase != ENDED:
+        state, more = _stop_overdue(state, now)
+        actions += more
+    if state.phase == WAITING and len(state.members) < state.spec.min_nodes \
+            and now >= state.wait_began + rendezvous.join_timeout:
+        state, more = _end(state, 1, _gave_up(state))
+        return state, actions + more
+    if state.phase == ENDED:
+        return state, actions
+    state, more = _maybe_start(state, now)
+    return state, actions + more
+
+
+def _stop_overdue(state: State, now: float):
+    """The members that have not reported their workers stopped within close_timeout are lost; node 0's
+    own overdue stop ends the job (it cannot leave it)."""
+    overdue = f"workers did not stop within {state.spec.rendezvous.close_timeout:g} s (close_timeout)"
+    if state.keeper in state.unstopped:
+        return _end(state, 1, f"node 0's {overdue}")
+    reason = f"its {overdue}"
+    actions = ()
+    for node_id in sorted(state.unstopped):
+        state, more = _lose(state, node_id, reason, now)
+        actions += (Drop(node_id, 1, reason),) + more
+    return state, actions
+
+
+def _gave_up(state: State) -> str:
+    spec = state.spec
+    wanted = f"{spec.min_nodes} needed (--nnodes {spec.min_nodes}:{spec.max_nodes})"
+    waited = f"{spec.rendezvous.join_timeout:g} s (join_timeout)"
+    if state.round is None:
+        return f"only {len(state.members)} node(s) joined within {waited}, {wanted}"
+    lost = ", ".join(f"{node.label} ({reason})" for node, reason in state.left)
+    return f"{len(state.members)} node(s) left after {waited}, {wanted}; lost: {lost}"
+
+
+def _end(state: State, code: int, reason: str):
+    nodes = tuple(n.node_id for n in state.members + state.standbys)
+    return replace(state, phase=ENDED, end=(code, reason)), (EndJob(code, reason, nodes),)

@@ -1,0 +1,388 @@
+"""The elastic options of torchrun, Paddle 3.x and Paddle 2.x, checked and turned into one ``ElasticSpec``. Pure.
+
+The three command lines that ask for a number of nodes between MIN and MAX:
+
+- torchrun: ``--nnodes MIN:MAX --rdzv-backend c10d --rdzv-endpoint HOST[:PORT] --rdzv-id ID
+  --rdzv-conf K=V,... --max-restarts N`` (``from_torchrun``);
+- Paddle 3.x: ``--nnodes MIN:MAX --master IP:PORT --job_id ID --elastic_level L --elastic_timeout S
+  --max_restart N`` (``from_paddle3``);
+- Paddle 2.x (fleetrun): ``--np MIN:MAX --job_id ID`` and ``--elastic_server`` (or their
+  ``PADDLE_ELASTIC_*`` variables) (``from_paddle2``).
+
+Each takes the options the user gave as a plain mapping of their underscore names (a name absent
+or None: not given), so the command line calls it with what click parsed. Every bad value is a
+LaunchError of one sentence that names it and the fix. An etcd rendezvous (``--rdzv-backend etcd``,
+``--master etcd://...``, ``--elastic_server``) is refused: it needs the etcd extra of a later version.
+
+The rendezvous settings, with this launcher's meanings (torchrun's ``--rdzv-conf`` keys; node 0's
+launcher keeps the membership on its control channel, ``launcher.nodes.membership``):
+
+- ``join_timeout`` (default 600 s, torchrun's): how long node 0 waits for MIN nodes, at the start and
+  whenever losses leave fewer than MIN; then the job ends non-zero, naming the nodes lost. Another
+  node's launcher tries to reach node 0 for as long. ``timeout`` (the static rendezvous's key) is
+  the same setting.
+- ``last_call_timeout`` (default 1 s; torchrun's is 30 s): once MIN nodes are in and no round runs,
+  how long node 0 waits for more before it starts the round; MAX nodes start it at once. Short,
+  because the launchers of one job start together and reach node 0 within milliseconds on a LAN,
+  while a node later than the window is not lost: it joins the running job, which re-forms at once
+  (one worker start). torchrun's 30 s delays every start for a node that may never come.
+- ``close_timeout`` (default 30 s): at a re-form, how long node 0 waits for a member to report its
+  workers stopped; a member that has not by then counts as lost.
+- ``heartbeat_timeout`` (default 3 s): how long node 0 hears nothing from a node before it counts
+  it as lost (torchrun's is how long one keep-alive write may take). Not given: ``keep_alive_interval``
+  times ``keep_alive_max_attempt`` (torchrun's rule for a dead node), 3 s with the defaults.
+- ``read_timeout`` (default 60 s, torchrun's): how long a launcher waits for node 0's answer to a
+  request on the control channel (its join) before it drops that connection and connects again
+  (within ``join_timeout``).
+- ``keep_alive_interval`` (default 1 s): how often each launcher sends node 0 a heartbeat.
+- ``keep_alive_max_attempt`` (default 3): the heartbeats a node may miss before it is lost, when
+  ``heartbeat_timeout`` is not given.
+- ``is_host`` (torchrun's, a boolean): accepted, no effect: node 0 is the launcher that listens on
+  the endpoint.
+
+Paddle's settings: Paddle 3.x's ``--elastic_timeout`` and Paddle 2.x's ``PADDLE_ELASTIC_TIMEOUT``
+(how long Paddle waits with fewer than MAX nodes before it starts with those there) are
+``last_call_timeout``; Paddle 2.x's ``PADDLE_ELASTIC_TTL`` (its heartbeat lease, renewed every third
+of it) is ``heartbeat_timeout``, with a heartbeat every third of it at most. Paddle 3.x's ``--elastic_level``: -1 (Paddle's default) and 1 restart the
+round after a worker failure, up to ``--max_restart``, as torchrun does; 0 ("failed exit, peers
+hold"): the failing node leaves the job and the others re-form without it, spending no restart.
+
+A membership change never spends a restart: ``max_restarts`` counts worker failures only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Tuple
+
+from launcher.errors import LaunchError
+from launcher.plan.parsing import DIGITS, INTEGER, parse_node_list
+
+C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
+LOOPBACK = "127.0.0.1"  # torchrun's c10d endpoint when none is given (it says localhost)
+BACKENDS = ("static", "c10d")
+ETCD_REFUSAL = ("needs the etcd extra of a later version of this launcher; give {fix} instead (node 0's launcher "
+                "then keeps the membership itself).")
+ELASTIC_LEVELS = (-1, 0, 1)
+TRUE, FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One rendezvous setting: its bounds and default (seconds, or a count when ``whole``)."""
+
+    name: str
+    low: float
+    high: float
+    default: float
+    whole: bool = False
+
+
+SETTINGS = (
+    Setting("join_timeout", 0.5, 86400, 600.0),
+    Setting("last_call_timeout", 0, 3600, 1.0),
+    Setting("close_timeout", 0.5, 86400, 30.0),
+    Setting("heartbeat_timeout", 0.5, 3600, 3.0),
+    Setting("read_timeout", 0.5, 3600, 60.0),
+    Setting("keep_alive_interval", 0.05, 600, 1.0),
+    Setting("keep_alive_max_attempt", 1, 1000, 3, whole=True),
+)
+SETTING = {s.name: s for s in SETTINGS}
+ALIASES = {"timeout": "join_timeout"}  # the static rendezvous's key
+FLAGS = ("is_host",)  # accepted booleans of no effect
+KNOWN_KEYS = tuple(sorted([*SETTING, *ALIASES, *FLAGS]))
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """The rendezvous settings, in seconds but ``keep_alive_max_attempt`` (see the module's docstring)."""
+
+    join_timeout: float = SETTING["join_timeout"].default
+    last_call_timeout: float = SETTING["last_call_timeout"].default
+    close_timeout: float = SETTING["close_timeout"].default
+    heartbeat_timeout: float = SETTING["heartbeat_timeout"].default
+    read_timeout: float = SETTING["read_timeout"].default
+    keep_alive_interval: float = SETTING["keep_alive_interval"].default
+    keep_alive_max_attempt: int = int(SETTING["keep_alive_max_attempt"].default)
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """How many nodes a job runs on and how they meet: MIN to MAX nodes (elastic when they differ),
+    around node 0's launcher at ``host``:``port`` (None: the launcher's default)."""
+
+    min_nodes: int
+    max_nodes: int
+    backend: str  # "c10d": node 0's launcher keeps the membership; "static": fixed node ranks
+    host: Optional[str] = None
+    port: Optional[int] = None
+    job_id: Optional[str] = None  # None: the launcher's default job id
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    max_restarts: int = 0  # worker failures the job may restart after; membership changes spend none
+    failed_node_leaves: bool = False  # Paddle 3.x's --elastic_level 0: a worker failure takes its node out
+    node_hosts: tuple = ()  # a static node list that came with the range: every node that may join
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes < self.max_nodes
+
+
+# ---------------------------------------------------------------- the three command lines
+
+
+def from_torchrun(values: Mapping) -> ElasticSpec:
+    """torchrun's options (``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``,
+    ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
+    low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
+    backend = _backend(_given(values, "rdzv_backend") or "static")
+    rendezvous = parse_rdzv_conf(_given(values, "rdzv_conf") or "")
+    spec = ElasticSpec(low, high, backend, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
+                       max_restarts=_restarts(values.get("max_restarts"), "--max-restarts"))
+    if not spec.elastic:
+        return spec
+    if backend == "static":
+        raise LaunchError(f"--nnodes {low}:{high} with --rdzv-backend static: a static rendezvous has a fixed number "
+                          f"of nodes; give --rdzv-backend c10d for an elastic job, or --nnodes {high}.")
+    _no_node_rank(values, "node_rank", "--node-rank", low, high)
+    hosts = _node_hosts(values, "cluster_node_ips", "--cluster_node_ips", low, high)
+    host, port = parse_rdzv_endpoint(_given(values, "rdzv_endpoint"), hosts)
+    return replace(spec, host=host, port=port, node_hosts=hosts)
+
+
+def from_paddle3(values: Mapping) -> ElasticSpec:
+    """Paddle 3.x's options (``nnodes``, ``master``, ``job_id``, ``elastic_level``, ``elastic_timeout``,
+    ``max_restart``, ``rank``, ``ips``); ``--max_restart`` not given is 0, as for a fixed job here (Paddle's
+    own default is 3)."""
+    low, high = parse_nnodes(str(_given(values, "nnodes") or "1"), "--nnodes")
+    master = _given(values, "master")
+    if master is not None and "://" in str(master):
+        raise LaunchError(f"--master {master} names an etcd rendezvous, which "
+                          + ETCD_REFUSAL.format(fix="--master IP:PORT of node 0"))
+    level = _elastic_level(_given(values, "elastic_level"))
+    rendezvous = Rendezvous()
+    timeout = _given(values, "elastic_timeout")
+    if timeout is not None:
+        rendezvous = replace(rendezvous, last_call_timeout=_seconds(str(timeout), SETTING["last_call_timeout"],
+                                                                    f"--elastic_timeout {timeout}", "--elastic_timeout "))
+    spec = ElasticSpec(low, high, "c10d" if low < high else "static", job_id=_given(values, "job_id"),
+                       rendezvous=rendezvous, max_restarts=_restarts(values.get("max_restart"), "--max_restart"),
+                       failed_node_leaves=level == 0)
+    if not spec.elastic:
+        return spec
+    _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
+    hosts = _node_hosts(values, "ips", "--ips", low, high)
+    host, port = _paddle_master(master, hosts, low, high, "--nnodes")
+    return replace(spec, host=host, port=port, node_hosts=hosts)
+
+
+def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
+    """Paddle 2.x's (fleetrun's) options (``np``, ``job_id``, ``elastic_server``, ``ips``, and Paddle 3's
+    ``master``, taken too), each one not given read from its ``PADDLE_ELASTIC_*`` variable in ``env``."""
+    env = env or {}
+    server = _given(values, "elastic_server") or env.get("PADDLE_ELASTIC_SERVER") or None
+    if server is not None:
+        raise LaunchError(f"--elastic_server {server} names an etcd rendezvous, which "
+                          + ETCD_REFUSAL.format(fix="--np MIN:MAX with --ips (node 0 first)"))
+    text = _given(values, "np")
+    shown = "--np" if text is not None else "PADDLE_ELASTIC_NP"
+    low, high = parse_nnodes(str(text if text is not None else env.get("PADDLE_ELASTIC_NP") or "1"), shown)
+    rendezvous = _paddle2_rendezvous(env)
+    job_id = _given(values, "job_id") or env.get("PADDLE_ELASTIC_JOB_ID") or None
+    spec = ElasticSpec(low, high, "c10d" if low < high else "static", job_id=job_id, rendezvous=rendezvous)
+    if not spec.elastic:
+        return spec
+    hosts = _node_hosts(values, "ips", "--ips", low, high)
+    host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
+    return replace(spec, host=host, port=port, node_hosts=hosts)
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
+    """PADDLE_ELASTIC_TIMEOUT as the last call; PADDLE_ELASTIC_TTL as the heartbeat timeout, a heartbeat
+    every third of it at most (Paddle 2.x renews its lease every TTL/3)."""
+    rendezvous = Rendezvous()
+    for variable, name in (("PADDLE_ELASTIC_TIMEOUT", "last_call_timeout"), ("PADDLE_ELASTIC_TTL", "heartbeat_timeout")):
+        if env.get(variable):
+            seconds = _seconds(env[variable], SETTING[name], f"{variable}={env[variable]}", f"{variable}=")
+            rendezvous = replace(rendezvous, **{name: seconds})
+    interval = min(rendezvous.keep_alive_interval, rendezvous.heartbeat_timeout / 3)
+    return replace(rendezvous, keep_alive_interval=interval)
+
+
+def parse_nnodes(text: str, option: str) -> Tuple[int, int]:
+    """``N`` or ``MIN:MAX`` as (MIN, MAX), 1 <= MIN <= MAX."""
+    parts = str(text).strip().split(":")
+    if len(parts) > 2 or not all(DIGITS.fullmatch(p.strip()) for p in parts):
+        raise LaunchError(f"{option} {text} is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4.")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise LaunchError(f"{option} {text} has a minimum of 0 nodes; give 1 or more, such as {option} 1:{max(high, 1)}.")
+    if low > high:
+        raise LaunchError(f"{option} {text} has its minimum above its maximum; give MIN:MAX with MIN at most MAX, "
+                          f"such as {option} {high}:{low}.")
+    return low, high
+
+
+def parse_rdzv_conf(text: str) -> Rendezvous:
+    """torchrun's ``--rdzv-conf`` (``key=value,...``) as the rendezvous settings, each key known and in range."""
+    given: dict = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or not key or not value:
+            where = f"--rdzv-conf {text}" + ("" if item == text.strip() else f" has {item!r}, which")
+            raise LaunchError(f"{where} is not KEY=VALUE; give KEY=VALUE pairs separated by commas, such as "
+                              "join_timeout=600,last_call_timeout=1.")
+        name = ALIASES.get(key, key)
+        if name not in SETTING and name not in FLAGS:
+            raise LaunchError(f"--rdzv-conf has the unknown key {key!r}; the known keys are {', '.join(KNOWN_KEYS)}: "
+                              "drop it or correct its spelling.")
+        if name in given and given[name][1] != value:
+            raise LaunchError(f"--rdzv-conf gives {name} twice ({given[name][0]}={given[name][1]}, {key}={value}); "
+                              "give it once.")
+        given[name] = (key, value)
+    values = {}
+    for name, (key, value) in given.items():
+        if name in FLAGS:
+            _boolean(value, f"--rdzv-conf {key}={value}")
+        else:
+            values[name] = _seconds(value, SETTING[name], f"--rdzv-conf {key}={value}")
+    return _with_silence(values)
+
+
+def parse_rdzv_endpoint(text: Optional[str], hosts: tuple = ()) -> Tuple[str, int]:
+    """``HOST[:PORT]`` (``[v6]:PORT``) of node 0; no port: torchrun's 29400; none given: the first of
+    ``hosts``, else loopback (torchrun's localhost)."""
+    if text is None or not str(text).strip():
+        return (hosts[0] if hosts else LOOPBACK), C10D_PORT
+    text = str(text).strip()
+    if text.startswith("["):
+        host, _, port = text[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port or str(C10D_PORT)
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:  # a host alone, or a bare IPv6 address
+        host, port = text, str(C10D_PORT)
+    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise LaunchError(f"--rdzv-endpoint {text} is not HOST[:PORT]; give node 0's address and a port from 1 to "
+                          "65535, such as 10.0.0.1:29400.")
+    return host, int(port)
+
+
+def _with_silence(values: dict) -> Rendezvous:
+    """The settings given; without ``heartbeat_timeout``, torchrun's dead-node rule makes it from the
+    interval and the attempts when either was given; a heartbeat timeout within one interval is refused."""
+    rendezvous = Rendezvous(**values)
+    if "heartbeat_timeout" not in values and ({"keep_alive_interval", "keep_alive_max_attempt"} & set(values)):
+        silence = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
+        rendezvous = replace(rendezvous, heartbeat_timeout=max(silence, SETTING["heartbeat_timeout"].low))
+    if rendezvous.heartbeat_timeout <= rendezvous.keep_alive_interval:
+        raise LaunchError(f"--rdzv-conf heartbeat_timeout={rendezvous.heartbeat_timeout:g} is not longer than "
+                          f"keep_alive_interval={rendezvous.keep_alive_interval:g}: a node would count as lost between "
+                          "two of its heartbeats; give a heartbeat_timeout of a few intervals.")
+    return rendezvous
+
+
+def _seconds(text: str, setting: Setting, shown: str, spelling: Optional[str] = None) -> float:
+    """``text`` as the setting's number (a whole one when ``setting.whole``), within its bounds; ``shown``
+    names the value given, ``spelling`` the option before a value (``--rdzv-conf`` KEY= by default)."""
+    number = _number(str(text).strip(), setting.whole)
+    example = f"{spelling or setting.name + '='}{setting.default:g}"
+    if number is None:
+        what = "a whole number" if setting.whole else "a number of seconds"
+        raise LaunchError(f"{shown} is not {what}; give one from {setting.low:g} to {setting.high:g}, such as {example}.")
+    if not setting.low <= number <= setting.high:
+        unit = "" if setting.whole else " seconds"
+        raise LaunchError(f"{shown} is outside {setting.low:g} to {setting.high:g}{unit}; give a value in that range, "
+                          f"such as {example}.")
+    return number
+
+
+def _number(text: str, whole: bool):
+    """A finite number written in ASCII (a whole one when ``whole``), or None."""
+    if whole:
+        return int(text) if INTEGER.fullmatch(text) else None
+    try:
+        number = float(text) if text.isascii() else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _boolean(text: str, shown: str) -> bool:
+    if text.lower() not in TRUE + FALSE:
+        raise LaunchError(f"{shown} is not true or false; give true, false, 1 or 0.")
+    return text.lower() in TRUE
+
+
+def _given(values: Mapping, name: str):
+    value = values.get(name)
+    return None if value is None or value == "" else value
+
+
+def _backend(name: str) -> str:
+    name = str(name).strip().lower()
+    if name.startswith("etcd"):
+        raise LaunchError(f"--rdzv-backend {name} " + ETCD_REFUSAL.format(fix="--rdzv-backend c10d"))
+    if name not in BACKENDS:
+        raise LaunchError(f"--rdzv-backend {name} is not a rendezvous backend of this launcher; give c10d or static.")
+    return name
+
+
+def _restarts(value, option: str) -> int:
+    if value is None:
+        return 0
+    text = str(value).strip()
+    if not DIGITS.fullmatch(text):
+        raise LaunchError(f"{option} {value} is not a number of restarts; give 0 (no restart) or more.")
+    return int(text)
+
+
+def _elastic_level(value) -> int:
+    text = "-1" if value is None else str(value).strip()
+    if not INTEGER.fullmatch(text) or int(text) not in ELASTIC_LEVELS:
+        raise LaunchError(f"--elastic_level {value} is not one of -1, 0, 1; give -1 or 1 (a worker failure restarts "
+                          "the job, up to --max_restart) or 0 (the failing node leaves, the others go on).")
+    return int(text)
+
+
+def _no_node_rank(values: Mapping, name: str, option: str, low: int, high: int, unset: str = "") -> None:
+    """An elastic job's node ranks come from the membership: a fixed one is refused."""
+    value = _given(values, name)
+    if value is not None and str(value).strip() != unset:
+        raise LaunchError(f"{option} {value} fixes this node's rank, but the ranks of an elastic job (--nnodes "
+                          f"{low}:{high}) come from the order the nodes join; drop {option}.")
+
+
+def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) -> tuple:
+    """A static node list given with a range: it must name every node that may join, MAX of them."""
+    text = _given(values, name)
+    if text is None:
+        return ()
+    hosts = parse_node_list(str(text), option)
+    if len(hosts) != high:
+        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {low}:{high} lets {high} join; "
+                          f"give all {high} addresses, node 0 first, or no {option}.")
+    return hosts
+
+
+def _paddle_master(master, hosts: tuple, low: int, high: int, option: str) -> Tuple[str, Optional[int]]:
+    """Paddle's node 0: --master IP:PORT, else the first of --ips (the launcher's default port)."""
+    if master is None:
+        if not hosts:
+            raise LaunchError(f"{option} {low}:{high} needs node 0's address: give --master IP:PORT (the same on "
+                              "every node) or --ips with node 0 first.")
+        return hosts[0], None
+    text = str(master).strip()
+    host, _, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as 10.0.0.1:8090.")
+    if hosts and host != hosts[0]:
+        raise LaunchError(f"--master {text} is not on node 0 ({hosts[0]}, the first of --ips); give --master "
+                          f"{hosts[0]}:{port}.")
+    return host, int(port)

@@ -1,0 +1,271 @@
+"""The elastic options of torchrun, Paddle 3.x and Paddle 2.x (launcher.plan.elastic): the lines accepted,
+as the ElasticSpec each gives, and every refusal, as its whole sentence. Pure: no process."""
+
+import pytest
+
+from launcher.errors import LaunchError
+from launcher.plan import elastic
+from launcher.plan.elastic import ElasticSpec, Rendezvous
+
+
+def refusal(parse, values, *args) -> str:
+    with pytest.raises(LaunchError) as caught:
+        parse(values, *args)
+    return str(caught.value)
+
+
+def torchrun(**values):
+    return {"rdzv_backend": "c10d", **values}
+
+
+# ---------------------------------------------------------------- torchrun
+
+
+def test_torchrun_elastic_line_as_the_pytorch_docs_show_it():
+    spec = elastic.from_torchrun(torchrun(nnodes="2:3", rdzv_endpoint="10.0.0.1:29500", rdzv_id="job7", max_restarts=3))
+    assert spec == ElasticSpec(2, 3, "c10d", host="10.0.0.1", port=29500, job_id="job7", max_restarts=3)
+    assert spec.elastic and spec.rendezvous == Rendezvous()
+
+
+def test_the_rendezvous_defaults_are_written_down_ours():
+    r = Rendezvous()
+    assert (r.join_timeout, r.last_call_timeout, r.close_timeout, r.heartbeat_timeout, r.read_timeout,
+            r.keep_alive_interval, r.keep_alive_max_attempt) == (600, 1, 30, 3, 60, 1, 3)
+    assert r.heartbeat_timeout == r.keep_alive_interval * r.keep_alive_max_attempt  # torchrun's dead-node rule agrees
+
+
+@pytest.mark.parametrize("endpoint, where", [
+    (None, ("127.0.0.1", 29400)), ("", ("127.0.0.1", 29400)), ("node0", ("node0", 29400)),
+    ("node0:1234", ("node0", 1234)), ("[::1]:1234", ("::1", 1234)), ("[fe80::1]", ("fe80::1", 29400)),
+    ("fe80::1", ("fe80::1", 29400)),
+])
+def test_torchrun_endpoint_without_a_port_is_on_29400_and_without_one_at_all_on_loopback(endpoint, where):
+    spec = elastic.from_torchrun(torchrun(nnodes="1:4", rdzv_endpoint=endpoint))
+    assert (spec.host, spec.port) == where
+
+
+def test_every_rdzv_conf_key_is_taken_with_its_value():
+    conf = ("join_timeout=120, last_call_timeout=0,close_timeout=45,heartbeat_timeout=10,read_timeout=5.5,"
+            "keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false")
+    spec = elastic.from_torchrun(torchrun(nnodes="2:4", rdzv_conf=conf))
+    assert spec.rendezvous == Rendezvous(120, 0, 45, 10, 5.5, 2, 4)
+
+
+def test_without_heartbeat_timeout_torchruns_interval_times_attempts_is_the_silence_allowed():
+    spec = elastic.from_torchrun(torchrun(nnodes="2:4", rdzv_conf="keep_alive_interval=5,keep_alive_max_attempt=3"))
+    assert spec.rendezvous.heartbeat_timeout == 15
+    spec = elastic.from_torchrun(torchrun(nnodes="2:4", rdzv_conf="keep_alive_max_attempt=5"))
+    assert spec.rendezvous.heartbeat_timeout == 5
+
+
+def test_the_static_rendezvous_timeout_key_is_the_join_timeout():
+    assert elastic.from_torchrun(torchrun(nnodes="2:4", rdzv_conf="timeout=900")).rendezvous.join_timeout == 900
+    assert elastic.parse_rdzv_conf("timeout=900,join_timeout=900").join_timeout == 900
+
+
+@pytest.mark.parametrize("nnodes, backend", [("2", "static"), ("3:3", "c10d"), ("1", "static")])
+def test_a_fixed_count_is_no_elastic_job_and_keeps_todays_checks(nnodes, backend):
+    spec = elastic.from_torchrun({"nnodes": nnodes, "rdzv_backend": backend, "node_rank": 1})
+    assert not spec.elastic and spec.min_nodes == spec.max_nodes == int(nnodes.split(":")[0])
+    assert elastic.from_torchrun({}) == ElasticSpec(1, 1, "static")
+
+
+def test_a_node_list_of_max_nodes_may_come_with_the_range_and_names_node_0():
+    spec = elastic.from_torchrun(torchrun(nnodes="2:3", cluster_node_ips="10.0.0.1,10.0.0.2,10.0.0.3"))
+    assert spec.node_hosts == ("10.0.0.1", "10.0.0.2", "10.0.0.3") and (spec.host, spec.port) == ("10.0.0.1", 29400)
+
+
+# ---------------------------------------------------------------- Paddle 3.x and 2.x
+
+
+def test_paddle3_elastic_line():
+    spec = elastic.from_paddle3({"nnodes": "2:4", "master": "10.0.0.1:8090", "job_id": "j", "elastic_level": "1",
+                                 "elastic_timeout": "30", "max_restart": "3", "rank": "-1"})
+    assert spec == ElasticSpec(2, 4, "c10d", host="10.0.0.1", port=8090, job_id="j", max_restarts=3,
+                               rendezvous=Rendezvous(last_call_timeout=30))
+
+
+def test_paddle3_elastic_level_0_makes_a_failing_node_leave():
+    assert elastic.from_paddle3({"nnodes": "2:4", "master": "h:1", "elastic_level": 0}).failed_node_leaves
+    assert not elastic.from_paddle3({"nnodes": "2:4", "master": "h:1"}).failed_node_leaves
+
+
+def test_paddle3_without_master_takes_node_0_from_ips():
+    spec = elastic.from_paddle3({"nnodes": "1:2", "ips": "10.0.0.5,10.0.0.6"})
+    assert (spec.host, spec.port, spec.node_hosts) == ("10.0.0.5", None, ("10.0.0.5", "10.0.0.6"))
+
+
+def test_paddle3_fixed_count():
+    assert elastic.from_paddle3({"nnodes": "2", "rank": "1", "elastic_level": "-1"}) == ElasticSpec(2, 2, "static")
+
+
+def test_paddle2_np_range_with_job_id():
+    spec = elastic.from_paddle2({"np": "2:3", "job_id": "job1", "ips": "a,b,c"})
+    assert spec == ElasticSpec(2, 3, "c10d", host="a", job_id="job1", node_hosts=("a", "b", "c"))
+
+
+def test_paddle2_reads_its_elastic_variables_when_the_options_are_not_given():
+    env = {"PADDLE_ELASTIC_NP": "2:4", "PADDLE_ELASTIC_JOB_ID": "j9", "PADDLE_ELASTIC_TIMEOUT": "120",
+           "PADDLE_ELASTIC_TTL": "60"}
+    spec = elastic.from_paddle2({"master": "10.0.0.1:6000"}, env)
+    assert spec == ElasticSpec(2, 4, "c10d", host="10.0.0.1", port=6000, job_id="j9",
+                               rendezvous=Rendezvous(last_call_timeout=120, heartbeat_timeout=60))
+    assert elastic.from_paddle2({"np": 2}, env) == ElasticSpec(2, 2, "static", job_id="j9", rendezvous=spec.rendezvous)
+
+
+def test_a_short_paddle2_ttl_beats_three_times_within_it():
+    spec = elastic.from_paddle2({"np": "1:2", "ips": "a,b"}, {"PADDLE_ELASTIC_TTL": "0.6"})
+    assert spec.rendezvous.heartbeat_timeout == 0.6 and spec.rendezvous.keep_alive_interval == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------- refusals, one sentence each
+
+
+@pytest.mark.parametrize("text, sentence", [
+    ("3:2", "--nnodes 3:2 has its minimum above its maximum; give MIN:MAX with MIN at most MAX, such as --nnodes 2:3."),
+    ("0:2", "--nnodes 0:2 has a minimum of 0 nodes; give 1 or more, such as --nnodes 1:2."),
+    ("0", "--nnodes 0 has a minimum of 0 nodes; give 1 or more, such as --nnodes 1:1."),
+    ("2:x", "--nnodes 2:x is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+    (":", "--nnodes : is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+    ("1:2:3", "--nnodes 1:2:3 is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+    ("-1:2", "--nnodes -1:2 is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+    ("²:3", "--nnodes ²:3 is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+])
+def test_a_bad_node_count_is_refused_in_every_dialect(text, sentence):
+    assert refusal(elastic.from_torchrun, torchrun(nnodes=text)) == sentence
+    assert refusal(elastic.from_paddle3, {"nnodes": text, "master": "h:1"}) == sentence
+    assert refusal(elastic.from_paddle2, {"np": text, "ips": "a"}) == sentence.replace("--nnodes", "--np")
+    assert refusal(elastic.from_paddle2, {}, {"PADDLE_ELASTIC_NP": text}) == sentence.replace("--nnodes",
+                                                                                              "PADDLE_ELASTIC_NP")
+
+
+def test_a_range_with_a_fixed_node_rank_is_refused():
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", node_rank=1)) == (
+        "--node-rank 1 fixes this node's rank, but the ranks of an elastic job (--nnodes 2:3) come from the order "
+        "the nodes join; drop --node-rank.")
+    assert refusal(elastic.from_paddle3, {"nnodes": "2:3", "master": "h:1", "rank": "0"}) == (
+        "--rank 0 fixes this node's rank, but the ranks of an elastic job (--nnodes 2:3) come from the order "
+        "the nodes join; drop --rank.")
+
+
+def test_a_range_with_a_node_list_of_another_size_is_refused():
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", cluster_node_ips="10.0.0.1,10.0.0.2")) == (
+        "--cluster_node_ips 10.0.0.1,10.0.0.2 lists 2 node(s), but --nnodes 2:3 lets 3 join; give all 3 addresses, "
+        "node 0 first, or no --cluster_node_ips.")
+    assert refusal(elastic.from_paddle2, {"np": "1:2", "ips": "a,b,c"}) == (
+        "--ips a,b,c lists 3 node(s), but --nnodes 1:2 lets 2 join; give all 2 addresses, node 0 first, or no --ips.")
+    assert "lists b twice" in refusal(elastic.from_paddle3, {"nnodes": "1:2", "ips": "b,b"})
+
+
+def test_a_range_on_the_static_backend_is_refused():
+    assert refusal(elastic.from_torchrun, {"nnodes": "2:3"}) == (
+        "--nnodes 2:3 with --rdzv-backend static: a static rendezvous has a fixed number of nodes; give "
+        "--rdzv-backend c10d for an elastic job, or --nnodes 3.")
+
+
+@pytest.mark.parametrize("values, env, sentence", [
+    ({"rdzv_backend": "etcd"}, None, "--rdzv-backend etcd needs the etcd extra of a later version of this launcher; "
+     "give --rdzv-backend c10d instead (node 0's launcher then keeps the membership itself)."),
+    ({"rdzv_backend": "etcd-v2", "nnodes": "2:3"}, None, "--rdzv-backend etcd-v2 needs the etcd extra of a later "
+     "version of this launcher; give --rdzv-backend c10d instead (node 0's launcher then keeps the membership itself)."),
+])
+def test_etcd_is_refused_naming_the_extra_it_needs(values, env, sentence):
+    assert refusal(elastic.from_torchrun, values) == sentence
+
+
+def test_etcd_is_refused_in_paddles_spellings_too():
+    assert refusal(elastic.from_paddle3, {"nnodes": "2:4", "master": "etcd://10.0.0.1:2379"}) == (
+        "--master etcd://10.0.0.1:2379 names an etcd rendezvous, which needs the etcd extra of a later version of this "
+        "launcher; give --master IP:PORT of node 0 instead (node 0's launcher then keeps the membership itself).")
+    assert refusal(elastic.from_paddle2, {"np": "2:4", "elastic_server": "10.0.0.1:2379", "job_id": "j"}) == (
+        "--elastic_server 10.0.0.1:2379 names an etcd rendezvous, which needs the etcd extra of a later version of "
+        "this launcher; give --np MIN:MAX with --ips (node 0 first) instead (node 0's launcher then keeps the "
+        "membership itself).")
+    assert "--elastic_server 10.0.0.1:2379 names an etcd rendezvous" in refusal(
+        elastic.from_paddle2, {"np": "2:4"}, {"PADDLE_ELASTIC_SERVER": "10.0.0.1:2379"})
+
+
+def test_an_unknown_backend_is_refused():
+    assert refusal(elastic.from_torchrun, {"rdzv_backend": "zmq"}) == (
+        "--rdzv-backend zmq is not a rendezvous backend of this launcher; give c10d or static.")
+
+
+def test_an_unknown_rdzv_conf_key_is_refused_naming_the_known_ones():
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", rdzv_conf="join_timout=60")) == (
+        "--rdzv-conf has the unknown key 'join_timout'; the known keys are close_timeout, heartbeat_timeout, is_host, "
+        "join_timeout, keep_alive_interval, keep_alive_max_attempt, last_call_timeout, read_timeout, timeout: drop it "
+        "or correct its spelling.")
+
+
+@pytest.mark.parametrize("conf, sentence", [
+    ("join_timeout=0", "--rdzv-conf join_timeout=0 is outside 0.5 to 86400 seconds; give a value in that range, "
+                       "such as join_timeout=600."),
+    ("last_call_timeout=-1", "--rdzv-conf last_call_timeout=-1 is outside 0 to 3600 seconds; give a value in that "
+                             "range, such as last_call_timeout=1."),
+    ("heartbeat_timeout=1e9", "--rdzv-conf heartbeat_timeout=1e9 is outside 0.5 to 3600 seconds; give a value in "
+                              "that range, such as heartbeat_timeout=3."),
+    ("keep_alive_max_attempt=0", "--rdzv-conf keep_alive_max_attempt=0 is outside 1 to 1000; give a value in that "
+                                 "range, such as keep_alive_max_attempt=3."),
+    ("close_timeout=abc", "--rdzv-conf close_timeout=abc is not a number of seconds; give one from 0.5 to 86400, "
+                          "such as close_timeout=30."),
+    ("read_timeout=nan", "--rdzv-conf read_timeout=nan is not a number of seconds; give one from 0.5 to 3600, "
+                         "such as read_timeout=60."),
+    ("read_timeout=inf", "--rdzv-conf read_timeout=inf is not a number of seconds; give one from 0.5 to 3600, "
+                         "such as read_timeout=60."),
+    ("keep_alive_interval=１", "--rdzv-conf keep_alive_interval=１ is not a number of seconds; give one from 0.05 to "
+                              "600, such as keep_alive_interval=1."),
+    ("keep_alive_max_attempt=2.5", "--rdzv-conf keep_alive_max_attempt=2.5 is not a whole number; give one from 1 "
+                                   "to 1000, such as keep_alive_max_attempt=3."),
+    ("is_host=perhaps", "--rdzv-conf is_host=perhaps is not true or false; give true, false, 1 or 0."),
+    ("join_timeout", "--rdzv-conf join_timeout is not KEY=VALUE; give KEY=VALUE pairs separated by commas, such as "
+                     "join_timeout=600,last_call_timeout=1."),
+    ("join_timeout=60,=3", "--rdzv-conf join_timeout=60,=3 has '=3', which is not KEY=VALUE; give KEY=VALUE pairs "
+                           "separated by commas, such as join_timeout=600,last_call_timeout=1."),
+    ("read_timeout=", "--rdzv-conf read_timeout= is not KEY=VALUE; give KEY=VALUE pairs separated by commas, such as "
+                      "join_timeout=600,last_call_timeout=1."),
+    ("timeout=60,join_timeout=90", "--rdzv-conf gives join_timeout twice (timeout=60, join_timeout=90); give it once."),
+    ("heartbeat_timeout=1,keep_alive_interval=2", "--rdzv-conf heartbeat_timeout=1 is not longer than "
+     "keep_alive_interval=2: a node would count as lost between two of its heartbeats; give a heartbeat_timeout of "
+     "a few intervals."),
+])
+def test_a_bad_rdzv_conf_value_is_refused(conf, sentence):
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", rdzv_conf=conf)) == sentence
+
+
+@pytest.mark.parametrize("endpoint", ["node0:0", "node0:65536", "node0:x", ":29400", "[::1]:", "[::1]x"])
+def test_a_bad_endpoint_is_refused(endpoint):
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", rdzv_endpoint=endpoint)) == (
+        f"--rdzv-endpoint {endpoint} is not HOST[:PORT]; give node 0's address and a port from 1 to 65535, such as "
+        "10.0.0.1:29400.")
+
+
+@pytest.mark.parametrize("values, sentence", [
+    ({"max_restarts": -1}, "--max-restarts -1 is not a number of restarts; give 0 (no restart) or more."),
+    ({"max_restarts": "x"}, "--max-restarts x is not a number of restarts; give 0 (no restart) or more."),
+])
+def test_a_bad_restart_count_is_refused(values, sentence):
+    assert refusal(elastic.from_torchrun, torchrun(nnodes="2:3", **values)) == sentence
+
+
+@pytest.mark.parametrize("values, sentence", [
+    ({"elastic_level": "2"}, "--elastic_level 2 is not one of -1, 0, 1; give -1 or 1 (a worker failure restarts the "
+                             "job, up to --max_restart) or 0 (the failing node leaves, the others go on)."),
+    ({"elastic_timeout": "-5"}, "--elastic_timeout -5 is outside 0 to 3600 seconds; give a value in that range, such "
+                                "as --elastic_timeout 1."),
+    ({"max_restart": "1.5"}, "--max_restart 1.5 is not a number of restarts; give 0 (no restart) or more."),
+    ({"master": "10.0.0.1"}, "--master 10.0.0.1 is not IP:PORT; give node 0's address and a free port, such as "
+                             "10.0.0.1:8090."),
+    ({"master": "10.0.0.9:8090", "ips": "10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4"},
+     "--master 10.0.0.9:8090 is not on node 0 (10.0.0.1, the first of --ips); give --master 10.0.0.1:8090."),
+    ({"master": None}, "--nnodes 2:4 needs node 0's address: give --master IP:PORT (the same on every node) or --ips "
+                       "with node 0 first."),
+])
+def test_paddle3_refusals(values, sentence):
+    assert refusal(elastic.from_paddle3, {"nnodes": "2:4", "master": "10.0.0.1:8090", **values}) == sentence
+
+
+def test_paddle2_without_node_0_is_refused():
+    assert refusal(elastic.from_paddle2, {"np": "2:4", "job_id": "j"}) == (
+        "--np 2:4 needs node 0's address: give --master IP:PORT (the same on every node) or --ips with node 0 first.")
+    assert refusal(elastic.from_paddle2, {}, {"PADDLE_ELASTIC_NP": "2:4", "PADDLE_ELASTIC_TIMEOUT": "x"}) == (
+        "PADDLE_ELASTIC_TIMEOUT=x is not a number of seconds; give one from 0 to 3600, such as PADDLE_ELASTIC_TIMEOUT=1.")
