@@ -28,7 +28,8 @@ MAPPED = (
     PaddleOption("devices", ("gpus",), "IDS", "Paddle 2.6/3.x, fleetrun: GPU ids, as --selected_gpus."),
     PaddleOption("ips", (), "IPS", "Paddle 2.6/3.x, fleetrun: every node's address, as --cluster_node_ips."),
     PaddleOption("host", (), "IP", "Paddle 2.6/3.x, fleetrun: this node's address, as --node_ip."),
-    PaddleOption("rank", (), "N", "Paddle 2.6/3.x: this node's rank, its place in --ips (-1: found from --host)."),
+    PaddleOption("rank", (), "N", "Paddle 2.6/3.x: this node's rank, its place in --ips or --cluster_node_ips (-1: found "
+                                  "from --host); needed where nodes share a host (an address listed twice)."),
     PaddleOption("nnodes", ("np",), "N", "Paddle 2.6/3.x, fleetrun: the number of nodes, checked against the nodes found "
                                           "(N:M, an elastic range, is refused)."),
     PaddleOption("master", (), "IP:PORT", "Paddle 2.6/3.x: the rendezvous: node 0 (the first of --ips) listens on PORT, "
@@ -163,12 +164,13 @@ def _rank(out: dict, given: set) -> None:
         return
     text = str(out["rank"]).strip()
     nodes = out["cluster_node_ips"].split(",")
+    listed = "--ips" if "ips" in given else "--cluster_node_ips"
     if not text.isdigit() or int(text) >= len(nodes):
-        raise LaunchError(f"--rank {text} is not a node rank of --ips {out['cluster_node_ips']}; give 0 to {len(nodes) - 1}.")
+        raise LaunchError(f"--rank {text} is not a node rank of {listed} {out['cluster_node_ips']}; give 0 to {len(nodes) - 1}.")
     node = nodes[int(text)].strip()
     if ("host" in given or "node_ip" in given) and out["node_ip"] != node:
-        raise LaunchError(f"--rank {text} is node {node} of --ips, but --host/--node_ip is {out['node_ip']}; give one of them.")
-    out["node_ip"] = node
+        raise LaunchError(f"--rank {text} is node {node} of {listed}, but --host/--node_ip is {out['node_ip']}; give one of them.")
+    out["node_ip"], out["node_rank"] = node, int(text)  # the rank tells apart nodes that share a host
 
 
 def _master(out: dict, given: set) -> None:

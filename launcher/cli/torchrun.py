@@ -104,7 +104,8 @@ def to_ours(values: dict, given, env=None) -> dict:
     if any(given(name) for name in PADDLE_NODE_OPTIONS):
         named = ", ".join(f"--{n.replace('_', '-')}" for n in TORCHRUN_NODE_OPTIONS if values.get(n) is not None and values.get(n) is not False)
         if named:
-            raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them.")
+            hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
+            raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
         return ours  # --nnodes stays Paddle's: a check of the nodes found
     nodes = _nodes(values)
     if nodes is None and values["master_port"] is None:

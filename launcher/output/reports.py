@@ -3,12 +3,16 @@ each rank was (its stacks) when a job failed or hung."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 import time
 
 from launcher import envvars as ev
 from launcher.output import error_file
 from launcher.output.messages import log
+from launcher.plan import node_ports
+from launcher.plan.parsing import spoken_list
 from launcher.plan.policy import describe_exit
 from launcher.plan.roles import PS_ROLES, SERVER, TRAINER
 
@@ -35,13 +39,23 @@ def format_plan(plan) -> str:
         lines.append(f"  cluster: {plan.cluster}")
     if nodes > 1:
         shown = ",".join(plan.node_ips[:8]) + (f",... ({nodes} nodes)" if nodes > 8 else "")
-        lines.append(f"  nodes: {shown}")
+        lines.append(f"  nodes: {shown}{_sharing(plan)}")
     rows = [("rank", "local", "endpoint", "device", "log")]
     for w in plan.workers:
         device = "cpu" if w.gpu is None else f"gpu {w.gpu} (not found)" if unverified else f"gpu {w.gpu}"
         rows.append((str(w.rank), str(w.local_rank), w.endpoint, device, w.log_file or "console"))
     lines += table(rows)
     return "\n".join(lines + _plan_footer(plan))
+
+
+def _sharing(plan) -> str:
+    """`` (nodes 0 and 1 share 127.0.0.1, each with its own ports)`` where this node shares its host."""
+    others = node_ports.sharing(plan.node_ips, plan.node_rank)
+    if not others:
+        return ""
+    named = sorted(others + (plan.node_rank,))
+    who = f"nodes {spoken_list(named)}" if len(named) <= 8 else f"{len(named)} nodes"
+    return f" ({who} share {plan.node_ip}, each with its own ports)"
 
 
 def _format_ps_plan(plan) -> str:
@@ -127,10 +141,17 @@ def _name(rank: int, names) -> str:
 
 
 def write_stacks(path: str, stacks, header: str, names=None) -> None:
-    """Append the full dumps to ``path``; a file that cannot be written is a warning, not an error."""
+    """Append the full dumps to ``path`` in one write, so that the dumps of nodes sharing the log dir on one
+    host (a hang stops them all at once) never interleave; a file that cannot be written is a warning, not an error."""
+    data = format_dumps(stacks, header, names).encode("utf-8", errors="replace")
     try:
-        with open(path, "a", encoding="utf-8", errors="replace") as f:
-            f.write(format_dumps(stacks, header, names))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as e:
         log.warning("could not write the workers' stacks to %s (%s)", path, e.strerror or e)
 

@@ -18,7 +18,8 @@ from launcher.plan.common import (check_run_options, command, control_spec, endp
                                   interface_of, python_of)
 from launcher.plan.devices import select_gpus
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
-from launcher.plan.parsing import endpoint_list
+from launcher.plan import node_ports
+from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER
 from launcher.plan import streams
 
@@ -45,15 +46,24 @@ def make_collective_plan(
     gpus, gpu_notes = select_gpus(opts, base_env, host.gpu_count)
     nper = len(gpus) if gpus is not None else (opts.nproc_per_node or DEFAULT_CPU_WORKERS)
     cluster = registry.resolve(source, env, opts, host, nper, chosen_by)
-    ports = cluster.ports
-    if ports is None:
-        ports = tuple(find_free_ports(cluster.node_ips[cluster.node_rank], nper))
-        if len(ports) != nper:
-            raise LaunchError(f"could not find {nper} free ports on {cluster.node_ips[cluster.node_rank]}; give --started_port.")
     notes = tuple(gpu_notes) + cluster.notes
     if gpus is None:
         base_env.pop(ev.SELECTED_GPUS, None)
-    return _assemble(opts, host, base_env, cluster, ports, gpus, notes)
+    return _assemble(opts, host, base_env, cluster, _every_node_ports(opts, cluster, nper, find_free_ports), gpus, notes)
+
+
+def _every_node_ports(opts: LaunchOptions, cluster, nper: int, find_free_ports) -> tuple:
+    """Each node's worker ports, by node rank: the source's, free ones (one node), or the first node's shifted
+    where nodes share a host (launcher.plan.node_ports)."""
+    if cluster.node_ports is not None:
+        return cluster.node_ports
+    if cluster.ports is None:
+        ports = tuple(find_free_ports(cluster.node_ips[cluster.node_rank], nper))
+        if len(ports) != nper:
+            raise LaunchError(f"could not find {nper} free ports on {cluster.node_ips[cluster.node_rank]}; give --started_port.")
+        return (ports,)
+    start = f"--started_port {opts.started_port}" if opts.started_port is not None else f"the start port {cluster.ports[0]}"
+    return node_ports.every_node(cluster.node_ips, cluster.ports, start)
 
 
 def _with_defaults(opts: LaunchOptions, defaults: Mapping[str, object]) -> LaunchOptions:
@@ -84,10 +94,11 @@ def _check_nproc(n) -> None:
         raise LaunchError(f"--nproc_per_node {n} is more workers than a node has ports; give at most {MAX_WORKERS_PER_NODE}.")
 
 
-def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
+def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
+    ports, first = every_node[cluster.node_rank], every_node[0]  # this node's, node 0's
     nper = len(ports)
     world = nper * len(cluster.node_ips)
-    endpoints = endpoint_list(cluster.node_ips, ports)
+    endpoints = node_endpoints(cluster.node_ips, every_node)
     files, endpoint_env = endpoint_vars(",".join(endpoints), host)
     if ev.TRAINER_ENDPOINTS not in endpoint_env:  # in a file: the launcher's own value would be stale
         base_env.pop(ev.TRAINER_ENDPOINTS, None)
@@ -95,7 +106,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     python = python_of(base_env, host)
     cmd = command(opts, python)
     use_agent_store = agent_store.uses_agent_store(opts.agent_store, opts.no_python, python, host.python, host.importable)
-    control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
+    control = control_spec(opts, base_env, cluster.node_ips, first, cmd, cluster.job_id,
+                           node_ports.on_host_of(cluster.node_ips, 0, every_node))
     shared = {
         ev.TRAINERS_NUM: str(world),
         ev.WORLD_SIZE: str(world),
@@ -103,7 +115,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         ev.GROUP_RANK: str(cluster.node_rank),
         ev.GROUP_WORLD_SIZE: str(len(cluster.node_ips)),
         ev.MASTER_ADDR: cluster.node_ips[0],
-        ev.MASTER_PORT: str(ports[0]),
+        ev.MASTER_PORT: str(first[0]),
         ev.RUN_ID: host.run_id,
         **endpoint_env,
         **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
@@ -157,7 +169,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
-        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], ports[0]),
+        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], first[0]),
+        node_ports=every_node,
     )
 
 

@@ -42,15 +42,16 @@ def error_file_of(host: HostFacts, rank: int) -> str:
 
 
 def control_spec(opts: LaunchOptions, env: Mapping[str, str], node_ips: tuple, ports: tuple, cmd: tuple,
-                 scheduler_job: Optional[str] = None):
+                 scheduler_job: Optional[str] = None, taken: tuple = ()):
     """The control channel of a job of several nodes (None for one); ``ports``: node 0's, the first one's neighbour is
-    the default. The job id: --job_id, LAUNCHER_JOB_ID, the scheduler's job, or a digest of the job."""
+    the default; ``taken``: the other ports of node 0's host (nodes sharing it). The job id: --job_id,
+    LAUNCHER_JOB_ID, the scheduler's job, or a digest of the job."""
     if len(node_ips) == 1:
         return None
     port = opts.control_port if opts.control_port is not None else ports[0] - 1
     if not 1 <= port <= 65535:
         raise LaunchError(f"--control_port {port} is outside 1-65535; give a free port of node 0 with --control_port.")
-    if port in ports:
+    if port in ports or port in taken:
         raise LaunchError(f"--control_port {port} is also the port of a process on node 0; choose another one.")
     for name, value in (("--heartbeat_timeout", opts.heartbeat_timeout), ("--join_timeout", opts.join_timeout)):
         if not 0.5 <= value <= MAX_SHUTDOWN_TIMEOUT:

@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 from launcher import envvars as ev
 from launcher.plan.agent_store import StoreHostSpec
-from launcher.plan.parsing import endpoint_list
+from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER, Role, role_named
 from launcher.plan.streams import StreamChoice, StreamRoute
 
@@ -49,7 +49,7 @@ class LaunchOptions:
     agent_store: str = "auto"  # who hosts the rendezvous store: node 0's launcher (on), rank 0 (off), auto (launcher.plan.agent_store)
     # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
     nnodes: Optional[int] = None
-    node_rank: int = 0
+    node_rank: Optional[int] = None  # also Paddle's --rank with --cluster_node_ips; None: not given
     master_addr: Optional[str] = None
     stream_choice: Optional[StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # parameter-server mode: any of these chooses it
@@ -129,7 +129,7 @@ class Plan:
     node_ips: tuple
     node_rank: int
     world_size: int
-    ports: tuple
+    ports: tuple  # this node's worker ports
     device: str  # "gpu" or "cpu"
     workers: tuple  # WorkerSpec, local ones only, by local rank
     base_env: Mapping[str, str]
@@ -148,6 +148,7 @@ class Plan:
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
     error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
     store_host: Optional[StoreHostSpec] = None  # node 0 hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
+    node_ports: tuple = ()  # every node's worker ports, by node rank (launcher.plan.node_ports); (): every node's are ``ports``
 
     @property
     def node_ip(self) -> str:
@@ -166,14 +167,16 @@ class Plan:
 
     @property
     def job_ports(self) -> tuple:
-        """The ports of the whole job, the same on every node (part of its identity)."""
+        """The ports of the whole job, the same on every node (part of its identity): node 0's, which every
+        other node's follow from."""
         if self.servers:
             return tuple(int(e.rpartition(":")[2]) for e in self.servers + self.trainers)
-        return self.ports
+        return self.node_ports[0] if self.node_ports else self.ports
 
     @property
-    def endpoints(self) -> tuple:
-        return endpoint_list(self.node_ips, self.ports)
+    def endpoints(self) -> list:
+        """Every worker's endpoint, in rank order."""
+        return node_endpoints(self.node_ips, self.node_ports or (self.ports,) * len(self.node_ips))
 
 
 

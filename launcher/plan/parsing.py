@@ -35,13 +35,11 @@ def port_range(first: int, count: int, given_as: str) -> tuple:
 
 
 def parse_node_list(text: str, name: str) -> tuple:
+    """Every node's address, in node-rank order; an address listed more than once is nodes that share a host."""
     nodes = tuple(n.strip() for n in text.split(","))
     for n in nodes:
         if not is_valid_host(n):
             raise LaunchError(f"{name}={text} has a malformed address {n!r}; give comma-separated IPs or host names, such as 192.168.0.1,192.168.0.2.")
-    dup = first_duplicate(nodes)
-    if dup is not None:
-        raise LaunchError(f"{name}={text} lists {dup} twice; give each node once, in node-rank order.")
     return nodes
 
 
@@ -53,14 +51,35 @@ def is_valid_host(text: str) -> bool:
         return bool(HOSTNAME.match(text)) and not text.replace(".", "").isdigit()
 
 
-def node_rank_of(node_ips: tuple, node_ip: str, name: str, list_name: str) -> int:
+def node_rank_of(node_ips: tuple, node_ip: str, name: str, list_name: str, rank: Optional[int] = None,
+                 rank_name: str = "--rank") -> int:
+    """This node's place in ``node_ips``: ``rank`` when given (its address must be ``node_ip``), else the one
+    place of ``node_ip``; an address listed more than once (nodes sharing a host) needs the rank."""
+    listed = ",".join(node_ips)
+    if rank is not None:
+        if not 0 <= rank < len(node_ips):
+            raise LaunchError(f"{rank_name} {rank} is not a node of {list_name} {listed}; give 0 to {len(node_ips) - 1}.")
+        if node_ips[rank] != node_ip:
+            raise LaunchError(f"{rank_name} {rank} is node {node_ips[rank]} of {list_name} {listed}, but {name} is {node_ip}; give one of them.")
+        return rank
     if node_ip not in node_ips:
-        raise LaunchError(f"{name} {node_ip} is not in {list_name} {','.join(node_ips)}; give this node's address as it appears in that list.")
-    return node_ips.index(node_ip)
+        raise LaunchError(f"{name} {node_ip} is not in {list_name} {listed}; give this node's address as it appears in that list.")
+    places = [i for i, ip in enumerate(node_ips) if ip == node_ip]
+    if len(places) > 1:
+        times = "twice" if len(places) == 2 else f"{len(places)} times"
+        raise LaunchError(f"{list_name} {listed} lists {node_ip} {times} (nodes {spoken_list(places)} share that host), so {name} "
+                          f"{node_ip} does not say which node this is; give this node's rank with {rank_name} ({spoken_list(places, 'or')}).")
+    return places[0]
 
 
-def endpoint_list(node_ips: Sequence[str], ports: Sequence[int]) -> list:
-    return [f"{host_part(ip)}:{p}" for ip in node_ips for p in ports]
+def spoken_list(numbers: list, word: str = "and") -> str:
+    """``0, 1 and 3`` (or ``0, 1 or 3``)."""
+    return ", ".join(map(str, numbers[:-1])) + f" {word} {numbers[-1]}"
+
+
+def node_endpoints(node_ips: Sequence[str], node_ports: Sequence[Sequence[int]]) -> list:
+    """Every worker's endpoint in rank order: each node's address with each of its own ports."""
+    return [f"{host_part(ip)}:{p}" for ip, ports in zip(node_ips, node_ports) for p in ports]
 
 
 def host_part(ip: str) -> str:

@@ -1,4 +1,5 @@
-"""The cluster source ``cli``: the nodes of --cluster_node_ips, this one --node_ip (Paddle 1.8). Pure."""
+"""The cluster source ``cli``: the nodes of --cluster_node_ips, this one --node_ip (Paddle 1.8), or --rank where
+nodes share a host (an address listed more than once). Pure."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ def _cli_given(env: Mapping[str, str], opts: LaunchOptions) -> bool:
 def _cli(req: Request) -> Cluster:
     opts = req.opts
     node_ips = parse_node_list(opts.cluster_node_ips, "--cluster_node_ips")
-    node_rank = node_rank_of(node_ips, opts.node_ip, "--node_ip", "--cluster_node_ips")
+    node_rank = node_rank_of(node_ips, opts.node_ip, "--node_ip", "--cluster_node_ips", opts.node_rank)
     if opts.started_port is not None:
         ports = port_range(opts.started_port, req.nper, f"--started_port {opts.started_port}")
     elif len(node_ips) > 1:
         ports = port_range(MULTI_NODE_PORT, req.nper, f"the default start port {MULTI_NODE_PORT} (several nodes)")
     else:
         ports = None
-    return Cluster(NAME, node_ips, node_rank, ports, ("--cluster_node_ips", "--node_ip"))
+    given = ("--cluster_node_ips", "--node_ip") if opts.node_rank is None else ("--cluster_node_ips", "--rank")
+    return Cluster(NAME, node_ips, node_rank, ports, given)
 
 
 SOURCE = Source(NAME, "the command line", _cli_given, _cli, "give --cluster_node_ips and --node_ip", replaces_cli_nodes=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from launcher.plan.clusters.source import (DEFAULT_NODES, MULTI_NODE_PORT, Cluster, GatherSpec, Request, Source,
-                                           checked_hosts, fail, first_var, index_var, int_var, worker_ports)
+                                           fail, first_var, index_var, int_var, short_list, well_formed_hosts, worker_ports)
 from launcher.plan.parsing import is_valid_host
 
 if TYPE_CHECKING:  # annotations only
@@ -21,6 +21,7 @@ def _mpi_found(env: Mapping[str, str], opts: LaunchOptions) -> bool:
     return any(env.get(size, "").strip() for size, _ in _MPI_SIZES)
 
 
+ONE_PER_NODE = "run mpirun with --map-by ppr:1:node (the launcher starts the workers of its node itself)"
 GATHER_PORT = MULTI_NODE_PORT - 1  # the gathering port without --control_port, MASTER_PORT, --started_port
 
 
@@ -32,7 +33,7 @@ def _mpi_world(req: Request):
     rank = index_var(req, rank_var, max(size, 1), f"{size_var}={size}")
     local = int_var(req, "OMPI_COMM_WORLD_LOCAL_SIZE", optional=True)
     if local is not None and local > 1:
-        raise fail(req, f"OMPI_COMM_WORLD_LOCAL_SIZE={local} starts several launchers per node; run mpirun with --map-by ppr:1:node (the launcher starts the workers of its node itself).")
+        raise fail(req, f"OMPI_COMM_WORLD_LOCAL_SIZE={local} starts several launchers per node; {ONE_PER_NODE}.")
     return size_var, rank_var, size, rank
 
 
@@ -72,6 +73,16 @@ def _mpi_master(req: Request, size: int) -> str:
     return master
 
 
+def _refuse_shared_hosts(req: Request, nodes: tuple) -> None:
+    """One launcher per node, as OMPI_COMM_WORLD_LOCAL_SIZE says where it is set: two ranks at one address are two
+    launchers of one host, each of which would take every GPU of it."""
+    for rank, address in enumerate(nodes):
+        first = nodes.index(address)
+        if first != rank:
+            raise fail(req, f"the gathered node list={short_list(nodes)} lists {address} twice: MPI ranks {first} and {rank} "
+                            f"both run there, which starts several launchers per node; {ONE_PER_NODE}.")
+
+
 def _mpi(req: Request) -> Cluster:
     size_var, rank_var, size, rank = _mpi_world(req)
     if size <= 1:
@@ -80,7 +91,8 @@ def _mpi(req: Request) -> Cluster:
     nodes = tuple(req.host.gathered_nodes)
     if len(nodes) != size:
         raise fail(req, f"{size_var}={size}, but {len(nodes)} nodes were gathered; start every rank with the same mpirun.")
-    nodes = checked_hosts(req, nodes, "the gathered node list", ",".join(nodes))
+    nodes = well_formed_hosts(req, nodes, "the gathered node list", ",".join(nodes))
+    _refuse_shared_hosts(req, nodes)
     port, _ = _gather_port(req)
     ports = worker_ports(req, MULTI_NODE_PORT, f"the default start port {MULTI_NODE_PORT} (several nodes)")
     return Cluster(NAME, nodes, rank, ports, (size_var, rank_var, "MASTER_ADDR"), detail=f"node list gathered over port {port}")

@@ -1,4 +1,8 @@
-"""The cluster source ``paddlecloud`` (Paddle 1.8's --use_paddlecloud): PADDLE_TRAINERS, POD_IP, PADDLE_TRAINER_ID. Pure."""
+"""The cluster source ``paddlecloud`` (Paddle 1.8's --use_paddlecloud): PADDLE_TRAINERS, POD_IP, PADDLE_TRAINER_ID. Pure.
+
+PADDLE_TRAINER_ID tells the nodes apart, so PADDLE_TRAINERS may list a host more than once (pods that share a
+host): each gets its own ports, those of DISTRIBUTED_TRAINER_ENDPOINTS, else the next ones after the pods before it.
+"""
 
 from __future__ import annotations
 
@@ -40,8 +44,9 @@ def _paddlecloud(req: Request) -> Cluster:
         notes.append(f"{req.chosen_by}: using PADDLE_TRAINERS={','.join(node_ips)} instead of --cluster_node_ips {opts.cluster_node_ips}.")
     explicit = env.get("DISTRIBUTED_TRAINER_ENDPOINTS", "").strip()
     if explicit:
-        ports = _ports_from_endpoints(explicit, node_ips, node_rank, req.nper)
-        return Cluster(NAME, node_ips, node_rank, ports, PADDLECLOUD_VARS + ("DISTRIBUTED_TRAINER_ENDPOINTS",), tuple(notes))
+        every = _ports_from_endpoints(explicit, node_ips, node_rank, req.nper)
+        return Cluster(NAME, node_ips, node_rank, every[node_rank], PADDLECLOUD_VARS + ("DISTRIBUTED_TRAINER_ENDPOINTS",),
+                       tuple(notes), node_ports=every)
     port, given_as, used = _paddlecloud_start_port(req, len(node_ips))
     return Cluster(NAME, node_ips, node_rank, port_range(port, req.nper, given_as), PADDLECLOUD_VARS + used, tuple(notes))
 
@@ -61,6 +66,7 @@ def _paddlecloud_start_port(req: Request, nodes: int):
 
 
 def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int) -> tuple:
+    """Every node's ports, by node rank, as DISTRIBUTED_TRAINER_ENDPOINTS gives them (nodes of one host each their own)."""
     name = "DISTRIBUTED_TRAINER_ENDPOINTS"
     endpoints = [e.strip() for e in text.split(",")]
     if len(endpoints) != nper * len(node_ips):
@@ -73,7 +79,7 @@ def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int)
     for i in mine:
         if parsed[i][0] != node_ips[node_rank]:
             raise LaunchError(f"{name} has {endpoints[i]!r} where an endpoint of {node_ips[node_rank]} (host:port) belongs.")
-    return tuple(parsed[i][1] for i in mine)
+    return tuple(tuple(port for _, port in parsed[n * nper:(n + 1) * nper]) for n in range(len(node_ips)))
 
 
 SOURCE = Source(NAME, "PaddleCloud", _paddlecloud_found, _paddlecloud, "set it or drop --use_paddlecloud", replaces_cli_nodes=False)

@@ -25,11 +25,12 @@ class Cluster:
     source: str  # the name in registry.SOURCES
     node_ips: tuple  # every node, in node-rank order
     node_rank: int  # this node's index
-    ports: Optional[tuple]  # this node's worker ports; None: free ports are to be found
+    ports: Optional[tuple]  # the worker ports of the first node at each address; None: free ports are to be found
     variables: tuple = ()  # what it was read from, for the plan table
     notes: tuple = ()  # warnings for the user
     job_id: Optional[str] = None  # the scheduler's name of the job, the same on every node
     detail: str = ""  # how else the nodes were found, for the plan table
+    node_ports: Optional[tuple] = None  # every node's ports, by node rank, where the source gives them; else node_ports.every_node
 
     @property
     def description(self) -> str:
@@ -138,11 +139,18 @@ def job_port(job: int) -> int:
     return JOB_PORT_BASE + job % JOB_PORT_SPAN
 
 
-def checked_hosts(req: Request, hosts, name: str, text: str) -> tuple:
-    """Host names checked as --cluster_node_ips is: well-formed, each once."""
+def well_formed_hosts(req: Request, hosts, name: str, text: str) -> tuple:
+    """Host names checked as --cluster_node_ips is; one listed twice is nodes that share a host."""
     for h in hosts:
         if not is_valid_host(h):
             raise fail(req, f"{name}={text} has a malformed host name {h!r}; fix the variable.")
+    return tuple(hosts)
+
+
+def checked_hosts(req: Request, hosts, name: str, text: str) -> tuple:
+    """Host names well-formed, each once: a source that finds this node by its host name cannot tell apart two nodes
+    of one host."""
+    well_formed_hosts(req, hosts, name, text)
     dup = first_duplicate(hosts)
     if dup is not None:
         raise fail(req, f"{name}={text} lists {dup} twice; each node must appear once.")

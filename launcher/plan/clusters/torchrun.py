@@ -1,11 +1,14 @@
-"""The cluster source ``torchrun``: torchrun's --nnodes and --node-rank, the node list gathered at --master-addr. Pure."""
+"""The cluster source ``torchrun``: torchrun's --nnodes and --node-rank, the node list gathered at --master-addr. Pure.
+
+Nodes are told apart by their --node-rank, so an address may be gathered more than once (nodes that share a host).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from launcher.errors import LaunchError
-from launcher.plan.clusters.source import Cluster, GatherSpec, Request, Source, checked_hosts, fail, worker_ports
+from launcher.plan.clusters.source import Cluster, GatherSpec, Request, Source, fail, well_formed_hosts, worker_ports
 
 if TYPE_CHECKING:  # annotations only
     from launcher.plan.model import LaunchOptions
@@ -22,9 +25,10 @@ def _torchrun_world(opts: LaunchOptions) -> tuple:
     """(nodes, this node's rank), checked."""
     if opts.nnodes is None:
         raise LaunchError("--cluster_env torchrun needs torchrun's --nnodes; give it, or choose another --cluster_env.")
-    if not 0 <= opts.node_rank < opts.nnodes:
-        raise LaunchError(f"--node-rank {opts.node_rank} is not a rank of --nnodes {opts.nnodes}; give 0 to {opts.nnodes - 1}.")
-    return opts.nnodes, opts.node_rank
+    rank = opts.node_rank or 0  # torchrun's default
+    if not 0 <= rank < opts.nnodes:
+        raise LaunchError(f"--node-rank {rank} is not a rank of --nnodes {opts.nnodes}; give 0 to {opts.nnodes - 1}.")
+    return opts.nnodes, rank
 
 
 def _torchrun(req: Request) -> Cluster:
@@ -33,7 +37,7 @@ def _torchrun(req: Request) -> Cluster:
     port = req.opts.started_port
     if nodes == 1:
         return Cluster(NAME, (req.opts.node_ip,), 0, worker_ports(req, port, f"--master-port {port}"), given)
-    gathered = checked_hosts(req, tuple(req.host.gathered_nodes), "the gathered node list", ",".join(req.host.gathered_nodes))
+    gathered = well_formed_hosts(req, tuple(req.host.gathered_nodes), "the gathered node list", ",".join(req.host.gathered_nodes))
     if len(gathered) != nodes:
         raise fail(req, f"--nnodes {nodes}, but {len(gathered)} nodes were gathered; give every node the same --nnodes.")
     return Cluster(NAME, gathered, rank, worker_ports(req, port, f"--master-port {port}"), given + ("--master-addr",),
