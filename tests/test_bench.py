@@ -351,3 +351,15 @@ def test_torchrun_gets_a_reserved_master_port(tmp_path):
         with socket.socket() as plain, pytest.raises(OSError):
             plain.bind(("127.0.0.1", port))
     assert harness.Ours().job_command(harness.Job(2, "allreduce.py"), ports)[2:5] == ["launcher", "--nproc_per_node", "2"]
+
+
+def test_follow_idle_measures_a_small_log_dir(tmp_path):
+    """bench/follow_idle.py, small: every figure measured, every line shown once, the new log too."""
+    out = tmp_path / "follow.json"
+    r = subprocess.run([sys.executable, "bench/follow_idle.py", "--files", "50", "--idle", "0.5", "--probes", "3",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert "idle CPU (fraction of a core)" in r.stdout and result["files"] == 50
+    assert result["new_file_s"] is not None and result["truncated_s"] is not None
+    assert result["lines_shown_twice_or_unexpected"] == [] and result["stderr"] == ""

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from launcher.cli import main as cli
 from launcher.output import state_file as state
 from launcher.tools.log_dir import read_states
+from launcher.host.changes import Changed
+from launcher.tools import follow as follow_tool
 from launcher.tools import logs as log_tool
 from launcher.tools import status
 from launcher.errors import LaunchError
@@ -170,7 +172,7 @@ def test_a_partial_last_line_waits_for_the_follower(tmp_path):
     files = log_tool.log_files(str(tmp_path))
     ends = log_tool.sizes(files, whole_lines=True)
     assert b"".join(log_tool.merged(files, ends)) == b"[rank 0] one\n"
-    follower = log_tool.Follower(files, ends)
+    follower = follow_tool.Follower(files, ends)
     assert follower.read() == b""
     with open(tmp_path / "workerlog.0", "ab") as f:
         f.write(b"o\nthree")
@@ -181,7 +183,7 @@ def test_a_partial_last_line_waits_for_the_follower(tmp_path):
 def test_follower_starts_over_on_a_truncated_file(tmp_path):
     (tmp_path / "workerlog.0").write_bytes(b"one\ntwo\n")
     files = log_tool.log_files(str(tmp_path))
-    follower = log_tool.Follower(files, log_tool.sizes(files, True))
+    follower = follow_tool.Follower(files, log_tool.sizes(files, True))
     (tmp_path / "workerlog.0").write_bytes(b"new\n")
     assert follower.read() == b"[rank 0] new\n"
 
@@ -191,8 +193,20 @@ def test_follow_stops_once_the_job_has_ended(tmp_path):
     (tmp_path / "launcher.node0.json").write_bytes(state.to_json(node_state(phase="ended", exit_code=0)))
     files = log_tool.log_files(str(tmp_path))
     shown = []
-    log_tool.follow(str(tmp_path), log_tool.Follower(files, [0]), shown.append, sleep=lambda s: None)
-    assert shown == [b"", b""]
+    follow_tool.follow(str(tmp_path), follow_tool.Follower(files, [0]), NoChanges(), shown.append)
+    assert shown == [b"", b"", b""]  # nothing new, no change, then the last lines: none
+
+
+class NoChanges:
+    """A folder in which nothing changes: each wait gives what ``then`` says (an empty batch)."""
+
+    how = "test"
+
+    def __init__(self, then=lambda timeout: Changed()) -> None:
+        self.wait = then
+
+    def close(self) -> None:
+        pass
 
 
 def test_logs_of_an_empty_or_missing_folder(tmp_path):
@@ -299,14 +313,17 @@ def test_follow_ends_when_its_log_dir_is_gone(tmp_path):
     files = log_tool.log_files(str(log_dir))
     shown, ticks = [], []
 
-    def sleep(seconds):
-        ticks.append(seconds)
+    def gone_after_3(timeout):
+        ticks.append(timeout)
         assert len(ticks) < 100, "still following a log dir that is gone"
         if len(ticks) == 3:
             shutil.rmtree(log_dir)
+        return Changed()
 
     clock = iter(range(10 ** 6)).__next__
-    log_tool.follow(str(log_dir), log_tool.Follower(files, [0]), shown.append, clock=clock, sleep=sleep)
+    why = follow_tool.follow(str(log_dir), follow_tool.Follower(files, [0]), NoChanges(gone_after_3), shown.append,
+                             clock=clock)
+    assert "is gone (deleted or moved)" in why and len(ticks) == 3
 
 
 def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):

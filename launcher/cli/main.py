@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import io
+import logging
 import os
 import sys
 
@@ -321,21 +322,16 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     process ([rank 0], [server 1]).
 
     Lines carry no time of their own: the runs (from the dated line that opens each one) are shown
-    in the order they started, each run's lines whole and in order; with -f, new lines in the
-    order they arrive (looked for 5 times a second).
+    in the order they started, each run's lines whole and in order; with -f, new lines as they
+    are written (each log read when the kernel reports it changed; on a network file system,
+    polled).
     """
     from launcher.tools import logs as log_tool
 
-    pattern = log_tool.compile_grep(grep)
-    files = log_tool.log_files(log_dir, log_tool.parse_ranks(ranks))
-    ends = log_tool.sizes(files, whole_lines=follow)
-    for chunk in log_tool.merged(files, ends, pattern):
-        _show(chunk)
-    _show(b"", flush=True)
-    if follow:
-        gone = log_tool.follow(log_dir, log_tool.Follower(files, ends, pattern), lambda data: _show(data, flush=True))
-        if gone:
-            log.warning(gone)
+    setup_messages(logging.WARNING)
+    gone = log_tool.show(log_dir, follow, ranks, grep, _show)
+    if gone:
+        log.warning(gone)
     return 0
 
 

@@ -14,8 +14,8 @@ STATE_LIMIT = 64 << 20  # a state file is about 150 bytes a process: 64 MiB is 4
 
 def read_states(log_dir: str) -> list:
     """Every node's state in ``log_dir``, by node; a clear LaunchError for a missing folder or a bad file."""
-    return [_read_state(os.path.join(log_dir, name)) for name in sorted(listing(log_dir), key=_node_of)
-            if state.is_state_file(name)]
+    names = [name for name in listing(log_dir) if state.is_state_file(name)]  # a few among thousands of logs
+    return [_read_state(os.path.join(log_dir, name)) for name in sorted(names, key=_node_of)]
 
 
 def listing(log_dir: str) -> list:

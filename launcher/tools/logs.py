@@ -5,30 +5,25 @@ The order of ``logs``: a worker's lines carry no time, and the launcher stays ou
 (each worker writes its log file itself), so no tool can know when each line was written. What is
 known: the time each run of each process started (its header line, to the second). ``logs`` shows
 the runs in that order (ties by rank), each run's lines in the order of its file, whole; the lines
-of two ranks of the same run are not interleaved. ``-f`` then shows new lines as they arrive,
-looked for every POLL seconds: lines of different ranks are in the order they were found, which
-is their order in time give or take POLL.
+of two ranks of the same run are not interleaved. ``-f`` then shows new lines as they are written
+(``launcher.tools.follow``, which says in what order).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from launcher.errors import LaunchError
 from launcher.host import files
 from launcher.output import lines as output_lines
-from launcher.output import state_file as state
-from launcher.tools.log_dir import job_over, listing, read_states
+from launcher.tools import follow as follower
+from launcher.tools.log_dir import listing, read_states
 
 LOG_NAME = re.compile(r"^(workerlog|serverlog)\.(\d+)$")
 HEADER = re.compile(rb"===== (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) launcher: ")
-POLL = 0.2  # how often -f looks for new lines
-STATE_EVERY = 1.0  # how often -f looks whether the job has ended
-READ_LIMIT = 16 << 20  # the most -f reads of one log at a poll
 
 
 @dataclass(frozen=True)
@@ -39,26 +34,63 @@ class LogFile:
     prefix: bytes
 
 
+def show(log_dir: str, follow: bool, ranks: Optional[str], grep: Optional[str], write) -> Optional[str]:
+    """``launcher logs``: the logs merged, then (``follow``) their new lines until the job has ended,
+    each piece given to ``write(data, flush)``; why following stopped early (its log dir gone), or None."""
+    pattern, wanted = compile_grep(grep), parse_ranks(ranks)
+    files = log_files(log_dir, wanted)
+    if not follow:
+        for chunk in merged(files, sizes(files, whole_lines=False), pattern):
+            write(chunk, False)
+        write(b"", True)
+        return None
+    changes = follower.watch(log_dir, lambda name: is_wanted(name, wanted))
+    try:
+        ends = sizes(files, whole_lines=True)  # taken once the watch is on: no change is missed
+        for chunk in merged(files, ends, pattern):
+            write(chunk, False)
+        write(b"", True)
+        tails = follower.Follower(files, ends, pattern, lambda names: new_logs(log_dir, names, wanted))
+        return follower.follow(log_dir, tails, changes, lambda data: write(data, True))
+    finally:
+        changes.close()
+
+
+def is_wanted(name: str, wanted: Optional[set]) -> bool:
+    """Whether ``name`` is a log that ``--ranks`` asks for (every log without it)."""
+    return LOG_NAME.match(name) is not None and (wanted is None or name in wanted)
+
+
 def log_files(log_dir: str, wanted: Optional[set] = None) -> list:
     """The logs of the job in ``log_dir`` (those named in ``wanted`` only), servers first, by number;
     a link that leads out of ``log_dir`` is left out."""
     names = listing(log_dir)
+    present = {name for name in names if LOG_NAME.match(name) and _is_log(log_dir, name)}
+    if not present:
+        raise LaunchError(f"no workerlog.N or serverlog.N in {log_dir}; give the --log_dir of the job.")
+    missing = sorted((wanted or set()) - present)
+    if missing:
+        raise LaunchError(f"--ranks: no {', '.join(missing)} in {log_dir}.")
+    return _logs(log_dir, [name for name in present if wanted is None or name in wanted])
+
+
+def new_logs(log_dir: str, names: Iterable[str], wanted: Optional[set]) -> list:
+    """The logs among ``names`` of ``log_dir`` that ``--ranks`` asks for, as ``log_files`` has them."""
+    chosen = [name for name in names if is_wanted(name, wanted) and _is_log(log_dir, name)]
+    return _logs(log_dir, chosen) if chosen else []
+
+
+def _logs(log_dir: str, names: list) -> list:
+    """The LogFile of each of ``names``, servers first, by number, labelled as the state files say."""
     try:  # the state file names trainers and servers; without it, the file names do
         labels = {p.log: p.label for s in read_states(log_dir) for p in s.processes if p.log}
     except LaunchError:
         labels = {}
-    found = sorted((m.group(1) != "serverlog", int(m.group(2)), m.group(0))
-                   for m in map(LOG_NAME.match, names) if m and _is_log(log_dir, m.group(0)))
-    if not found:
-        raise LaunchError(f"no workerlog.N or serverlog.N in {log_dir}; give the --log_dir of the job.")
-    missing = sorted((wanted or set()) - {name for _, _, name in found})
-    if missing:
-        raise LaunchError(f"--ranks: no {', '.join(missing)} in {log_dir}.")
     files = []
-    for server, number, name in found:
-        if wanted is None or name in wanted:
-            label = labels.get(name) or (f"rank {number}" if server else f"server {number}")
-            files.append(LogFile(os.path.join(log_dir, name), name, label, f"[{label}] ".encode()))
+    for server, number, name in sorted((m.group(1) != "serverlog", int(m.group(2)), m.group(0))
+                                       for m in map(LOG_NAME.match, names)):
+        label = labels.get(name) or (f"rank {number}" if server else f"server {number}")
+        files.append(LogFile(os.path.join(log_dir, name), name, label, f"[{label}] ".encode()))
     return files
 
 
@@ -128,7 +160,7 @@ def merged(files: list, ends: list, grep=None) -> Iterator[bytes]:
     for run in runs:
         f = files[run.index]
         for lines in _chunks(f.path, run.start, run.end):
-            yield _shown(f.prefix, lines, grep)
+            yield follower.shown(f.prefix, lines, grep)
 
 
 def _chunks(path: str, start: int, end: int) -> Iterator[bytes]:
@@ -143,16 +175,6 @@ def _chunks(path: str, start: int, end: int) -> Iterator[bytes]:
             start += len(data)
             yield buffer.feed(data)
     yield buffer.rest()
-
-
-def _shown(prefix: bytes, lines: bytes, grep) -> bytes:
-    if not lines:
-        return b""
-    if grep is not None:
-        lines = b"".join(line for line in lines.splitlines(keepends=True) if grep.search(line))
-        if not lines:
-            return b""
-    return output_lines.prefixed(prefix, lines)
 
 
 def sizes(files: list, whole_lines: bool) -> list:
@@ -178,63 +200,3 @@ def _last_newline(path: str, size: int) -> int:
                 return begin + cut + 1
             at = begin
     return 0
-
-
-class Follower:
-    """``logs -f``: new lines of each file, as they arrive, from the offsets already shown."""
-
-    def __init__(self, files: list, offsets: list, grep=None) -> None:
-        self.files = files
-        self.offsets = list(offsets)
-        self.buffers = [output_lines.LineBuffer() for _ in files]
-        self.grep = grep
-
-    def read(self, final: bool = False) -> bytes:
-        """What was written since the last call, whole lines only (everything when ``final``)."""
-        out = []
-        for i, f in enumerate(self.files):
-            out.append(self._read_one(i, f))
-            if final:
-                out.append(_shown(f.prefix, self.buffers[i].rest(), self.grep))
-        return b"".join(out)
-
-    def _read_one(self, i: int, f: LogFile) -> bytes:
-        try:
-            with open(f.path, "rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                if size < self.offsets[i]:  # truncated in place (copytruncate): from its start
-                    self.offsets[i], self.buffers[i] = 0, output_lines.LineBuffer()
-                fh.seek(self.offsets[i])
-                data = fh.read(min(size - self.offsets[i], READ_LIMIT))  # the rest at the next poll
-        except OSError:
-            return b""
-        self.offsets[i] += len(data)
-        return _shown(f.prefix, self.buffers[i].feed(data), self.grep)
-
-
-def job_running(log_dir: str) -> bool:
-    """Whether the job of ``log_dir`` may still write: True without a readable state file (no way
-    to tell: follow until Ctrl-C)."""
-    try:
-        states = read_states(log_dir)
-    except LaunchError:
-        return True
-    host = state.this_host()
-    return not states or not all(job_over(s, state.launcher_status(s, host)) for s in states)
-
-
-def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep) -> Optional[str]:
-    """Show new lines until the job has ended (then its last lines), its log dir is gone, or Ctrl-C;
-    the reason when the dir is gone (None otherwise)."""
-    checked = clock() - STATE_EVERY
-    while True:
-        write(follower.read())
-        if clock() - checked >= STATE_EVERY:
-            checked = clock()
-            if not os.path.isdir(log_dir):
-                write(follower.read(final=True))
-                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following."
-            if not job_running(log_dir):
-                write(follower.read(final=True))
-                return None
-        sleep(POLL)

@@ -670,7 +670,7 @@ def finished_log_dir(tmp_path_factory):
     return folder
 
 
-TOOLS = ["--help", "--version", "status {}", "logs {}", "logs {} --ranks 1"]
+TOOLS = ["--help", "--version", "status {}", "logs {}", "logs {} --ranks 1", "logs {} -f"]
 
 
 def tool_cmd(tool: str, log_dir: Path) -> str:
