@@ -33,6 +33,21 @@ def default_signal_dispositions():
     yield
 
 
+@pytest.fixture(autouse=True)
+def launcher_log_restored():
+    """A test that runs the ``launch`` command in this process (CliRunner) gets its messages set up
+    as for a launcher's own process: the "launcher" logger's one handler writes to the console and
+    propagates nothing, so caplog in every later test would see none of them. Each test leaves the
+    logger as it found it."""
+    from launcher.output.messages import log
+
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
+    yield
+    log.handlers[:] = handlers
+    log.propagate = propagate
+    log.setLevel(level)  # also forgets the levels the logger cached
+
+
 def netns_available():
     """Whether this test run may create network namespaces (root and `ip netns`)."""
     import shutil
