@@ -59,16 +59,6 @@ def test_console_script_shows_its_own_name():
     assert "python -m" not in r.stderr
 
 
-def test_a_launch_run_in_the_test_process_leaves_the_next_test_its_messages():
-    """A refused Paddle option sets up the launcher's messages (its logger stops propagating) before
-    the refusal; a caplog test run after it in the same pytest process still sees its warning."""
-    tests = ["tests/test_paddle_cli.py::test_an_option_that_cannot_be_honoured_is_refused_naming_why[npus]",
-             "tests/test_watch.py::test_writer_that_cannot_write_warns_once_and_never_raises"]
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *tests],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
-
-
 def test_prog_name():
     assert prog_name("/usr/local/bin/launcher") == "launcher"
     assert prog_name("/src/launcher/__main__.py") == "python -m launcher"
