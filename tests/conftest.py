@@ -33,6 +33,25 @@ def default_signal_dispositions():
     yield
 
 
+@pytest.fixture(autouse=True)
+def launcher_output_restored():
+    """The launcher's output is set up once for its process; a test that runs its code in this one
+    leaves none of it to the next test. The ``launch`` command (CliRunner) gives the "launcher"
+    logger one handler, to the console, and stops it propagating: caplog in every later test would
+    see none of its messages. ``attempts.run`` makes the console's streams for descriptors 1 and 2:
+    with ``pytest -s`` and stderr on a pipe, the stream reopens the pipe, and capfd in a later test
+    would not see the messages written there."""
+    from launcher.output.console import console
+    from launcher.output.messages import log
+
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
+    yield
+    log.handlers[:] = handlers
+    log.propagate = propagate
+    log.setLevel(level)  # also forgets the levels the logger cached
+    console.reset()
+
+
 def netns_available():
     """Whether this test run may create network namespaces (root and `ip netns`)."""
     import shutil

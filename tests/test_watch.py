@@ -1,6 +1,5 @@
 """The state file and the operator tools (``status``, ``logs``), without running a job."""
 
-import logging
 import os
 import time
 
@@ -59,19 +58,13 @@ def test_writer_replaces_the_file_whole(tmp_path):
     assert os.listdir(tmp_path) == ["launcher.node0.json"]  # no temporary file left
 
 
-def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog, monkeypatch):
+def test_writer_that_cannot_write_warns_once_and_never_raises(tmp_path, caplog):
     path = tmp_path / "launcher.node0.json"
     path.mkdir()  # a folder where the file should be: the rename fails
     w = state.Writer(str(path))
-    launcher_log = logging.getLogger("launcher")  # its own handler, whatever an earlier test set up
-    monkeypatch.setattr(launcher_log, "propagate", False)  # as the launcher runs it: each record caught once
-    launcher_log.addHandler(caplog.handler)
-    try:
-        with caplog.at_level("WARNING", logger="launcher"):
-            for _ in range(3):
-                w.write(node_state())
-    finally:
-        launcher_log.removeHandler(caplog.handler)
+    with caplog.at_level("WARNING", logger="launcher"):
+        for _ in range(3):
+            w.write(node_state())
     assert w.failed and not w.written
     assert len([r for r in caplog.records if "state file" in r.getMessage()]) == 1
     assert os.listdir(tmp_path) == ["launcher.node0.json"]

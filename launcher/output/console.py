@@ -220,6 +220,9 @@ class Console:
                 s.push()
 
     def reset(self) -> None:
+        """The console as new: the streams it made are closed and forgotten (the descriptors they
+        stand for are looked at again on the next write), and it is no longer abandoned."""
+        self.abandoned = False
         for s in {id(s): s for s in self._streams.values()}.values():
             if s.owned:
                 os.close(s.out)
