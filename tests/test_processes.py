@@ -156,3 +156,23 @@ def test_watchdog_forgets_a_group_whose_leader_is_gone():
     leader.kill()
     leader.wait()  # reaped: its id may now go to anyone
     assert leader.pid not in watch.job().groups
+
+
+def test_watchdog_lets_go_of_the_pidfds_of_workers_that_ended():
+    """A long job with many restarts: the watchdog holds a descriptor only for the workers that run."""
+    watch = Watch("job5")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):  # twenty attempts of one worker each
+        worker = sleeper(new_session=True)
+        watch.take(f"pid {worker.pid}")
+        worker.kill()
+        worker.wait()
+    survivor = sleeper(new_session=True)
+    try:
+        watch.take(f"pid {survivor.pid}")
+        assert list(watch.leaders) == [survivor.pid]
+        assert len(os.listdir("/proc/self/fd")) <= before + 1
+    finally:
+        survivor.kill()
+        survivor.wait()
+        watch.forget_ended()

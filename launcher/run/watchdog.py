@@ -39,12 +39,20 @@ class Watch:
         if word == "quit":
             return False
         if word == "pid" and arg.isdigit():
+            self.forget_ended()
             pinned = processes.pin(int(arg), processes.Job(self.run_id, groups=frozenset({int(arg)})))
             if pinned is not None:
                 self.leaders[pinned.pid] = pinned
         elif word == "cgroup" and arg:
             self.cgroup = processes.JobCgroup.at(arg)
         return True
+
+    def forget_ended(self) -> None:
+        """Workers that have ended, dropped with their pidfds (over many restarts they would pile up)."""
+        ended = [p for p in self.leaders.values() if not p.running()]
+        for p in ended:
+            del self.leaders[p.pid]
+        processes.close_all(ended)
 
     def job(self) -> processes.Job:
         live = frozenset(pid for pid, p in self.leaders.items() if p.running())
