@@ -223,12 +223,15 @@ def job_running(log_dir: str) -> bool:
     return not states or not all(job_over(s, state.launcher_status(s, host)) for s in states)
 
 
-def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep) -> Optional[str]:
+def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=time.sleep,
+           room=lambda: True) -> Optional[str]:
     """Show new lines until the job has ended (then its last lines), its log dir is gone, or Ctrl-C;
-    the reason when the dir is gone (None otherwise)."""
+    the reason when the dir is gone (None otherwise). New lines are read only while ``room()``
+    (the console has taken enough of what it was given)."""
     checked = clock() - STATE_EVERY
     while True:
-        write(follower.read())
+        if room():
+            write(follower.read())
         if clock() - checked >= STATE_EVERY:
             checked = clock()
             if not os.path.isdir(log_dir):
@@ -238,3 +241,19 @@ def follow(log_dir: str, follower: Follower, write, clock=time.monotonic, sleep=
                 write(follower.read(final=True))
                 return None
         sleep(POLL)
+
+
+def follow_live(log_dir: str, files: list, grep, write, room, wait, clock=time.monotonic) -> Optional[str]:
+    """``logs -f`` of a running job: what its logs hold, then ``follow``. Each write waits for
+    ``room()`` (``wait``: until the reader takes some, at most the given seconds) while the job
+    runs; once it has ended, not: what the reader has not taken is the console's to bound, so that a
+    reader who does not read never holds the tool past the job's end."""
+    ends = sizes(files, whole_lines=True)
+    checked, running = None, True
+    for chunk in merged(files, ends, grep):
+        while running and not room():
+            if checked is None or clock() - checked >= STATE_EVERY:
+                checked, running = clock(), job_running(log_dir)
+            wait(POLL)
+        write(chunk)
+    return follow(log_dir, Follower(files, ends, grep), write, clock, wait, room)
