@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
-import io
 import logging
 import os
 import sys
@@ -13,6 +11,7 @@ import click
 
 from launcher import __version__
 from launcher.output import reports
+from launcher.output import standard_streams as streams
 from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
 from launcher.cli import torchrun as torchrun_cli
@@ -306,7 +305,7 @@ def status_command(log_dir: str) -> int:
     """
     from launcher.tools import status
 
-    _show(status.status(log_dir).encode(), flush=True)
+    streams.show(status.status(log_dir).encode(), flush=True)
     return 0
 
 
@@ -326,21 +325,18 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     are written (each log read when the kernel reports it changed; on a network file system,
     polled).
     """
+    from launcher.tools import follow as follow_tool
     from launcher.tools import logs as log_tool
 
     setup_messages(logging.WARNING)
-    gone = log_tool.show(log_dir, follow, ranks, grep, _show)
+    if follow and not follow_tool.job_running(log_dir):
+        follow = False  # a job that has ended: a dump, as without -f
+    write = follow_tool.Paced(log_dir, streams.to_console, lambda: console.has_room(1), console.wait) if follow \
+        else lambda data, flush: streams.show(data, flush=flush)
+    gone = log_tool.show(log_dir, follow, ranks, grep, write)
     if gone:
         log.warning(gone)
     return 0
-
-
-def _show(data: bytes, flush: bool = False) -> None:
-    """An operator tool's output, on stdout (blocking: nothing else waits on it)."""
-    if data:
-        sys.stdout.buffer.write(data)
-    if flush:
-        sys.stdout.buffer.flush()
 
 
 TOOLS = {"status": status_command, "logs": logs_command}
@@ -394,18 +390,18 @@ def prog_name(argv0: str) -> str:
 
 
 def main(argv=None) -> None:
-    _open_standard_streams()
+    streams.open_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     command, args, prog = command_for(args, prog_name(sys.argv[0] if sys.argv else ""))
     try:
         code = command.main(args=args, prog_name=prog, standalone_mode=False)
-    except StdoutLost as e:
-        code = _stdout_lost(e.error)
+    except streams.StdoutLost as e:
+        code = streams.stdout_lost_code(e.error)
     except (LaunchError, click.ClickException) as e:
         error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         code = getattr(e, "exit_code", 2) if isinstance(e, LaunchError) else 2
     except (KeyboardInterrupt, click.Abort):
-        _abandon_stdout()
+        streams.abandon_stdout()
         code = 130
     except Exception:
         import traceback
@@ -413,83 +409,5 @@ def main(argv=None) -> None:
         console.write(2, traceback.format_exc().encode(errors="replace"))
         error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
         code = 1
-    _finish_output()
+    streams.finish_output()
     os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
-
-
-class StdoutLost(Exception):
-    """Writing sys.stdout (--help, --version, status, logs) failed: ``| head`` has what it wanted,
-    or the disk is full. Told apart from any other OSError of the launcher."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Stdout(io.FileIO):
-    def write(self, data) -> int:
-        try:
-            return super().write(data)
-        except OSError as e:
-            raise StdoutLost(e) from None
-
-
-class _Stderr(io.FileIO):
-    """A stderr that cannot be written any more is dropped (Python's warnings, logging's last resort)."""
-
-    def write(self, data) -> int:
-        try:
-            return super().write(data)
-        except OSError:
-            return len(data)
-
-
-def _stdout_lost(e: OSError) -> int:
-    """Nothing to say when the reader went away (``| head``); else one sentence, exit code 1."""
-    if e.errno == errno.EPIPE:
-        return 0
-    error(f"cannot write to stdout ({e.strerror or e}); send the output somewhere that takes it.")
-    return 1
-
-
-def _open_standard_streams() -> None:
-    """Started with stdin, stdout or stderr closed (``>&-``): put /dev/null there, so that no file
-    the launcher opens takes descriptor 1 or 2 and receives its messages. sys.stdout and
-    sys.stderr are then made to tell their write errors apart (``StdoutLost``, or dropped)."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
-    sys.stdout = _text(_Stdout(1, "w", closefd=False), sys.stdout)
-    sys.stderr = _text(_Stderr(2, "w", closefd=False), sys.stderr)
-
-
-def _text(raw: io.FileIO, old) -> io.TextIOWrapper:
-    return io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(old, "encoding", None) or "utf-8",
-                            errors=getattr(old, "errors", None) or "backslashreplace",
-                            line_buffering=raw.isatty(), write_through=False)
-
-
-_ABANDONED: list = []  # streams dropped after Ctrl-C, kept referenced: one collected would flush itself
-
-
-def _abandon_stdout() -> None:
-    """After Ctrl-C, what sys.stdout still holds may be on the screen already (the interrupt can come
-    just as a write returns, leaving the written bytes in the buffer): it is dropped, never written twice."""
-    _ABANDONED.append(sys.stdout)
-    sys.stdout = _text(_Stdout(1, "w", closefd=False), sys.stdout)
-
-
-def _finish_output() -> None:
-    """What the console could not take yet is written now, waiting for a slow reader as long as
-    it takes: every process of the job is gone by now. Ctrl-C ends the wait."""
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, StdoutLost):
-                pass
-        console.finish()
-    except KeyboardInterrupt:
-        pass

@@ -1,6 +1,10 @@
 """The launcher's stdout and stderr: written without ever blocking, in whole lines, a progress bar
 as the live last line of a terminal, a console that cannot be written any more dropped; the
-launcher's own messages (``messages.log``) and its one-sentence user errors are written there."""
+launcher's own messages (``messages.log``) and its one-sentence user errors are written there.
+
+The console is a view: it holds at most HOLD bytes a stream (the oldest lines go first), and at
+the end it is given END_STALL seconds without taking output, END_LIMIT in all, before what it still
+holds is dropped; what was dropped is counted and said once (``Console.note``)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import os
 import re
 import select
 import stat
+import time
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -16,6 +21,10 @@ from typing import Callable, Optional
 from launcher.output.messages import MessageFormat, log
 
 CONSOLE_BUFFER = 4 << 20  # output the console may hold before a worker's output waits
+HOLD = 80 << 20  # the most one stream holds, its oldest lines dropped beyond: more than the echo of a log file
+# may be behind at the end (sinks.ECHO_MAX_LAG, 64 MB) with one piece of a long line (8 MB)
+END_STALL = 0.5  # at the end, a console that has taken nothing for this long is not waited for
+END_LIMIT = 3.0  # nor one still behind after this long: the job's end is never held longer
 ERASE_LINE = b"\r\x1b[K"  # a terminal's cursor back to the line's start, and the line erased
 ERASE_REST = b"\x1b[K"
 
@@ -48,6 +57,11 @@ class _Stream:
         self.sock = None
         self.gated = False  # fallback: write only what poll says fits
         self.live: Optional[_Live] = None
+        self.error: Optional[OSError] = None  # why it cannot be written any more
+        self.mid_line = False  # what was written so far ends inside a line: ``pending`` starts with its rest
+        self.stalled = False  # it took nothing in time at the end: not waited for again
+        self.dropped_lines = 0  # dropped unread (not counted: what a lost stream would have got)
+        self.dropped_bytes = 0
         try:
             mode = os.fstat(fd).st_mode
         except OSError:
@@ -77,6 +91,30 @@ class _Stream:
             else:
                 self.live.drawn = False
         self.pending += data
+        if len(self.pending) > HOLD:
+            self._drop_oldest(len(self.pending) - HOLD)
+
+    def _drop_oldest(self, excess: int) -> None:
+        """Whole lines from the front of ``pending``, at least ``excess`` bytes; the rest of a
+        line already written in part stays, so that no line reaches the reader cut."""
+        start = self.pending.find(b"\n") + 1 if self.mid_line else 0
+        end = self.pending.find(b"\n", start + excess - 1) + 1 or len(self.pending)
+        self._count(start, end)
+        del self.pending[start:end]
+
+    def drop_pending(self) -> None:
+        """What is still pending, dropped and counted (the end's bound is over)."""
+        self._count(0, len(self.pending))
+        self.discard()
+
+    def discard(self) -> None:
+        """What is pending, dropped without a word (after Ctrl-C: it may be on screen already)."""
+        self.pending = bytearray()  # not .clear(): an error's traceback may still hold a view of it
+        self.live = None
+
+    def _count(self, start: int, end: int) -> None:
+        self.dropped_lines += self.pending.count(b"\n", start, end)
+        self.dropped_bytes += end - start
 
     def draw(self, owner: object, text: bytes) -> None:
         self.live = _Live(owner, text)
@@ -107,12 +145,14 @@ class _Stream:
                 return
             if n == 0:
                 return
+            self.mid_line = self.pending[n - 1] != 0x0A
             del self.pending[:n]
 
     def _lose(self, e: OSError) -> None:
         """The console is a view: one that cannot be written any more is dropped, and the job goes on."""
         self.closed = True
-        self.pending = bytearray()  # not .clear(): the error's traceback still holds a view of it
+        self.error = e
+        self.discard()
         self.on_lost(self, e)
 
     def _write(self, data) -> int:
@@ -134,16 +174,18 @@ class _Stream:
 class Console:
     """The launcher's stdout (1) and stderr (2). Writes never block the event loop.
 
-    The launcher's own messages are always taken. Bulk output (a worker's lines) is offered only
-    while ``has_room``: without --log_dir the launcher stops reading that worker's pipe until the
-    console catches up (the worker then waits on its own write, as it would on a paused terminal);
-    with --log_dir the echo of the log file falls behind, and skips ahead with a note if it falls
-    too far (the file keeps every line).
+    The launcher's own messages are always taken (up to HOLD). Bulk output (a worker's lines) is
+    offered only while ``has_room``: without --log_dir the launcher stops reading that worker's
+    pipe until the console catches up (the worker then waits on its own write, as it would on a
+    paused terminal); with --log_dir the echo of the log file falls behind, and skips ahead with a
+    note if it falls too far (the file keeps every line). ``finish`` ends it, bounded.
     """
 
     def __init__(self, limit: int = CONSOLE_BUFFER) -> None:
         self.limit = limit
         self.abandoned = False
+        self.say_lost = True  # a stream lost is said on stderr (a tool ends instead: it checks ``closed``)
+        self.note: Optional[str] = None  # what the console dropped unread, once said
         self._streams: dict = {}
 
     def abandon(self) -> None:
@@ -158,10 +200,13 @@ class Console:
 
     def _lost(self, stream: _Stream, e: OSError) -> None:
         """One note on stderr, if stderr still works (it is another stream)."""
-        names = " and ".join(n for fd, n in ((1, "stdout"), (2, "stderr")) if self._streams.get(fd) is stream)
-        if stream is not self.stream(2):
+        if self.say_lost and stream is not self.stream(2):
             log.warning("%s cannot be written any more (%s): what would go there is dropped from now on; "
-                        "the job goes on", names or f"descriptor {stream.fd}", e.strerror or e)
+                        "the job goes on", self._names(stream), e.strerror or e)
+
+    def _names(self, stream: _Stream) -> str:
+        names = " and ".join(n for fd, n in ((1, "stdout"), (2, "stderr")) if self._streams.get(fd) is stream)
+        return names or f"descriptor {stream.fd}"
 
     def _twin(self, fd: int) -> Optional[_Stream]:
         """The stream already made for the same file, when stdout and stderr are one (``2>&1 |
@@ -179,6 +224,9 @@ class Console:
             if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
                 return s
         return None
+
+    def _unique(self) -> list:
+        return list({id(s): s for s in self._streams.values()}.values())
 
     def write(self, fd: int, data: bytes, owner: object = None) -> None:
         """Whole lines; ``owner`` is the source of a live line they may end (see ``draw``)."""
@@ -203,32 +251,79 @@ class Console:
         """{descriptor to wait on for writing: stream} for the streams with output pending."""
         return {s.out: s for s in self._streams.values() if s.waiting}
 
-    def finish(self) -> None:
-        """Write everything pending, waiting for the reader as long as it takes (a stop signal
-        interrupts this in the caller), unless ``abandon`` was called. A bar still drawn (its
-        worker never ended its line, the launcher stopped on an error) is left on a line of its own."""
-        for s in self._streams.values():
+    def wait(self, seconds: float) -> None:
+        """Until a stream with output pending can take some of it, at most ``seconds``; then write."""
+        waiting = self.waiting()
+        if not waiting:
+            time.sleep(seconds)
+            return
+        select.select([], list(waiting), [], seconds)
+        for s in waiting.values():
+            s.push()
+
+    def discard(self, fd: int) -> None:
+        """What ``fd``'s stream holds, dropped without a word (after Ctrl-C: it may be on screen already)."""
+        self.stream(fd).discard()
+
+    def finish(self, stall: float = END_STALL, limit: float = END_LIMIT) -> None:
+        """Write what is pending while the reader keeps taking it: not once it has taken nothing
+        for ``stall`` seconds, nor after ``limit`` seconds in all, nor after ``abandon`` (then only
+        what the console takes at once). What is left is dropped, counted, and said once. A bar
+        still drawn (its worker never ended its line) is left on a line of its own."""
+        for s in self._unique():
             if s.live is not None:
                 s.pending += b"\n" if s.live.drawn else b""
                 s.live = None
-        while True:
-            waiting = self.waiting()
-            if not waiting or self.abandoned:
-                return
-            select.select([], list(waiting), [], 0.2)
+        started = moved = time.monotonic()
+        while not self.abandoned:
+            waiting = {fd: s for fd, s in self.waiting().items() if not s.stalled}
+            now = time.monotonic()
+            left = min(stall - (now - moved), limit - (now - started))
+            if not waiting or left <= 0:
+                break
+            select.select([], list(waiting), [], min(left, 0.1))
             for s in waiting.values():
+                before = len(s.pending)
                 s.push()
+                moved = time.monotonic() if len(s.pending) < before else moved
+        for s in self._unique():
+            s.push()
+            if s.waiting:
+                s.stalled = True
+                s.drop_pending()
+        self._say_dropped()
+
+    def _say_dropped(self) -> None:
+        """Once: what the console dropped unread, on stderr if it takes it now (and in ``note``,
+        for the state file)."""
+        dropped = [s for s in self._unique() if s.dropped_bytes]
+        if self.note is not None or not dropped:
+            return
+        lines, size = sum(s.dropped_lines for s in dropped), sum(s.dropped_bytes for s in dropped)
+        self.note = (f"the console dropped {lines} line(s) ({_size(size)}) of {' and '.join(map(self._names, dropped))} "
+                     "that were not read in time (the console is a view: with --log_dir the workers' log files "
+                     "have every line)")
+        log.warning(self.note)
+        err = self.stream(2)
+        if err.stalled:
+            err.discard()  # not read in time: the note is not waited for either
 
     def reset(self) -> None:
         """The console as new: the streams it made are closed and forgotten (the descriptors they
         stand for are looked at again on the next write), and it is no longer abandoned."""
         self.abandoned = False
-        for s in {id(s): s for s in self._streams.values()}.values():
+        for s in self._unique():
             if s.owned:
                 os.close(s.out)
             if s.sock is not None:
                 s.sock.close()
         self._streams.clear()
+        self.note = None
+        self.abandoned = False
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n} bytes"
 
 
 console = Console()

@@ -145,9 +145,9 @@ class FileOutput:
 
     def finish(self) -> None:
         """The rest of the echo goes into the console's buffer now, without waiting for the
-        console: a worker's last lines are never lost, and a console nobody reads cannot hold up
-        the launcher here, where a stop signal is only noted. The launcher writes the buffer out at
-        its very end (``cli._finish_output``), where Ctrl-C ends the wait. Bounded: the echo is
+        console, where a stop signal is only noted: a console nobody reads cannot hold up the
+        launcher here. The launcher writes the buffer out at its end (``Console.finish``, bounded:
+        a reader that does not read loses what it did not take, counted and said). The echo is
         never more than ECHO_MAX_LAG behind (``_catch_up``), and what is written after this call
         is not echoed."""
         if self._follow_fd is not None:
@@ -255,7 +255,7 @@ class PipeOutput:
 def _left_in(fd: int) -> bytes:
     """What a worker's pipe still holds at the end: the launcher stops reading a pipe while the
     console is behind, and that output goes to the console's buffer now rather than being lost
-    (the console is written out at the launcher's very end). Never waits: a process outside the
+    (the console is written out at the launcher's end, bounded). Never waits: a process outside the
     job may still hold the pipe open; at most FOLLOW_CHUNKS reads."""
     data = bytearray()
     try:

@@ -59,6 +59,7 @@ class NodeState:  # as ProcessState: read back, any field but processes may be N
     started: float
     updated: float
     processes: tuple = ()  # ProcessState
+    console: Optional[str] = None  # what the console dropped unread, in a sentence (None: nothing)
 
 
 def to_json(state: NodeState) -> bytes:
@@ -83,7 +84,8 @@ def from_json(text: bytes) -> NodeState:
         raise ValueError(f"a field is missing ({', '.join(missing)})")
     procs = data.get("processes")
     procs = procs if isinstance(procs, list) else []
-    return NodeState(**_typed(data, NODE_FIELDS), processes=tuple(ProcessState(**_typed(p, PROCESS_FIELDS)) for p in procs))
+    return NodeState(**_typed(data, NODE_FIELDS), **_typed(data, OPTIONAL_NODE_FIELDS),
+                     processes=tuple(ProcessState(**_typed(p, PROCESS_FIELDS)) for p in procs))
 
 
 def _count(v) -> bool:
@@ -110,6 +112,7 @@ def _text(v) -> bool:
 NODE_FIELDS = {"node": _count, "node_ip": _text, "nodes": _count, "host": _text, "run_id": _text,
                "launcher_pid": _pid, "launcher_start": _count, "attempt": _count, "max_restarts": _count,
                "phase": _text, "exit_code": _code, "started": _time, "updated": _time}
+OPTIONAL_NODE_FIELDS = {"console": _text}  # a file without them is read as well
 PROCESS_FIELDS = {"label": _text, "key": _count, "pid": _pid, "log": _text, "started": _time, "ended": _time,
                   "returncode": _code}
 

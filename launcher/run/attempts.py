@@ -48,8 +48,9 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             started = _run_attempt(launch, job)
             what, code = job.finish_attempt(Loop(launch, job).turn)
             if what == "end":
-                launch.records.record("ended", code)
                 _tell_the_end(job, code, started, launch.clock)
+                console.finish()  # bounded: a console nobody reads never holds the end
+                launch.records.record("ended", code, console=console.note)
                 return code
             launch.records.record("restarting")
     finally:

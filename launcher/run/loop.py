@@ -64,7 +64,7 @@ class Loop:
             self.selector.register(launch.intake.fd, selectors.EVENT_READ, SignalTag())
 
     def turn(self, state: Optional[policy.State] = None) -> list:
-        self._sync_registrations()
+        self._sync_registrations(ended=state is not None and not state.running)
         events = []
         for key, mask in self.clock.select(self.selector, self._timeout(state)):
             tag = key.data
@@ -125,9 +125,11 @@ class Loop:
             waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
         return min(waits) if waits else None
 
-    def _sync_registrations(self) -> None:
+    def _sync_registrations(self, ended: bool) -> None:
+        """Once the workers are gone (``ended``), their pipes are read whatever room the console
+        has: nothing is gained by holding them, and the console holds a bounded amount (HOLD)."""
         for fd, worker in self.pipes_open.items():
-            self._register(fd, selectors.EVENT_READ, PipeTag(worker), worker.output.wants(fd))
+            self._register(fd, selectors.EVENT_READ, PipeTag(worker), ended or worker.output.wants(fd))
         wanted = {}
         for fd, stream in console.waiting().items():
             wanted[fd] = (selectors.EVENT_WRITE, ConsoleTag(stream))

@@ -32,8 +32,10 @@ class Records:
             self._processes = snapshot()
             self.record("running", attempt=attempt)
 
-    def record(self, phase: str, exit_code: Optional[int] = None, attempt: Optional[int] = None) -> None:
-        """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails."""
+    def record(self, phase: str, exit_code: Optional[int] = None, attempt: Optional[int] = None,
+               console: Optional[str] = None) -> None:
+        """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails.
+        ``console``: what the console dropped unread, in a sentence (``Console.note``)."""
         if self.state is None:
             return
         self._attempt = self._attempt if attempt is None else attempt
@@ -45,7 +47,7 @@ class Records:
             node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), host=host,
             run_id=self.run_id, launcher_pid=pid, launcher_start=start,
             attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
-            started=self.started_wall, updated=self.clock.time(), processes=self._processes))
+            started=self.started_wall, updated=self.clock.time(), processes=self._processes, console=console))
 
     def due(self) -> bool:
         return self.clock.monotonic() - self._recorded >= STATE_INTERVAL

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 
+from launcher.output.console import console
 from launcher.run import processes
 
 POLL = 0.05
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
         if not watch.take(line):
             os._exit(0)  # the launcher waits for this exit: skip the interpreter's teardown
     stopped = watch.sweep(grace)
-    if stopped:
-        sys.stderr.write(f"launcher: watchdog: the launcher died; stopped {stopped} leftover process(es)\n")
+    if stopped:  # through the console: a stderr nobody reads does not keep this process either
+        console.write(2, f"launcher: watchdog: the launcher died; stopped {stopped} leftover process(es)\n".encode())
+        console.finish()
     os._exit(0)

@@ -27,6 +27,7 @@ from launcher.output.messages import log
 from launcher.tools.log_dir import job_over, read_states
 
 STATE_EVERY = 1.0  # how often -f looks whether the job has ended (also whenever a state file changes)
+PACE = 0.2  # the longest one wait for the console's reader lasts
 READ_LIMIT = 16 << 20  # the most -f reads of one log at a time; the rest comes right after
 MARK = 64  # how many bytes before its offset are read again with a log's new ones, to see it was not rewritten
 
@@ -195,6 +196,26 @@ def follow(log_dir: str, follower: Follower, changes: host_changes.FolderChanges
             if not job_running(log_dir):
                 write(follower.read(final=True))
                 return None
+
+
+class Paced:
+    """``logs -f``'s writes while its job runs: each waits until the console has room (``room()``;
+    ``wait(seconds)`` until the reader takes some), so that the reader sets the pace; whether the
+    job still runs is looked at every STATE_EVERY meanwhile, and once it has ended no write waits:
+    what the reader has not taken is then the console's to bound, and a reader that does not read
+    never holds the tool past the job's end."""
+
+    def __init__(self, log_dir: str, write: Callable[[bytes], None], room: Callable[[], bool],
+                 wait: Callable[[float], None], clock=time.monotonic) -> None:
+        self.log_dir, self.write, self.room, self.wait, self.clock = log_dir, write, room, wait, clock
+        self.running, self.checked = True, None
+
+    def __call__(self, data: bytes, flush: bool = False) -> None:
+        while self.running and not self.room():
+            if self.checked is None or self.clock() - self.checked >= STATE_EVERY:
+                self.checked, self.running = self.clock(), job_running(self.log_dir)
+            self.wait(PACE)
+        self.write(data)
 
 
 def _names(log_dir: str) -> list:

@@ -43,7 +43,7 @@ def _tail(log_dir: str, name) -> str:
 def format_status(states, liveness: list, tails: list, now: float) -> str:
     """Pure: one line per node, then a table of every process (``liveness`` and ``tails``: by
     state, then by process)."""
-    lines = [_node_line(s, alive) for s, alive in zip(states, liveness)]
+    lines = [line for s, alive in zip(states, liveness) for line in _node_lines(s, alive)]
     rows = [("node", "process", "pid", "state", "time", "restarts", "last line")]
     for s, alive, tail in zip(states, liveness, tails):
         running = not job_over(s, alive)
@@ -55,6 +55,11 @@ def format_status(states, liveness: list, tails: list, now: float) -> str:
 
 def _known(value) -> str:
     return UNKNOWN if value is None else str(value)
+
+
+def _node_lines(s: state.NodeState, liveness: str) -> list:
+    """The node's line, and what its console dropped unread, if anything."""
+    return [_node_line(s, liveness)] + ([f"  console: {s.console}"] if s.console else [])
 
 
 def _node_line(s: state.NodeState, liveness: str) -> str:

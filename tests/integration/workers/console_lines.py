@@ -1,7 +1,9 @@
-"""A worker for the console tests: only rank 0 writes; the others may fail or wait.
+"""A worker for the console tests: only one rank writes (rank 0, or --rank); the others may fail or wait.
 
 --dump DIR         write DIR/env.RANK.json with the pid (as probe.py does)
---lines N          rank 0 writes N numbered lines of --width bytes: "n000000000042 xxx..."
+--lines N          rank 0 writes N numbered lines of --width bytes: "n000000000042 xxx..." (-1: without end)
+--rank R           the rank that writes them, instead of rank 0
+--to out|err|both  where it writes them (both: each line to one of them, in turn)
 --interval S       rank 0 sleeps S between lines (each line one write)
 --long SIZES       rank 0 writes, for each comma-separated size, one line of that many bytes
                    (a repeating pattern, then a newline), then the line "after long"
@@ -12,6 +14,7 @@
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -20,6 +23,8 @@ import time
 p = argparse.ArgumentParser()
 p.add_argument("--dump")
 p.add_argument("--lines", type=int, default=0)
+p.add_argument("--rank", type=int, default=0)
+p.add_argument("--to", choices=("out", "err", "both"), default="out")
 p.add_argument("--width", type=int, default=100)
 p.add_argument("--interval", type=float, default=0.0)
 p.add_argument("--long", default="")
@@ -38,13 +43,14 @@ if args.dump:
     os.replace(path + ".tmp", path)
 
 
-def write(data: bytes) -> None:
+def write(data: bytes, fd: int = 1) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[os.write(fd, view):]
 
 
-if rank == 0 and args.until_full:
+writer = rank == args.rank
+if writer and args.until_full:
     body = b"x" * max(0, args.width - 15)
     os.set_blocking(1, False)
     i, full_since = 0, None
@@ -58,10 +64,11 @@ if rank == 0 and args.until_full:
                 break
             time.sleep(0.01)
     sys.stderr.write(f"wrote {i} lines\n")
-elif rank == 0:
+elif writer:
     body = b"x" * max(0, args.width - 15)
-    for i in range(args.lines):
-        write(b"n%012d %s\n" % (i, body))
+    fds = {"out": (1,), "err": (2,), "both": (1, 2)}[args.to]
+    for i in itertools.count() if args.lines < 0 else range(args.lines):
+        write(b"n%012d %s\n" % (i, body), fds[i % len(fds)])
         if args.interval:
             time.sleep(args.interval)
     for size in filter(None, args.long.split(",")):

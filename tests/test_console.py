@@ -1,0 +1,171 @@
+"""The console's bounds: what it holds, how long its end waits for a reader, what it drops and how
+it says so; on real pipes. Every wait is bounded."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from launcher.output import console
+from launcher.output import state_file as state
+from launcher.tools import follow as follow_tool
+from launcher.tools import logs as log_tool
+from launcher.tools import status
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINE = b"%06d " + b"x" * 92 + b"\n"  # 100 bytes
+
+
+@pytest.fixture
+def unread():
+    """(a Console, the write end of a pipe nobody reads, already full): closed after the test."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"f" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    c = console.Console()
+    yield c, r, w
+    c.reset()
+    os.close(r)
+    os.close(w)
+
+
+def lines(n: int, start: int = 0) -> bytes:
+    return b"".join(LINE % i for i in range(start, start + n))
+
+
+def test_the_end_gives_up_on_a_reader_that_takes_nothing_and_counts_what_it_dropped(unread, caplog):
+    c, r, w = unread
+    c.write(w, lines(1000))
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="launcher"):
+        c.finish(stall=0.3, limit=5.0)
+    took = time.monotonic() - started
+    assert 0.25 < took < 1.5
+    s = c.stream(w)
+    assert (s.dropped_lines, s.dropped_bytes, s.pending) == (1000, 100_000, b"")
+    assert c.note.startswith("the console dropped 1000 line(s) (0.1 MB) of descriptor ")
+    assert [rec.getMessage() for rec in caplog.records] == [c.note]
+    started = time.monotonic()
+    c.write(w, lines(10))  # after the end: not waited for again, not said again
+    c.finish(stall=0.3, limit=5.0)
+    assert time.monotonic() - started < 0.2 and s.dropped_lines == 1010 and len(caplog.records) == 1
+
+
+def test_the_end_waits_while_the_reader_takes_output_but_never_past_its_limit(unread):
+    c, r, w = unread
+    c.write(w, lines(200_000))  # 20 MB, read at about 6.5 MB/s below: it would take 3 s
+    stop = threading.Event()
+
+    def slow_reader():
+        while not stop.is_set():
+            os.read(r, 65536)
+            time.sleep(0.01)
+
+    reader = threading.Thread(target=slow_reader, daemon=True)
+    reader.start()
+    try:
+        started = time.monotonic()
+        c.finish(stall=0.3, limit=1.0)  # the reader never stalls 0.3 s: the limit ends it
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        reader.join(5)
+    s = c.stream(w)
+    assert 0.9 < took < 1.6
+    assert 0 < s.dropped_lines < 200_000 and not s.pending
+
+
+def test_after_abandon_the_end_writes_what_fits_at_once_and_waits_for_nothing(unread):
+    c, r, w = unread
+    c.write(w, lines(100))
+    c.abandon()
+    started = time.monotonic()
+    c.finish(stall=5.0, limit=5.0)
+    assert time.monotonic() - started < 0.2 and c.stream(w).dropped_lines == 100
+
+
+def test_beyond_hold_the_oldest_whole_lines_go_and_a_line_written_in_part_is_ended(unread, monkeypatch):
+    c, r, w = unread
+    monkeypatch.setattr(console, "HOLD", 1000)
+    s = c.stream(w)
+    s.pending += b"rest of a line written in part\n"
+    s.mid_line = True
+    c.write(w, lines(15))  # 1,531 bytes: at least 531 must go, in whole lines, after the rest
+    assert bytes(s.pending) == b"rest of a line written in part\n" + lines(9, start=6)
+    assert (s.dropped_lines, s.dropped_bytes) == (6, 600)
+
+
+def test_a_console_that_takes_everything_drops_nothing_and_says_nothing():
+    r, w = os.pipe()
+    c = console.Console()
+    try:
+        c.write(w, lines(10))
+        c.finish(stall=0.3, limit=1.0)
+        assert os.read(r, 1 << 20) == lines(10) and c.note is None
+    finally:
+        c.reset()
+        os.close(r)
+        os.close(w)
+
+
+def test_what_the_console_dropped_is_kept_in_the_state_file_and_shown_by_status():
+    note = "the console dropped 12 line(s) (1200 bytes) of stdout that were not read in time"
+    s = state.NodeState(node=0, node_ip="127.0.0.1", nodes=1, host="h", run_id="r", launcher_pid=9, launcher_start=1,
+                        attempt=0, max_restarts=0, phase="ended", exit_code=3, started=1e9, updated=1e9, console=note)
+    back = state.from_json(state.to_json(s))
+    assert back.console == note
+    text = status.format_status([back], ["gone"], [[]], 1e9)
+    assert text.splitlines()[1] == f"  console: {note}"
+    old = json.loads(state.to_json(s))
+    del old["console"]  # a file written before the field was known
+    assert state.from_json(json.dumps(old).encode()).console is None
+    old["console"] = "\x1b[2Jspoofed"  # untrusted: no escape sequence reaches the terminal
+    assert state.from_json(json.dumps(old).encode()).console is None
+
+
+def test_logs_follow_stops_waiting_for_the_reader_once_the_job_has_ended(tmp_path):
+    (tmp_path / "workerlog.0").write_bytes(b"one\ntwo\n")
+    s = state.NodeState(node=0, node_ip="127.0.0.1", nodes=1, host=state.this_host(), run_id="r",
+                        launcher_pid=os.getpid(), launcher_start=state.process_start(os.getpid()), attempt=0,
+                        max_restarts=0, phase="running", exit_code=None, started=1e9, updated=1e9)
+    path = tmp_path / "launcher.node0.json"
+    path.write_bytes(state.to_json(s))
+    shown, waits = [], []
+
+    def wait(seconds):  # a reader who never reads: no room, ever; the job ends after 3 waits
+        waits.append(seconds)
+        assert len(waits) < 50, "still waiting for a reader after the job's end"
+        if len(waits) == 3:
+            path.write_bytes(state.to_json(s.__class__(**{**vars(s), "phase": "ended", "exit_code": 0})))
+
+    clock = iter(range(10 ** 6)).__next__
+    write = follow_tool.Paced(str(tmp_path), shown.append, lambda: False, wait, clock)
+    assert log_tool.show(str(tmp_path), True, None, None, write) is None
+    assert b"".join(shown) == b"[rank 0] one\n[rank 0] two\n"
+
+
+def test_python_s_own_stderr_writes_through_the_console_and_never_blocks(tmp_path):
+    """sys.stderr (warnings, logging's last resort, a thread's traceback) into a pipe nobody reads:
+    the process still ends at once."""
+    code = ("from launcher.output import standard_streams as s; s.open_standard_streams(); import sys\n"
+            "for i in range(20000): print('warning', i, 'x' * 100, file=sys.stderr)\n"
+            "s.finish_output(); print('ended', flush=True)\n")
+    r, w = os.pipe()
+    try:
+        started = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=w, timeout=30,
+                           env={**os.environ, "PYTHONPATH": REPO})
+        assert time.monotonic() - started < 5 and p.returncode == 0 and p.stdout == b"ended\n"
+    finally:
+        os.close(r)
+        os.close(w)
