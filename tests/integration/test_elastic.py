@@ -1,0 +1,87 @@
+"""Elastic jobs (``--nnodes MIN:MAX``) on launchers that share 127.0.0.1: the same torchrun command line on
+every node, no node rank. What is promised: the launcher that binds the rendezvous endpoint is node 0;
+MAX launchers start the job at once, MIN of them once the last call has passed; real gloo workers see
+the round's WORLD_SIZE and contiguous ranks; every node exits 0; below MIN after join_timeout every
+launcher exits 1 saying how many joined. Every wait is bounded, and nothing of a test is left running.
+"""
+
+import json
+import time
+
+from conftest import WORKERS, assert_all_gone, finish_all, free_ports, start_launcher
+
+WORKER = str(WORKERS / "elastic_worker.py")
+HOST = "127.0.0.1"
+
+
+def torchrun_line(port, folder, *extra, nnodes="2:3", steps=3):
+    return ("--nnodes", nnodes, "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}",
+            "--rdzv-id", "elastic-test", *extra, WORKER, folder, steps)
+
+
+def records(folder) -> list:
+    path = folder / "records.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_nodes(count, args, timeout=120):
+    procs = [start_launcher(*args) for _ in range(count)]
+    try:
+        return finish_all(procs, timeout=timeout), [p.pid for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def check_round(folder, world) -> None:
+    done = records(folder)
+    assert sorted(r["rank"] for r in done) == list(range(world))
+    for r in done:
+        env = r["env"]
+        assert r["world"] == world and r["sum"] == world * (world + 1) / 2
+        assert env["WORLD_SIZE"] == str(world) and env["RANK"] == str(r["rank"])
+        assert env["GROUP_RANK"] == str(r["rank"]) and env["LOCAL_RANK"] == "0"
+        assert env["PADDLE_TRAINERS_NUM"] == str(world) and env["PADDLE_TRAINER_ID"] == str(r["rank"])
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+
+
+def test_max_launchers_start_the_job_at_once(tmp_path):
+    port = free_ports(4) + 1
+    # a last call far longer than the test: only MAX launchers joined can start it
+    args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=600")
+    started = time.monotonic()
+    results, pids = run_nodes(3, args)
+    for code, out, err in results:
+        assert code == 0, err
+    assert time.monotonic() - started < 90
+    check_round(tmp_path, 3)
+    errs = "".join(err for _, _, err in results)
+    assert errs.count("elastic job: this launcher is node 0") == 1
+    assert "round 1 (start): 3 node(s), world size 3" in errs
+    assert sorted(errs.count(f"this launcher is node {n}") for n in (1, 2)) == [1, 1]
+    assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
+
+
+def test_min_launchers_start_the_job_after_the_last_call(tmp_path):
+    port = free_ports(4) + 1
+    results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=1"))
+    for code, out, err in results:
+        assert code == 0, err
+    check_round(tmp_path, 2)
+    assert "round 1 (start): 2 node(s), world size 2" in "".join(err for _, _, err in results)
+    assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
+
+
+def test_below_min_after_join_timeout_every_launcher_exits_1_saying_so(tmp_path):
+    port = free_ports(4) + 1
+    results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "join_timeout=3", nnodes="3:4"),
+                              timeout=60)
+    for code, out, err in results:
+        assert code == 1, err
+        assert "Traceback" not in err
+    errs = [err for _, _, err in results]
+    assert any("only 2 node(s) joined within 3 s (join_timeout), 3 needed (--nnodes 3:4)" in e for e in errs), errs
+    assert all("the elastic job did not start" in e or "did not take this launcher" in e for e in errs), errs
+    assert records(tmp_path) == []
+    assert_all_gone(pids)
