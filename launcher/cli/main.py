@@ -231,9 +231,10 @@ def launch(ctx: click.Context, **values) -> int:
     trainers instead, and stops the servers once every trainer has finished.
     """
     values, from_file = _with_config(ctx, values)
-    values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
+    given = lambda name: name in from_file or _given(ctx, name)  # noqa: E731
+    values = torchrun_cli.to_ours(values, given, os.environ)
     setup_messages(values["log_level"])
-    values = _with_elastic_place(values)
+    values = _with_elastic_place(values, given)
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher.cli import paddle as paddle_cli
 
@@ -273,9 +274,13 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
     return _options(values, ctx.command_path), expected
 
 
-def _with_elastic_place(values: dict) -> dict:
-    """An elastic job (``--nnodes MIN:MAX``): its first round, formed at node 0, gives the number of nodes and
-    this node's rank (launcher.nodes.elastic_start); then it runs as a job of that many nodes."""
+def _with_elastic_place(values: dict, given) -> dict:
+    """An elastic job (torchrun's or Paddle 3's ``--nnodes MIN:MAX``): its first round, formed at node 0, gives
+    the number of nodes and this node's rank (launcher.nodes.elastic_start); then it runs as a job of that many."""
+    from launcher.cli import paddle as paddle_cli
+
+    if "elastic" not in values:
+        values = {**values, **(paddle_cli.elastic(values, given) or {})}
     spec = values.pop("elastic", None)
     if spec is None:
         return values

@@ -85,3 +85,14 @@ def test_below_min_after_join_timeout_every_launcher_exits_1_saying_so(tmp_path)
     assert all("the elastic job did not start" in e or "did not take this launcher" in e for e in errs), errs
     assert records(tmp_path) == []
     assert_all_gone(pids)
+
+
+def test_paddle3s_range_with_master_runs_the_same(tmp_path):
+    port = free_ports(4)
+    args = ("--nnodes", "2:3", "--master", f"{HOST}:{port}", "--nproc_per_node", 1, WORKER, tmp_path, 2)
+    results, pids = run_nodes(2, args)
+    for code, out, err in results:
+        assert code == 0, err
+    check_round(tmp_path, 2)
+    assert all(r["env"]["MASTER_PORT"] == str(port + 1) for r in records(tmp_path))
+    assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
