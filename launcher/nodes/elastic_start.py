@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import selectors
 import socket
 import time
@@ -57,8 +58,8 @@ class Place:
 
 
 def own_id() -> str:
-    """An id unique to this launcher's run: its host name and process id."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """An id unique to this launcher's run: its host name, process id and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
 def form(spec: ElasticSpec, job_id: str, workers: int, clock: Callable[[], float] = time.monotonic) -> Place:
