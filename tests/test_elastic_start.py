@@ -86,13 +86,15 @@ def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
     assert outcome[0].exit_code == 1
 
 
-def test_node_0_that_closes_before_the_round_ends_the_start_saying_so():
+def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
     port = free_ports(1)
     listener = socket.create_server((HOST, port))
     spec = spec_of(port)
 
     def close_first():
         conn, _ = listener.accept()
+        conn.sendall(wire.encode(m.to_wire(m.Admitted(False))))
+        conn.recv(100)
         conn.close()
 
     threading.Thread(target=close_first, daemon=True).start()
@@ -119,5 +121,21 @@ def test_junk_from_node_0_is_a_start_failure():
 
     threading.Thread(target=junk, daemon=True).start()
     with pytest.raises(es.StartFailed, match="sent junk"):
+        es.join(spec_of(port), "job", 1)
+    listener.close()
+
+
+def test_what_closes_before_admitting_is_not_called_node_0():
+    """A launcher that comes after the start reaches the job's store on the endpoint, which closes on its hello."""
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+
+    def store_like():
+        conn, _ = listener.accept()
+        conn.recv(100)
+        conn.close()
+
+    threading.Thread(target=store_like, daemon=True).start()
+    with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the job has started"):
         es.join(spec_of(port), "job", 1)
     listener.close()

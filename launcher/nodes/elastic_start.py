@@ -296,7 +296,7 @@ def _connect(spec: ElasticSpec, where: str, deadline: float, clock) -> socket.so
 
 
 def _await_round(sock, where: str, deadline: float, beat_every: float, clock) -> m.RoundStart:
-    framer, next_beat = wire.Framer(), clock() + beat_every
+    framer, next_beat, admitted = wire.Framer(), clock() + beat_every, False
     while True:
         now = clock()
         if now >= deadline:
@@ -318,15 +318,21 @@ def _await_round(sock, where: str, deadline: float, beat_every: float, clock) ->
             bodies = framer.feed(data) if data else None
         except wire.ProtocolError as e:
             raise StartFailed(f"{where} sent junk ({e}); check that the endpoint belongs to this job.") from None
-        if bodies is None:
+        if bodies is None and admitted:
             raise StartFailed(f"{where} closed the rendezvous before the job started; node 0's launcher leaving "
                               "ends an elastic job (see its messages).")
+        if bodies is None:
+            raise StartFailed(f"{where.split(' at ')[-1]} closed the connection without an answer: the "
+                              "job has started already (a launcher that comes later does not join a running job yet), "
+                              "or the endpoint is not this job's.")
         for body in bodies:
             message = m.from_wire(body)
             if isinstance(message, (m.Refusal, m.Dropped)):
                 raise StartFailed(f"{where} did not take this launcher: "
                                   f"{one_line(str(message.reason or 'no reason given'), 300)}.")
-            if isinstance(message, m.Admitted) and message.standby:
-                log.info("elastic job: this launcher waits as a standby")
+            if isinstance(message, m.Admitted):
+                admitted = True
+                if message.standby:
+                    log.info("elastic job: this launcher waits as a standby")
             if isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size):
                 return message

@@ -8,7 +8,7 @@ launcher exits 1 saying how many joined. Every wait is bounded, and nothing of a
 import json
 import time
 
-from conftest import WORKERS, assert_all_gone, finish_all, free_ports, start_launcher
+from conftest import WORKERS, assert_all_gone, finish_all, free_ports, run_launcher, start_launcher, wait_for
 
 WORKER = str(WORKERS / "elastic_worker.py")
 HOST = "127.0.0.1"
@@ -96,3 +96,25 @@ def test_paddle3s_range_with_master_runs_the_same(tmp_path):
     check_round(tmp_path, 2)
     assert all(r["env"]["MASTER_PORT"] == str(port + 1) for r in records(tmp_path))
     assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
+
+
+def test_a_launcher_that_comes_after_the_start_exits_1_and_the_running_job_goes_on(tmp_path):
+    """It reaches the job's store on the endpoint, which closes on its hello: it says the job has started."""
+    port = free_ports(4) + 1
+    args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5")
+    procs = [start_launcher(*args, "hold") for _ in range(2)]
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
+        late = run_launcher(*torchrun_line(port, tmp_path, "--rdzv-conf", "join_timeout=3,read_timeout=2"), timeout=60)
+        assert late.returncode == 1, late.stderr
+        assert "closed the connection without an answer: the job has started already" in late.stderr
+        (tmp_path / "go").touch()
+        results = finish_all(procs, timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for code, out, err in results:
+        assert code == 0, err
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])

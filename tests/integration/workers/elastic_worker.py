@@ -2,12 +2,14 @@
 STEPS steps of one gloo all-reduce each, rank 0 saving the state after every step, and writes one
 record of its run (a line of JSON appended to FOLDER/records.jsonl).
 
-Usage: elastic_worker.py FOLDER STEPS
+Usage: elastic_worker.py FOLDER STEPS [hold]: with ``hold``, each worker writes FOLDER/ready.RANK once in
+the group and waits (30 s at most) for FOLDER/go before its steps.
 """
 
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,11 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 state = torch.load(checkpoint) if os.path.exists(checkpoint) else {"step": 0, "total": 0.0}
 resumed = state["step"]
+if sys.argv[3:] == ["hold"]:
+    open(os.path.join(folder, f"ready.{rank}"), "w").close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
+        time.sleep(0.05)
 total = 0.0
 for step in range(resumed, resumed + steps):
     t = torch.tensor([float(rank + 1)])
