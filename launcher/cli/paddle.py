@@ -116,6 +116,9 @@ def elastic(values: dict, given) -> Optional[dict]:
     if not given("nnodes") or not colon or low.strip() == high.strip():
         return None
     spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)})
+    if spec.failed_node_leaves:
+        raise LaunchError("--elastic_level 0 (the failing node leaves, the others go on) is not done yet: a node lost "
+                          "while an elastic job runs ends it here; give --elastic_level 1 or drop it.")
     if given("ips") or spec.port is None:
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")
