@@ -8,6 +8,8 @@ launcher exits 1 saying how many joined. Every wait is bounded, and nothing of a
 import json
 import time
 
+import pytest
+
 from conftest import WORKERS, assert_all_gone, finish_all, free_ports, run_launcher, start_launcher, wait_for
 
 WORKER = str(WORKERS / "elastic_worker.py")
@@ -118,3 +120,20 @@ def test_a_launcher_that_comes_after_the_start_exits_1_and_the_running_job_goes_
         assert code == 0, err
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "--nnodes 3:2 has its minimum above its maximum"),
+    (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "--nnodes 0:2 has a minimum of 0 nodes"),
+    (("--nnodes", "2:x", "--rdzv-backend", "c10d"), "--nnodes 2:x is not a number of nodes or a MIN:MAX range"),
+    (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--node-rank", "1"), "drop --node-rank"),
+    (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "joint_timeout=5"), "unknown key 'joint_timeout'"),
+    (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=0"), "join_timeout=0 is outside"),
+    (("--nnodes", "2:3"), "a static rendezvous has a fixed number of nodes"),
+    (("--nnodes", "2:3", "--master", "etcd://127.0.0.1:2379"), "names an etcd rendezvous"),
+])
+def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp_path, args, fragment):
+    done = run_launcher(*args, WORKER, tmp_path, 1, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert fragment in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "elastic job:" not in done.stderr
