@@ -19,7 +19,7 @@ def spec_of(port, low=2, high=2, **settings):
     return ElasticSpec(low, high, "c10d", host=HOST, port=port, rendezvous=Rendezvous(**settings))
 
 
-def leading(spec, job="job"):
+def leading(spec, job="job", token=None):
     """Node 0's side in a thread: its (Place or exception) once it ends."""
     listener = es.listen(spec.host, spec.port)
     assert listener is not None
@@ -27,7 +27,7 @@ def leading(spec, job="job"):
 
     def lead():
         try:
-            outcome.append(es.lead(listener, spec, job, 1))
+            outcome.append(es.lead(listener, spec, job, 1, token))
         except Exception as e:  # the test looks at it
             outcome.append(e)
         finally:
@@ -139,3 +139,45 @@ def test_what_closes_before_admitting_is_not_called_node_0():
     with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the job has started"):
         es.join(spec_of(port), "job", 1)
     listener.close()
+
+
+def hello(job="job", token=None, nonce="a" * 32, node_id="x"):
+    from launcher.nodes import auth
+
+    proof = auth.proof(token, nonce, job, node_id) if token else None
+    return wire.encode(m.to_wire(m.Hello({"job_id": job}, None, nonce, proof, node_id=node_id, host=HOST, workers=1)))
+
+
+def refusal_of(port, body) -> str:
+    answer = m.from_wire(wire.Framer().feed(answer_to(port, body))[0])
+    assert isinstance(answer, m.Refusal)
+    return answer.reason
+
+
+def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
+    port = free_ports(1)
+    spec = spec_of(port, low=3, high=3)
+    thread, outcome = leading(spec, token="s3cret")
+    assert refusal_of(port, hello()) == "wrong job or job token"  # proves nothing
+    assert refusal_of(port, hello(token="other")) == "wrong job or job token"
+    with pytest.raises(es.StartFailed, match="did not take this launcher: wrong job or job token"):
+        es.join(spec, "job", 1, "wrong")
+    first = hello(token="s3cret", node_id="first")
+    sock = socket.create_connection((HOST, port), timeout=10)
+    sock.sendall(first)  # joins, and stays
+    assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False)
+    assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
+    place = es.join(spec, "job", 1, "s3cret")
+    thread.join(10)
+    sock.close()
+    assert place.node_rank == 2 and outcome == [es.Place(0, 3, 3, True)]
+
+
+def test_without_a_job_token_a_hello_that_proves_one_is_refused():
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    assert refusal_of(port, hello(token="s3cret")) == "it proves a job token, and this job has none"
+    es.join(spec, "job", 1)
+    thread.join(10)
+    assert outcome == [es.Place(0, 2, 2, True)]

@@ -285,12 +285,12 @@ def _with_elastic_place(values: dict, given) -> dict:
     if spec is None:
         return values
     from launcher.nodes import elastic_start
-    from launcher.envvars import JOB_ID
+    from launcher.envvars import JOB_ID, JOB_TOKEN
 
     job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
     nproc = str(values.get("nproc_per_node") or "1")
     workers = int(nproc) if nproc.isascii() and nproc.isdigit() and int(nproc) > 0 else 1
-    place = elastic_start.form(spec, job_id, workers)
+    place = elastic_start.form(spec, job_id, workers, os.environ.get(JOB_TOKEN) or None)
     return {**values, "nnodes": place.nodes, "node_rank": place.node_rank}
 
 

@@ -14,7 +14,10 @@ is on the endpoint's port). Below MIN after ``join_timeout``, node 0 ends the st
 missing, and tells the launchers that joined (``messages.Dropped``): each exits 1.
 
 Messages are framed as the control channel frames them (``wire``); what a stranger sends (junk, no
-hello, another job's id) only loses its connection. Every wait is bounded.
+hello, another job's id, a hello that does not prove the job token) only loses its connection. With a
+job token (LAUNCHER_JOB_TOKEN) each hello proves it on a nonce of the joining launcher's (``auth.proof``;
+a nonce proven once is refused again); node 0's answers are not proven here: the control channel of
+the job that follows proves both ends. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from launcher.errors import LaunchError
+from launcher.nodes import auth
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
@@ -62,13 +66,15 @@ def own_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def form(spec: ElasticSpec, job_id: str, workers: int, clock: Callable[[], float] = time.monotonic) -> Place:
-    """This launcher's place in the job's first round (node 0 when it can listen on the endpoint)."""
+def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock: Callable[[], float] = time.monotonic) -> Place:
+    """This launcher's place in the job's first round (node 0 when it can listen on the endpoint); ``token``:
+    the job token (LAUNCHER_JOB_TOKEN), which every joining launcher proves on a nonce of its own."""
     listener = listen(spec.host, spec.port)
     if listener is None:
-        return join(spec, job_id, workers, clock)
+        return join(spec, job_id, workers, token, clock)
     try:
-        return lead(listener, spec, job_id, workers, clock)
+        return lead(listener, spec, job_id, workers, token, clock)
     finally:
         listener.close()
 
@@ -104,8 +110,9 @@ class _Peer:
 class _Leader:
     """Node 0's side: the membership fed by the connections, until round 1 starts or the start fails."""
 
-    def __init__(self, listener, spec: ElasticSpec, job_id: str, workers: int, clock) -> None:
-        self.listener, self.spec, self.clock = listener, spec, clock
+    def __init__(self, listener, spec: ElasticSpec, job_id: str, workers: int, token, clock) -> None:
+        self.listener, self.spec, self.clock, self.token, self.job_id = listener, spec, clock, token, job_id
+        self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
         self.peers: dict = {}  # fd -> _Peer
@@ -178,15 +185,28 @@ class _Leader:
                 self.forget(fd, "it said no elastic hello")
                 return
             identity = message.identity or {}
-            if any(p.node_id == message.node_id for p in self.peers.values()):
-                self.send(peer, m.Refusal(f"the node id {message.node_id!r} is taken"))
-                self.forget(fd, "its node id is taken")
+            problem = self.unproven(message)
+            if problem is None and any(p.node_id == message.node_id for p in self.peers.values()):
+                problem = f"the node id {message.node_id!r} is taken"
+            if problem is not None:
+                self.send(peer, m.Refusal(problem))
+                self.forget(fd, problem)
                 return
             peer.node_id = message.node_id
             node = mb.Node(message.node_id, message.host or "", message.workers)
             self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
         elif isinstance(message, m.Beat):
             self.decide(mb.Heartbeat(peer.node_id))
+
+    def unproven(self, hello: m.Hello) -> Optional[str]:
+        """Why a hello does not prove the job token (None: it does, or the job has none and it proves none)."""
+        if self.token is None:
+            return None if hello.proof is None else "it proves a job token, and this job has none"
+        expected = auth.proof(self.token, hello.nonce or "", self.job_id, hello.node_id)
+        if not auth.fresh_nonce(hello.nonce) or hello.nonce in self.nonces or not auth.proves(hello.proof, expected):
+            return "wrong job or job token"
+        self.nonces.add(hello.nonce)
+        return None
 
     def forget(self, fd: int, reason: str) -> None:
         peer = self.peers.pop(fd, None)
@@ -253,14 +273,15 @@ class _Leader:
         peer.sock.close()
 
 
-def lead(listener, spec: ElasticSpec, job_id: str, workers: int, clock=time.monotonic) -> Place:
-    return _Leader(listener, spec, job_id, workers, clock).run()
+def lead(listener, spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock=time.monotonic) -> Place:
+    return _Leader(listener, spec, job_id, workers, token, clock).run()
 
 
 # ---------------------------------------------------------------- another node
 
 
-def join(spec: ElasticSpec, job_id: str, workers: int, clock=time.monotonic) -> Place:
+def join(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None, clock=time.monotonic) -> Place:
     """Connect to node 0, say hello, beat, and wait for round 1 (bounded by join_timeout and a read_timeout more)."""
     rendezvous = spec.rendezvous
     where = f"node 0's launcher at {spec.host}:{spec.port}"
@@ -269,7 +290,9 @@ def join(spec: ElasticSpec, job_id: str, workers: int, clock=time.monotonic) -> 
     try:
         me = own_id()
         host = sock.getsockname()[0]
-        sock.sendall(wire.encode(m.to_wire(m.Hello({"job_id": job_id}, None, None, node_id=me, host=host,
+        nonce = secrets.token_hex(16)
+        given = auth.proof(token, nonce, job_id, me) if token else None
+        sock.sendall(wire.encode(m.to_wire(m.Hello({"job_id": job_id}, None, nonce, given, node_id=me, host=host,
                                                    workers=workers))))
         log.info("elastic job: joined %s as node %s (%s); waiting for the round to start", where, me, host)
         round_ = _await_round(sock, where, deadline + rendezvous.read_timeout, rendezvous.keep_alive_interval, clock)

@@ -26,8 +26,8 @@ def records(folder) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def run_nodes(count, args, timeout=120):
-    procs = [start_launcher(*args) for _ in range(count)]
+def run_nodes(count, args, timeout=120, env=None):
+    procs = [start_launcher(*args, env=env) for _ in range(count)]
     try:
         return finish_all(procs, timeout=timeout), [p.pid for p in procs]
     finally:
@@ -65,9 +65,12 @@ def test_max_launchers_start_the_job_at_once(tmp_path):
     assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
 
 
-def test_min_launchers_start_the_job_after_the_last_call(tmp_path):
+@pytest.mark.parametrize("token", [None, "s3cret"])
+def test_min_launchers_start_the_job_after_the_last_call(tmp_path, token):
+    """With a job token (LAUNCHER_JOB_TOKEN) too: each hello proves it."""
     port = free_ports(4) + 1
-    results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=1"))
+    env = {"LAUNCHER_JOB_TOKEN": token} if token else None
+    results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=1"), env=env)
     for code, out, err in results:
         assert code == 0, err
     check_round(tmp_path, 2)
