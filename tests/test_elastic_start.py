@@ -181,3 +181,20 @@ def test_without_a_job_token_a_hello_that_proves_one_is_refused():
     es.join(spec, "job", 1)
     thread.join(10)
     assert outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_without_it():
+    port = free_ports(1)
+    spec = spec_of(port, high=3, heartbeat_timeout=0.5, keep_alive_interval=0.1, last_call_timeout=1.5)
+    thread, outcome = leading(spec)
+    with socket.create_connection((HOST, port), timeout=10) as silent:
+        silent.sendall(hello(node_id="silent"))  # then never a heartbeat
+        framer, seen = wire.Framer(), []
+        while not any(isinstance(x, m.Dropped) for x in seen):
+            data = silent.recv(65536)
+            assert data, f"closed without a word after {seen}"
+            seen += [m.from_wire(b) for b in framer.feed(data)]
+    assert seen[0] == m.Admitted(False) and "no heartbeat for" in seen[-1].reason
+    assert es.join(spec, "job", 1).node_rank == 1
+    thread.join(10)
+    assert outcome == [es.Place(0, 2, 2, True)]
