@@ -198,3 +198,19 @@ def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_witho
     assert es.join(spec, "job", 1).node_rank == 1
     thread.join(10)
     assert outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
+    from launcher.nodes.endpoint import MAX_PENDING
+
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    quiet = [socket.create_connection((HOST, port), timeout=10) for _ in range(MAX_PENDING + 5)]
+    try:
+        assert es.join(spec, "job", 1).node_rank == 1
+        thread.join(10)
+        assert outcome == [es.Place(0, 2, 2, True)]
+    finally:
+        for s in quiet:
+            s.close()

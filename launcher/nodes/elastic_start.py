@@ -36,6 +36,7 @@ from launcher.nodes import auth
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
+from launcher.nodes.endpoint import MAX_PENDING
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say, one_line
@@ -160,6 +161,9 @@ class _Leader:
             sock, _ = self.listener.accept()
         except OSError:
             return
+        pending = [fd for fd, p in self.peers.items() if p.node_id is None]
+        if len(pending) >= MAX_PENDING:  # connections that never say hello cannot keep a launcher out
+            self.forget(pending[0], "too many connections without a hello")
         sock.settimeout(SEND_TIMEOUT)
         self.peers[sock.fileno()] = _Peer(sock, wire.Framer())
         self.selector.register(sock, selectors.EVENT_READ)
