@@ -8,6 +8,7 @@ launcher exits 1 saying how many joined. Every wait is bounded, and nothing of a
 import json
 import time
 
+import psutil
 import pytest
 
 from conftest import WORKERS, assert_all_gone, finish_all, free_ports, run_launcher, start_launcher, wait_for
@@ -140,3 +141,26 @@ def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp
     assert done.returncode == 2, done.stderr
     assert fragment in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "elastic job:" not in done.stderr
+
+
+def test_a_node_lost_while_the_job_runs_ends_it_naming_the_node(tmp_path):
+    """Not re-formed yet (docs/elastic.md): the survivor stops its workers and exits non-zero, naming node 1."""
+    port = free_ports(4) + 1
+    args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5")
+    procs = [start_launcher(*args, "hold") for _ in range(2)]
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
+        workers = {rank: int((tmp_path / f"ready.{rank}").read_text()) for rank in (0, 1)}
+        lost = psutil.Process(workers[1]).parent()
+        lost.kill()  # node 1's launcher and its worker at once, as a power-off
+        psutil.Process(workers[1]).kill()
+        survivor = next(p for p in procs if p.pid != lost.pid)
+        _, err = survivor.communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+    assert survivor.returncode == 1, err
+    assert "the job stopped: node 1 (127.0.0.1) lost" in err, err
+    assert_all_gone([p.pid for p in procs] + list(workers.values()))
