@@ -104,13 +104,25 @@ def test_paddle3s_range_with_master_runs_the_same(tmp_path):
     assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
 
 
-def test_a_launcher_that_comes_after_the_start_exits_1_and_the_running_job_goes_on(tmp_path):
-    """It reaches the job's store on the endpoint, which closes on its hello: it says the job has started."""
+def two_holding(folder):
+    """Two launchers of a 2:3 job whose workers are in the group and hold until FOLDER/go; (port, procs)."""
     port = free_ports(4) + 1
-    args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5")
+    args = torchrun_line(port, folder, "--rdzv-conf", "last_call_timeout=0.5")
     procs = [start_launcher(*args, "hold") for _ in range(2)]
     try:
-        wait_for(lambda: len(list(tmp_path.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
+        wait_for(lambda: len(list(folder.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
+    except AssertionError:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)
+        raise
+    return port, procs
+
+
+def test_a_launcher_that_comes_after_the_start_exits_1_and_the_running_job_goes_on(tmp_path):
+    """It reaches the job's store on the endpoint, which closes on its hello: it says the job has started."""
+    port, procs = two_holding(tmp_path)
+    try:
         late = run_launcher(*torchrun_line(port, tmp_path, "--rdzv-conf", "join_timeout=3,read_timeout=2"), timeout=60)
         assert late.returncode == 1, late.stderr
         assert "closed the connection without an answer: the job has started already" in late.stderr
@@ -145,11 +157,8 @@ def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp
 
 def test_a_node_lost_while_the_job_runs_ends_it_naming_the_node(tmp_path):
     """Not re-formed yet (docs/elastic.md): the survivor stops its workers and exits non-zero, naming node 1."""
-    port = free_ports(4) + 1
-    args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5")
-    procs = [start_launcher(*args, "hold") for _ in range(2)]
+    _, procs = two_holding(tmp_path)
     try:
-        wait_for(lambda: len(list(tmp_path.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
         workers = {rank: int((tmp_path / f"ready.{rank}").read_text()) for rank in (0, 1)}
         lost = psutil.Process(workers[1]).parent()
         lost.kill()  # node 1's launcher and its worker at once, as a power-off
