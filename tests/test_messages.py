@@ -68,3 +68,38 @@ def test_a_long_node_list_is_named_by_its_digest_in_the_identity():
     assert many.mismatch(many.as_dict()) is None
     assert few.mismatch(many.as_dict()).startswith("its nodes is 'sha256:")
     assert few.mismatch("job") == "no job identity"
+
+
+MEMBERS = [["a1", "127.0.0.1", 2, 0, 0], ["b2", "127.0.0.1", 2, 1, 2]]
+
+
+@pytest.mark.parametrize("message, wire", [
+    (m.Hello({"job_id": "j"}, None, None, node_id="a1", host="10.0.0.2", workers=2),
+     {"type": "hello", "identity": {"job_id": "j"}, "node": None, "nonce": None, "node_id": "a1", "host": "10.0.0.2",
+      "workers": 2}),
+    (m.Admitted(True), {"type": "admitted", "standby": True}),
+    (m.RoundStart(2, MEMBERS, 4, 0), {"type": "round", "number": 2, "members": MEMBERS, "world_size": 4, "restarts": 0}),
+    (m.StopWorkers(3), {"type": "stop_workers", "round": 3}),
+    (m.Stopped(3), {"type": "stopped", "round": 3}),
+    (m.Dropped(1, "no heartbeat"), {"type": "dropped", "code": 1, "reason": "no heartbeat"}),
+])
+def test_the_elastic_messages_read_back_as_themselves(message, wire):
+    assert m.to_wire(message) == wire
+    assert m.from_wire(wire) == message
+
+
+@pytest.mark.parametrize("wire, message", [
+    ({"type": "hello", "node_id": 5, "host": ["x"], "workers": 1.0}, m.Hello(None, None, None)),
+    ({"type": "hello", "node_id": "a", "workers": True}, m.Hello(None, None, None, node_id="a")),
+    ({"type": "admitted", "standby": 1}, m.Admitted(None)),
+    ({"type": "round", "number": "2", "members": [["a", "h", 1, 0]], "world_size": 1.0, "restarts": None},
+     m.RoundStart(None, None, None, None)),
+    ({"type": "round", "number": 1, "members": [["a", "h", True, 0, 0]]}, m.RoundStart(1, None, None, None)),
+    ({"type": "round", "number": 1, "members": "a"}, m.RoundStart(1, None, None, None)),
+    ({"type": "round", "number": 1, "members": [["a", 7, 1, 0, 0]]}, m.RoundStart(1, None, None, None)),
+    ({"type": "stop_workers", "round": False}, m.StopWorkers(None)),
+    ({"type": "stopped"}, m.Stopped(None)),
+    ({"type": "dropped", "code": -1, "reason": {}}, m.Dropped(1, None)),
+])
+def test_an_elastic_field_of_a_wrong_type_reads_as_none(wire, message):
+    assert m.from_wire(wire) == message

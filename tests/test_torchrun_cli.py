@@ -51,8 +51,20 @@ def test_several_nodes_map_onto_a_gathered_cluster():
     assert ours(nnodes="2", node_rank=0, master_port=7000, started_port=6000, given=("started_port",))["started_port"] == 6000
 
 
+def test_an_elastic_range_with_c10d_maps_onto_an_elastic_spec_whose_round_gives_the_nodes():
+    values = ours(nnodes="2:3", rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:29650", rdzv_conf="last_call_timeout=2")
+    spec = values["elastic"]
+    assert (spec.min_nodes, spec.max_nodes, spec.host, spec.port) == (2, 3, "127.0.0.1", 29650)
+    assert spec.rendezvous.last_call_timeout == 2
+    assert (values["nnodes"], values["master_addr"], values["started_port"]) == (None, "127.0.0.1", 29650)
+    assert "elastic" not in ours(nnodes="2:2", node_rank=1, master_addr="10.0.0.1")
+
+
 @pytest.mark.parametrize("values, fragment", [
-    ({"nnodes": "1:4"}, "--nnodes 1:4 is an elastic range"),
+    ({"nnodes": "1:4"}, "--nnodes 1:4 with --rdzv-backend static: a static rendezvous has a fixed number of nodes"),
+    ({"nnodes": "2:4", "rdzv_backend": "c10d", "node_rank": 1}, "--node-rank"),
+    ({"nnodes": "3:2", "rdzv_backend": "c10d"}, "--nnodes 3:2 has its minimum above its maximum"),
+    ({"nnodes": "2:4", "rdzv_backend": "c10d", "rdzv_conf": "joint_timeout=5"}, "unknown key 'joint_timeout'"),
     ({"nnodes": "two"}, "--nnodes two is not a number of nodes"),
     ({"nnodes": "0"}, "--nnodes 0 is not a number of nodes"),
     ({"standalone": True, "nnodes": "2"}, "--standalone runs one node, but --nnodes is 2"),

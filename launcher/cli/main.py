@@ -231,8 +231,10 @@ def launch(ctx: click.Context, **values) -> int:
     trainers instead, and stops the servers once every trainer has finished.
     """
     values, from_file = _with_config(ctx, values)
-    values = torchrun_cli.to_ours(values, lambda name: name in from_file or _given(ctx, name), os.environ)
+    given = lambda name: name in from_file or _given(ctx, name)  # noqa: E731
+    values = torchrun_cli.to_ours(values, given, os.environ)
     setup_messages(values["log_level"])
+    values = _with_elastic_place(values, given)
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher.cli import paddle as paddle_cli
 
@@ -270,6 +272,26 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
     if not isinstance(values.get("nnodes"), (int, type(None))):  # Paddle's --nnodes: only that check
         values = {**values, "nnodes": None}
     return _options(values, ctx.command_path), expected
+
+
+def _with_elastic_place(values: dict, given) -> dict:
+    """An elastic job (torchrun's or Paddle 3's ``--nnodes MIN:MAX``): its first round, formed at node 0, gives
+    the number of nodes and this node's rank (launcher.nodes.elastic_start); then it runs as a job of that many."""
+    from launcher.cli import paddle as paddle_cli
+
+    if "elastic" not in values:
+        values = {**values, **(paddle_cli.elastic(values, given) or {})}
+    spec = values.pop("elastic", None)
+    if spec is None:
+        return values
+    from launcher.nodes import elastic_start
+    from launcher.envvars import JOB_ID, JOB_TOKEN
+
+    job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
+    nproc = str(values.get("nproc_per_node") or "1")
+    workers = int(nproc) if nproc.isascii() and nproc.isdigit() and int(nproc) > 0 else 1
+    place = elastic_start.form(spec, job_id, workers, os.environ.get(JOB_TOKEN) or None)
+    return {**values, "nnodes": place.nodes, "node_rank": place.node_rank}
 
 
 def _with_gathered_nodes(opts, host):

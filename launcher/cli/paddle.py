@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher.errors import LaunchError
+from launcher.plan import elastic as elastic_options
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
@@ -30,8 +31,8 @@ MAPPED = (
     PaddleOption("host", (), "IP", "Paddle 2.6/3.x, fleetrun: this node's address, as --node_ip."),
     PaddleOption("rank", (), "N", "Paddle 2.6/3.x: this node's rank, its place in --ips or --cluster_node_ips (-1: found "
                                   "from --host); needed where nodes share a host (an address listed twice)."),
-    PaddleOption("nnodes", ("np",), "N", "Paddle 2.6/3.x, fleetrun: the number of nodes, checked against the nodes found "
-                                          "(N:M, an elastic range, is refused)."),
+    PaddleOption("nnodes", ("np",), "N", "Paddle 2.6/3.x, fleetrun: the number of nodes, checked against the nodes found; "
+                                          "N:M with --master: an elastic job (docs/elastic.md)."),
     PaddleOption("master", (), "IP:PORT", "Paddle 2.6/3.x: the rendezvous: node 0 (the first of --ips) listens on PORT, "
                                           "as --control_port."),
     PaddleOption("trainers", (), "IP:PORT,...", "Paddle 2.6/3.x: every trainer's endpoint, as --workers."),
@@ -102,6 +103,29 @@ def translate(values: dict, given: set) -> dict:
     _backend(out, given)
     _gloo_only_with_servers(out, given)
     return out
+
+
+ELASTIC_OPTIONS = ("nnodes", "master", "job_id", "elastic_level", "elastic_timeout", "max_restart", "rank", "ips")
+
+
+def elastic(values: dict, given) -> Optional[dict]:
+    """Paddle 3.x's ``--nnodes MIN:MAX --master IP:PORT``: the ElasticSpec (``elastic``) and the values its first
+    round completes (the nodes, this node's rank; the control channel on PORT); None for a fixed job.
+    ``given(name)``: whether the user gave that option."""
+    low, colon, high = str(values.get("nnodes") or "").partition(":")
+    if not given("nnodes") or not colon or low.strip() == high.strip():
+        return None
+    spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)})
+    if spec.failed_node_leaves:
+        raise LaunchError("--elastic_level 0 (the failing node leaves, the others go on) is not done yet: a node lost "
+                          "while an elastic job runs ends it here; give --elastic_level 1 or drop it.")
+    if given("ips") or spec.port is None:
+        raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
+                          "--master (the same on every node) and no --ips.")
+    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None, "master": None, "elastic_level": "-1"}
+    if not given("started_port"):
+        ours["started_port"] = spec.port + 1  # node 0's control channel on PORT, one below the store's
+    return ours
 
 
 def expected_nodes(values: dict, given: set) -> Optional[int]:

@@ -21,7 +21,7 @@ from typing import Optional
 import click
 
 from launcher.errors import LaunchError
-from launcher.plan import streams
+from launcher.plan import elastic, streams
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = 29500  # torchrun's --master-port default
@@ -50,11 +50,12 @@ TORCHRUN_OPTIONS = (
     TorchrunOption("local_addr", {"default": None, "metavar": "IP"},
                    "torchrun: this node's address (= --node_ip)."),
     TorchrunOption("rdzv_backend", {"type": click.Choice(BACKENDS), "default": "static", "show_default": True},
-                   "torchrun: both mean nodes of fixed ranks, gathered at node 0."),
+                   "torchrun: static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node 0's "
+                   "launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0."),
     TorchrunOption("rdzv_endpoint", {"default": None, "metavar": "HOST[:PORT]"},
                    "torchrun: node 0's address and store port (instead of --master-addr/--master-port)."),
     TorchrunOption("rdzv_id", {"default": None, "metavar": "ID"}, "torchrun: the job's id (= --job_id)."),
-    TorchrunOption("rdzv_conf", {"default": None, "metavar": "K=V,..."}, "torchrun: accepted, no effect."),
+    TorchrunOption("rdzv_conf", {"default": None, "metavar": "K=V,..."}, "torchrun: the rendezvous settings of an elastic job (docs/elastic.md)."),
     TorchrunOption("redirects", {"short": ("-r",), "aliases": ("redirect",), "default": None, "metavar": "0-3|R:V,..."},
                    "torchrun: these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
                    "log_dir/workerlog.N only, the others to the console."),
@@ -107,6 +108,8 @@ def to_ours(values: dict, given, env=None) -> dict:
             hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
             raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
         return ours  # --nnodes stays Paddle's: a check of the nodes found
+    if _elastic_range(values):
+        return {**ours, **_elastic(values, given)}
     nodes = _nodes(values)
     if nodes is None and values["master_port"] is None:
         return ours
@@ -116,6 +119,21 @@ def to_ours(values: dict, given, env=None) -> dict:
     ours["nnodes"] = nodes
     ours["node_rank"] = _node_rank(values, nodes or 1, env or {})
     ours["master_addr"] = host
+    return ours
+
+
+def _elastic_range(values: dict) -> bool:
+    low, colon, high = str(values.get("nnodes") or "").strip().partition(":")
+    return bool(colon) and low.strip() != high.strip() and not values["standalone"]
+
+
+def _elastic(values: dict, given) -> dict:
+    """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``) whose first round gives the number of nodes and this
+    node's rank (``launcher.nodes.elastic_start``); rank 0's store on the endpoint's port."""
+    spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None})
+    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
+    if not given("started_port"):
+        ours["started_port"] = spec.port
     return ours
 
 
@@ -160,9 +178,6 @@ def _nodes(values: dict) -> Optional[int]:
     if text is None:
         return None
     low, colon, high = text.strip().partition(":")
-    if colon and low != high:
-        raise LaunchError(f"--nnodes {text} is an elastic range; this launcher runs a fixed number of nodes "
-                          f"(there is no elastic membership yet): give --nnodes {high or low}.")
     if not low.isascii() or not low.isdigit() or int(low) < 1:
         raise LaunchError(f"--nnodes {text} is not a number of nodes; give a whole number such as 2.")
     return int(low)

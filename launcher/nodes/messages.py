@@ -67,6 +67,9 @@ class Hello:
     node: object
     nonce: Optional[str]
     proof: object = None
+    node_id: Optional[str] = None  # an elastic job's: the id this launcher made, its host, its workers
+    host: Optional[str] = None
+    workers: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,54 @@ class End:
     cause: Optional[Cause]
 
 
+# ---------------------------------------------------------------- an elastic job's membership
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Node 0 to a joining launcher of an elastic job: it is in (a standby waits for a member's place)."""
+
+    type: ClassVar[str] = "admitted"
+    standby: Optional[bool]
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    """Node 0 to each member: the round to start; ``members`` as [id, host, workers, node_rank, first_rank]
+    (None off the wire: not a list of such)."""
+
+    type: ClassVar[str] = "round"
+    number: Optional[int]
+    members: Optional[list]
+    world_size: Optional[int]
+    restarts: Optional[int]
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Node 0 to each member: stop this round's workers (a membership change)."""
+
+    type: ClassVar[str] = "stop_workers"
+    round: Optional[int]
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A member to node 0: its workers of this round are all gone."""
+
+    type: ClassVar[str] = "stopped"
+    round: Optional[int]
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Node 0 to a launcher it counts out of the job: end with ``code``, saying ``reason``."""
+
+    type: ClassVar[str] = "dropped"
+    code: int  # off the wire: 1 unless an int of 0 to 255
+    reason: Optional[str]
+
+
 # ---------------------------------------------------------------- gathering an MPI job's node list (``gather``)
 
 
@@ -179,9 +230,9 @@ class Unknown:
 
 
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Join, NodeList, Unknown]
+                Admitted, RoundStart, StopWorkers, Stopped, Dropped, Join, NodeList, Unknown]
 
-OMITTED_WHEN_NONE = ("proof",)  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:
@@ -224,10 +275,25 @@ def as_texts(value) -> Optional[list]:
     return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
 
 
+def as_flag(value) -> Optional[bool]:
+    return value if isinstance(value, bool) else None
+
+
+def as_members(value) -> Optional[list]:
+    """A round's members: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
+                and all(type(x) is int for x in item[2:])):
+            return None
+    return value
+
+
 def _hello(m: dict) -> Hello:
     identity = m.get("identity")
     return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
-                 m.get("proof"))
+                 m.get("proof"), as_text(m.get("node_id")), as_text(m.get("host")), as_strict_int(m.get("workers")))
 
 
 READERS: dict[str, Callable[[dict], Message]] = {
@@ -243,6 +309,12 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
+    "admitted": lambda m: Admitted(as_flag(m.get("standby"))),
+    "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
+                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts"))),
+    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round"))),
+    "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
+    "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
     "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
                            as_text(m.get("nonce")), as_text(m.get("proof"))),
     "nodes": lambda m: NodeList(as_texts(m.get("nodes"))),

@@ -1,0 +1,46 @@
+"""A pytorch/examples-style elastic worker: it loads rank 0's checkpoint at the start (if any), runs
+STEPS steps of one gloo all-reduce each, rank 0 saving the state after every step, and writes one
+record of its run (a line of JSON appended to FOLDER/records.jsonl).
+
+Usage: elastic_worker.py FOLDER STEPS [hold]: with ``hold``, each worker writes its pid to FOLDER/ready.RANK once in
+the group and waits (30 s at most) for FOLDER/go before its steps.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+folder, steps = sys.argv[1], int(sys.argv[2])
+checkpoint = os.path.join(folder, "checkpoint.pt")
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+state = torch.load(checkpoint) if os.path.exists(checkpoint) else {"step": 0, "total": 0.0}
+resumed = state["step"]
+if sys.argv[3:] == ["hold"]:
+    with open(os.path.join(folder, f"ready.{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+total = 0.0
+for step in range(resumed, resumed + steps):
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    total = t.item()
+    state = {"step": step + 1, "total": state["total"] + total}
+    if rank == 0:
+        torch.save(state, checkpoint + ".tmp")
+        os.replace(checkpoint + ".tmp", checkpoint)
+dist.barrier()
+record = {"pid": os.getpid(), "rank": rank, "world": world, "sum": total, "resumed": resumed,
+          "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR",
+                                                  "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "PADDLE_TRAINER_ID",
+                                                  "PADDLE_TRAINERS_NUM")}}
+with open(os.path.join(folder, "records.jsonl"), "a") as f:
+    f.write(json.dumps(record) + "\n")
+print(f"rank {rank}/{world}: sum {total}, resumed at step {resumed}", flush=True)
+dist.destroy_process_group()

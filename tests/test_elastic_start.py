@@ -1,0 +1,216 @@
+"""The first round of an elastic job formed over real loopback sockets, in-process (node 0's side in a
+thread): the joiners' places, and what strangers and failures do. Every wait is bounded."""
+
+import socket
+import threading
+
+import pytest
+
+from conftest import free_ports
+from launcher.nodes import elastic_start as es
+from launcher.nodes import messages as m
+from launcher.nodes import wire
+from launcher.plan.elastic import ElasticSpec, Rendezvous
+
+HOST = "127.0.0.1"
+
+
+def spec_of(port, low=2, high=2, **settings):
+    return ElasticSpec(low, high, "c10d", host=HOST, port=port, rendezvous=Rendezvous(**settings))
+
+
+def leading(spec, job="job", token=None):
+    """Node 0's side in a thread: its (Place or exception) once it ends."""
+    listener = es.listen(spec.host, spec.port)
+    assert listener is not None
+    outcome = []
+
+    def lead():
+        try:
+            outcome.append(es.lead(listener, spec, job, 1, token))
+        except Exception as e:  # the test looks at it
+            outcome.append(e)
+        finally:
+            listener.close()
+
+    thread = threading.Thread(target=lead, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def answer_to(port, body: bytes, timeout=10.0) -> bytes:
+    """Connect as a stranger, send ``body``, read until node 0 closes (bounded)."""
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(body)
+        got = b""
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return got
+            got += data
+
+
+def test_the_second_launcher_cannot_listen_and_each_gets_its_place():
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    assert es.listen(HOST, port) is None  # the endpoint is node 0's
+    place = es.join(spec, "job", 1)
+    thread.join(10)
+    assert place == es.Place(1, 2, 2, False) and outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_strangers_lose_only_their_connection_and_the_round_still_forms():
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    assert answer_to(port, b"\x00\x00\x00\x05junk!") == b""  # junk: closed, no word
+    refused = answer_to(port, wire.encode(m.to_wire(m.Hello({"job_id": "other"}, None, None, node_id="x", host=HOST,
+                                                             workers=1))))
+    reason = m.from_wire(wire.Framer().feed(refused)[0])
+    assert isinstance(reason, m.Refusal) and "its job id is 'other', this job's is 'job'" in reason.reason
+    assert answer_to(port, wire.encode(m.to_wire(m.Beat()))) == b""  # no hello first
+    assert es.join(spec, "job", 1).node_rank == 1
+    thread.join(10)
+    assert outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
+    port = free_ports(1)
+    spec = spec_of(port, low=3, high=3, join_timeout=1.0)
+    thread, outcome = leading(spec)
+    with pytest.raises(es.StartFailed, match="did not take this launcher: only 2 node.s. joined within 1 s"):
+        es.join(spec, "job", 1)
+    thread.join(10)
+    assert isinstance(outcome[0], es.StartFailed) and "only 2 node(s) joined within 1 s" in str(outcome[0])
+    assert outcome[0].exit_code == 1
+
+
+def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+    spec = spec_of(port)
+
+    def close_first():
+        conn, _ = listener.accept()
+        conn.sendall(wire.encode(m.to_wire(m.Admitted(False))))
+        conn.recv(100)
+        conn.close()
+
+    threading.Thread(target=close_first, daemon=True).start()
+    with pytest.raises(es.StartFailed, match="closed the rendezvous before the job started"):
+        es.join(spec, "job", 1)
+    listener.close()
+
+
+def test_no_node_0_within_join_timeout_is_a_start_failure_naming_the_endpoint():
+    port = free_ports(1)
+    with pytest.raises(es.StartFailed, match=f"could not reach node 0's launcher at {HOST}:{port} within 0.5 s"):
+        es.join(spec_of(port, join_timeout=0.5), "job", 1)
+
+
+def test_junk_from_node_0_is_a_start_failure():
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+
+    def junk():
+        conn, _ = listener.accept()
+        conn.sendall(b"\xff\xff\xff\xffnot a frame")
+        conn.recv(100)
+        conn.close()
+
+    threading.Thread(target=junk, daemon=True).start()
+    with pytest.raises(es.StartFailed, match="sent junk"):
+        es.join(spec_of(port), "job", 1)
+    listener.close()
+
+
+def test_what_closes_before_admitting_is_not_called_node_0():
+    """A launcher that comes after the start reaches the job's store on the endpoint, which closes on its hello."""
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+
+    def store_like():
+        conn, _ = listener.accept()
+        conn.recv(100)
+        conn.close()
+
+    threading.Thread(target=store_like, daemon=True).start()
+    with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the job has started"):
+        es.join(spec_of(port), "job", 1)
+    listener.close()
+
+
+def hello(job="job", token=None, nonce="a" * 32, node_id="x"):
+    from launcher.nodes import auth
+
+    proof = auth.proof(token, nonce, job, node_id) if token else None
+    return wire.encode(m.to_wire(m.Hello({"job_id": job}, None, nonce, proof, node_id=node_id, host=HOST, workers=1)))
+
+
+def refusal_of(port, body) -> str:
+    answer = m.from_wire(wire.Framer().feed(answer_to(port, body))[0])
+    assert isinstance(answer, m.Refusal)
+    return answer.reason
+
+
+def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
+    port = free_ports(1)
+    spec = spec_of(port, low=3, high=3)
+    thread, outcome = leading(spec, token="s3cret")
+    assert refusal_of(port, hello()) == "wrong job or job token"  # proves nothing
+    assert refusal_of(port, hello(token="other")) == "wrong job or job token"
+    with pytest.raises(es.StartFailed, match="did not take this launcher: wrong job or job token"):
+        es.join(spec, "job", 1, "wrong")
+    first = hello(token="s3cret", node_id="first")
+    sock = socket.create_connection((HOST, port), timeout=10)
+    sock.sendall(first)  # joins, and stays
+    assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False)
+    assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
+    place = es.join(spec, "job", 1, "s3cret")
+    thread.join(10)
+    sock.close()
+    assert place.node_rank == 2 and outcome == [es.Place(0, 3, 3, True)]
+
+
+def test_without_a_job_token_a_hello_that_proves_one_is_refused():
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    assert refusal_of(port, hello(token="s3cret")) == "it proves a job token, and this job has none"
+    es.join(spec, "job", 1)
+    thread.join(10)
+    assert outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_without_it():
+    port = free_ports(1)
+    spec = spec_of(port, high=3, heartbeat_timeout=0.5, keep_alive_interval=0.1, last_call_timeout=1.5)
+    thread, outcome = leading(spec)
+    with socket.create_connection((HOST, port), timeout=10) as silent:
+        silent.sendall(hello(node_id="silent"))  # then never a heartbeat
+        framer, seen = wire.Framer(), []
+        while not any(isinstance(x, m.Dropped) for x in seen):
+            data = silent.recv(65536)
+            assert data, f"closed without a word after {seen}"
+            seen += [m.from_wire(b) for b in framer.feed(data)]
+    assert seen[0] == m.Admitted(False) and "no heartbeat for" in seen[-1].reason
+    assert es.join(spec, "job", 1).node_rank == 1
+    thread.join(10)
+    assert outcome == [es.Place(0, 2, 2, True)]
+
+
+def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
+    from launcher.nodes.endpoint import MAX_PENDING
+
+    port = free_ports(1)
+    spec = spec_of(port)
+    thread, outcome = leading(spec)
+    quiet = [socket.create_connection((HOST, port), timeout=10) for _ in range(MAX_PENDING + 5)]
+    try:
+        assert es.join(spec, "job", 1).node_rank == 1
+        thread.join(10)
+        assert outcome == [es.Place(0, 2, 2, True)]
+    finally:
+        for s in quiet:
+            s.close()
