@@ -94,7 +94,8 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
     node_ip = cluster.node_ips[cluster.node_rank]
     python = python_of(base_env, host)
     cmd = command(opts, python)
-    use_agent_store = agent_store.uses_agent_store(opts.agent_store, opts.no_python, python, host.python, host.importable)
+    use_agent_store = agent_store.uses_agent_store(opts.agent_store, len(cluster.node_ips), opts.no_python, python,
+                                                   host.python, host.importable, host.torch_version)
     control = control_spec(opts, base_env, cluster.node_ips, ports, cmd, cluster.job_id)
     shared = {
         ev.TRAINERS_NUM: str(world),
@@ -157,7 +158,7 @@ def _assemble(opts, host, base_env, cluster, ports, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
-        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], ports[0]),
+        agent_store=agent_store.served_store(use_agent_store, cluster.node_rank, cluster.node_ips[0], ports[0]),
     )
 
 
