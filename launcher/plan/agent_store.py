@@ -20,7 +20,7 @@ from launcher.errors import LaunchError
 CHOICES = ("auto", "on", "off")
 # The TCPStore clients of torch 2.5 and later open with VALIDATE, then PING, then one query type
 # byte per request, numbered as in 2.13 (later versions only appended query types). Verified
-# query by query against the client of torch 2.13 (tests/test_tcpstore_torch.py).
+# query by query against the client of torch 2.13 (tests/integration/test_store_torch_client.py).
 OLDEST_TORCH = (2, 5)
 VERIFIED_TORCH = "2.13"
 

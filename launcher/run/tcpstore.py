@@ -9,7 +9,7 @@ answer; WAIT and BARRIER answer STOP_WAITING once done, CANCEL_WAIT answers WAIT
 Versions (torch's history): VALIDATE as the first message came with torch 2.1 (pytorch#107607),
 PING on every connect with 2.5 (pytorch#129985), the queue queries by 2.8, LIST_KEYS (pytorch#167883)
 and BARRIER (pytorch#174920) after it; a client sends a newer query only when a program calls it.
-Every query type was verified against the client of torch 2.13 (tests/test_tcpstore_torch.py);
+Every query type was verified against the client of torch 2.13 (tests/integration/test_store_torch_client.py);
 ``launcher.plan.agent_store.OLDEST_TORCH`` is the oldest torch the launcher serves.
 
 Input comes from the network, so nothing here trusts it: ``decode`` never raises, a length
