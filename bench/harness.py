@@ -515,10 +515,12 @@ class Ctx:
 
     def direct(self, job: Job, timeout: float = 600) -> float:
         """The job's workers run straight, no launcher: ``job.nproc`` processes of the worker script
-        (RANK 0, 1, ...), each writing its stdout to a file of its own; wall seconds from the first
-        start to the last exit (the floor a launcher is measured against)."""
-        folder = self.tmp / "direct"
-        folder.mkdir()
+        (RANK 0, 1, ...), each writing its stdout to a file of its own and in a session of its own, as
+        both launchers start their workers (with the kernel's autogroup scheduling a session has its
+        own share of the CPU); wall seconds from the first start to the last exit (the floor a
+        launcher is measured against). The files are removed at once, so that the kernel does not
+        write them back to disk during the launcher's run."""
+        folder = Path(tempfile.mkdtemp(prefix="direct-", dir=self.tmp))
         procs = []
         began = time.perf_counter()
         try:
@@ -526,12 +528,14 @@ class Ctx:
                 env = {**bench_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.nproc)}
                 with open(folder / f"stdout.{rank}", "wb") as out:
                     procs.append(subprocess.Popen([sys.executable, "-u", *job.worker()], cwd=REPO, env=env,
-                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL))
+                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
+                                                  start_new_session=True))
             codes = [p.wait(timeout) for p in procs]
         finally:
             kill_all([p.pid for p in procs if p.poll() is None])
             for p in procs:
                 p.wait()
+            shutil.rmtree(folder, ignore_errors=True)
         if any(codes):
             raise BenchError(f"the workers run straight exited {codes}")
         return time.perf_counter() - began

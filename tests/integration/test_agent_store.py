@@ -221,6 +221,21 @@ def test_a_store_port_in_use_is_refused_in_one_sentence():
     assert len(lines) == 1 and f"port {port} on 127.0.0.1 is already in use" in lines[0], r.stderr
 
 
+def test_on_with_a_torch_older_than_the_protocol_served_is_refused_with_exit_2(tmp_path):
+    """A torch 2.4.0 first on the path of the launcher's own Python (a package and its metadata, never imported)."""
+    fake = tmp_path / "site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (fake / "torch-2.4.0.dist-info").mkdir()
+    (fake / "torch-2.4.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.4.0\n")
+    path = os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", str(REPO))])
+    r = run_launcher("--agent_store", "on", "--nproc_per_node", 2, PROBE, env={"PYTHONPATH": path}, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "launcher: error: --agent_store on, but the workers' torch 2.4.0 is older than 2.5, whose store protocol the "
+        "launcher serves; give --agent_store off."]
+
+
 def test_the_store_ends_with_the_launcher_even_after_kill_9(tmp_path):
     port = free_ports(2)
     launcher = start_launcher("--agent_store", "on", "--nproc_per_node", 2, "--started_port", port,
