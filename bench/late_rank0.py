@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import PortReservations  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "integration" / "workers" / "late_rank0.py"
@@ -45,30 +47,12 @@ def node_commands(name: str, nproc: int, port: int) -> list:
 LAUNCHERS = ("ours (auto: agent store)", "ours (--agent_store off)", "torchrun")
 
 
-def free_block(count: int) -> int:
-    """A port P with P - 1 ... P + count - 1 free now (ours: node 0's control port is P - 1)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1] + 1
-        socks = [socket.socket() for _ in range(count + 1)]
-        try:
-            for i, sock in enumerate(socks):
-                sock.bind(("", port - 1 + i))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise SystemExit("no block of free ports found")
-
-
 def together_after(name: str, nproc: int, late: float) -> float:
     """One run: seconds from rank 0's arrival to the last rank past the barrier."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory() as folder:
-        commands = [cmd + [str(WORKER), folder, str(late)] for cmd in node_commands(name, nproc, free_block(nproc + 2))]
+    with tempfile.TemporaryDirectory() as folder, PortReservations() as ports:
+        port = ports.reserve_block(nproc + 1) + 1  # ours: node 0's control port is the one before
+        commands = [cmd + [str(WORKER), folder, str(late)] for cmd in node_commands(name, nproc, port)]
         procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for cmd in reversed(commands)]  # node 1 first
         try:

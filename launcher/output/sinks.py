@@ -113,7 +113,10 @@ class FileOutput:
                 break  # the console is slow: the echo falls behind (see _catch_up)
             data = os.read(self._follow_fd, CHUNK)
             if data:
-                self._echo(self._lines.feed(data))
+                lines, again = self._lines.take(data)
+                if again:  # an unfinished line: read again once the worker has ended it
+                    os.lseek(self._follow_fd, -again, os.SEEK_CUR)
+                self._echo(lines)
                 moved = True
             if len(data) < CHUNK:
                 break
@@ -167,7 +170,7 @@ class FileOutput:
         self.spawned()
 
     def _echo(self, lines: bytes) -> None:
-        console.write(1, prefixed(self._prefix, lines) if self._prefix and lines else lines, self._lines)
+        console.write(1, prefixed(self._prefix, bytes(lines)) if self._prefix and lines else lines, self._lines)
         bar = self._lines.progress()
         if bar:
             console.draw(1, self._lines, self._prefix + bar)
