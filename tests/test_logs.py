@@ -31,7 +31,11 @@ def test_take_gives_a_files_whole_lines_without_a_copy_and_leaves_the_rest_to_re
     got, again = b.take(data)
     assert bytes(got) == b"one\ntwo\n" and again == 3 and isinstance(got, memoryview) and got.obj is data
     whole = b"three\n"
-    assert b.take(whole) == (whole, 0) and b.take(whole)[0] is whole
+    got, again = b.take(whole)
+    assert bytes(got) == whole and again == 0 and got.obj is whole
+    chunk = bytearray(b"a\nb\nc\n" + b"\0" * 10)  # a buffer read into: only its first 5 bytes are news
+    got, again = b.take(chunk, 5)
+    assert bytes(got) == b"a\nb\n" and again == 1 and got.obj is chunk
     # no newline, a redrawn line, or an unfinished line kept from before: as feed does
     assert b.take(b"par") == (b"", 0) and b.partial == b"par"
     assert b.take(b"tial\nx\n") == (b"partial\nx\n", 0)
