@@ -396,13 +396,16 @@ def read_stamp(path: Path, timeout: float, *runs: Run) -> float:
 
 
 class TreeSampler:
-    """CPU seconds and resident memory of a launcher and its helpers, never of its workers.
+    """CPU seconds and resident memory of a launcher and every helper process it added, never of its workers.
 
     A worker is a process whose environment has RANK (both launchers set it for workers only;
-    the harness removes it from theirs); it and everything below it are left out. snapshot()
-    reads the tree now; while entered, a thread also samples it every ``interval`` seconds,
-    keeping the largest resident memory seen and each helper's last CPU time (a helper may
-    exit before the launcher).
+    the harness removes it from theirs) and the lowest TORCHELASTIC_RESTART_COUNT among those: a
+    process with RANK started for a later attempt (one of our spare interpreters, waiting for a
+    restart) is a helper. A worker and everything below it are left out; every other process of
+    the launcher's tree (our watchdog and spares, any helper of either launcher) is counted.
+    snapshot() reads the tree now; while entered, a thread also samples it every ``interval``
+    seconds, keeping the largest resident memory seen (the sum over the launcher and its helpers)
+    and each helper's last CPU time (a helper may exit before the launcher).
     """
 
     def __init__(self, pid: int, interval: float = 0.2):
@@ -452,14 +455,17 @@ class TreeSampler:
             tree = root.children(recursive=True)
         except psutil.Error:
             return []
-        parent, workers = {}, set()
+        parent, ranked, workers = {}, {}, set()
         for p in tree:
             try:
                 parent[p.pid] = p.ppid()
-                if "RANK" in p.environ():
-                    workers.add(p.pid)
-            except psutil.Error:
+                env = p.environ()
+                if "RANK" in env:
+                    ranked[p.pid] = int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+            except (psutil.Error, ValueError):
                 workers.add(p.pid)  # gone: nothing to count
+        attempt = min(ranked.values(), default=0)
+        workers |= {pid for pid, count in ranked.items() if count == attempt}
         return [root] + [p for p in tree if not _below(p.pid, workers, parent)]
 
 
@@ -506,6 +512,33 @@ class Ctx:
 
     def launch_help(self) -> ContextManager[Run]:
         return self.start(self.launcher.help_command())
+
+    def direct(self, job: Job, timeout: float = 600) -> float:
+        """The job's workers run straight, no launcher: ``job.nproc`` processes of the worker script
+        (RANK 0, 1, ...), each writing its stdout to a file of its own and in a session of its own, as
+        both launchers start their workers (with the kernel's autogroup scheduling a session has its
+        own share of the CPU); wall seconds from the first start to the last exit (the floor a
+        launcher is measured against). The files are removed at once, so that the kernel does not
+        write them back to disk during the launcher's run."""
+        folder = Path(tempfile.mkdtemp(prefix="direct-", dir=self.tmp))
+        procs = []
+        began = time.perf_counter()
+        try:
+            for rank in range(job.nproc):
+                env = {**bench_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(job.nproc)}
+                with open(folder / f"stdout.{rank}", "wb") as out:
+                    procs.append(subprocess.Popen([sys.executable, "-u", *job.worker()], cwd=REPO, env=env,
+                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
+                                                  start_new_session=True))
+            codes = [p.wait(timeout) for p in procs]
+        finally:
+            kill_all([p.pid for p in procs if p.poll() is None])
+            for p in procs:
+                p.wait()
+            shutil.rmtree(folder, ignore_errors=True)
+        if any(codes):
+            raise BenchError(f"the workers run straight exited {codes}")
+        return time.perf_counter() - began
 
 
 @dataclass

@@ -86,6 +86,10 @@ def ours_equal(value: float) -> Goal:
     return Goal(Compare.EQUAL, Target.OURS, value)
 
 
+def ours_at_most(value: float) -> Goal:
+    return Goal(Compare.AT_MOST, Target.OURS, value)
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 

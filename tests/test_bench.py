@@ -150,6 +150,8 @@ def test_tiny_run_loses_no_log_line(tiny):
     lost = row(result, "5.", "lines lost")
     assert (lost["ours"], lost["torchrun"]) == (0, 0)
     assert lost["met"] is True
+    floor = row(result, "5.", "wall time / direct-write floor")  # against the writers run with no launcher
+    assert floor["ours"] > 0 and floor["torchrun"] > 0 and floor["ratio"] is None
 
 
 def test_tiny_run_exit_codes(tiny):
@@ -164,6 +166,20 @@ def test_tiny_run_leaves_no_process_behind(tiny):
     stdout, result = tiny
     assert result["leftovers"] == [] and result["notes"] == []
     assert "note:" not in stdout
+
+
+def test_late_rank0_bench_runs_two_nodes_with_each_launcher():
+    """bench/late_rank0.py, its smallest run: 2 nodes on loopback x 1 worker, rank 0 not late."""
+    import re
+
+    done = subprocess.run([sys.executable, "bench/late_rank0.py", "--late", "0", "--nproc", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("load average ") and lines[0].endswith("2 nodes x 1 workers")
+    assert lines[1].split() == ["rank", "0", "late", "ours", "(auto:", "agent", "store)", "ours",
+                                "(--agent_store", "off)", "torchrun"]
+    assert re.fullmatch(r" +0 s( +\d+\.\d{3} s){3}", lines[2]), lines
 
 
 def test_plot_without_matplotlib_is_a_clear_error(tmp_path):

@@ -25,6 +25,23 @@ def test_line_buffer_keeps_the_unfinished_line_for_later():
     assert b.rest() == b"h\n" and b.rest() == b""
 
 
+def test_take_gives_a_files_whole_lines_without_a_copy_and_leaves_the_rest_to_read_again():
+    b = lines.LineBuffer()
+    data = b"one\ntwo\nthr"
+    got, again = b.take(data)
+    assert bytes(got) == b"one\ntwo\n" and again == 3 and isinstance(got, memoryview) and got.obj is data
+    whole = b"three\n"
+    got, again = b.take(whole)
+    assert bytes(got) == whole and again == 0 and got.obj is whole
+    chunk = bytearray(b"a\nb\nc\n" + b"\0" * 10)  # a buffer read into: only its first 5 bytes are news
+    got, again = b.take(chunk, 5)
+    assert bytes(got) == b"a\nb\n" and again == 1 and got.obj is chunk
+    # no newline, a redrawn line, or an unfinished line kept from before: as feed does
+    assert b.take(b"par") == (b"", 0) and b.partial == b"par"
+    assert b.take(b"tial\nx\n") == (b"partial\nx\n", 0)
+    assert b.take(b"\rstep 1\rstep 2\nz") == (b"step 2\n", 0) and b.partial == b"z"
+
+
 def test_an_endless_line_is_not_held_forever(monkeypatch):
     monkeypatch.setattr(lines, "MAX_PARTIAL_LINE", 10)
     b = lines.LineBuffer()

@@ -69,7 +69,7 @@ def test_every_node_computes_the_same_endpoints_and_identity():
     assert [w.rank for w in plans[1].workers] == [2, 3] and plans[1].workers[0].env[ev.GROUP_RANK] == "1"
     assert identity(plans[0]) == identity(plans[1]) and plans[0].job_ports == (7000, 7001)
     assert plans[0].store_port == 7000 and plans[1].store_port is None
-    assert plans[0].store_host.port == 7000 and plans[1].store_host is None
+    assert plans[0].agent_store.port == 7000 and plans[1].agent_store is None
     assert "nodes: 127.0.0.1,127.0.0.1 (nodes 0 and 1 share 127.0.0.1, each with its own ports)" in format_plan(plans[1])
 
 

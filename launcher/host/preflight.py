@@ -28,6 +28,7 @@ def probe_host(env=None) -> HostFacts:
         hostname=socket.gethostname(),
         env_files=tuple(_scheduler_files(env or {})),
         importable=importable(("torch", "paddle")),
+        torch_version=installed_version("torch"),
     )
 
 
@@ -43,6 +44,24 @@ def importable(names) -> frozenset:
         except (ImportError, ValueError):
             continue
     return frozenset(found)
+
+
+def installed_version(name: str):
+    """The version of the package ``name`` the launcher's own interpreter would import, from its
+    package metadata (the ``NAME-VERSION.dist-info`` folder beside it), never imported; None if not found."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in {os.path.dirname(p) for p in places}:
+        for found in glob.glob(os.path.join(glob.escape(folder), f"{name}-*.dist-info")):
+            version = os.path.basename(found)[len(name) + 1:-len(".dist-info")]
+            if version:
+                return version
+    return None
 
 
 def _scheduler_files(env) -> list:

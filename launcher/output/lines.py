@@ -32,6 +32,19 @@ class LineBuffer:
         self.partial = _unfinished(data[cut:])
         return last_states(data[:cut])
 
+    def take(self, data, end: Optional[int] = None) -> tuple:
+        """``feed`` for a source that can be read again from the end of its last whole line (a
+        file), of ``data[:end]`` (a buffer read into again and again): (the whole lines, how many
+        bytes at the end to read again). The lines are a view of ``data``, not a copy, when no
+        unfinished line comes before them and no line is redrawn (``\r``): a log file's megabytes
+        reach the console without being copied on the way; the view is good until ``data`` is
+        read into again."""
+        end = len(data) if end is None else end
+        cut = data.rfind(b"\n", 0, end) + 1
+        if self.partial or cut == 0 or end - cut > CHUNK // 2 or data.find(b"\r", 0, end) >= 0:
+            return self.feed(bytes(data[:end])), 0
+        return memoryview(data)[:cut], end - cut
+
     def progress(self) -> Optional[bytes]:
         """The latest state of the unfinished line when it is being redrawn; else None."""
         if b"\r" not in self.partial:

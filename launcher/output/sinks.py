@@ -68,6 +68,7 @@ class FileOutput:
         if self._follow_fd is not None:
             os.lseek(self._follow_fd, self.start, os.SEEK_SET)
         self._lines = LineBuffer()
+        self._chunk = bytearray(CHUNK) if echo else None  # read into, chunk after chunk
 
     @property
     def follows(self) -> bool:
@@ -111,11 +112,14 @@ class FileOutput:
         for _ in range(FOLLOW_CHUNKS):  # then back to the event loop, even if the worker writes on
             if not console.has_room(1):
                 break  # the console is slow: the echo falls behind (see _catch_up)
-            data = os.read(self._follow_fd, CHUNK)
-            if data:
-                self._echo(self._lines.feed(data))
+            size = os.readv(self._follow_fd, [self._chunk])
+            if size:
+                lines, again = self._lines.take(self._chunk, size)
+                if again:  # an unfinished line: read again once the worker has ended it
+                    os.lseek(self._follow_fd, -again, os.SEEK_CUR)
+                self._echo(lines)  # copied into the console's buffer at once
                 moved = True
-            if len(data) < CHUNK:
+            if size < CHUNK:
                 break
         return moved
 
@@ -167,7 +171,7 @@ class FileOutput:
         self.spawned()
 
     def _echo(self, lines: bytes) -> None:
-        console.write(1, prefixed(self._prefix, lines) if self._prefix and lines else lines, self._lines)
+        console.write(1, prefixed(self._prefix, bytes(lines)) if self._prefix and lines else lines, self._lines)
         bar = self._lines.progress()
         if bar:
             console.draw(1, self._lines, self._prefix + bar)

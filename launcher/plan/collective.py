@@ -105,7 +105,8 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
     node_ip = cluster.node_ips[cluster.node_rank]
     python = python_of(base_env, host)
     cmd = command(opts, python)
-    use_agent_store = agent_store.uses_agent_store(opts.agent_store, opts.no_python, python, host.python, host.importable)
+    use_agent_store = agent_store.uses_agent_store(opts.agent_store, len(cluster.node_ips), opts.no_python, python,
+                                                   host.python, host.importable, host.torch_version)
     control = control_spec(opts, base_env, cluster.node_ips, first, cmd, cluster.job_id,
                            node_ports.on_host_of(cluster.node_ips, 0, every_node))
     shared = {
@@ -169,7 +170,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         dump_stacks=opts.dump_stacks,
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
-        store_host=agent_store.store_host(use_agent_store, cluster.node_rank, python, cluster.node_ips[0], first[0]),
+        agent_store=agent_store.served_store(use_agent_store, cluster.node_rank, cluster.node_ips[0], first[0]),
         node_ports=every_node,
     )
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from launcher import envvars as ev
-from launcher.plan.agent_store import StoreHostSpec
+from launcher.plan.agent_store import StoreSpec
 from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER, Role, role_named
 from launcher.plan.streams import StreamChoice, StreamRoute
@@ -87,6 +87,7 @@ class HostFacts:
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.registry.FILE_VARIABLES)
     gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
     importable: frozenset = frozenset()  # of torch and paddle, those the launcher's own interpreter finds (not imported)
+    torch_version: Optional[str] = None  # of that torch, from its package metadata ("2.13.0+cpu"), None if not found
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Plan:
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"
     error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
-    store_host: Optional[StoreHostSpec] = None  # node 0 hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
+    agent_store: Optional[StoreSpec] = None  # node 0's launcher serves the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
     node_ports: tuple = ()  # every node's worker ports, by node rank (launcher.plan.node_ports); (): every node's are ``ports``
 
     @property

@@ -8,7 +8,6 @@ default, fakes in tests (tests/test_attempts.py), which replay histories without
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 from launcher import envvars as ev
@@ -25,7 +24,6 @@ from launcher.run.starter import Clock, ProcessStarter, SubprocessStarter, Syste
 from launcher.run.stop import stop_what_runs
 from launcher.run.supervise import supervise
 from launcher.run.workers import StartFailed, WorkerGroup, worker_env
-from launcher.run.child import child_setup
 
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
@@ -65,8 +63,8 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
     try:
         group.open_logs()
         try:
+            launch.store.begin_attempt()
             group.start()
-            launch.store.start(launch.plan.base_env, child_setup(os.getpid(), None), launch.watchdog.tell)
             launch.records.record_processes(group.snapshot, group.attempt)
             if job.attempt < launch.plan.max_restarts:
                 launch.spares.make(launch.plan.workers, lambda spec: worker_env(launch.plan, spec, group.attempt + 1))
@@ -80,7 +78,6 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
             stop_what_runs(group, launch.intake.received)  # after an internal error: nothing is left running
         finally:
             group.close()
-            launch.store.stop()
 
 
 def _tell_the_end(job: Coordinator, code: int, started: tuple, clock: Clock) -> None:

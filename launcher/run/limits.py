@@ -28,3 +28,17 @@ def _open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 16
+
+
+def store_connections(expected: int, keep_free: int) -> int:
+    """How many client connections node 0's rendezvous store may hold: the soft limit on open files
+    raised (up to the hard one) so that twice ``expected`` fit, less ``keep_free`` for the rest of
+    the launch and the descriptors open now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = _open_fds() + keep_free + 2 * expected
+    if soft != resource.RLIM_INFINITY and soft < need and (hard == resource.RLIM_INFINITY or hard > soft):
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY:
+        return 2 * expected + 1024
+    return max(0, soft - _open_fds() - keep_free)

@@ -1,7 +1,8 @@
 """One turn of the event loop: wait on the selector (signals, the workers' pipes, the console, the
-control channel) until something happens or a deadline comes, and turn what happened into policy
-events. Nothing wakes on a timer except the console echo of a log file while it has something to
-follow, the deadlines of a stop, and the control channel's own."""
+control channel, node 0's rendezvous store) until something happens or a deadline comes, and turn
+what happened into policy events. Nothing wakes on a timer except the console echo of a log file
+while it has something to follow, the deadlines of a stop, and the control channel's and the
+store's own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
 from launcher.run.session import Launch
 from launcher.run.signals import PASSED_ON_SIGNALS
+from launcher.run.store import AgentStore
 from launcher.run.workers import Worker, WorkerGroup
 
 DRAIN_SECONDS = 5.0  # how long output may still come after every process is gone
@@ -45,6 +47,11 @@ class ControlTag:
     channel: Channel  # the control channel between the nodes
 
 
+@dataclass(frozen=True, eq=False)
+class StoreTag:
+    store: AgentStore  # node 0's rendezvous store: its listener or one of its clients
+
+
 class Loop:
     """Without a worker group, it serves the time between two attempts."""
 
@@ -60,6 +67,7 @@ class Loop:
         self.abandoned = False
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
+        self.store_tag = StoreTag(launch.store)
         if launch.intake.fd not in self.selector.get_map():
             self.selector.register(launch.intake.fd, selectors.EVENT_READ, SignalTag())
 
@@ -75,6 +83,9 @@ class Loop:
                 tag.stream.push()
             elif isinstance(tag, ControlTag):
                 events += self.job.on_events(tag.channel.ready(key.fd, mask, self.clock.monotonic()))
+            elif isinstance(tag, StoreTag):
+                tag.store.ready(key.fd, mask, self.clock.monotonic())
+        self.launch.store.tick(self.clock.monotonic())
         if self.group is not None:
             moved = self.group.follow_logs()
             self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
@@ -96,7 +107,6 @@ class Loop:
             # exits are looked for on every turn: cheap, and no SIGCHLD can be missed
             events[:0] = self.group.exits()
             workers = [w.pid for w in self.group.workers.values()]
-            events += self.launch.store.events(any(w.alive for w in self.group.workers.values()))
         self.launch.reap_orphans(keep=workers)
         return events
 
@@ -117,8 +127,8 @@ class Loop:
             waits.append(self.follow_delay)
         if state is not None and not state.running:
             waits.append(0.05)  # leftovers and the drain: looked at while they last
-        if self.job.channel is not None:
-            t = self.job.channel.next_deadline()
+        for t in (self.job.channel.next_deadline() if self.job.channel is not None else None,
+                  self.launch.store.next_deadline()):
             if t is not None:
                 waits.append(max(0.0, t - now))
         if self.launch.plan.hang_timeout is not None and self.group is not None:
@@ -130,6 +140,8 @@ class Loop:
         has: nothing is gained by holding them, and the console holds a bounded amount (HOLD)."""
         for fd, worker in self.pipes_open.items():
             self._register(fd, selectors.EVENT_READ, PipeTag(worker), ended or worker.output.wants(fd))
+        for fd, events in self.launch.store.changes():
+            self._watch(fd, events, self.store_tag)
         wanted = {}
         for fd, stream in console.waiting().items():
             wanted[fd] = (selectors.EVENT_WRITE, ConsoleTag(stream))
@@ -150,6 +162,17 @@ class Loop:
                     key = None
             if key is None:
                 self.selector.register(fd, events, data)
+
+    def _watch(self, fd, events, data) -> None:
+        """Watch ``fd`` for ``events`` from now on; none: stop watching it."""
+        key = self.selector.get_map().get(fd)
+        if not events:
+            if key is not None:
+                self.selector.unregister(fd)
+        elif key is not None:
+            self.selector.modify(fd, events, data)
+        else:
+            self.selector.register(fd, events, data)
 
     def _register(self, fd, events, data, wanted: bool) -> None:
         known = fd in self.selector.get_map()

@@ -1,6 +1,6 @@
 """What a launch holds from its first worker to its end: the signal intake, the selector, the
-watchdog, the job's cgroup, the spares, the state file's records, the files written for the
-workers and the ports reserved for them; set up in ``open``, all undone in ``close``."""
+watchdog, the job's cgroup, the spares, the state file's records, node 0's rendezvous store, the
+files written for the workers and the ports reserved for them; set up in ``open``, all undone in ``close``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class Launch:
         self.starter = starter
         self.clock = clock
         self.reserved = list(reserved)
-        self.store = AgentStore(plan.store_host, self.reserved)  # node 0's rendezvous store host
+        self.store = AgentStore(plan.agent_store, self.reserved, expected=plan.world_size,
+                                keep_free=64 + 4 * len(plan.workers))  # node 0's rendezvous store
         self.selector = selectors.DefaultSelector()
         self.intake = SignalIntake()
         self.cgroup: Optional[processes.JobCgroup] = None
@@ -92,7 +93,7 @@ class Launch:
 
     def reap_orphans(self, keep) -> None:
         """Collect every child that ended, except the workers (``keep``) and the watchdog."""
-        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set()) | self.store.pids()
+        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set())
         for pid in self.starter.children():
             if pid not in keep:
                 self.starter.reap(pid, wait=False)

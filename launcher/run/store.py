@@ -1,68 +1,73 @@
-"""Node 0's store host: the workers' rendezvous store, started beside each attempt's workers, watched, stopped.
+"""Node 0's rendezvous store (``--agent_store``), served by the launcher itself in its event loop.
 
-The launcher listens on MASTER_PORT itself from the start of the launch (``AgentStore.listen``), on
-the socket that held the port since the plan: a rank that connects before the store host is up
-waits in that socket's queue, not in the TCPStore client's back-off. Each attempt gets a store host
-of its own (``launcher.runtime.store_host``, run with the workers' Python), handed that socket: torch's
-keys carry no attempt, so a restart starts from an empty store, as a first start does. It is its
-own process group, dies with the launcher (PDEATHSIG, the end of its standard input), and the
-watchdog knows it; it is not one of the job's processes, so a job's end does not wait for it.
+The launcher listens on MASTER_PORT from the start of the launch, on the socket that held the
+port since the plan: a rank that connects early waits in that socket's queue, not in the TCPStore
+client's back-off. The event loop (``launcher.run.loop``) watches the listener and every client's
+socket for it; the protocol and the key-value state are ``launcher.run.tcpstore``'s. No thread, no
+process, no torch. Every socket is non-blocking and every reply goes out through the client's
+own buffer, so no client can stop the loop: one that breaks the protocol, never validates, or
+would grow the store past its limit is let go; one that does not read its replies is not read
+either. Each attempt starts from an empty store, its clients of the attempt before let go: torch's
+keys carry no attempt, so a restart meets as a first start does.
 """
 
 from __future__ import annotations
 
-import os
+import errno
+import selectors
 import socket
-import subprocess
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 from launcher.errors import LaunchError
 from launcher.host import preflight
 from launcher.output.messages import log
-from launcher.plan import policy
-from launcher.plan.agent_store import StoreHostSpec
+from launcher.plan.agent_store import StoreSpec
+from launcher.run import limits
+from launcher.run import tcpstore
 
-STORE_HOST_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "store_host.py")
-RUN_FILE = "import runpy, sys; runpy.run_path(sys.argv.pop(1), run_name='__main__')"  # no package import in that Python
-NO_TORCH = 3  # launcher.runtime.store_host's exit codes (it imports nothing of the launcher)
-CANNOT_LISTEN = 4
+STORE_LIMIT = 1 << 30  # bytes of keys and values (tcpstore.KeyValueStore.size)
+BUFFER_LIMIT = 256 << 20  # bytes waiting in the clients' buffers, in and out, all together
+RECV_BYTES = 256 * 1024
+OUT_PAUSE = 1 << 20  # a client with this much not yet taken is not read until it takes it
+VALIDATE_SECONDS = 30.0  # a connection that has not validated by then is let go
+ACCEPT_PAUSE = 0.5  # no descriptor left to accept with: the listener waits this long
+ACCEPT_BATCH = 64  # connections accepted in one turn at most
+WARNINGS = 10  # warnings an attempt may print; later ones go to the debug log
 
 
-@dataclass
-class StoreHost:
-    """One attempt's store host process."""
+@dataclass(eq=False)
+class Client:
+    sock: socket.socket
+    peer: str
+    opened: float
+    input: tcpstore.Input = field(default_factory=tcpstore.Input)
+    out: bytearray = field(default_factory=bytearray)
+    alive: bool = True
 
-    proc: subprocess.Popen
-    returncode: Optional[int] = None
-    told: bool = False  # its unexpected end was made an event already
-
-    def ended(self) -> Optional[int]:
-        """Its exit code once it has ended (not reaped, so that its pid stays its own), else None."""
-        if self.returncode is None:
-            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is not None:
-                self.returncode = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return self.returncode
-
-    def stop(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        if self.ended() is None:
-            self.proc.kill()  # it holds nothing worth a grace period
-        self.proc.wait()
+    def held(self) -> int:
+        return self.input.held() + len(self.out)
 
 
 class AgentStore:
-    """The store hosts of a launch (none where ``spec`` is None: then every method does nothing)."""
+    """The store node 0's launcher serves (none where ``spec`` is None: then every method does nothing)."""
 
-    def __init__(self, spec: Optional[StoreHostSpec], reserved: Sequence[socket.socket]) -> None:
+    def __init__(self, spec: Optional[StoreSpec], reserved: Sequence[socket.socket], expected: int = 1,
+                 keep_free: int = 64) -> None:
         self.spec = spec
         self.reserved = reserved
+        self.expected, self.keep_free = expected, keep_free  # clients, and descriptors left to the launch
         self.listener: Optional[socket.socket] = None
-        self.host: Optional[StoreHost] = None
+        self.state = tcpstore.KeyValueStore(STORE_LIMIT)
+        self.clients: dict = {}  # fd -> Client
+        self.newcomers: dict = {}  # the clients yet to validate, oldest first (-> None)
+        self.max_clients = 0
+        self.serving = False
+        self.accept_at = 0.0  # when the listener may accept again after running out of descriptors
+        self.told: dict = {}  # fd -> the selector events the event loop was last told
+        self.pending: dict = {}  # fd -> the events to tell it at its next turn (0: stop watching)
+        self.discarded: list = []  # sockets let go of, closed once the loop stopped watching them
+        self.warnings = 0
 
     def listen(self) -> None:
         """Listen on the store's port, on the socket that holds it (one bound now if none does)."""
@@ -75,52 +80,206 @@ class AgentStore:
             if self.listener is None:
                 raise OSError("it is in use")
             self.listener.listen(socket.SOMAXCONN)
+            self.listener.setblocking(False)
         except OSError as e:
             raise LaunchError(f"port {port} on {self.spec.address}, the rendezvous store's (MASTER_PORT), cannot be "
                               f"listened on ({e.strerror or e}); stop the program holding it, or choose another "
                               "--started_port (--master_port).") from None
+        self.max_clients = limits.store_connections(self.expected, self.keep_free)
 
-    def start(self, env: dict, child_setup: Callable[[], None], tell_watchdog: Callable[[str], None]) -> None:
-        """This attempt's store host, started (the watchdog told of it), unless its Python cannot be run."""
-        if self.spec is None:
+    def begin_attempt(self) -> None:
+        """An empty store for the attempt about to start; the clients of the one before let go."""
+        if self.listener is None:
             return
-        fd = self.listener.fileno()
-        cmd = [self.spec.python, "-c", RUN_FILE, STORE_HOST_FILE, self.spec.address, str(self.spec.port), str(fd)]
-        try:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(fd,),
-                                    start_new_session=True, preexec_fn=child_setup)
-        except OSError as e:  # the workers' Python cannot be run: they say so themselves
-            log.debug("no store host: %s", e)
+        for client in list(self.clients.values()):
+            self._drop(client, "the attempt ended")
+        self.state = tcpstore.KeyValueStore(STORE_LIMIT)
+        self.serving, self.warnings, self.accept_at = True, 0, 0.0
+        self._want(self.listener.fileno(), selectors.EVENT_READ)
+
+    # ---------------------------------------------------------------- what the event loop calls
+
+    def changes(self) -> list:
+        """[(fd, selector events)] to watch from now on, 0 for those to watch no more; the sockets let
+        go of are closed here (the caller stops watching them at once, before anything is accepted)."""
+        for sock in self.discarded:
+            sock.close()
+        self.discarded.clear()
+        found = list(self.pending.items())
+        for fd, events in found:
+            if events:
+                self.told[fd] = events
+            else:
+                self.told.pop(fd, None)
+        self.pending.clear()
+        return found
+
+    def next_deadline(self) -> Optional[float]:
+        times = [next(iter(self.newcomers)).opened + VALIDATE_SECONDS] if self.newcomers else []
+        if self.serving and self.accept_at:
+            times.append(self.accept_at)
+        return min(times) if times else None
+
+    def tick(self, now: float) -> None:
+        """Let go of the connections that never validated in time; accept again after a pause."""
+        while self.newcomers and now >= next(iter(self.newcomers)).opened + VALIDATE_SECONDS:
+            self._drop(next(iter(self.newcomers)), f"no VALIDATE within {VALIDATE_SECONDS:g} s")
+        if self.serving and self.accept_at and now >= self.accept_at:
+            self.accept_at = 0.0
+            self._want(self.listener.fileno(), selectors.EVENT_READ)
+
+    def ready(self, fd: int, mask: int, now: float) -> None:
+        """The listener or a client's socket is ready."""
+        if self.listener is not None and fd == self.listener.fileno():
+            self._accept(now)
             return
-        self.host = StoreHost(proc)
-        tell_watchdog(f"pid {proc.pid}")
-        log.debug("store host (pid %d) on %s:%d", proc.pid, self.spec.address, self.spec.port)
-
-    def events(self, workers_running: bool) -> list:
-        """A stop of the job when the store host ended while workers still need it; none for a Python without
-        torch (its workers cannot use torch's store either)."""
-        host = self.host
-        if host is None or host.told or host.ended() is None or not workers_running:
-            return []
-        host.told = True
-        if host.returncode == NO_TORCH:
-            log.debug("the store host's Python cannot import torch; the workers go on without it")
-            return []
-        what = "could not listen" if host.returncode == CANNOT_LISTEN else f"ended ({policy.describe_exit(host.returncode)})"
-        return [policy.StartFailed(0, f"the rendezvous store on {self.spec.address}:{self.spec.port} "
-                                      f"(pid {host.proc.pid}) {what}")]
-
-    def pids(self) -> set:
-        return {self.host.proc.pid} if self.host is not None else set()
-
-    def stop(self) -> None:
-        """This attempt's store host, ended and reaped."""
-        if self.host is not None:
-            self.host.stop()
-            self.host = None
+        client = self.clients.get(fd)
+        if client is not None and mask & selectors.EVENT_WRITE:
+            self._flush(client)
+        if client is not None and client.alive and mask & selectors.EVENT_READ:
+            self._read(client)
+        if client is not None and client.alive:
+            self._update(client)
 
     def close(self) -> None:
-        self.stop()
+        for client in list(self.clients.values()):
+            self._drop(client, "the launch ended")
+        self.changes()
+        self.serving = False
         if self.listener is not None and self.listener not in self.reserved:
             self.listener.close()
 
+    # ---------------------------------------------------------------- connections
+
+    def _accept(self, now: float) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, address = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._warn(f"the rendezvous store {self._where()} cannot accept a connection ({e.strerror}); "
+                               f"it tries again in {ACCEPT_PAUSE:g} s")
+                    self.accept_at = now + ACCEPT_PAUSE
+                    self._want(self.listener.fileno(), 0)
+                    return
+                log.debug("rendezvous store: accept failed: %s", e)
+                continue
+            peer = _peer(address)
+            if len(self.clients) >= self.max_clients:
+                self._warn(f"the rendezvous store {self._where()} holds {len(self.clients)} connections, as many as "
+                           f"its open files allow (ulimit -n); the connection from {peer} is closed")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = Client(sock, peer, now)
+            self.clients[sock.fileno()] = client
+            self.newcomers[client] = None
+            self._want(sock.fileno(), selectors.EVENT_READ)
+
+    def _read(self, client: Client) -> None:
+        try:
+            data = client.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(client, e.strerror or str(e))
+            return
+        if not data:
+            self._drop(client, "it closed the connection")
+            return
+        client.input.feed(data)
+        self._serve(client)
+        if client.input.validated:
+            self.newcomers.pop(client, None)
+
+    def _serve(self, client: Client) -> None:
+        """Carry out the client's complete requests, while it takes its answers."""
+        while len(client.out) < OUT_PAUSE:
+            frame, problem = client.input.take()
+            if problem:
+                self._drop(client, problem)
+                return
+            if frame is None:
+                break
+            result = self.state.apply(client, frame)
+            if result.full:
+                self._drop(client, result.refused, warn=True)
+                return
+            if result.refused:
+                self._drop(client, result.refused)
+                return
+            for to, data in result.replies:
+                self._send(to, data)
+            if not client.alive:
+                return
+        if client.held() > OUT_PAUSE and sum(c.held() for c in self.clients.values()) > BUFFER_LIMIT:
+            self._drop(client, f"the store's clients hold over {BUFFER_LIMIT} bytes unread or unanswered", warn=True)
+
+    def _send(self, client: Client, data: bytes) -> None:
+        if not client.alive:
+            return
+        if not client.out:
+            try:
+                data = data[client.sock.send(data):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                self._drop(client, e.strerror or str(e))
+                return
+        client.out += data
+        self._update(client)
+
+    def _flush(self, client: Client) -> None:
+        try:
+            sent = client.sock.send(client.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(client, e.strerror or str(e))
+            return
+        del client.out[:sent]
+        if len(client.out) < OUT_PAUSE:
+            self._serve(client)  # what it sent while it was not read
+
+    def _update(self, client: Client) -> None:
+        events = (selectors.EVENT_READ if len(client.out) < OUT_PAUSE else 0)
+        self._want(client.sock.fileno(), events | (selectors.EVENT_WRITE if client.out else 0))
+
+    def _drop(self, client: Client, why: str, warn: bool = False) -> None:
+        if not client.alive:
+            return
+        client.alive = False
+        fd = client.sock.fileno()
+        del self.clients[fd]
+        self.newcomers.pop(client, None)
+        self.state.forget(client)
+        self.discarded.append(client.sock)
+        self._want(fd, 0)
+        if warn:
+            self._warn(f"the rendezvous store {self._where()} let go of the connection from {client.peer}: {why}")
+        else:
+            log.debug("rendezvous store: the connection from %s let go: %s", client.peer, why)
+
+    def _want(self, fd: int, events: int) -> None:
+        if self.told.get(fd, 0) != events or fd in self.pending:
+            self.pending[fd] = events
+
+    def _warn(self, text: str) -> None:
+        self.warnings += 1
+        if self.warnings <= WARNINGS:
+            log.warning("%s", text)
+        else:
+            log.debug("%s", text)
+
+    def _where(self) -> str:
+        return f"on {self.spec.address}:{self.spec.port}"
+
+
+def _peer(address) -> str:
+    try:
+        return f"{address[0]}:{address[1]}"
+    except (TypeError, IndexError):
+        return str(address)

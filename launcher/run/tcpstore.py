@@ -1,0 +1,447 @@
+"""torch's TCPStore wire protocol and the key-value store behind it, pure: bytes in, frames and replies out, no I/O.
+
+What node 0's launcher serves on MASTER_PORT (``launcher.run.store`` is the socket side). A client
+opens with VALIDATE (torch's magic number); every request after it is one query type byte and its
+fields: strings and values as an unsigned 64-bit length and the bytes, numbers as 64-bit
+integers, PING's nonce as 32 bits, all little-endian. SET, APPEND, MULTI_SET and QUEUE_PUSH get no
+answer; WAIT and BARRIER answer STOP_WAITING once done, CANCEL_WAIT answers WAIT_CANCELED.
+
+Versions (torch's history): VALIDATE as the first message came with torch 2.1 (pytorch#107607),
+PING on every connect with 2.5 (pytorch#129985), the queue queries by 2.8, LIST_KEYS (pytorch#167883)
+and BARRIER (pytorch#174920) after it; a client sends a newer query only when a program calls it.
+Every query type was verified against the client of torch 2.13 (tests/integration/test_store_torch_client.py);
+``launcher.plan.agent_store.OLDEST_TORCH`` is the oldest torch the launcher serves.
+
+Input comes from the network, so nothing here trusts it: ``decode`` never raises, a length
+beyond torch's own limits (keys 8 KiB, values 8 MiB, 131,072 keys a request) or a frame beyond
+``MAX_FRAME`` is refused, and the store holds at most ``limit`` bytes of keys and values.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple, Optional
+
+MAGIC = 0x3C85F7CE  # VALIDATE's number
+MAX_KEY = 8 * 1024  # torch's limits (its libuv server's), refused alike
+MAX_VALUE = 8 * 1024 * 1024
+MAX_KEYS = 128 * 1024
+MAX_FRAME = 2 * MAX_VALUE + MAX_KEY + 64  # the most one client's unfinished request may hold (COMPARE_SET)
+MAX_REPLY = 64 * 1024 * 1024  # the largest answer (MULTI_GET, LIST_KEYS) the store writes
+ENTRY_COST = 128  # bytes counted for each key, value or waiting client besides its own length
+STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
+READY, NOT_READY = b"\x00", b"\x01"
+_INTEGER = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C's strtoll reads of a value
+
+
+class Query(IntEnum):
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    GETNUMKEYS = 7
+    DELETE_KEY = 8
+    APPEND = 9
+    MULTI_GET = 10
+    MULTI_SET = 11
+    CANCEL_WAIT = 12
+    PING = 13
+    QUEUE_PUSH = 14
+    QUEUE_POP = 15
+    QUEUE_LEN = 16
+    LIST_KEYS = 17
+    BARRIER = 18
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One request: its query type, keys, values (bytes), and its number (ADD's amount, BARRIER's
+    world size, PING's nonce, VALIDATE's magic)."""
+
+    query: Query
+    keys: tuple = ()
+    values: tuple = ()
+    number: int = 0
+
+
+class Decoded(NamedTuple):
+    frame: Optional[Frame]  # None: incomplete, or bad (then ``problem`` says why)
+    end: int  # where the next request starts
+    problem: str = ""
+
+
+class _Short(Exception):
+    """The request goes on past the bytes received so far."""
+
+
+class _Bad(Exception):
+    """The bytes are not a request torch's client sends."""
+
+
+class _Reader:
+    def __init__(self, data, pos: int) -> None:
+        self.data, self.pos = data, pos
+
+    def take(self, n: int):
+        end = self.pos + n
+        if end > len(self.data):
+            raise _Short()
+        part = bytes(self.data[self.pos:end])
+        self.pos = end
+        return part
+
+    def number(self, fmt: str) -> int:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def sized(self, limit: int, what: str) -> bytes:
+        n = self.number("<Q")
+        if n > limit:
+            raise _Bad(f"a {what} of {n} bytes (at most {limit})")
+        return self.take(n)
+
+    def key(self) -> bytes:
+        return self.sized(MAX_KEY, "key")
+
+    def value(self) -> bytes:
+        return self.sized(MAX_VALUE, "value")
+
+    def count(self) -> int:
+        n = self.number("<Q")
+        if n > MAX_KEYS:
+            raise _Bad(f"{n} keys in one request (at most {MAX_KEYS})")
+        return n
+
+
+def _fields(query: Query, r: _Reader) -> Frame:
+    if query in (Query.VALIDATE, Query.PING):
+        return Frame(query, number=r.number("<I"))
+    if query in (Query.SET, Query.APPEND, Query.QUEUE_PUSH):
+        return Frame(query, (r.key(),), (r.value(),))
+    if query == Query.COMPARE_SET:
+        return Frame(query, (r.key(),), (r.value(), r.value()))
+    if query in (Query.GET, Query.DELETE_KEY, Query.QUEUE_POP, Query.QUEUE_LEN):
+        return Frame(query, (r.key(),))
+    if query in (Query.ADD, Query.BARRIER):
+        return Frame(query, (r.key(),), number=r.number("<q"))
+    if query in (Query.CHECK, Query.WAIT, Query.MULTI_GET):
+        return Frame(query, tuple(r.key() for _ in range(r.count())))
+    if query == Query.MULTI_SET:
+        pairs = [(r.key(), r.value()) for _ in range(r.count())]
+        return Frame(query, tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
+    return Frame(query)  # GETNUMKEYS, CANCEL_WAIT, LIST_KEYS: the type byte alone
+
+
+def decode(data, start: int = 0) -> Decoded:
+    """The request at ``data[start:]``: a frame, incomplete (no frame, no problem), or bad. Never raises."""
+    r = _Reader(data, start)
+    try:
+        kind = r.number("<B")
+        if kind >= len(Query):
+            raise _Bad(f"unknown query type {kind}")
+        frame = _fields(Query(kind), r)
+    except _Short:
+        return Decoded(None, start)
+    except _Bad as e:
+        return Decoded(None, start, str(e))
+    except Exception as e:  # nothing on the wire may stop the store
+        return Decoded(None, start, f"undecodable ({type(e).__name__})")
+    return Decoded(frame, r.pos)
+
+
+class Input:
+    """One client's bytes, cut into requests: the first must be VALIDATE with torch's magic number,
+    no VALIDATE after it, and an unfinished request may hold at most ``limit`` bytes."""
+
+    def __init__(self, limit: int = MAX_FRAME) -> None:
+        self.buffer = bytearray()
+        self.pos = 0  # where the next request starts in ``buffer``
+        self.validated = False
+        self.limit = limit
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+
+    def take(self) -> tuple:
+        """(the next complete request or None, a problem or ""): after a problem the client is to be let go."""
+        while True:
+            frame, end, problem = decode(self.buffer, self.pos)
+            if frame is None:
+                del self.buffer[:self.pos]
+                self.pos = 0
+                if not problem and len(self.buffer) > self.limit:
+                    problem = f"an unfinished request of over {self.limit} bytes"
+                return None, problem
+            self.pos = end
+            problem = self._order(frame)
+            if problem or frame.query != Query.VALIDATE:
+                return (None if problem else frame), problem
+
+    def held(self) -> int:
+        return len(self.buffer)
+
+    def _order(self, frame: Frame) -> str:
+        if self.validated:
+            return "VALIDATE again" if frame.query == Query.VALIDATE else ""
+        if frame.query != Query.VALIDATE or frame.number != MAGIC:
+            return "no VALIDATE with torch's magic number first"
+        self.validated = True
+        return ""
+
+
+class Result(NamedTuple):
+    replies: list  # (client, bytes) in order: the asker's answer and those of the waiters it woke
+    refused: str = ""  # the request was not carried out: the client is to be let go
+    full: bool = False  # refused because the store would hold more than its limit
+
+
+def _bytes(value: bytes) -> bytes:
+    return struct.pack("<Q", len(value)) + value
+
+
+def _int(n: int) -> bytes:
+    return struct.pack("<q", n)
+
+
+def _integer_of(value: bytes) -> Optional[int]:
+    found = _INTEGER.match(value)
+    n = int(found.group(1)) if found else None
+    return n if n is not None and -2 ** 63 <= n < 2 ** 63 else None
+
+
+def _wrapped(n: int) -> int:
+    return (n + 2 ** 63) % 2 ** 64 - 2 ** 63  # int64 arithmetic, as the C++ server's
+
+
+def _cost(key: bytes, value: bytes = b"") -> int:
+    return len(key) + len(value) + ENTRY_COST
+
+
+class KeyValueStore:
+    """The store's state, with torch's semantics: keys and values, queues, and the clients waiting
+    on keys (a client is any hashable the caller names its connections by)."""
+
+    def __init__(self, limit: int = 1 << 30) -> None:
+        self.limit = limit
+        self.size = 0  # bytes counted against ``limit``
+        self.data: dict = {}  # key -> bytearray
+        self.queues: dict = {}  # key -> deque of bytes
+        self.waiting: dict = {}  # key -> [client, ...] in the order they began to wait
+        self.awaited: dict = {}  # client -> how many more keys it waits for
+        self.waits_of: dict = {}  # client -> [key, ...] it is listed under in ``waiting``
+
+    def apply(self, client, frame: Frame) -> Result:
+        """Carry out one request of ``client``; never raises."""
+        try:
+            return getattr(self, f"_{frame.query.name.lower()}")(client, frame)
+        except _Refused as e:
+            return Result([], str(e), e.full)
+        except Exception as e:  # a request the code did not foresee: the client goes, the store stays
+            return Result([], f"request not carried out ({type(e).__name__})")
+
+    def forget(self, client) -> None:
+        """``client`` waits for nothing any more (it cancelled, or it is gone)."""
+        self.awaited.pop(client, None)
+        for key in self.waits_of.pop(client, ()):
+            clients = self.waiting.get(key)
+            if clients and client in clients:
+                clients.remove(client)
+                self.size -= _cost(key)
+                if not clients:
+                    del self.waiting[key]
+
+    # ------------------------------------------------------------ the requests
+
+    def _set(self, client, f: Frame) -> Result:
+        return Result(self._store(f.keys[0], f.values[0]))
+
+    def _multi_set(self, client, f: Frame) -> Result:
+        self._room(sum(_cost(k, v) for k, v in zip(f.keys, f.values)))
+        replies = []
+        for key, value in zip(f.keys, f.values):
+            replies += self._store(key, value)
+        return Result(replies)
+
+    def _compare_set(self, client, f: Frame) -> Result:
+        key, (expected, new) = f.keys[0], f.values
+        if key not in self.data:
+            if expected:  # torch's answer when the key is missing: what was expected
+                return Result(self._wake(key) + [(client, _bytes(expected))])
+            return Result(self._store(key, new) + [(client, _bytes(new))])
+        if self.data[key] == expected:
+            self._store(key, new, wake=False)
+        return Result(self._wake(key) + [(client, _bytes(bytes(self.data[key])))])
+
+    def _get(self, client, f: Frame) -> Result:
+        return Result([(client, _bytes(bytes(self.data.get(f.keys[0], b""))))])
+
+    def _multi_get(self, client, f: Frame) -> Result:
+        values = [self.data.get(k, b"") for k in f.keys]
+        self._reply_fits(sum(len(v) + 8 for v in values))
+        return Result([(client, b"".join(_bytes(bytes(v)) for v in values))])
+
+    def _add(self, client, f: Frame) -> Result:
+        key = f.keys[0]
+        total = _wrapped(self._integer(key) + f.number) if key in self.data else f.number
+        return Result(self._store(key, str(total).encode()) + [(client, _int(total))])
+
+    def _check(self, client, f: Frame) -> Result:
+        return Result([(client, READY if self._all_there(f.keys) else NOT_READY)])
+
+    def _wait(self, client, f: Frame) -> Result:
+        if self._all_there(f.keys):
+            return Result([(client, STOP_WAITING)])
+        missing = [k for k in f.keys if k not in self.data]
+        self._room(sum(_cost(k) for k in missing))
+        self._listen(client, missing)
+        return Result([])
+
+    def _getnumkeys(self, client, f: Frame) -> Result:
+        return Result([(client, _int(len(self.data)))])
+
+    def _delete_key(self, client, f: Frame) -> Result:
+        value = self.data.pop(f.keys[0], None)
+        if value is not None:
+            self.size -= _cost(f.keys[0], value)
+        return Result([(client, _int(0 if value is None else 1))])
+
+    def _append(self, client, f: Frame) -> Result:
+        key, value = f.keys[0], f.values[0]
+        if key not in self.data:
+            return Result(self._store(key, value))
+        self._room(len(value))
+        self.data[key] += value
+        self.size += len(value)
+        return Result(self._wake(key))
+
+    def _cancel_wait(self, client, f: Frame) -> Result:
+        self.forget(client)
+        return Result([(client, WAIT_CANCELED)])
+
+    def _ping(self, client, f: Frame) -> Result:
+        return Result([(client, struct.pack("<I", f.number))])
+
+    def _queue_push(self, client, f: Frame) -> Result:
+        key, value = f.keys[0], f.values[0]
+        self._room(_cost(key, value))
+        self.queues.setdefault(key, deque()).append(value)
+        self.size += _cost(key, value)
+        return Result(self._wake_one(key))
+
+    def _queue_pop(self, client, f: Frame) -> Result:
+        key = f.keys[0]
+        queue = self.queues.get(key)
+        if not queue:
+            return Result([(client, _int(0))])
+        length, value = len(queue), queue.popleft()
+        self.size -= _cost(key, value)
+        if not queue:
+            del self.queues[key]
+        return Result([(client, _int(length) + _bytes(value))])
+
+    def _queue_len(self, client, f: Frame) -> Result:
+        return Result([(client, _int(len(self.queues.get(f.keys[0], ()))))])
+
+    def _list_keys(self, client, f: Frame) -> Result:
+        self._reply_fits(sum(len(k) + 8 for k in self.data) + 8)
+        return Result([(client, _int(len(self.data)) + b"".join(_bytes(k) for k in self.data))])
+
+    def _barrier(self, client, f: Frame) -> Result:
+        key = f.keys[0]
+        count = _wrapped(self._integer(key) + 1) if key in self.data else 1
+        self._room(2 * _cost(key, b"0" * 20))  # the count and this client's wait
+        replies = self._store(key, str(count).encode(), wake=False)
+        if count >= f.number:
+            return Result(replies + self._wake(key) + [(client, STOP_WAITING)])
+        self._room(_cost(key))
+        self._listen(client, [key])
+        return Result(replies)
+
+    # ------------------------------------------------------------ the state
+
+    def _store(self, key: bytes, value: bytes, wake: bool = True) -> list:
+        old = self.data.get(key)
+        grow = _cost(key, value) - (_cost(key, old) if old is not None else 0)
+        self._room(grow)
+        self.data[key] = bytearray(value)
+        self.size += grow
+        return self._wake(key) if wake else []
+
+    def _room(self, grow: int) -> None:
+        if grow > 0 and self.size + grow > self.limit:
+            raise _Refused(f"the store would hold over {self.limit} bytes of keys and values", full=True)
+
+    @staticmethod
+    def _reply_fits(size: int) -> None:
+        if size > MAX_REPLY:
+            raise _Refused(f"an answer of {size} bytes (at most {MAX_REPLY})")
+
+    def _integer(self, key: bytes) -> int:
+        n = _integer_of(bytes(self.data[key]))
+        if n is None:
+            raise _Refused(f"the value of {key[:64]!r} is not a whole number")
+        return n
+
+    def _all_there(self, keys) -> bool:
+        return all(k in self.data or self.queues.get(k) for k in keys)
+
+    def _listen(self, client, keys) -> None:
+        """``client`` waits for each of ``keys`` to be set (torch's count: a later wait replaces it)."""
+        for key in keys:
+            self.waiting.setdefault(key, []).append(client)
+            self.waits_of.setdefault(client, []).append(key)
+            self.size += _cost(key)
+        self.awaited[client] = len(keys)
+
+    def _wake(self, key: bytes) -> list:
+        """Every client waiting on ``key`` counts it; those that wait for nothing more are answered."""
+        replies = []
+        for client in self.waiting.pop(key, ()):
+            self.size -= _cost(key)
+            self._unlist(client, key)
+            if self._counted(client):
+                replies.append((client, STOP_WAITING))
+        return replies
+
+    def _wake_one(self, key: bytes) -> list:
+        """A queue item came: the first waiting client that then waits for nothing more is answered."""
+        clients = self.waiting.get(key, [])
+        for client in list(clients):
+            if self._counted(client):
+                clients.remove(client)
+                self.size -= _cost(key)
+                self._unlist(client, key)
+                if not clients:
+                    del self.waiting[key]
+                return [(client, STOP_WAITING)]
+        return []
+
+    def _counted(self, client) -> bool:
+        """One more of ``client``'s keys is there; whether it now waits for nothing more."""
+        left = self.awaited.get(client)
+        if left is None:
+            return False
+        if left > 1:
+            self.awaited[client] = left - 1
+            return False
+        del self.awaited[client]
+        return True
+
+    def _unlist(self, client, key: bytes) -> None:
+        keys = self.waits_of.get(client)
+        if keys is not None and key in keys:
+            keys.remove(key)
+            if not keys:
+                del self.waits_of[client]
+
+
+class _Refused(Exception):
+    def __init__(self, text: str, full: bool = False) -> None:
+        super().__init__(text)
+        self.full = full
