@@ -1,6 +1,7 @@
 """Tests that run the launcher's code in the pytest process leave the next test its output as new
 (``tests/conftest.py``): each pair here runs in that order, in a pytest of its own."""
 
+import os
 import subprocess
 import sys
 
@@ -21,5 +22,6 @@ PAIRS = {
 @pytest.mark.parametrize("options, first, then", PAIRS.values(), ids=PAIRS)
 def test_a_test_after_one_that_ran_the_launcher_in_process_sees_its_messages(options, first, then):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                        *options, first, then], capture_output=True, text=True, cwd=REPO, timeout=120)
+                        *options, first, then], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})  # its summary line as asked
     assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

@@ -57,13 +57,15 @@ def finish_two_nodes(procs):
     return results
 
 
-def helpers_of(launcher_pid):
-    """The launcher's children that are not workers (a worker has RANK in its environment)."""
+def helpers_of(launcher_pid, script=LATE):
+    """The launcher's children that are not workers. A worker runs ``script`` or has RANK in its
+    environment: one read as it execs may show its new command line with its old environment."""
     found = []
     for child in psutil.Process(launcher_pid).children():
         try:
-            if "RANK" not in child.environ():
-                found.append(" ".join(child.cmdline()))
+            cmdline = " ".join(child.cmdline())
+            if "RANK" not in child.environ() and str(script) not in cmdline:
+                found.append(cmdline)
         except psutil.Error:
             continue
     return found

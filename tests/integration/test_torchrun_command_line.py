@@ -22,11 +22,11 @@ def test_standalone_with_torchruns_options(tmp_path):
     assert {d["TORCHELASTIC_RUN_ID"] for d in dumps.values()} == {"job7"}
 
 
-def test_an_elastic_range_is_refused_naming_the_reason():
+def test_an_elastic_range_on_the_static_rendezvous_is_refused_naming_the_reason():
     r = run_launcher("--nnodes", "1:4", "--nproc-per-node", 2, ENV_DUMP, "/nonexistent")
     assert r.returncode == 2 and r.stderr.strip() == (
-        "launcher: error: --nnodes 1:4 is an elastic range; this launcher runs a fixed number of nodes "
-        "(there is no elastic membership yet): give --nnodes 4.")
+        "launcher: error: --nnodes 1:4 with --rdzv-backend static: a static rendezvous has a fixed number of "
+        "nodes; give --rdzv-backend c10d for an elastic job, or --nnodes 4.")
 
 
 def test_two_nodes_from_torchruns_command_line(tmp_path):
