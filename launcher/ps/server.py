@@ -56,6 +56,7 @@ class Server:
         self.saved: dict = {}  # save key -> Future done once trainer 0 wrote it
         self.failure: Optional[str] = None
         self.finished = threading.Event()
+        self.watcher: Optional[threading.Thread] = None  # the liveness checks, started by serve()
 
     # ------------------------------------------------------------------ what trainers ask
 
@@ -184,7 +185,8 @@ def serve(server: Server) -> None:
     """Start answering trainers with ``server``, and watching them."""
     global _server
     _server = server
-    threading.Thread(target=_watch, args=(server,), daemon=True, name="ps-watch").start()
+    server.watcher = threading.Thread(target=_watch, args=(server,), daemon=True, name="ps-watch")
+    server.watcher.start()
     if not _ready.done():
         _ready.set_result(True)
 
@@ -195,19 +197,22 @@ def wait_finished(server: Server) -> None:
         pass
     if server.failure is not None:
         raise transport.PsError(server.failure)
+    # every ping is answered before this server's agent shuts down: an answer on its way to a closed
+    # pipe is a TensorPipe warning in the trainer's log
+    if server.watcher is not None:
+        server.watcher.join(server.options.rpc.deadline_s + 1.0)
 
 
 def _watch(server: Server) -> None:
-    """Ping every trainer still training; one that is gone (or silent past the deadline) fails the server."""
+    """Ping every trainer still training; one that is gone (or silent past the deadline) fails the server.
+    A trainer that stopped gets no new ping; the ones on their way are waited for, also at the end."""
     pending: dict = {}
     while not server.finished.is_set():
         for t in range(server.env.trainers_num):
-            if t in server.stopped:
-                pending.pop(t, None)
-                continue
             fut = pending.get(t)
             if fut is None:
-                pending[t] = rpc.rpc_async(trainer_name(t), transport.ping, timeout=server.options.rpc.deadline_s)
+                if t not in server.stopped:
+                    pending[t] = rpc.rpc_async(trainer_name(t), transport.ping, timeout=server.options.rpc.deadline_s)
             elif fut.done():
                 del pending[t]
                 try:
@@ -217,6 +222,11 @@ def _watch(server: Server) -> None:
                         server.fail(f"server {server.env.index}: {server.env.describe(trainer_name(t))} is gone "
                                     f"({transport.first_line(e)}); stopping.")
         time.sleep(PING_EVERY)
+    for fut in pending.values():
+        try:
+            fut.wait()
+        except Exception:
+            pass
 
 
 # ---------------------------------------------------------------------- called by trainers over RPC
