@@ -27,15 +27,25 @@ def leading(spec, job="job", token=None):
 
     def lead():
         try:
-            outcome.append(es.lead(listener, spec, job, 1, token))
+            keeper = es.lead(listener, spec, job, 1, token)
+            outcome.append(es.place_in(keeper.first, keeper.node_id))
+            keeper.close()
         except Exception as e:  # the test looks at it
             outcome.append(e)
-        finally:
             listener.close()
 
     thread = threading.Thread(target=lead, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def joined(spec, job, workers, token=None, clock=None):
+    """Another launcher's place in the first round (its link closed again)."""
+    link = es.join(spec, job, workers, token, **({"clock": clock} if clock else {}))
+    try:
+        return es.place_in(link.first, link.node_id)
+    finally:
+        link.close()
 
 
 def answer_to(port, body: bytes, timeout=10.0) -> bytes:
@@ -55,9 +65,9 @@ def test_the_second_launcher_cannot_listen_and_each_gets_its_place():
     spec = spec_of(port)
     thread, outcome = leading(spec)
     assert es.listen(HOST, port) is None  # the endpoint is node 0's
-    place = es.join(spec, "job", 1)
+    place = joined(spec, "job", 1)
     thread.join(10)
-    assert place == es.Place(1, 2, 2, False) and outcome == [es.Place(0, 2, 2, True)]
+    assert place == es.Place(1, 2, 2, (HOST, HOST), False) and outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_strangers_lose_only_their_connection_and_the_round_still_forms():
@@ -70,9 +80,9 @@ def test_strangers_lose_only_their_connection_and_the_round_still_forms():
     reason = m.from_wire(wire.Framer().feed(refused)[0])
     assert isinstance(reason, m.Refusal) and "its job id is 'other', this job's is 'job'" in reason.reason
     assert answer_to(port, wire.encode(m.to_wire(m.Beat()))) == b""  # no hello first
-    assert es.join(spec, "job", 1).node_rank == 1
+    assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, True)]
+    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
@@ -80,7 +90,7 @@ def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
     spec = spec_of(port, low=3, high=3, join_timeout=1.0)
     thread, outcome = leading(spec)
     with pytest.raises(es.StartFailed, match="did not take this launcher: only 2 node.s. joined within 1 s"):
-        es.join(spec, "job", 1)
+        joined(spec, "job", 1)
     thread.join(10)
     assert isinstance(outcome[0], es.StartFailed) and "only 2 node(s) joined within 1 s" in str(outcome[0])
     assert outcome[0].exit_code == 1
@@ -98,15 +108,15 @@ def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
         conn.close()
 
     threading.Thread(target=close_first, daemon=True).start()
-    with pytest.raises(es.StartFailed, match="closed the rendezvous before the job started"):
-        es.join(spec, "job", 1)
+    with pytest.raises(es.StartFailed, match="closed the rendezvous before this launcher's round started"):
+        joined(spec, "job", 1)
     listener.close()
 
 
 def test_no_node_0_within_join_timeout_is_a_start_failure_naming_the_endpoint():
     port = free_ports(1)
     with pytest.raises(es.StartFailed, match=f"could not reach node 0's launcher at {HOST}:{port} within 0.5 s"):
-        es.join(spec_of(port, join_timeout=0.5), "job", 1)
+        joined(spec_of(port, join_timeout=0.5), "job", 1)
 
 
 def test_junk_from_node_0_is_a_start_failure():
@@ -121,12 +131,12 @@ def test_junk_from_node_0_is_a_start_failure():
 
     threading.Thread(target=junk, daemon=True).start()
     with pytest.raises(es.StartFailed, match="sent junk"):
-        es.join(spec_of(port), "job", 1)
+        joined(spec_of(port), "job", 1)
     listener.close()
 
 
 def test_what_closes_before_admitting_is_not_called_node_0():
-    """A launcher that comes after the start reaches the job's store on the endpoint, which closes on its hello."""
+    """Whatever else listens on the endpoint and closes on the hello."""
     port = free_ports(1)
     listener = socket.create_server((HOST, port))
 
@@ -136,8 +146,8 @@ def test_what_closes_before_admitting_is_not_called_node_0():
         conn.close()
 
     threading.Thread(target=store_like, daemon=True).start()
-    with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the job has started"):
-        es.join(spec_of(port), "job", 1)
+    with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the endpoint is not this job's"):
+        joined(spec_of(port), "job", 1)
     listener.close()
 
 
@@ -161,16 +171,37 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     assert refusal_of(port, hello()) == "wrong job or job token"  # proves nothing
     assert refusal_of(port, hello(token="other")) == "wrong job or job token"
     with pytest.raises(es.StartFailed, match="did not take this launcher: wrong job or job token"):
-        es.join(spec, "job", 1, "wrong")
+        joined(spec, "job", 1, "wrong")
     first = hello(token="s3cret", node_id="first")
     sock = socket.create_connection((HOST, port), timeout=10)
     sock.sendall(first)  # joins, and stays
-    assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False)
+    from launcher.nodes.elastic_keeper import admission_proof
+    assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False, admission_proof(
+        "s3cret", "a" * 32, "job", "first"))  # node 0 proves the token on the joiner's nonce
     assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
-    place = es.join(spec, "job", 1, "s3cret")
+    place = joined(spec, "job", 1, "s3cret")
     thread.join(10)
     sock.close()
-    assert place.node_rank == 2 and outcome == [es.Place(0, 3, 3, True)]
+    assert place.node_rank == 2 and outcome == [es.Place(0, 3, 3, (HOST, HOST, HOST), True)]
+
+
+@pytest.mark.parametrize("proof", [None, "0" * 64])
+def test_with_a_job_token_a_node_0_that_does_not_prove_it_is_not_joined(proof):
+    """One-way trust closed: whatever holds the endpoint must prove the token to the joiner too."""
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+
+    def impostor():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(wire.encode(m.to_wire(m.Admitted(False, proof))))
+        conn.recv(100)
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    with pytest.raises(es.StartFailed, match="did not prove the job token"):
+        joined(spec_of(port), "job", 1, "s3cret")
+    listener.close()
 
 
 def test_without_a_job_token_a_hello_that_proves_one_is_refused():
@@ -178,9 +209,9 @@ def test_without_a_job_token_a_hello_that_proves_one_is_refused():
     spec = spec_of(port)
     thread, outcome = leading(spec)
     assert refusal_of(port, hello(token="s3cret")) == "it proves a job token, and this job has none"
-    es.join(spec, "job", 1)
+    joined(spec, "job", 1)
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, True)]
+    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_without_it():
@@ -195,9 +226,9 @@ def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_witho
             assert data, f"closed without a word after {seen}"
             seen += [m.from_wire(b) for b in framer.feed(data)]
     assert seen[0] == m.Admitted(False) and "no heartbeat for" in seen[-1].reason
-    assert es.join(spec, "job", 1).node_rank == 1
+    assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, True)]
+    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
@@ -208,9 +239,9 @@ def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
     thread, outcome = leading(spec)
     quiet = [socket.create_connection((HOST, port), timeout=10) for _ in range(MAX_PENDING + 5)]
     try:
-        assert es.join(spec, "job", 1).node_rank == 1
+        assert joined(spec, "job", 1).node_rank == 1
         thread.join(10)
-        assert outcome == [es.Place(0, 2, 2, True)]
+        assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
     finally:
         for s in quiet:
             s.close()

@@ -6,7 +6,7 @@ socket, no clock: each test runs in milliseconds."""
 import logging
 
 from launcher.nodes import membership as m
-from launcher.nodes.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse,
+from launcher.nodes.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
                                        StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped)
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 from launcher.plan.policy import Say
@@ -343,13 +343,34 @@ def test_a_lost_standby_is_only_forgotten():
     assert "standby node n3 (10.0.0.4) left: its connection closed" in h.words()
 
 
-def test_nodes_with_different_worker_counts_get_contiguous_global_ranks():
+def test_a_node_with_another_worker_count_is_refused_and_ranks_stay_contiguous():
     h = History(spec(2, 3), keeper=node(0, workers=4))
-    first = h.running(0.0, node(1, workers=1), node(2, workers=3))
-    assert ranks(first) == [("n0", 0, 0), ("n1", 1, 4), ("n2", 2, 5)] and first.world_size == 8
+    assert h.at(0.1, join(node(1, workers=1))) == [Refuse(
+        "n1", "it runs 1 worker(s) and node 0 runs 4; every node of an elastic job runs the same --nproc_per_node")]
+    first = h.running(0.2, node(1, workers=4), node(2, workers=4))
+    assert ranks(first) == [("n0", 0, 0), ("n1", 1, 4), ("n2", 2, 8)] and first.world_size == 12
     h.at(1.0, Closed("n1"))
-    [second] = started(h.stopped(1.1, node(0), node(2)))
-    assert ranks(second) == [("n0", 0, 0), ("n2", 1, 4)] and second.world_size == 7
+    [second] = started(h.stopped(1.1, node(0, workers=4), node(2, workers=4)))
+    assert ranks(second) == [("n0", 0, 0), ("n2", 1, 4)] and second.world_size == 8
+
+
+def test_the_job_ends_with_0_once_every_member_of_the_round_is_done():
+    h = History(spec(2, 3))
+    first = h.running(0.0, N1, N2)
+    assert h.at(1.0, RoundDone("n1", first.number)) == []
+    assert h.at(1.1, RoundDone("n1", first.number + 5)) == []  # another round's: ignored
+    assert h.at(1.2, RoundDone("n0", first.number)) == []
+    [end] = h.at(1.3, RoundDone("n2", first.number))
+    assert end == EndJob(0, "every worker of round 1 finished", ("n0", "n1", "n2"))
+
+
+def test_a_member_done_while_a_re_form_stops_the_round_counts_as_stopped():
+    h = History(spec(2, 3))
+    first = h.running(0.0, N1, N2)
+    h.at(1.0, Closed("n2"))
+    h.at(1.1, WorkersStopped("n0", first.number))
+    [second] = started(h.at(1.2, RoundDone("n1", first.number)))
+    assert [m.node.node_id for m in second.members] == ["n0", "n1"]
 
 
 # ---------------------------------------------------------------- refusals
@@ -365,7 +386,7 @@ def test_refusals_name_the_reason():
     assert h.at(0.4, join(N2)) == [Refuse("n2", "its host 10.0.0.3 is not one of the job's nodes "
                                                 "(10.0.0.1,10.0.0.2)")]
     assert h.at(0.5, join(N1)) == [Admit("n1", standby=True)]  # MAX is 1: it waits for a place
-    assert h.at(0.6, join(Node("n1x", "10.0.0.2", 1))) == [Refuse("n1x", "the job is full: 1 node(s) and 1 standby(s)")]
+    assert h.at(0.6, join(Node("n1x", "10.0.0.2", 2))) == [Refuse("n1x", "the job is full: 1 node(s) and 1 standby(s)")]
     assert h.state.standbys == (N1,) and ranks(h.state.round) == [("n0", 0, 0)]
 
 

@@ -78,9 +78,12 @@ MEMBERS = [["a1", "127.0.0.1", 2, 0, 0], ["b2", "127.0.0.1", 2, 1, 2]]
      {"type": "hello", "identity": {"job_id": "j"}, "node": None, "nonce": None, "node_id": "a1", "host": "10.0.0.2",
       "workers": 2}),
     (m.Admitted(True), {"type": "admitted", "standby": True}),
-    (m.RoundStart(2, MEMBERS, 4, 0), {"type": "round", "number": 2, "members": MEMBERS, "world_size": 4, "restarts": 0}),
-    (m.StopWorkers(3), {"type": "stop_workers", "round": 3}),
+    (m.RoundStart(2, MEMBERS, 4, 0, "round 2 (lost)"),
+     {"type": "round", "number": 2, "members": MEMBERS, "world_size": 4, "restarts": 0, "text": "round 2 (lost)"}),
+    (m.StopWorkers(3, "lost"), {"type": "stop_workers", "round": 3, "reason": "lost"}),
     (m.Stopped(3), {"type": "stopped", "round": 3}),
+    (m.RoundDone(3), {"type": "round_done", "round": 3}),
+    (m.RoundFailed(3, 7, "rank 1 failed"), {"type": "round_failed", "round": 3, "code": 7, "reason": "rank 1 failed"}),
     (m.Dropped(1, "no heartbeat"), {"type": "dropped", "code": 1, "reason": "no heartbeat"}),
 ])
 def test_the_elastic_messages_read_back_as_themselves(message, wire):
@@ -99,6 +102,9 @@ def test_the_elastic_messages_read_back_as_themselves(message, wire):
     ({"type": "round", "number": 1, "members": [["a", 7, 1, 0, 0]]}, m.RoundStart(1, None, None, None)),
     ({"type": "stop_workers", "round": False}, m.StopWorkers(None)),
     ({"type": "stopped"}, m.Stopped(None)),
+    ({"type": "round", "number": 1, "text": 5}, m.RoundStart(1, None, None, None)),
+    ({"type": "round_done", "round": 1.0}, m.RoundDone(None)),
+    ({"type": "round_failed", "round": "1", "code": 300, "reason": ["x"]}, m.RoundFailed(None, 1, None)),
     ({"type": "dropped", "code": -1, "reason": {}}, m.Dropped(1, None)),
 ])
 def test_an_elastic_field_of_a_wrong_type_reads_as_none(wire, message):

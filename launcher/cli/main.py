@@ -234,7 +234,13 @@ def launch(ctx: click.Context, **values) -> int:
     given = lambda name: name in from_file or _given(ctx, name)  # noqa: E731
     values = torchrun_cli.to_ours(values, given, os.environ)
     setup_messages(values["log_level"])
-    values = _with_elastic_place(values, given)
+    values = _with_elastic_values(values, given)
+    if values.get("elastic") is not None:
+        from launcher.cli import elastic as elastic_cli
+
+        spec = values.pop("elastic")
+        return elastic_cli.run(values, spec, lambda v: resolve_options(ctx, v, from_file)[0])
+    values.pop("elastic", None)
     opts, nodes = resolve_options(ctx, values, from_file)
     from launcher.cli import paddle as paddle_cli
 
@@ -274,24 +280,14 @@ def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset
     return _options(values, ctx.command_path), expected
 
 
-def _with_elastic_place(values: dict, given) -> dict:
-    """An elastic job (torchrun's or Paddle 3's ``--nnodes MIN:MAX``): its first round, formed at node 0, gives
-    the number of nodes and this node's rank (launcher.nodes.elastic_start); then it runs as a job of that many."""
+def _with_elastic_values(values: dict, given) -> dict:
+    """An elastic job (torchrun's or Paddle 3's ``--nnodes MIN:MAX``): its ElasticSpec in ``elastic``, with the
+    values it implies (node 0's address, the workers' first port)."""
     from launcher.cli import paddle as paddle_cli
 
-    if "elastic" not in values:
-        values = {**values, **(paddle_cli.elastic(values, given) or {})}
-    spec = values.pop("elastic", None)
-    if spec is None:
+    if "elastic" in values:
         return values
-    from launcher.nodes import elastic_start
-    from launcher.envvars import JOB_ID, JOB_TOKEN
-
-    job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
-    nproc = str(values.get("nproc_per_node") or "1")
-    workers = int(nproc) if nproc.isascii() and nproc.isdigit() and int(nproc) > 0 else 1
-    place = elastic_start.form(spec, job_id, workers, os.environ.get(JOB_TOKEN) or None)
-    return {**values, "nnodes": place.nodes, "node_rank": place.node_rank}
+    return {**values, **(paddle_cli.elastic(values, given) or {})}
 
 
 def _with_gathered_nodes(opts, host):

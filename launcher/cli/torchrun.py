@@ -128,12 +128,13 @@ def _elastic_range(values: dict) -> bool:
 
 
 def _elastic(values: dict, given) -> dict:
-    """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``) whose first round gives the number of nodes and this
-    node's rank (``launcher.nodes.elastic_start``); rank 0's store on the endpoint's port."""
+    """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``), whose rounds give the number of nodes and this node's
+    rank (``launcher.cli.elastic``); node 0's launcher keeps the membership on the endpoint's port, the
+    workers' ports (rank 0's store first) start one above it."""
     spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None})
     ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
     if not given("started_port"):
-        ours["started_port"] = spec.port
+        ours["started_port"] = spec.port + 1
     return ours
 
 

@@ -164,7 +164,7 @@ def reserve_port(ip: str, port: int):
 
 def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     """Refuse, with one sentence, anything that would make the job fail right after it starts."""
-    _check_script(opts, plan.base_env.get("PATH", os.defpath))
+    check_script(plan, opts)
     check_node_ip(plan.node_ip, host)
     for port in plan.ports:
         _check_port(plan.node_ip, port)
@@ -173,6 +173,11 @@ def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
 ELF_MAGIC = b"\x7fELF"
 PYTHON_RUNNERS = ("uv", "uvx", "pipx")  # #! programs that run a Python script (besides python*, pypy*)
 SHELL_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh")
+
+
+def check_script(plan: Plan, opts: LaunchOptions) -> None:
+    """The script can be run the way the workers will run it."""
+    _check_script(opts, plan.base_env.get("PATH", os.defpath))
 
 
 def _check_script(opts: LaunchOptions, path_var: str) -> None:

@@ -120,6 +120,12 @@ class WorkersStopped:
 
 
 @dataclass(frozen=True)
+class RoundDone:
+    node_id: str
+    round: int  # its workers of this round all finished (exit code 0)
+
+
+@dataclass(frozen=True)
 class WorkerFailed:
     node_id: str
     round: int
@@ -138,7 +144,7 @@ class TimePassed:
     pass  # a deadline of the state may have come
 
 
-Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, WorkerFailed, JobEnded, TimePassed]
+Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, RoundDone, WorkerFailed, JobEnded, TimePassed]
 
 
 # ---------------------------------------------------------------- actions
@@ -208,6 +214,7 @@ class State:
     wait_began: Optional[float] = None  # WAITING: when the wait for MIN nodes began
     min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
     end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
+    done: frozenset = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
 
     @property
     def round(self) -> Optional[Round]:
@@ -257,6 +264,8 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
         if state.round is None or event.round != state.round.number or event.node_id not in state.unstopped:
             return state, ()
         return _maybe_start(replace(state, unstopped=state.unstopped - {event.node_id}), now)
+    if isinstance(event, RoundDone):
+        return _on_done(state, event, now)
     if isinstance(event, WorkerFailed):
         return _on_failure(state, event, now)
     if isinstance(event, JobEnded):
@@ -294,6 +303,10 @@ def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
         return f"its node id {node.node_id!r} or host {node.host!r} is not a name"
     if type(node.workers) is not int or node.workers < 1:
         return f"it has {node.workers!r} workers; a node needs one at least"
+    keeper = state.known(state.keeper)
+    if keeper is not None and node.workers != keeper.workers:
+        return (f"it runs {node.workers} worker(s) and node 0 runs {keeper.workers}; every node of an elastic job "
+                "runs the same --nproc_per_node")
     if state.spec.node_hosts and node.host not in state.spec.node_hosts:
         return f"its host {node.host} is not one of the job's nodes ({','.join(state.spec.node_hosts)})"
     if len(state.members) >= state.spec.max_nodes and len(state.standbys) >= state.spec.max_nodes:
@@ -326,6 +339,22 @@ def _lose(state: State, node_id: str, reason: str, now: float):
     else:
         state, more = _settle(state, now)
     return state, actions + more
+
+
+def _on_done(state: State, event: RoundDone, now: float):
+    """A member's workers all finished: once every member's have, the job ends with 0. During a re-form
+    this counts as the member's workers stopped."""
+    current = state.round
+    if current is None or event.round != current.number or current.member(event.node_id) is None:
+        return state, ()
+    if state.phase == REFORMING:
+        return decide(state, WorkersStopped(event.node_id, event.round), now)
+    if state.phase != RUNNING:
+        return state, ()
+    state = replace(state, done=state.done | {event.node_id})
+    if {m.node.node_id for m in current.members} <= state.done:
+        return _end(state, 0, f"every worker of round {current.number} finished")
+    return state, ()
 
 
 def _on_failure(state: State, event: WorkerFailed, now: float):
@@ -391,7 +420,7 @@ def _start_round(state: State):
     round_ = Round(number=1 if previous is None else previous.number + 1, members=tuple(members), world_size=rank,
                    why=state.why, joined=tuple(n for n in state.members if n.node_id not in before), left=state.left,
                    restarts=state.restarts)
-    state = replace(state, phase=RUNNING, rounds=state.rounds + (round_,), why="start", left=(),
+    state = replace(state, phase=RUNNING, rounds=state.rounds + (round_,), why="start", left=(), done=frozenset(),
                     unstopped=frozenset(), stop_began=None, wait_began=None, min_reached=None)
     return state, (StartRound(round_), Say(logging.INFO, describe(round_)))
 

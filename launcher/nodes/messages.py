@@ -160,6 +160,7 @@ class Admitted:
 
     type: ClassVar[str] = "admitted"
     standby: Optional[bool]
+    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class RoundStart:
     members: Optional[list]
     world_size: Optional[int]
     restarts: Optional[int]
+    text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ class StopWorkers:
 
     type: ClassVar[str] = "stop_workers"
     round: Optional[int]
+    reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,24 @@ class Stopped:
 
     type: ClassVar[str] = "stopped"
     round: Optional[int]
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """A member to node 0: its workers of this round all finished (exit code 0)."""
+
+    type: ClassVar[str] = "round_done"
+    round: Optional[int]
+
+
+@dataclass(frozen=True)
+class RoundFailed:
+    """A member to node 0: a cause to stop found there while the round ran (a worker failed, a start, a hang)."""
+
+    type: ClassVar[str] = "round_failed"
+    round: Optional[int]
+    code: int  # off the wire: 1 unless an int of 0 to 255
+    reason: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -230,7 +251,7 @@ class Unknown:
 
 
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Admitted, RoundStart, StopWorkers, Stopped, Dropped, Join, NodeList, Unknown]
+                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Dropped, Join, NodeList, Unknown]
 
 OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers")  # keys left out of the JSON object rather than sent as null
 
@@ -309,11 +330,14 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
-    "admitted": lambda m: Admitted(as_flag(m.get("standby"))),
+    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof"))),
     "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
-                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts"))),
-    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round"))),
+                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
+                                  as_text(m.get("text"))),
+    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round")), as_text(m.get("reason"))),
     "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
+    "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),
+    "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
     "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
     "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
                            as_text(m.get("nonce")), as_text(m.get("proof"))),

@@ -50,6 +50,10 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 console.finish()  # bounded: a console nobody reads never holds the end
                 launch.records.record("ended", code, console=console.note)
                 return code
+            if job.plan is not launch.plan:  # an elastic job's next round: its own plan
+                launch.replan(job.plan)
+                launch.spares.keep_matching({spec.rank: worker_env(job.plan, spec, job.attempt)
+                                             for spec in job.plan.workers})
             launch.records.record("restarting")
     finally:
         if job is not None:

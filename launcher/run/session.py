@@ -55,6 +55,13 @@ class Launch:
         self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
+    def replan(self, plan: Plan) -> None:
+        """The plan of an elastic job's next round (its node rank, world size and ranks may differ): what the
+        launch set up stays (the store, the watchdog, the state file)."""
+        self.plan = plan
+        self.records.plan = plan
+        self.store.expected = plan.world_size
+
     @property
     def run_id(self) -> str:
         return self.plan.workers[0].env[ev.RUN_ID]

@@ -57,6 +57,16 @@ class Spares:
     def pids(self) -> set:
         return {s.proc.pid for s in self.by_rank.values()}
 
+    def keep_matching(self, wanted: dict) -> None:
+        """Keep only the spares whose rank and environment are those of ``wanted`` (rank -> env): an elastic
+        job's next round may give a rank another world."""
+        for rank in [r for r, spare in self.by_rank.items() if wanted.get(r) != spare.env]:
+            spare = self.by_rank.pop(rank)
+            spare.close()
+            spare.proc.kill()
+            if spare.output is not None:
+                spare.output.finish()
+
     def drop(self) -> None:
         for spare in self.by_rank.values():
             spare.close()

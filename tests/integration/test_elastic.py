@@ -2,7 +2,12 @@
 every node, no node rank. What is promised: the launcher that binds the rendezvous endpoint is node 0;
 MAX launchers start the job at once, MIN of them once the last call has passed; real gloo workers see
 the round's WORLD_SIZE and contiguous ranks; every node exits 0; below MIN after join_timeout every
-launcher exits 1 saying how many joined. Every wait is bounded, and nothing of a test is left running.
+launcher exits 1 saying how many joined. While the job runs: a node powered off (its launcher and
+workers killed at once) or gone silent (all of them stopped) is lost and the survivors re-form at
+once, spending no restart; a launcher that comes is admitted below MAX (a new round) and waits as a
+standby at MAX, taking the place of the next member lost; below MIN the survivors wait join_timeout,
+then exit 1 naming the nodes lost; node 0's launcher leaving ends the job on every node. Every wait is
+bounded, and nothing of a test is left running.
 """
 
 import json
@@ -18,6 +23,7 @@ HOST = "127.0.0.1"
 
 
 def torchrun_line(port, folder, *extra, nnodes="2:3", steps=3):
+    """The endpoint on PORT; each node's worker ports above it (leave PORT to PORT+5 free)."""
     return ("--nnodes", nnodes, "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}",
             "--rdzv-id", "elastic-test", *extra, WORKER, folder, steps)
 
@@ -50,7 +56,7 @@ def check_round(folder, world) -> None:
 
 
 def test_max_launchers_start_the_job_at_once(tmp_path):
-    port = free_ports(4) + 1
+    port = free_ports(6)
     # a last call far longer than the test: only MAX launchers joined can start it
     args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=600")
     started = time.monotonic()
@@ -69,7 +75,7 @@ def test_max_launchers_start_the_job_at_once(tmp_path):
 @pytest.mark.parametrize("token", [None, "s3cret"])
 def test_min_launchers_start_the_job_after_the_last_call(tmp_path, token):
     """With a job token (LAUNCHER_JOB_TOKEN) too: each hello proves it."""
-    port = free_ports(4) + 1
+    port = free_ports(6)
     env = {"LAUNCHER_JOB_TOKEN": token} if token else None
     results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=1"), env=env)
     for code, out, err in results:
@@ -80,7 +86,7 @@ def test_min_launchers_start_the_job_after_the_last_call(tmp_path, token):
 
 
 def test_below_min_after_join_timeout_every_launcher_exits_1_saying_so(tmp_path):
-    port = free_ports(4) + 1
+    port = free_ports(6)
     results, pids = run_nodes(2, torchrun_line(port, tmp_path, "--rdzv-conf", "join_timeout=3", nnodes="3:4"),
                               timeout=60)
     for code, out, err in results:
@@ -106,38 +112,188 @@ def test_paddle3s_range_with_master_runs_the_same(tmp_path):
 
 def two_holding(folder):
     """Two launchers of a 2:3 job whose workers are in the group and hold until FOLDER/go; (port, procs)."""
-    port = free_ports(4) + 1
-    args = torchrun_line(port, folder, "--rdzv-conf", "last_call_timeout=0.5")
-    procs = [start_launcher(*args, "hold") for _ in range(2)]
-    try:
-        wait_for(lambda: len(list(folder.glob("ready.*"))) == 2, timeout=60, what="both workers in the group")
-    except AssertionError:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=30)
-        raise
+    port = free_ports(6)
+    procs = [start_launcher(*torchrun_line(port, folder, *FAST), "hold") for _ in range(2)]
+    wait_ready(folder, 2, procs)
     return port, procs
 
 
-def test_a_launcher_that_comes_after_the_start_exits_1_and_the_running_job_goes_on(tmp_path):
-    """It reaches the job's store on the endpoint, which closes on its hello: it says the job has started."""
-    port, procs = two_holding(tmp_path)
+FAST = ("--rdzv-conf", "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5")
+
+
+def ready(folder) -> dict:
+    """rank -> (pid, world size) of the workers holding in the group now."""
+    out = {}
+    for path in folder.glob("ready.*"):
+        if path.suffix != ".tmp":
+            pid, world = path.read_text().split()
+            out[int(path.name.split(".")[1])] = (int(pid), int(world))
+    return out
+
+
+def wait_ready(folder, world, procs, timeout=90, old=()):
+    """Wait for WORLD workers of a round of that world size (none of them one of ``old``'s pids)."""
+    def formed():
+        now = ready(folder)
+        return all(r in now and now[r][1] == world and now[r][0] not in old for r in range(world))
     try:
-        late = run_launcher(*torchrun_line(port, tmp_path, "--rdzv-conf", "join_timeout=3,read_timeout=2"), timeout=60)
-        assert late.returncode == 1, late.stderr
-        assert "closed the connection without an answer: the job has started already" in late.stderr
-        (tmp_path / "go").touch()
-        results = finish_all(procs, timeout=60)
+        wait_for(lambda: (folder / "ready.0").exists() and formed(), timeout=timeout, what=f"a round of {world}")
+    except AssertionError:
+        stop_all(procs)
+        errs = "\n".join(f"--- launcher {p.pid}:\n{p.stderr.read() if p.stderr else ''}" for p in procs)
+        raise AssertionError(f"no round of {world} within {timeout} s; the launchers said:\n{errs}") from None
+    return {r: v for r, v in ready(folder).items() if r < world}
+
+
+def stop_all(procs):
+    for p in procs:
+        for proc in family(p.pid):
+            proc.kill()
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+
+
+def family(pid) -> list:
+    """A launcher and everything under it (its workers, its helpers), as psutil processes."""
+    try:
+        me = psutil.Process(pid)
+        return [me] + me.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def power_off(proc) -> list:
+    """Every process of the node killed at once; their pids."""
+    procs = family(proc.pid)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [p.pid for p in procs]
+
+
+def go_and_finish(folder, procs, timeout=90):
+    (folder / "go").touch()
+    try:
+        return finish_all(procs, timeout=timeout)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        stop_all(procs)
+
+
+def three_holding(folder, *extra):
+    port = free_ports(6)
+    procs = []
+    for _ in range(3):
+        procs.append(start_launcher(*torchrun_line(port, folder, *FAST, *extra), "hold"))
+        time.sleep(0.3)  # the first one binds the endpoint: node 0
+    return port, procs, wait_ready(folder, 3, procs)
+
+
+def test_a_node_powered_off_while_the_job_runs_re_forms_the_survivors_spending_no_restart(tmp_path):
+    _, procs, first = three_holding(tmp_path, "--max-restarts", "0")
+    lost = psutil.Process(first[2][0]).parent()  # node 2's launcher: not node 0
+    gone = power_off(next(p for p in procs if p.pid == lost.pid))
+    survivors = [p for p in procs if p.pid != lost.pid]
+    wait_ready(tmp_path, 2, survivors, old={pid for pid, _ in first.values()})
+    results = go_and_finish(tmp_path, survivors)
     for code, out, err in results:
         assert code == 0, err
+        assert "round 2 (lost): 2 node(s), world size 2; left: node " in err and "its connection closed" in err, err
+    check_round(tmp_path, 2)  # TORCHELASTIC_RESTART_COUNT 0: the loss spent none of --max-restarts 0
+    assert_all_gone([p.pid for p in procs] + gone + [r["pid"] for r in records(tmp_path)])
+
+
+def test_a_silent_node_is_lost_after_the_heartbeat_timeout_and_the_survivors_go_on(tmp_path):
+    _, procs, first = three_holding(tmp_path)
+    silent = next(p for p in procs if p.pid == psutil.Process(first[1][0]).parent().pid)
+    frozen = family(silent.pid)
+    for p in frozen:
+        p.suspend()  # a partition: every process of the node stopped
+    started = time.monotonic()
+    try:
+        survivors = [p for p in procs if p is not silent]
+        wait_ready(tmp_path, 2, survivors, old={pid for pid, _ in first.values()})
+        took = time.monotonic() - started
+    finally:
+        for p in frozen:
+            p.kill()
+    results = go_and_finish(tmp_path, survivors)
+    for code, out, err in results:
+        assert code == 0, err
+        assert "no heartbeat for" in err, err
+    assert took < 60
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
 
 
+def test_a_launcher_that_joins_a_running_job_below_max_is_admitted_in_a_new_round(tmp_path):
+    port, procs = two_holding(tmp_path)
+    first = ready(tmp_path)
+    procs.append(start_launcher(*torchrun_line(port, tmp_path, *FAST), "hold"))
+    wait_ready(tmp_path, 3, procs, old={pid for pid, _ in first.values()})
+    results = go_and_finish(tmp_path, procs)
+    for code, out, err in results:
+        assert code == 0, err
+    assert "round 2 (joined): 3 node(s), world size 3" in "".join(err for _, _, err in results)
+    assert "this launcher is node 2" in results[2][2]
+    check_round(tmp_path, 3)
+    assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
+def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
+    port = free_ports(6)
+    line = torchrun_line(port, tmp_path, *FAST, nnodes="1:2")
+    procs = [start_launcher(*line, "hold")]
+    time.sleep(0.3)
+    procs.append(start_launcher(*line, "hold"))
+    first = wait_ready(tmp_path, 2, procs)
+    procs.append(start_launcher(*line, "hold"))  # at MAX: a standby
+    time.sleep(3)  # it stays out of the running round
+    assert ready(tmp_path).keys() == {0, 1}
+    lost = next(p for p in procs if p.pid == psutil.Process(first[1][0]).parent().pid)
+    gone = power_off(lost)
+    kept = [p for p in procs if p is not lost]
+    wait_ready(tmp_path, 2, kept, old={pid for pid, _ in first.values()})
+    results = go_and_finish(tmp_path, kept)
+    for code, out, err in results:
+        assert code == 0, err
+    assert "takes its place" in "".join(err for _, _, err in results)
+    assert "this launcher waits as a standby" in results[-1][2]
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + gone + [r["pid"] for r in records(tmp_path)])
+
+
+def test_below_min_the_survivors_wait_join_timeout_then_exit_1_naming_the_node_lost(tmp_path):
+    port = free_ports(6)
+    line = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5,join_timeout=3", nnodes="2:3")
+    procs = [start_launcher(*line, "hold") for _ in range(2)]
+    first = wait_ready(tmp_path, 2, procs)
+    node_0 = next(p for p in procs if p.pid == psutil.Process(first[0][0]).parent().pid)
+    gone = power_off(next(p for p in procs if p is not node_0))
+    try:
+        _, err = node_0.communicate(timeout=60)
+    finally:
+        stop_all(procs)
+    assert node_0.returncode == 1, err
+    assert "1 node(s) left after 3 s (join_timeout), 2 needed (--nnodes 2:3); lost: node " in err, err
+    assert_all_gone([p.pid for p in procs] + gone + [pid for pid, _ in first.values()])
+
+
+def test_node_0s_launcher_leaving_ends_the_job_on_every_node_saying_so(tmp_path):
+    _, procs = two_holding(tmp_path)
+    first = ready(tmp_path)
+    node_0 = psutil.Process(first[0][0]).parent().pid  # rank 0's launcher
+    other = next(p for p in procs if p.pid != node_0)
+    gone = power_off(next(p for p in procs if p.pid == node_0))
+    try:
+        _, err = other.communicate(timeout=60)
+    finally:
+        stop_all(procs)
+    assert other.returncode == 1, err
+    assert "node 0's launcher leaving ends an elastic job" in err, err
+    assert_all_gone([p.pid for p in procs] + gone + [pid for pid, _ in first.values()])
 @pytest.mark.parametrize("args, fragment", [
     (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "--nnodes 3:2 has its minimum above its maximum"),
     (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "--nnodes 0:2 has a minimum of 0 nodes"),
@@ -155,21 +311,3 @@ def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp
     assert done.stderr.count("\n") == 1 and "elastic job:" not in done.stderr
 
 
-def test_a_node_lost_while_the_job_runs_ends_it_naming_the_node(tmp_path):
-    """Not re-formed yet (docs/elastic.md): the survivor stops its workers and exits non-zero, naming node 1."""
-    _, procs = two_holding(tmp_path)
-    try:
-        workers = {rank: int((tmp_path / f"ready.{rank}").read_text()) for rank in (0, 1)}
-        lost = psutil.Process(workers[1]).parent()
-        lost.kill()  # node 1's launcher and its worker at once, as a power-off
-        psutil.Process(workers[1]).kill()
-        survivor = next(p for p in procs if p.pid != lost.pid)
-        _, err = survivor.communicate(timeout=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
-    assert survivor.returncode == 1, err
-    assert "the job stopped: node 1 (127.0.0.1) lost" in err, err
-    assert_all_gone([p.pid for p in procs] + list(workers.values()))

@@ -2,8 +2,8 @@
 STEPS steps of one gloo all-reduce each, rank 0 saving the state after every step, and writes one
 record of its run (a line of JSON appended to FOLDER/records.jsonl).
 
-Usage: elastic_worker.py FOLDER STEPS [hold]: with ``hold``, each worker writes its pid to FOLDER/ready.RANK once in
-the group and waits (30 s at most) for FOLDER/go before its steps.
+Usage: elastic_worker.py FOLDER STEPS [hold]: with ``hold``, each worker writes "PID WORLD_SIZE" to FOLDER/ready.RANK
+once in the group and waits (60 s at most) for FOLDER/go before its steps.
 """
 
 import json
@@ -21,9 +21,10 @@ rank, world = dist.get_rank(), dist.get_world_size()
 state = torch.load(checkpoint) if os.path.exists(checkpoint) else {"step": 0, "total": 0.0}
 resumed = state["step"]
 if sys.argv[3:] == ["hold"]:
-    with open(os.path.join(folder, f"ready.{rank}"), "w") as f:
-        f.write(str(os.getpid()))
-    deadline = time.monotonic() + 30
+    with open(os.path.join(folder, f"ready.{rank}.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {world}")
+    os.replace(os.path.join(folder, f"ready.{rank}.tmp"), os.path.join(folder, f"ready.{rank}"))
+    deadline = time.monotonic() + 60
     while not os.path.exists(os.path.join(folder, "go")) and time.monotonic() < deadline:
         time.sleep(0.05)
 total = 0.0

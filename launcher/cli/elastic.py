@@ -1,0 +1,58 @@
+"""``--nnodes MIN:MAX``: an elastic job, from the command line to its end on this node.
+
+The options are checked first, on a trial plan, before this launcher joins anyone: bad input exits 2
+with nothing started. Then this launcher joins the membership (``launcher.nodes.elastic_start``:
+node 0 is the launcher that can listen on the endpoint) and runs each round it is a member of as an
+attempt, with the round's plan: the round's hosts by node rank as the node list, this node's rank
+among them (``launcher.nodes.elastic_job``). ``auto`` for the agent store is decided once, as for a
+job of several nodes, so that every round's workers find their store where the first round's did.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from launcher.envvars import JOB_ID, JOB_TOKEN
+from launcher.plan.elastic import ElasticSpec
+
+ToOptions = Callable[[dict], object]  # option values -> LaunchOptions
+
+
+def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
+    from launcher.host import preflight
+    from launcher.nodes import elastic_start
+    from launcher.nodes.elastic_job import ElasticJob
+    from launcher.plan.planner import make_plan
+    from launcher.run import attempts, limits
+
+    host = preflight.probe_host(os.environ)
+    finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
+
+    def plan_for(hosts: tuple, node_rank: int, given: dict, check=preflight.check):
+        round_values = {**given, "nnodes": len(hosts), "node_rank": node_rank, "cluster_node_ips": ",".join(hosts),
+                        "node_ip": hosts[node_rank]}
+        opts = to_options(round_values)
+        plan = make_plan(opts, os.environ, host, finder)
+        check(plan, opts, host)
+        return plan
+
+    # bad options: exit 2 before joining anyone (this node's address and ports are checked in its first round)
+    trial = plan_for((spec.host, spec.host), 0, values, lambda plan, opts, _: preflight.check_script(plan, opts))
+    if values.get("agent_store") == "auto":
+        values = {**values, "agent_store": "on" if trial.agent_store is not None else "off"}
+    job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
+    link = elastic_start.form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
+    try:
+        def replan(round_):  # a later round: this launcher holds some of its ports (rank 0's store)
+            place = elastic_start.place_in(round_, link.node_id)
+            return plan_for(place.hosts, place.node_rank, values, lambda *_: None)
+
+        place = elastic_start.place_in(link.first, link.node_id)
+        plan = plan_for(place.hosts, place.node_rank, values)
+        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None] \
+            if plan.store_port is not None and plan.node_rank == 0 else []
+        link.serve()
+        return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan))
+    finally:
+        link.close()

@@ -1,0 +1,120 @@
+"""The coordinator of an elastic job on every node: each round of the membership is an attempt of the
+attempt driver, with that round's plan.
+
+What happens here goes to node 0's membership through the link (``elastic_link.Link``): this node's
+workers of a round all finished, or stopped, or a cause to stop found here (a worker failed). What
+node 0 decides comes back through the link's ``Inbox``, which the event loop serves as its control
+channel: stop this round's workers (a membership change, or a failure that spends a restart), start
+the next round (a new plan: ``replan``), or the job's end. A stop signal to node 0's launcher ends
+the job on every node; to another launcher, it takes that node out of the job (the others re-form).
+A membership change spends no restart: ``TORCHELASTIC_RESTART_COUNT`` (this coordinator's
+``attempt``) is the number of worker failures the job has spent, the same on every node.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Callable, Optional, Tuple
+
+from launcher.nodes import messages as m
+from launcher.nodes.elastic_link import JobOver, Link, StopOrder
+from launcher.output.messages import log
+from launcher.plan import policy
+from launcher.plan.model import Plan
+from launcher.plan.policy import Cause
+
+Turn = Callable[[], list]
+Replan = Callable[[m.RoundStart], Plan]  # a round -> this node's plan for it
+
+
+class ElasticJob:
+    def __init__(self, plan: Plan, link: Link, replan: Replan) -> None:
+        self.plan = plan
+        self.link = link
+        self.replan = replan
+        self.channel = link.inbox
+        self.round: m.RoundStart = link.first
+        self.attempt = link.first.restarts or 0
+        self.cause: Optional[Cause] = None  # this node's cause to stop in this round
+        self.stop_order: Optional[StopOrder] = None
+        self.over: Optional[JobOver] = None
+        self.next_round: Optional[m.RoundStart] = None
+        self.rounds: list = [link.first]  # every round this node ran, for the state file
+
+    def node_label(self) -> str:
+        return f"node {self.plan.node_rank} ({self.plan.node_ip})"
+
+    def local_cause(self, cause: Cause) -> None:
+        if self.cause is not None or self.over is not None:
+            return
+        self.cause = cause
+        if cause.kind == "signal":
+            self.link.leave(cause.code, cause.text)
+        elif self.stop_order is None:  # a failure of a round being stopped is the stop's own
+            self.link.failed(self.round.number, cause.code, cause.text)
+
+    def revise_cause(self, cause: Cause) -> None:
+        if self.cause is not None and self.cause.kind == "worker":
+            self.cause = cause
+
+    def signal_cause(self, sig: int) -> Cause:
+        name = signal.Signals(sig).name
+        what = "the job ends" if self.plan.node_rank == 0 else "this node leaves the job"
+        return Cause(self.plan.node_rank, "signal", 128 + sig, f"{self.node_label()} received {name}: {what}")
+
+    def on_events(self, events) -> list:
+        out = []
+        for e in events:
+            if isinstance(e, StopOrder) and e.round == self.round.number and self.stop_order is None:
+                self.stop_order = e
+                out.append(policy.StopOrdered(e.reason))
+            elif isinstance(e, JobOver) and self.over is None:
+                self.over = e
+                out.append(policy.StopOrdered(e.reason))
+            elif isinstance(e, m.RoundStart) and (e.number or 0) > self.round.number:
+                self.next_round = e
+        return out
+
+    def tick(self, now: float) -> list:
+        return []
+
+    def trainers_done(self) -> list:
+        return [policy.TrainersDone("every trainer finished")]
+
+    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
+        """This node's workers of the round are gone: say so, then follow node 0's word."""
+        if self.over is None and not (self.cause is not None and self.cause.kind == "signal"):
+            if self.cause is None and self.stop_order is None:
+                self.link.done(self.round.number)
+            else:
+                self.link.stopped(self.round.number)
+        while self.over is None and self.next_round is None:
+            if self.cause is not None and self.cause.kind == "signal":
+                return "end", self.cause.code
+            for e in turn():
+                if isinstance(e, policy.StopSignal):
+                    self.local_cause(self.signal_cause(e.sig))
+        if self.over is not None:
+            return "end", self.over.code
+        return "restart", self._begin(self.next_round)
+
+    def _begin(self, round_: m.RoundStart) -> int:
+        self.round, self.next_round = round_, None
+        self.plan = self.replan(round_)
+        self.attempt = round_.restarts or 0
+        self.cause = self.stop_order = None
+        self.rounds.append(round_)
+        if self.plan.node_rank != 0:  # node 0's membership said it already
+            log.info("elastic job: %s; this launcher is node %d", round_.text or f"round {round_.number}",
+                     self.plan.node_rank)
+        return self.attempt
+
+    def final_cause(self) -> Optional[Cause]:
+        if self.over is not None:
+            if self.over.code == 0:
+                return None
+            return Cause(self.plan.node_rank, "elastic", self.over.code, self.over.reason)
+        return self.cause
+
+    def close(self) -> None:
+        self.link.close()

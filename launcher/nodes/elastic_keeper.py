@@ -1,0 +1,327 @@
+"""Node 0 of an elastic job: the membership (``membership``) fed by the launchers' connections on the
+rendezvous endpoint, from the first hello to the job's end.
+
+Until the first round starts it runs in the caller's thread (``first_round``); then ``serve`` runs it
+in a thread of its own, which keeps accepting launchers (a newcomer below MAX re-forms the job, at
+MAX it waits as a standby), hears their heartbeats and sends its own, and carries out what the
+membership decides: each member is told to stop its workers and then the next round; node 0's own
+orders go to its event loop through the ``Inbox``. What a stranger sends (junk, no hello, another
+job's id, a hello that does not prove the job token) only loses its connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher.nodes import auth
+from launcher.nodes import membership as mb
+from launcher.nodes import messages as m
+from launcher.nodes import wire
+from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, Waker
+from launcher.nodes.endpoint import MAX_PENDING
+from launcher.output.messages import log
+from launcher.plan.elastic import ElasticSpec
+from launcher.plan.policy import Say
+
+SEND_TIMEOUT = 2.0  # one small message to a peer; longer, and the peer counts as gone
+CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
+JOIN_WAIT = 5.0  # how long close() waits for the keeper's thread
+
+
+@dataclass
+class _Peer:
+    sock: socket.socket
+    framer: wire.Framer
+    node_id: Optional[str] = None
+    nonce: str = ""  # of its hello: node 0 proves the job token on it
+
+
+class Keeper:
+    """Node 0's link: the membership, its connections, and node 0's own orders in ``inbox``."""
+
+    def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
+        self.listener, self.spec, self.clock, self.token, self.job_id = listener, spec, clock, token, job_id
+        self.node_id = me.node_id
+        self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ)
+        self.waker = Waker(self.selector)
+        self.inbox = Inbox()
+        self.peers: dict = {}  # fd -> _Peer
+        self.first: Optional[m.RoundStart] = None
+        self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
+        self.over = False  # the job ended: no more rounds
+        self.stopping = False  # close() was called
+        self.next_beat = clock()
+        self.thread: Optional[threading.Thread] = None
+        self.state, actions = mb.begin(spec, me, job_id, clock())
+        self.carry_out(actions)
+
+    # ------------------------------------------------------------ the event loop's side
+
+    def first_round(self) -> Optional[m.RoundStart]:
+        """Serve until round 1 starts (its RoundStart) or cannot (None; ``failed_start`` says why)."""
+        log.info("elastic job: this launcher is node 0, waiting for %d to %d nodes on %s:%d",
+                 self.spec.min_nodes, self.spec.max_nodes, self.spec.host, self.spec.port)
+        while self.first is None and self.failed_start is None:
+            self.serve_once()
+        if self.failed_start is not None:
+            for peer in list(self.peers.values()):
+                self.send(peer, m.Dropped(*self.failed_start))
+            self.close_all(wait_for_them=False)
+        return self.first
+
+    def serve(self) -> None:
+        self.thread = threading.Thread(target=self._serve, name="elastic-keeper", daemon=True)
+        self.thread.start()
+
+    def stopped(self, round_: int) -> None:
+        self.waker.put(mb.WorkersStopped(self.node_id, round_))
+
+    def done(self, round_: int) -> None:
+        self.waker.put(mb.RoundDone(self.node_id, round_))
+
+    def failed(self, round_: int, code: int, reason: str) -> None:
+        self.waker.put(mb.WorkerFailed(self.node_id, round_, code, reason))
+
+    def leave(self, code: int, reason: str) -> None:
+        self.waker.put(mb.JobEnded(code, reason))
+
+    def close(self) -> None:
+        if self.inbox.read_fd is None:
+            return  # closed already
+        self.stopping = True
+        self.waker.put(None)
+        if self.thread is not None:
+            self.thread.join(JOIN_WAIT + CLOSE_WAIT)
+        if self.thread is None or not self.thread.is_alive():
+            self.close_all(wait_for_them=False)
+            self.waker.close()
+            self.selector.close()
+        self.inbox.close()
+
+    # ------------------------------------------------------------ the keeper's thread
+
+    def _serve(self) -> None:
+        try:
+            while not self.stopping:
+                self.serve_once()
+            self.close_all(wait_for_them=True)
+        except Exception as e:  # a bug here must not leave the job without its keeper, silently
+            log.error("elastic job: node 0's membership failed (%s: %s); ending the job", type(e).__name__, e)
+            self.inbox.put(JobOver(1, f"node 0's membership failed ({type(e).__name__})"))
+
+    def serve_once(self) -> None:
+        """One turn: connections, what the event loop queued, heartbeats, and the membership's deadlines."""
+        for key, _ in self.selector.select(self.wait()):
+            if key.fileobj is self.listener:
+                self.accept()
+            elif key.fileobj == self.waker.read_fd:
+                for event in self.waker.take():
+                    if event is not None:
+                        self.decide(event)
+            else:
+                self.read(key.fileobj.fileno())
+        self.beat()
+        self.decide(mb.TimePassed())
+
+    def wait(self) -> float:
+        times = [self.next_beat, mb.next_deadline(self.state) or self.clock() + 1.0]
+        return max(0.0, min(1.0, min(times) - self.clock()))
+
+    def beat(self) -> None:
+        now = self.clock()
+        if now < self.next_beat:
+            return
+        self.next_beat = now + self.spec.rendezvous.keep_alive_interval
+        for fd, peer in list(self.peers.items()):
+            if peer.node_id is not None and not self.send(peer, m.Beat()):
+                self.forget(fd, "node 0 could not send it a heartbeat")
+
+    def decide(self, event) -> None:
+        self.state, actions = mb.decide(self.state, event, self.clock())
+        self.carry_out(actions)
+
+    def carry_out(self, actions) -> None:
+        for action in actions:
+            if isinstance(action, Say):
+                log.log(action.level, "elastic job: %s", action.text)
+            elif isinstance(action, mb.Admit):
+                self.send_to(action.node_id, m.Admitted(action.standby, self.admission_proof(action.node_id)))
+            elif isinstance(action, mb.Refuse):
+                self.send_to(action.node_id, m.Refusal(action.reason), close=True)
+            elif isinstance(action, mb.Drop):
+                self.send_to(action.node_id, m.Dropped(action.code, action.reason), close=True)
+            elif isinstance(action, mb.StopWorkers):
+                self.order_stop(action)
+            elif isinstance(action, mb.StartRound):
+                self.start_round(action.round)
+            elif isinstance(action, mb.EndJob):
+                self.end(action)
+
+    def order_stop(self, action: mb.StopWorkers) -> None:
+        for node_id in action.nodes:
+            if node_id == self.node_id:
+                self.inbox.put(StopOrder(action.round, action.reason))
+            else:
+                self.send_to(node_id, m.StopWorkers(action.round, action.reason))
+
+    def start_round(self, round_: mb.Round) -> None:
+        members = [[x.node.node_id, x.node.host, x.node.workers, x.node_rank, x.first_rank] for x in round_.members]
+        start = m.RoundStart(round_.number, members, round_.world_size, round_.restarts, mb.describe(round_))
+        for x in round_.members:
+            if x.node.node_id != self.node_id:
+                self.send_to(x.node.node_id, start)
+        if self.first is None:
+            self.first = start
+        else:
+            self.inbox.put(start)
+
+    def end(self, action: mb.EndJob) -> None:
+        if self.first is None:
+            self.failed_start = (action.code, action.reason)
+            return
+        self.over = True
+        for peer in list(self.peers.values()):
+            self.send(peer, m.Dropped(action.code, action.reason))
+        self.inbox.put(JobOver(action.code, action.reason))
+
+    # ------------------------------------------------------------ connections
+
+    def accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        pending = [fd for fd, p in self.peers.items() if p.node_id is None]
+        if len(pending) >= MAX_PENDING:  # connections that never say hello cannot keep a launcher out
+            self.forget(pending[0], "too many connections without a hello")
+        sock.settimeout(SEND_TIMEOUT)
+        self.peers[sock.fileno()] = _Peer(sock, wire.Framer())
+        self.selector.register(sock, selectors.EVENT_READ)
+
+    def read(self, fd: int) -> None:
+        peer = self.peers.get(fd)
+        if peer is None:
+            return
+        try:
+            data = peer.sock.recv(65536)
+            bodies = peer.framer.feed(data) if data else None
+        except (OSError, wire.ProtocolError):
+            bodies = None
+        if bodies is None:
+            self.forget(fd, "its connection closed")
+            return
+        for body in bodies:
+            if fd in self.peers:
+                self.on_message(fd, peer, m.from_wire(body))
+
+    def on_message(self, fd: int, peer: _Peer, message) -> None:
+        if peer.node_id is None:
+            self.on_hello(fd, peer, message)
+            return
+        node_id = peer.node_id
+        if isinstance(message, m.Beat):
+            self.decide(mb.Heartbeat(node_id))
+        elif isinstance(message, m.Stopped) and message.round is not None:
+            self.decide(mb.WorkersStopped(node_id, message.round))
+        elif isinstance(message, m.RoundDone) and message.round is not None:
+            self.decide(mb.RoundDone(node_id, message.round))
+        elif isinstance(message, m.RoundFailed) and message.round is not None:
+            self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
+        if not isinstance(message, m.Beat) and fd in self.peers:
+            self.decide(mb.Heartbeat(node_id))  # every message says the launcher is alive
+
+    def on_hello(self, fd: int, peer: _Peer, message) -> None:
+        if self.over or not isinstance(message, m.Hello) or message.node_id is None:
+            self.forget(fd, "it said no elastic hello")
+            return
+        identity = message.identity or {}
+        problem = self.unproven(message)
+        if problem is None and any(p.node_id == message.node_id for p in self.peers.values()):
+            problem = f"the node id {message.node_id!r} is taken"
+        if problem is not None:
+            self.send(peer, m.Refusal(problem))
+            self.forget(fd, problem)
+            return
+        peer.node_id, peer.nonce = message.node_id, message.nonce or ""
+        node = mb.Node(message.node_id, message.host or "", message.workers)
+        self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
+
+    def admission_proof(self, node_id: str) -> Optional[str]:
+        peer = next((p for p in self.peers.values() if p.node_id == node_id), None)
+        return None if self.token is None or peer is None else admission_proof(self.token, peer.nonce, self.job_id, node_id)
+
+    def unproven(self, hello: m.Hello) -> Optional[str]:
+        """Why a hello does not prove the job token (None: it does, or the job has none and it proves none)."""
+        if self.token is None:
+            return None if hello.proof is None else "it proves a job token, and this job has none"
+        expected = auth.proof(self.token, hello.nonce or "", self.job_id, hello.node_id)
+        if not auth.fresh_nonce(hello.nonce) or hello.nonce in self.nonces or not auth.proves(hello.proof, expected):
+            return "wrong job or job token"
+        self.nonces.add(hello.nonce)
+        return None
+
+    def forget(self, fd: int, reason: str) -> None:
+        peer = self.peers.pop(fd, None)
+        if peer is None:
+            return
+        self.selector.unregister(peer.sock)
+        peer.sock.close()
+        if peer.node_id is not None:
+            log.log(logging.DEBUG, "elastic job: closed %s (%s)", peer.node_id, reason)
+            self.decide(mb.Closed(peer.node_id))
+
+    def send_to(self, node_id: str, message, close: bool = False) -> None:
+        fd = next((fd for fd, p in self.peers.items() if p.node_id == node_id), None)
+        if fd is None:
+            return
+        if not self.send(self.peers[fd], message) or close:
+            self.forget(fd, "node 0 closed it")
+
+    def send(self, peer: _Peer, message) -> bool:
+        try:
+            peer.sock.sendall(wire.encode(m.to_wire(message)))
+            return True
+        except OSError:
+            return False
+
+    def close_all(self, wait_for_them: bool) -> None:
+        """Close every connection, after the others closed theirs (bounded by CLOSE_WAIT) when asked."""
+        if self.listener is None:
+            return
+        deadline = self.clock() + (CLOSE_WAIT if wait_for_them else 0)
+        self.selector.unregister(self.listener)
+        self.listener.close()
+        self.listener = None
+        while self.peers and self.clock() < deadline:
+            for key, _ in self.selector.select(max(0.0, deadline - self.clock())):
+                if key.fileobj == self.waker.read_fd:
+                    self.waker.take()
+                    continue
+                peer = self.peers.get(key.fileobj.fileno())
+                if peer is None:
+                    continue
+                try:
+                    gone = not peer.sock.recv(65536)
+                except OSError:
+                    gone = True
+                if gone:
+                    self._close(peer.sock.fileno())
+        for fd in list(self.peers):
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        peer = self.peers.pop(fd)
+        self.selector.unregister(peer.sock)
+        peer.sock.close()
+
+
+def admission_proof(token: str, nonce: str, job_id: str, node_id: str) -> str:
+    """Node 0's proof of the job token to a joining launcher, on that launcher's own nonce (not its hello's proof)."""
+    return auth.proof(token, nonce, job_id, f"admitted {node_id}")
