@@ -37,6 +37,8 @@ Clock = Callable[[], float]  # monotonic seconds
 
 
 class Solo:
+    history: tuple = ()  # a job of fixed nodes has no rounds
+
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.cause: Optional[Cause] = None

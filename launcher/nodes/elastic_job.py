@@ -41,6 +41,11 @@ class ElasticJob:
         self.next_round: Optional[m.RoundStart] = None
         self.rounds: list = [link.first]  # every round this node ran, for the state file
 
+    @property
+    def history(self) -> tuple:
+        """Each round this node ran, in a line (``launcher status`` shows them)."""
+        return tuple(r.text or f"round {r.number}" for r in self.rounds)
+
     def node_label(self) -> str:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 

@@ -60,6 +60,7 @@ class NodeState:  # as ProcessState: read back, any field but processes may be N
     updated: float
     processes: tuple = ()  # ProcessState
     console: Optional[str] = None  # what the console dropped unread, in a sentence (None: nothing)
+    rounds: Optional[tuple] = None  # an elastic job: each round this node ran, in a line, the last ROUNDS_KEPT
 
 
 def to_json(state: NodeState) -> bytes:
@@ -88,6 +89,9 @@ def from_json(text: bytes) -> NodeState:
                      processes=tuple(ProcessState(**_typed(p, PROCESS_FIELDS)) for p in procs))
 
 
+ROUNDS_KEPT = 100
+
+
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
 
@@ -105,6 +109,10 @@ def _time(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e11  # also false for nan
 
 
+def _lines(v) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) <= ROUNDS_KEPT and all(_text(x) for x in v)
+
+
 def _text(v) -> bool:
     return isinstance(v, str) and len(v) <= 1000 and v.isprintable()  # no escape sequence reaches the terminal
 
@@ -112,7 +120,7 @@ def _text(v) -> bool:
 NODE_FIELDS = {"node": _count, "node_ip": _text, "nodes": _count, "host": _text, "run_id": _text,
                "launcher_pid": _pid, "launcher_start": _count, "attempt": _count, "max_restarts": _count,
                "phase": _text, "exit_code": _code, "started": _time, "updated": _time}
-OPTIONAL_NODE_FIELDS = {"console": _text}  # a file without them is read as well
+OPTIONAL_NODE_FIELDS = {"console": _text, "rounds": _lines}  # a file without them is read as well
 PROCESS_FIELDS = {"label": _text, "key": _count, "pid": _pid, "log": _text, "started": _time, "ended": _time,
                   "returncode": _code}
 

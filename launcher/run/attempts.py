@@ -41,6 +41,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         launch.open()
         job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
+        launch.records.rounds = job.history or None
         launch.start_watchdog()
         while True:
             started = _run_attempt(launch, job)
@@ -54,6 +55,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 launch.replan(job.plan)
                 launch.spares.keep_matching({spec.rank: worker_env(job.plan, spec, job.attempt)
                                              for spec in job.plan.workers})
+                launch.records.rounds = job.history
             launch.records.record("restarting")
     finally:
         if job is not None:

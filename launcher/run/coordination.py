@@ -27,6 +27,7 @@ class Coordinator(Protocol):
     plan: Plan
     attempt: int  # the attempt this node runs now (0 first)
     channel: Optional[Channel]  # None: one node, nothing to serve
+    history: tuple  # an elastic job: each round this node ran, in a line; else ()
 
     def node_label(self) -> str: ...  # "node N (ip)" in a job of several nodes, else ""
 

@@ -22,6 +22,7 @@ class Records:
         self.started_wall = clock.time()
         self._processes: tuple = ()  # the last attempt's, as the state file shows them
         self._attempt = 0
+        self.rounds: Optional[tuple] = None  # an elastic job's rounds on this node, in a line each
         self._phase = ""
         self._recorded = 0.0  # when the state file was last written (clock.monotonic())
         self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.state else None
@@ -47,7 +48,8 @@ class Records:
             node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), host=host,
             run_id=self.run_id, launcher_pid=pid, launcher_start=start,
             attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
-            started=self.started_wall, updated=self.clock.time(), processes=self._processes, console=console))
+            started=self.started_wall, updated=self.clock.time(), processes=self._processes, console=console,
+            rounds=self.rounds[-state_file.ROUNDS_KEPT:] if self.rounds else None))
 
     def due(self) -> bool:
         return self.clock.monotonic() - self._recorded >= STATE_INTERVAL

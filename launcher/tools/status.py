@@ -58,8 +58,9 @@ def _known(value) -> str:
 
 
 def _node_lines(s: state.NodeState, liveness: str) -> list:
-    """The node's line, and what its console dropped unread, if anything."""
-    return [_node_line(s, liveness)] + ([f"  console: {s.console}"] if s.console else [])
+    """The node's line, an elastic job's rounds, and what its console dropped unread, if anything."""
+    rounds = [f"  {line}" for line in s.rounds or ()]
+    return [_node_line(s, liveness)] + rounds + ([f"  console: {s.console}"] if s.console else [])
 
 
 def _node_line(s: state.NodeState, liveness: str) -> str:

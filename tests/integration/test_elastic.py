@@ -192,7 +192,8 @@ def three_holding(folder, *extra):
 
 
 def test_a_node_powered_off_while_the_job_runs_re_forms_the_survivors_spending_no_restart(tmp_path):
-    _, procs, first = three_holding(tmp_path, "--max-restarts", "0")
+    logs = tmp_path / "logs"
+    _, procs, first = three_holding(tmp_path, "--max-restarts", "0", "--log_dir", logs)
     lost = psutil.Process(first[2][0]).parent()  # node 2's launcher: not node 0
     gone = power_off(next(p for p in procs if p.pid == lost.pid))
     survivors = [p for p in procs if p.pid != lost.pid]
@@ -202,6 +203,10 @@ def test_a_node_powered_off_while_the_job_runs_re_forms_the_survivors_spending_n
         assert code == 0, err
         assert "round 2 (lost): 2 node(s), world size 2; left: node " in err and "its connection closed" in err, err
     check_round(tmp_path, 2)  # TORCHELASTIC_RESTART_COUNT 0: the loss spent none of --max-restarts 0
+    shown = run_launcher("status", logs)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("round 1 (start): 3 node(s), world size 3") == 3, shown.stdout
+    assert shown.stdout.count("round 2 (lost): 2 node(s), world size 2; left: node ") == 2, shown.stdout
     assert_all_gone([p.pid for p in procs] + gone + [r["pid"] for r in records(tmp_path)])
 
 
@@ -294,6 +299,24 @@ def test_node_0s_launcher_leaving_ends_the_job_on_every_node_saying_so(tmp_path)
     assert other.returncode == 1, err
     assert "node 0's launcher leaving ends an elastic job" in err, err
     assert_all_gone([p.pid for p in procs] + gone + [pid for pid, _ in first.values()])
+@pytest.mark.parametrize("restarts, codes", [(1, [0, 0]), (0, [3, 3])])
+def test_a_worker_failure_spends_one_restart_of_the_job_the_same_on_every_node(tmp_path, restarts, codes):
+    port = free_ports(6)
+    line = torchrun_line(port, tmp_path, *FAST, "--max-restarts", restarts)
+    results, pids = run_nodes(2, (*line, "fail_once"))
+    assert [code for code, _, _ in results] == codes, results
+    errs = "".join(err for _, _, err in results)
+    if restarts:
+        assert "round 2 (restart): 2 node(s), world size 2" in errs
+        assert "restarting the job (1 of 1 restarts)" in errs
+        done = records(tmp_path)
+        assert sorted(r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in done) == ["1", "1"]
+    else:
+        assert "failed (exit code 3) (restarts spent: 0 of 0)" in errs, errs
+        assert records(tmp_path) == []
+    assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "--nnodes 3:2 has its minimum above its maximum"),
     (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "--nnodes 0:2 has a minimum of 0 nodes"),
