@@ -320,6 +320,8 @@ class FakeChannel:
 class FakeCoordinator:
     """Node 1 of two: its causes go to node 0, whose orders (``ends``) it follows."""
 
+    history = ()  # a job of fixed nodes
+
     def __init__(self, plan: Plan, channel: FakeChannel, ends, final=None) -> None:
         self.plan = plan
         self.channel = channel
