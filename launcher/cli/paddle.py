@@ -41,7 +41,8 @@ MAPPED = (
     PaddleOption("run_mode", (), "MODE", "Paddle 2.6/3.x, fleetrun: collective, or ps (1 server, 1 trainer unless told)."),
     PaddleOption("backend", (), "NAME", "fleetrun: auto, nccl or gloo (PADDLE_DISTRI_BACKEND)."),
     PaddleOption("elastic_timeout", (), "SECONDS", "Paddle 2.6/3.x: how long to wait for the other nodes, as --join_timeout."),
-    PaddleOption("elastic_level", (), "N", "Paddle 2.6/3.x: -1 only (no elastic training)."),
+    PaddleOption("elastic_level", (), "N", "Paddle 2.6/3.x, with --nnodes MIN:MAX: -1 or 1, a worker failure restarts "
+                 "the job (up to --max_restart); 0, the failing node leaves and the others go on. A fixed job: -1 only."),
     PaddleOption("http_port", (), "PORT", "fleetrun: fleet's gloo port, as --gloo_port."),
     PaddleOption("sort_ip", (), "BOOL", "Paddle 2.6/3.x: rank the nodes by address."),
     PaddleOption("log_overwrite", (), "BOOL", "Paddle 2.6/3.x: false only: logs are appended, one header line per run."),
@@ -116,9 +117,6 @@ def elastic(values: dict, given) -> Optional[dict]:
     if not given("nnodes") or not colon or low.strip() == high.strip():
         return None
     spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)})
-    if spec.failed_node_leaves:
-        raise LaunchError("--elastic_level 0 (the failing node leaves, the others go on) is not done yet: a node lost "
-                          "while an elastic job runs ends it here; give --elastic_level 1 or drop it.")
     if given("ips") or spec.port is None:
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")

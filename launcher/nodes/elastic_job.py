@@ -13,6 +13,7 @@ A membership change spends no restart: ``TORCHELASTIC_RESTART_COUNT`` (this coor
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import Callable, Optional, Tuple
 
@@ -72,7 +73,7 @@ class ElasticJob:
         for e in events:
             if isinstance(e, StopOrder) and e.round == self.round.number and self.stop_order is None:
                 self.stop_order = e
-                out.append(policy.StopOrdered(e.reason))
+                out.append(policy.StopOrdered(e.reason, level=logging.WARNING))
             elif isinstance(e, JobOver) and self.over is None:
                 self.over = e
                 out.append(policy.StopOrdered(e.reason))

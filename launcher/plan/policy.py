@@ -62,6 +62,7 @@ class StartFailed:
 class StopOrdered:
     reason: str  # the job stops for a cause elsewhere (another node, a lost node)
     stacks: bool = False  # show where the workers were first (the cause is a hang)
+    level: int = logging.ERROR  # an elastic job's membership change is a warning: the job goes on
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, StopOrdered):
         if state.stopping:
             return state, ()
-        say = Say(logging.ERROR, f"{event.reason}; stopping the workers")
+        say = Say(event.level, f"{event.reason}; stopping the workers")
         return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
     if isinstance(event, TrainersDone):
         if state.stopping or not state.running or state.trainers is None:  # collective jobs have no servers to stop

@@ -317,6 +317,38 @@ def test_a_worker_failure_spends_one_restart_of_the_job_the_same_on_every_node(t
     assert_all_gone(pids + [r["pid"] for r in records(tmp_path)])
 
 
+def test_a_launcher_stopped_with_sigterm_takes_its_node_out_and_the_others_go_on(tmp_path):
+    _, procs, first = three_holding(tmp_path)
+    leaving = next(p for p in procs if p.pid == psutil.Process(first[2][0]).parent().pid)
+    leaving.terminate()
+    _, err = leaving.communicate(timeout=60)
+    assert leaving.returncode == 128 + 15, err
+    assert "received SIGTERM: this node leaves the job" in err
+    others = [p for p in procs if p is not leaving]
+    wait_ready(tmp_path, 2, others, old={pid for pid, _ in first.values()})
+    for code, out, err in go_and_finish(tmp_path, others):
+        assert code == 0, err
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + [pid for pid, _ in first.values()])
+
+
+def test_paddles_elastic_level_0_takes_the_failing_node_out_and_the_others_go_on(tmp_path):
+    port = free_ports(6)
+    line = ("--nnodes", "2:3", "--master", f"{HOST}:{port}", "--nproc_per_node", 1, "--elastic_level", "0",
+            "--elastic_timeout", "0.5", WORKER, tmp_path, 2, "fail_once")
+    procs = []
+    for _ in range(3):
+        procs.append(start_launcher(*line))
+        time.sleep(0.3)
+    results = finish_all(procs, timeout=120)
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 0, 3], results
+    errs = "".join(err for _, _, err in results)
+    assert "it leaves the job (--elastic_level 0)" in errs and "round 2 (lost): 2 node(s), world size 2" in errs
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
 @pytest.mark.parametrize("args, fragment", [
     (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "--nnodes 3:2 has its minimum above its maximum"),
     (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "--nnodes 0:2 has a minimum of 0 nodes"),

@@ -4,7 +4,7 @@ record of its run (a line of JSON appended to FOLDER/records.jsonl).
 
 Usage: elastic_worker.py FOLDER STEPS [hold|fail_once]: with ``hold``, each worker writes "PID WORLD_SIZE" to
 FOLDER/ready.RANK once in the group and waits (60 s at most) for FOLDER/go before its steps; with ``fail_once``,
-the last rank exits 3 once in the group while TORCHELASTIC_RESTART_COUNT is 0.
+the last rank exits 3 once in the group, the first time (FOLDER/failed marks it).
 """
 
 import json
@@ -21,7 +21,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 state = torch.load(checkpoint) if os.path.exists(checkpoint) else {"step": 0, "total": 0.0}
 resumed = state["step"]
-if sys.argv[3:] == ["fail_once"] and rank == world - 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+if sys.argv[3:] == ["fail_once"] and rank == world - 1 and not os.path.exists(os.path.join(folder, "failed")):
+    open(os.path.join(folder, "failed"), "w").close()
     sys.exit(3)
 if sys.argv[3:] == ["hold"]:
     with open(os.path.join(folder, f"ready.{rank}.tmp"), "w") as f:
