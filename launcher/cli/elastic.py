@@ -10,10 +10,12 @@ job of several nodes, so that every round's workers find their store where the f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Callable
 
 from launcher.envvars import JOB_ID, JOB_TOKEN
+from launcher.errors import LaunchError
 from launcher.plan.elastic import ElasticSpec
 
 ToOptions = Callable[[dict], object]  # option values -> LaunchOptions
@@ -29,16 +31,19 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
     host = preflight.probe_host(os.environ)
     finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
 
-    def plan_for(hosts: tuple, node_rank: int, given: dict, check=preflight.check):
+    def plan_for(hosts: tuple, node_rank: int, given: dict, check=preflight.check, round_=None):
         round_values = {**given, "nnodes": len(hosts), "node_rank": node_rank, "cluster_node_ips": ",".join(hosts),
                         "node_ip": hosts[node_rank]}
         opts = to_options(round_values)
         plan = make_plan(opts, os.environ, host, finder)
         check(plan, opts, host)
-        return plan
+        return dataclasses.replace(plan, elastic_round=round_.text if round_ is not None else None)
 
     # bad options: exit 2 before joining anyone (this node's address and ports are checked in its first round)
     trial = plan_for((spec.host, spec.host), 0, values, lambda plan, opts, _: preflight.check_script(plan, opts))
+    if trial.parameter_server:
+        raise LaunchError("--nnodes MIN:MAX runs a collective job; parameter-server mode (--server_num, --servers) "
+                          "has a fixed set of nodes: give one --nnodes.")
     if values.get("agent_store") == "auto":
         values = {**values, "agent_store": "on" if trial.agent_store is not None else "off"}
     job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
@@ -46,10 +51,10 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
     try:
         def replan(round_):  # a later round: this launcher holds some of its ports (rank 0's store)
             place = elastic_start.place_in(round_, link.node_id)
-            return plan_for(place.hosts, place.node_rank, values, lambda *_: None)
+            return plan_for(place.hosts, place.node_rank, values, lambda *_: None, round_)
 
         place = elastic_start.place_in(link.first, link.node_id)
-        plan = plan_for(place.hosts, place.node_rank, values)
+        plan = plan_for(place.hosts, place.node_rank, values, round_=link.first)
         reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None] \
             if plan.store_port is not None and plan.node_rank == 0 else []
         link.serve()

@@ -8,18 +8,21 @@ import os
 import shlex
 import stat
 import time
+from typing import Optional
 
 from launcher.errors import LaunchError
 
 
-def header(label: str, cmd, attempt: int = 0) -> bytes:
-    """The line that opens each run in a log; ``label`` names the process ("rank 3", "server 0")."""
+def header(label: str, cmd, attempt: int = 0, round_: Optional[str] = None) -> bytes:
+    """The line that opens each run in a log; ``label`` names the process ("rank 3", "server 0"); ``round_``: an
+    elastic job's round, in a line."""
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     again = f" (attempt {attempt + 1}, restart {attempt})" if attempt else ""
+    again += f" ({round_})" if round_ else ""
     return f"===== {when} launcher: {label} starts{again}: {shlex.join(cmd)}\n".encode()
 
 
-def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0) -> int:
+def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0, round_: Optional[str] = None) -> int:
     """Open a worker's log file for appending and write this run's header; the descriptor.
 
     Checked by doing, not by asking (``os.access`` says yes to root): whatever would keep the
@@ -38,7 +41,7 @@ def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0) -> int:
         os.set_blocking(fd, True)
         size = os.fstat(fd).st_size
         glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
-        _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt))
+        _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt, round_))
     except OSError as e:
         if size is not None:  # a full disk took part of the header: the old log is left as it was
             try:

@@ -150,6 +150,7 @@ class Plan:
     error_file: Optional[str] = None  # the launcher's own TORCHELASTIC_ERROR_FILE: the job's root cause goes there
     agent_store: Optional[StoreSpec] = None  # node 0's launcher serves the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
     node_ports: tuple = ()  # every node's worker ports, by node rank (launcher.plan.node_ports); (): every node's are ``ports``
+    elastic_round: Optional[str] = None  # an elastic job: its round, in a line, as each worker's log header shows it
 
     @property
     def node_ip(self) -> str:

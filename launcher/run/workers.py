@@ -110,7 +110,8 @@ class WorkerGroup:
         """Every log file opened (and its header written) before the first worker starts."""
         for spec in self.plan.workers:
             if spec.log_file:
-                fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt)
+                fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt,
+                                        self.plan.elastic_round)
                 self.outputs[spec.rank] = routes.worker_output(spec, fd)
 
     def start(self) -> None:

@@ -203,6 +203,8 @@ def test_a_node_powered_off_while_the_job_runs_re_forms_the_survivors_spending_n
         assert code == 0, err
         assert "round 2 (lost): 2 node(s), world size 2; left: node " in err and "its connection closed" in err, err
     check_round(tmp_path, 2)  # TORCHELASTIC_RESTART_COUNT 0: the loss spent none of --max-restarts 0
+    headers = [line for line in (logs / "workerlog.0").read_text().splitlines() if line.startswith("=====")]
+    assert "(round 1 (start): 3 node(s), world size 3)" in headers[0] and "(round 2 (lost)" in headers[1], headers
     shown = run_launcher("status", logs)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("round 1 (start): 3 node(s), world size 3") == 3, shown.stdout
@@ -358,6 +360,7 @@ def test_paddles_elastic_level_0_takes_the_failing_node_out_and_the_others_go_on
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=0"), "join_timeout=0 is outside"),
     (("--nnodes", "2:3"), "a static rendezvous has a fixed number of nodes"),
     (("--nnodes", "2:3", "--master", "etcd://127.0.0.1:2379"), "names an etcd rendezvous"),
+    (("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--server_num", "1"), "parameter-server mode"),
 ])
 def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp_path, args, fragment):
     done = run_launcher(*args, WORKER, tmp_path, 1, timeout=60)
