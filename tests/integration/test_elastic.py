@@ -11,12 +11,14 @@ bounded, and nothing of a test is left running.
 """
 
 import json
+import subprocess
 import time
 
 import psutil
 import pytest
 
-from conftest import WORKERS, assert_all_gone, finish_all, free_ports, run_launcher, start_launcher, wait_for
+from conftest import (REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher, start_launcher,
+                      wait_for)
 
 WORKER = str(WORKERS / "elastic_worker.py")
 HOST = "127.0.0.1"
@@ -233,6 +235,35 @@ def test_a_silent_node_is_lost_after_the_heartbeat_timeout_and_the_survivors_go_
     assert took < 60
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
+def test_a_link_cut_is_a_silent_loss_on_both_sides(tmp_path, veth_namespaces):
+    """Nodes 0 and 1 in one network namespace, node 2 in another; the veth between them goes down: node 0
+    loses node 2 after the heartbeat timeout and the survivors go on; node 2 ends, saying node 0 went silent."""
+    names, links, addrs = veth_namespaces
+    port = free_ports(6)
+    line = ("--nnodes", "2:3", "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addrs[0]}:{port}",
+            "--rdzv-id", "cut", *FAST, WORKER, tmp_path, 3, "hold")
+    procs = []
+    for ns in (names[0], names[0], names[1]):
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *launcher_cmd(*line)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=REPO))
+        time.sleep(0.3)
+    first = wait_ready(tmp_path, 3, procs)
+    subprocess.run(["ip", "-n", names[1], "link", "set", links[1], "down"], check=True, timeout=20)
+    try:
+        wait_ready(tmp_path, 2, procs[:2], old={pid for pid, _ in first.values()})
+        _, cut_err = procs[2].communicate(timeout=60)
+    finally:
+        stop_all(procs[2:])
+    assert procs[2].returncode == 1, cut_err
+    assert "went silent for" in cut_err, cut_err
+    results = go_and_finish(tmp_path, procs[:2])
+    for code, out, err in results:
+        assert code == 0, err
+    assert f"({addrs[1]}) lost: no heartbeat for" in "".join(err for _, _, err in results)
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + [pid for pid, _ in first.values()])
 
 
 def test_a_launcher_that_joins_a_running_job_below_max_is_admitted_in_a_new_round(tmp_path):
