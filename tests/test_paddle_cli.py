@@ -119,7 +119,7 @@ def elastic_of(*args):
     return paddle_cli.elastic(ctx.params, lambda name: ctx.get_parameter_source(name).name != "DEFAULT")
 
 
-def test_a_range_with_master_is_an_elastic_job_with_its_control_channel_on_the_masters_port():
+def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_masters_port():
     values = elastic_of("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--elastic_timeout", "2", "--max_restart", "1")
     spec = values["elastic"]
     assert (spec.min_nodes, spec.max_nodes, spec.host, spec.port, spec.max_restarts) == (2, 3, "127.0.0.1", 8090, 1)
@@ -127,6 +127,7 @@ def test_a_range_with_master_is_an_elastic_job_with_its_control_channel_on_the_m
     assert (values["master_addr"], values["started_port"], values["nnodes"]) == ("127.0.0.1", 8091, None)
     assert elastic_of("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--elastic_level", "0")["elastic"].failed_node_leaves
     assert elastic_of("--nnodes", "2", "--master", "127.0.0.1:8090") is None
+    assert elastic_of("--np", "2:3", "--master", "127.0.0.1:8090")["elastic"].max_nodes == 3  # fleetrun's name
     assert elastic_of("--nnodes", "2:2", "--master", "127.0.0.1:8090") is None
 
 

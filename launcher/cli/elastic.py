@@ -48,6 +48,9 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
         values = {**values, "agent_store": "on" if trial.agent_store is not None else "off"}
     job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
     link = elastic_start.form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
+    if link.first is None:  # a standby whose job finished without it
+        link.close()
+        return 0
     try:
         def replan(round_):  # a later round: this launcher holds some of its ports (rank 0's store)
             place = elastic_start.place_in(round_, link.node_id)

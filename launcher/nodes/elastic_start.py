@@ -81,7 +81,7 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
          clock: Callable[[], float] = time.monotonic) -> Link:
     """This launcher's link to the job's membership once its first round started (node 0's when it can
     listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
-    proves on a nonce of its own. Its ``first`` is that round."""
+    proves on a nonce of its own. Its ``first`` is that round (None: a standby whose job ended with 0)."""
     listener = listen(spec.host, spec.port)
     if listener is None:
         return join(spec, job_id, workers, token, clock)
@@ -164,12 +164,14 @@ class MemberLink:
         except BaseException:
             self.sock.close()
             raise
+        if self.first is None:  # a standby whose job finished without it
+            return self
         place = place_in(self.first, self.node_id)
         log.info("elastic job: round %d: %d node(s), world size %d; this launcher is node %d",
                  self.first.number, place.nodes, self.first.world_size, place.node_rank)
         return self
 
-    def _await_round(self, deadline: float) -> m.RoundStart:
+    def _await_round(self, deadline: float) -> Optional[m.RoundStart]:
         admitted = False
         self.heard = self.clock()
         while True:
@@ -182,6 +184,10 @@ class MemberLink:
             self._beat(now)
             self.sock.settimeout(max(0.01, min(self.next_beat, deadline if not admitted else self.next_beat) - now))
             for message in self._receive(admitted):
+                if admitted and isinstance(message, m.Dropped) and message.code == 0:
+                    log.info("elastic job: the job ended without this launcher: %s",
+                             one_line(str(message.reason or "it finished"), 300))
+                    return None
                 if isinstance(message, (m.Refusal, m.Dropped)):
                     raise StartFailed(f"{self.where} did not take this launcher: "
                                       f"{one_line(str(message.reason or 'no reason given'), 300)}.")

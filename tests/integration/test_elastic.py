@@ -303,6 +303,20 @@ def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
     assert_all_gone([p.pid for p in procs] + gone + [r["pid"] for r in records(tmp_path)])
 
 
+def test_a_standby_whose_job_finishes_without_it_exits_0(tmp_path):
+    port = free_ports(6)
+    line = torchrun_line(port, tmp_path, *FAST, nnodes="1:2")
+    procs = [start_launcher(*line, "hold") for _ in range(2)]
+    wait_ready(tmp_path, 2, procs)
+    procs.append(start_launcher(*line, "hold"))
+    time.sleep(2)  # admitted as a standby
+    results = go_and_finish(tmp_path, procs)
+    assert [code for code, _, _ in results] == [0, 0, 0], results
+    assert "the job ended without this launcher: every worker of round 1 finished" in results[2][2]
+    check_round(tmp_path, 2)
+    assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
 def test_below_min_the_survivors_wait_join_timeout_then_exit_1_naming_the_node_lost(tmp_path):
     port = free_ports(6)
     line = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=0.5,join_timeout=3", nnodes="2:3")
