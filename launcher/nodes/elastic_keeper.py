@@ -22,7 +22,7 @@ from launcher.nodes import auth
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, Waker
+from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder
 from launcher.nodes.endpoint import MAX_PENDING
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -50,7 +50,8 @@ class Keeper:
         self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
-        self.waker = Waker(self.selector)
+        self.waker = Inbox()
+        self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.inbox = Inbox()
         self.peers: dict = {}  # fd -> _Peer
         self.first: Optional[m.RoundStart] = None

@@ -37,8 +37,9 @@ class JobOver:
 
 
 class Inbox:
-    """A queue the link's thread fills and the event loop empties, with a pipe that wakes the loop.
-    It is the loop's ``coordination.Channel``: one fd to read, no deadline of its own."""
+    """A queue one thread fills and another empties, with a pipe that wakes the one that empties it: the
+    link's thread fills the event loop's (it is the loop's ``coordination.Channel``: one fd to read, no
+    deadline of its own), and the event loop fills the link's, whose selector watches ``read_fd``."""
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -81,37 +82,6 @@ class Inbox:
                 if fd is not None:
                     os.close(fd)
             self.read_fd = self.write_fd = None
-
-
-class Waker:
-    """A pipe that wakes a link's own selector when the event loop queued something for it."""
-
-    def __init__(self, selector: selectors.BaseSelector) -> None:
-        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.queue: collections.deque = collections.deque()
-        selector.register(self.read_fd, selectors.EVENT_READ)
-
-    def put(self, item) -> None:
-        self.queue.append(item)
-        try:
-            os.write(self.write_fd, b"!")
-        except (BlockingIOError, OSError):
-            pass
-
-    def take(self) -> list:
-        try:
-            while os.read(self.read_fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        items = []
-        while self.queue:
-            items.append(self.queue.popleft())
-        return items
-
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            os.close(fd)
 
 
 class Link(Protocol):

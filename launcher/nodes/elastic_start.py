@@ -36,7 +36,7 @@ from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
 from launcher.nodes.elastic_keeper import Keeper, admission_proof
-from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, Waker, member, members
+from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
@@ -140,7 +140,7 @@ class MemberLink:
         self.heard = clock()  # when node 0 last said anything
         self.next_beat = clock()
         self.selector: Optional[selectors.BaseSelector] = None
-        self.waker: Optional[Waker] = None
+        self.waker: Optional[Inbox] = None
         self.thread: Optional[threading.Thread] = None
         self.stopping = False
 
@@ -243,7 +243,8 @@ class MemberLink:
 
     def serve(self) -> None:
         self.selector = selectors.DefaultSelector()
-        self.waker = Waker(self.selector)
+        self.waker = Inbox()
+        self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ)
         self.thread = threading.Thread(target=self._serve, name="elastic-member", daemon=True)
