@@ -179,14 +179,20 @@ class RunResult:
 
 
 def run_once(scenario: Scenario, side: Side, folder: Path, conf: Optional[str], bound: float) -> RunResult:
+    def failed(e: Exception) -> dict:
+        return {key: Figure(verdict="error", detail=f"{type(e).__name__}: {e}") for key, _ in scenario.rows}
+
     folder.mkdir()
     with harness.PortReservations() as ports:
         until = ("--until", f"{time.time() + RUNNING_BOUND_S + 2 * bound + JOB_SLACK_S:.0f}")
-        job = Job(side, folder, ports, scenario.max_restarts, conf, [*scenario.worker_args, *until], bound)
+        try:
+            job = Job(side, folder, ports, scenario.max_restarts, conf, [*scenario.worker_args, *until], bound)
+        except (OSError, harness.BenchError) as e:  # no ports, no folder: nothing started
+            return RunResult(failed(e))
         try:
             figures = scenario.run(job)
         except Exception as e:  # one run failing must not end the benchmark
-            figures = {key: Figure(verdict="error", detail=f"{type(e).__name__}: {e}") for key, _ in scenario.rows}
+            figures = failed(e)
         finally:
             exits, left = stop_all(job)
     return RunResult(figures, exits, left)

@@ -234,8 +234,17 @@ def stop_all(job: Job) -> tuple:
 
 
 def said(nodes: list) -> str:
-    """The last lines the launchers wrote to stderr, each once."""
-    return "; ".join(dict.fromkeys(n.stderr_tail().lstrip(": ") for n in nodes if n.stderr_tail()))
+    """What each launcher last said on stderr, each line once: its last line naming an error (torchrun
+    ends on a summary table), else its last line."""
+    return "; ".join(dict.fromkeys(filter(None, map(last_words, nodes))))
+
+
+def last_words(node: harness.Run) -> str:
+    try:
+        lines = [line.strip() for line in node.stderr_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines) if "Error" in line or "error:" in line), lines[-1] if lines else "")
 
 
 def describe(pid: int) -> str:
