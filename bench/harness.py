@@ -236,14 +236,16 @@ def bench_env() -> dict[str, str]:
 class Run:
     """One launcher process, in its own session, output to files, its exit seen as it happens."""
 
-    def __init__(self, argv: list[str], folder: Path, name: str = "launcher"):
+    def __init__(self, argv: list[str], folder: Path, name: str = "launcher",
+                 env: Optional[dict[str, str]] = None, cwd: Path = REPO):
+        """``env``: the environment to start in (default ``bench_env()``), the run's tag added."""
         self.argv = argv
         self.tag = uuid.uuid4().hex
         self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
-        env = {**bench_env(), TAG_VAR: self.tag}
+        env = {**(bench_env() if env is None else env), TAG_VAR: self.tag}
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.start_time = time.time()
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=err, start_new_session=True)
         self.exit_time: Optional[float] = None
         self.exit_code: Optional[int] = None  # as subprocess has it: -N for a signal

@@ -1,0 +1,254 @@
+"""One run's elastic job for bench/elastic.py: its launchers, the steps their workers wrote, the processes of a node.
+
+A ``Side`` is one launcher measured (its module, its environment); a ``Job`` starts that side's
+launchers on one endpoint, all with the same line, and reads the step lines of the workers
+(``elastic_train.py``) as they come; ``signal_node`` signals every process of one node in one sweep;
+``stop_all`` ends a run: SIGTERM to every launcher still running, then whatever is left of the run
+(the harness's tag in its environment) is reported and killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+SCRIPT = harness.BENCH / "elastic_train.py"
+STAGGER_S = 0.5  # the first launcher's head start
+EVENT_BOUND_S = 90.0  # for the figure, after the event
+STOP_BOUND_S = 30.0  # for the launchers to stop after SIGTERM
+POLL_S = 0.05
+PORTS = 8  # the block reserved: our control channel one below the endpoint, a few above it
+
+
+# ---------------------------------------------------------------- the launchers
+
+
+@dataclass(frozen=True)
+class Side:
+    """One launcher measured: its module and the environment its launchers start in."""
+
+    name: str
+    module: str
+    env: dict
+
+    def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list) -> list:
+        extra = [f"--rdzv-conf={conf}"] if conf else []
+        return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}",
+                *extra, str(SCRIPT), *map(str, worker)]
+
+
+def sides(repo: Path) -> list:
+    """Ours with ``repo`` first on PYTHONPATH; torchrun with the caller's PYTHONPATH."""
+    base = harness.bench_env()
+    outer = os.environ.get("PYTHONPATH")
+    ours = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), outer]))}
+    theirs = {k: v for k, v in base.items() if k != "PYTHONPATH"}
+    if outer:
+        theirs["PYTHONPATH"] = outer
+    return [Side("ours", "launcher", ours), Side("torchrun", "torch.distributed.run", theirs)]
+
+
+# ---------------------------------------------------------------- one run's job and its steps
+
+
+@dataclass
+class Figure:
+    """One run's figure: seconds, or a verdict ("lost", "hung", "never", "error") and what explains it."""
+
+    seconds: Optional[float] = None
+    verdict: str = ""
+    detail: str = ""  # shown in the table
+    said: str = ""  # the last line of what the launchers wrote to stderr (in the JSON file only)
+
+
+class Job:
+    """The launchers of one run of one side, all on one endpoint, and the steps their workers wrote."""
+
+    def __init__(self, side: Side, folder: Path, ports: harness.PortReservations, max_restarts: int,
+                 conf: Optional[str], worker_args: list, bound: float = EVENT_BOUND_S):
+        self.side, self.folder, self.bound = side, folder, bound
+        self.out = folder / "out"
+        self.out.mkdir()
+        self.port = ports.reserve_block(PORTS) + 1
+        self.argv = side.command(self.port, f"bench-{uuid.uuid4().hex[:8]}", max_restarts, conf,
+                                 [self.out, *worker_args])
+        self.nodes: list[harness.Run] = []
+        self.records: list[dict] = []
+        self.workers_seen: set = set()  # pids of the training script's processes under ``watched`` in the last wait
+        self._offsets: dict[Path, int] = {}
+
+    def start(self, count: int) -> list:
+        """``count`` more launchers; with none running yet, the first one 0.5 s ahead of the others."""
+        started = []
+        for _ in range(count):
+            if len(self.nodes) == 1 and len(started) == 1:
+                time.sleep(STAGGER_S)
+            node = harness.Run(self.argv, self.folder, f"node{len(self.nodes)}", env=self.side.env, cwd=self.folder)
+            self.nodes.append(node)
+            started.append(node)
+        return started
+
+    def refresh(self) -> list:
+        """Every step line written so far (complete lines only), in the order read."""
+        for path in sorted(self.out.glob("steps.*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            complete = data[:data.rfind(b"\n") + 1]
+            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+            self.records += [json.loads(line) for line in complete.splitlines()]
+        return self.records
+
+    def wait(self, found: Callable[[list], Optional[float]], bound: float, watched: list) -> tuple:
+        """Poll the steps until ``found`` gives a time: (that time, ""); or ``(None, "ended")`` once every
+        launcher of ``watched`` has exited, ``(None, "timeout")`` after ``bound`` seconds."""
+        deadline = time.monotonic() + bound
+        looked, self.workers_seen = 0.0, set()
+        while True:
+            if time.monotonic() - looked > 1.0:
+                self.workers_seen |= self.workers(watched)
+                looked = time.monotonic()
+            at = found(self.refresh())
+            if at is not None:
+                return at, ""
+            if watched and all(node.exited for node in watched):
+                at = found(self.refresh())  # a last line may have come just before the exit
+                return (at, "") if at is not None else (None, "ended")
+            if time.monotonic() > deadline:
+                return None, "timeout"
+            time.sleep(POLL_S)
+
+    def workers(self, nodes: list) -> set:
+        """The pids of the processes that run the training script under ``nodes``, now."""
+        found = set()
+        for pid in (pid for node in nodes if not node.exited for pid in harness.descendants(node.proc.pid)):
+            try:
+                if str(SCRIPT) in psutil.Process(pid).cmdline():
+                    found.add(pid)
+            except psutil.Error:
+                continue
+        return found
+
+    def codes(self, nodes: list) -> str:
+        return ", ".join(f"{self.name(n)} {'running' if not n.exited else f'exit {n.exit_code}'}" for n in nodes)
+
+    def name(self, node: harness.Run) -> str:
+        return f"node{self.nodes.index(node)}"
+
+
+def first_step(world: int, after: float = 0.0, host: Optional[int] = None) -> Callable[[list], Optional[float]]:
+    """The time of the first step at ``world`` written after ``after`` (by a worker of launcher ``host``)."""
+    def found(records: list) -> Optional[float]:
+        times = [r["t"] for r in records if r["world"] == world and r["t"] > after
+                 and (host is None or r["host_pid"] == host)]
+        return min(times, default=None)
+    return found
+
+
+def first_full_step(world: int) -> Callable[[list], Optional[float]]:
+    """When the first step that every one of ``world`` ranks wrote (at that world size) was complete."""
+    def found(records: list) -> Optional[float]:
+        ranks: dict = {}
+        for r in records:
+            if r["world"] == world:
+                ranks.setdefault(r["step"], {})[r["rank"]] = r["t"]
+        done = [max(by_rank.values()) for by_rank in ranks.values() if len(by_rank) == world]
+        return min(done, default=None)
+    return found
+
+
+# ---------------------------------------------------------------- processes of a node
+
+
+def node_pids(node: harness.Run) -> list:
+    """The launcher of a node and every process below it or carrying its tag."""
+    pids = [node.proc.pid, *harness.descendants(node.proc.pid), *harness.tagged_processes(node.tag)]
+    return list(dict.fromkeys(pids))
+
+
+def signal_node(node: harness.Run, sig: int) -> list:
+    """Send ``sig`` to every process of a node, collected first and then signalled in one sweep
+    (again for any process started in between, three sweeps at most); the pids signalled."""
+    done: list = []
+    for _ in range(3):
+        fresh = [pid for pid in node_pids(node) if pid not in done]
+        if not fresh:
+            break
+        for pid in fresh:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        done += fresh
+    return done
+
+
+def rendezvous_host(job: Job) -> Optional[harness.Run]:
+    """The node one of whose processes listens on the endpoint, if any is found."""
+    try:
+        listening = {c.pid for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == job.port and c.pid}
+    except psutil.Error:
+        return None
+    return next((n for n in job.nodes if listening & set(node_pids(n))), None)
+
+
+def victim(job: Job) -> harness.Run:
+    """The node to lose: the last one that is neither the first nor the rendezvous's host."""
+    host = rendezvous_host(job)
+    return [n for n in job.nodes[1:] if n is not host][-1]
+
+
+def stop_all(job: Job) -> tuple:
+    """SIGTERM every launcher still running, wait for them (bounded), then kill what is left of the
+    run; (exit codes, descriptions of the processes that were left)."""
+    termed = [node for node in job.nodes if not node.exited]
+    for node in termed:
+        node.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + STOP_BOUND_S
+    for node in job.nodes:
+        node.exited_by(deadline)
+    codes = ", ".join(f"{job.name(n)} {'SIGTERM, then ' if n in termed else ''}"
+                      f"{f'exit {n.exit_code}' if n.exited else 'running'}" for n in job.nodes)
+    left = [pid for node in job.nodes for pid in harness.tagged_processes(node.tag)]
+    if left:
+        time.sleep(0.5)  # a stop sequence may still be finishing
+        left = [pid for node in job.nodes for pid in harness.tagged_processes(node.tag)]
+    described = [describe(pid) for pid in left]
+    for node in job.nodes:
+        node.stop()
+    return codes, described
+
+
+def said(nodes: list) -> str:
+    """What each launcher last said on stderr, each line once: its last line naming an error (torchrun
+    ends on a summary table), else its last line."""
+    return "; ".join(dict.fromkeys(filter(None, map(last_words, nodes))))
+
+
+def last_words(node: harness.Run) -> str:
+    try:
+        lines = [line.strip() for line in node.stderr_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines) if "Error" in line or "error:" in line), lines[-1] if lines else "")
+
+
+def describe(pid: int) -> str:
+    try:
+        return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:120]}"
+    except psutil.Error:
+        return str(pid)
