@@ -1,7 +1,8 @@
 """An elastic job's coordinator (``launcher.nodes.elastic_job``) driven by the attempt driver, replaying
 histories against the fake process starter and clock of tests/test_attempts.py and a fake link to node
 0 whose inbox is the real one (a pipe the event loop watches): milliseconds each. The histories: a
-membership change (stop, the next round with its own plan, no restart spent), a worker failure here
+membership change (stop, the next round with its own plan, no restart spent), a round stopped before it
+began here, a worker failure here
 (told to node 0, which restarts the round: TORCHELASTIC_RESTART_COUNT 1), the job's end ordered while
 the workers run, a stop signal to a launcher that is not node 0 (it leaves the job), and the state
 file's membership history as ``launcher status`` shows it (untrusted input included)."""
@@ -97,6 +98,28 @@ def test_a_membership_change_stops_the_round_and_starts_the_next_with_its_plan_s
     assert link.calls == [("stopped", 1), ("done", 2)] and plans == [2]
     assert [p.attempt for p in starter.started] == [0, 0, 0, 0]  # TORCHELASTIC_RESTART_COUNT stays 0
     assert all(p.signals == [signal.SIGTERM] for p in starter.started[:2])
+
+
+def test_a_round_stopped_before_it_began_here_is_reported_stopped_without_starting_its_workers():
+    def react(link, call):
+        if call == ("stopped", 1):  # node 0's next round, and its stop at once (a loss just after the start)
+            link.later(0.1, round_(2, 3))
+            link.later(0.1, StopOrder(2, "node n2 lost"))
+        if call == ("stopped", 2):
+            link.later(0.1, round_(3, 2))
+        if call == ("done", 3):
+            link.later(0.1, JobOver(0, "done"))
+
+    starts: list = []
+
+    def behave(attempt, rank):
+        starts.append(rank)
+        return Behaviour() if len(starts) <= 2 else Behaviour(runs=1.0)
+
+    code, starter, link, plans = replay(behave, round_(1, 3), react, at=[(1.0, StopOrder(1, "node n3 lost"))])
+    assert code == 0
+    assert link.calls == [("stopped", 1), ("stopped", 2), ("done", 3)] and plans == [3]
+    assert len(starter.started) == 4  # round 1's two workers and round 3's: none for round 2
 
 
 def test_a_worker_failure_here_is_told_to_node_0_and_its_restart_counts_on_every_worker():

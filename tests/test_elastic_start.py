@@ -113,6 +113,33 @@ def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
     listener.close()
 
 
+def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
+    """A stop (a loss just after the start) in the same segment as round 1: not lost between the two phases."""
+    port = free_ports(1)
+    listener = socket.create_server((HOST, port))
+    held = []
+
+    def node_0():
+        conn, _ = listener.accept()
+        hello = m.from_wire(wire.Framer().feed(conn.recv(65536))[0])
+        members = [["zero", HOST, 1, 0, 0], [hello.node_id, HOST, 1, 1, 1]]
+        conn.sendall(b"".join(wire.encode(m.to_wire(x)) for x in (
+            m.Admitted(False), m.RoundStart(1, members, 2, 0, "round 1"), m.StopWorkers(1, "node x lost"))))
+        held.append(conn)
+
+    threading.Thread(target=node_0, daemon=True).start()
+    link = es.join(spec_of(port), "job", 1)
+    try:
+        assert link.first.number == 1
+        link.serve()
+        assert link.inbox.take() == [es.StopOrder(1, "node x lost")]
+    finally:
+        link.close()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
 def test_no_node_0_within_join_timeout_is_a_start_failure_naming_the_endpoint():
     port = free_ports(1)
     with pytest.raises(es.StartFailed, match=f"could not reach node 0's launcher at {HOST}:{port} within 0.5 s"):

@@ -40,6 +40,7 @@ class ElasticJob:
         self.stop_order: Optional[StopOrder] = None
         self.over: Optional[JobOver] = None
         self.next_round: Optional[m.RoundStart] = None
+        self.stopped_early: set = set()  # rounds whose stop came before they began here
         self.rounds: list = [link.first]  # every round this node ran, for the state file
 
     @property
@@ -77,6 +78,8 @@ class ElasticJob:
             elif isinstance(e, JobOver) and self.over is None:
                 self.over = e
                 out.append(policy.StopOrdered(e.reason))
+            elif isinstance(e, StopOrder) and e.round > self.round.number:
+                self.stopped_early.add(e.round)  # the next round was stopped before it began here
             elif isinstance(e, m.RoundStart) and (e.number or 0) > self.round.number:
                 self.next_round = e
         return out
@@ -94,15 +97,24 @@ class ElasticJob:
                 self.link.done(self.round.number)
             else:
                 self.link.stopped(self.round.number)
-        while self.over is None and self.next_round is None:
+        while True:
+            if self.over is not None:
+                return "end", self.over.code
             if self.cause is not None and self.cause.kind == "signal":
                 return "end", self.cause.code
+            if self.next_round is not None and self.next_round.number in self.stopped_early:
+                self._skip(self.next_round)
+            elif self.next_round is not None:
+                return "restart", self._begin(self.next_round)
             for e in turn():
                 if isinstance(e, policy.StopSignal):
                     self.local_cause(self.signal_cause(e.sig))
-        if self.over is not None:
-            return "end", self.over.code
-        return "restart", self._begin(self.next_round)
+
+    def _skip(self, round_: m.RoundStart) -> None:
+        """A round stopped before this node began it (a loss just after its start): its workers are all gone."""
+        self.round, self.next_round = round_, None
+        self.rounds.append(round_)
+        self.link.stopped(round_.number)
 
     def _begin(self, round_: m.RoundStart) -> int:
         self.round, self.next_round = round_, None

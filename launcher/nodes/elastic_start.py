@@ -137,6 +137,7 @@ class MemberLink:
         self.sock: Optional[socket.socket] = None
         self.framer = wire.Framer()
         self.first: Optional[m.RoundStart] = None
+        self.early: list = []  # node 0's messages that came with the first round
         self.heard = clock()  # when node 0 last said anything
         self.next_beat = clock()
         self.selector: Optional[selectors.BaseSelector] = None
@@ -183,7 +184,8 @@ class MemberLink:
                                   "this launcher's round started.")
             self._beat(now)
             self.sock.settimeout(max(0.01, min(self.next_beat, deadline if not admitted else self.next_beat) - now))
-            for message in self._receive(admitted):
+            messages = self._receive(admitted)
+            for i, message in enumerate(messages):
                 if admitted and isinstance(message, m.Dropped) and message.code == 0:
                     log.info("elastic job: the job ended without this launcher: %s",
                              one_line(str(message.reason or "it finished"), 300))
@@ -199,6 +201,7 @@ class MemberLink:
                 if isinstance(message, m.RoundStart) and None not in (message.number, message.members,
                                                                       message.world_size) \
                         and member(message, self.node_id) is not None:
+                    self.early = messages[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
     def _check_admission(self, message: m.Admitted) -> None:
@@ -247,6 +250,11 @@ class MemberLink:
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ)
+        for message in self.early:
+            over = self._take(message)
+            if over is not None:
+                self.inbox.put(over)
+                self.stopping = True
         self.thread = threading.Thread(target=self._serve, name="elastic-member", daemon=True)
         self.thread.start()
 
@@ -325,14 +333,21 @@ class MemberLink:
             return JobOver(1, f"{self.where} closed the connection; node 0's launcher leaving ends an elastic job")
         self.heard = self.clock()
         for body in bodies:
-            message = m.from_wire(body)
-            if isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size):
-                self.inbox.put(message)
-            elif isinstance(message, m.StopWorkers) and message.round is not None:
-                self.inbox.put(StopOrder(message.round, message.reason or "node 0 re-forms the job"))
-            elif isinstance(message, (m.Dropped, m.Refusal)):
-                code = message.code if isinstance(message, m.Dropped) else 1
-                return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))
+            over = self._take(m.from_wire(body))
+            if over is not None:
+                return over
+        return None
+
+    def _take(self, message) -> Optional[JobOver]:
+        """Node 0's word for the event loop: a round that has this launcher, a stop, or the end (returned)."""
+        if isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
+                and member(message, self.node_id) is not None:
+            self.inbox.put(message)
+        elif isinstance(message, m.StopWorkers) and message.round is not None:
+            self.inbox.put(StopOrder(message.round, message.reason or "node 0 re-forms the job"))
+        elif isinstance(message, (m.Dropped, m.Refusal)):
+            code = message.code if isinstance(message, m.Dropped) else 1
+            return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))
         return None
 
     def _send(self, message) -> None:
