@@ -121,6 +121,8 @@ def two_holding(folder):
 
 
 FAST = ("--rdzv-conf", "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5")
+# three launchers that must all be in round 1: MAX of them start it at once, however slow a loaded machine is
+ALL_THREE = ("--rdzv-conf", "last_call_timeout=60,heartbeat_timeout=3,keep_alive_interval=0.5")
 
 
 def ready(folder) -> dict:
@@ -188,7 +190,7 @@ def three_holding(folder, *extra):
     port = free_ports(6)
     procs = []
     for _ in range(3):
-        procs.append(start_launcher(*torchrun_line(port, folder, *FAST, *extra), "hold"))
+        procs.append(start_launcher(*torchrun_line(port, folder, *ALL_THREE, *extra), "hold"))
         time.sleep(0.3)  # the first one binds the endpoint: node 0
     return port, procs, wait_ready(folder, 3, procs)
 
@@ -243,7 +245,7 @@ def test_a_link_cut_is_a_silent_loss_on_both_sides(tmp_path, veth_namespaces):
     names, links, addrs = veth_namespaces
     port = free_ports(6)
     line = ("--nnodes", "2:3", "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addrs[0]}:{port}",
-            "--rdzv-id", "cut", *FAST, WORKER, tmp_path, 3, "hold")
+            "--rdzv-id", "cut", *ALL_THREE, WORKER, tmp_path, 3, "hold")
     procs = []
     for ns in (names[0], names[0], names[1]):
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, *launcher_cmd(*line)], stdout=subprocess.PIPE,
@@ -382,7 +384,7 @@ def test_a_launcher_stopped_with_sigterm_takes_its_node_out_and_the_others_go_on
 def test_paddles_elastic_level_0_takes_the_failing_node_out_and_the_others_go_on(tmp_path):
     port = free_ports(6)
     line = ("--nnodes", "2:3", "--master", f"{HOST}:{port}", "--nproc_per_node", 1, "--elastic_level", "0",
-            "--elastic_timeout", "0.5", WORKER, tmp_path, 2, "fail_once")
+            "--elastic_timeout", "60", WORKER, tmp_path, 2, "fail_once")  # all three in round 1
     procs = []
     for _ in range(3):
         procs.append(start_launcher(*line))
