@@ -202,7 +202,7 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     first = hello(token="s3cret", node_id="first")
     sock = socket.create_connection((HOST, port), timeout=10)
     sock.sendall(first)  # joins, and stays
-    from launcher.nodes.elastic_keeper import admission_proof
+    from launcher.nodes.auth import admission_proof
     assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False, admission_proof(
         "s3cret", "a" * 32, "job", "first"))  # node 0 proves the token on the joiner's nonce
     assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed

@@ -22,6 +22,12 @@ def proof(token: str, nonce: str, job_id: str, node: int) -> str:
     return hmac.new(token.encode(), f"{nonce}|{job_id}|{node}".encode(), hashlib.sha256).hexdigest()
 
 
+def admission_proof(token: str, nonce: str, job_id: str, node_id: str) -> str:
+    """An elastic job's node 0 proving the job token to a joining launcher, on that launcher's own nonce (not
+    the proof of its hello)."""
+    return proof(token, nonce, job_id, f"admitted {node_id}")
+
+
 def proves(given, expected: str) -> bool:
     """Whether ``given`` (from the wire: any type) is the ``expected`` proof."""
     return isinstance(given, str) and hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())

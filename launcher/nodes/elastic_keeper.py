@@ -153,7 +153,7 @@ class Keeper:
             if isinstance(action, Say):
                 log.log(action.level, "elastic job: %s", action.text)
             elif isinstance(action, mb.Admit):
-                self.send_to(action.node_id, m.Admitted(action.standby, self.admission_proof(action.node_id)))
+                self.send_to(action.node_id, m.Admitted(action.standby, self.proof_for(action.node_id)))
             elif isinstance(action, mb.Refuse):
                 self.send_to(action.node_id, m.Refusal(action.reason), close=True)
             elif isinstance(action, mb.Drop):
@@ -254,9 +254,10 @@ class Keeper:
         node = mb.Node(message.node_id, message.host or "", message.workers)
         self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
 
-    def admission_proof(self, node_id: str) -> Optional[str]:
+    def proof_for(self, node_id: str) -> Optional[str]:
+        """Node 0's proof of the job token on ``node_id``'s nonce (None without a token)."""
         peer = next((p for p in self.peers.values() if p.node_id == node_id), None)
-        return None if self.token is None or peer is None else admission_proof(self.token, peer.nonce, self.job_id, node_id)
+        return None if self.token is None or peer is None else auth.admission_proof(self.token, peer.nonce, self.job_id, node_id)
 
     def unproven(self, hello: m.Hello) -> Optional[str]:
         """Why a hello does not prove the job token (None: it does, or the job has none and it proves none)."""
@@ -322,7 +323,3 @@ class Keeper:
         self.selector.unregister(peer.sock)
         peer.sock.close()
 
-
-def admission_proof(token: str, nonce: str, job_id: str, node_id: str) -> str:
-    """Node 0's proof of the job token to a joining launcher, on that launcher's own nonce (not its hello's proof)."""
-    return auth.proof(token, nonce, job_id, f"admitted {node_id}")

@@ -35,7 +35,7 @@ from launcher.nodes import auth
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
-from launcher.nodes.elastic_keeper import Keeper, admission_proof
+from launcher.nodes.elastic_keeper import Keeper
 from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -208,7 +208,7 @@ class MemberLink:
         """With a job token, node 0 must prove it too: else what answers on the endpoint is not this job's."""
         if self.token is None:
             return
-        expected = admission_proof(self.token, self.nonce, self.job_id, self.node_id)
+        expected = auth.admission_proof(self.token, self.nonce, self.job_id, self.node_id)
         if not auth.proves(message.proof, expected):
             raise StartFailed(f"{self.where} did not prove the job token (LAUNCHER_JOB_TOKEN); check that the endpoint "
                               "is this job's node 0 and every node has the same token.")
