@@ -58,8 +58,7 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
 
         place = elastic_start.place_in(link.first, link.node_id)
         plan = plan_for(place.hosts, place.node_rank, values, round_=link.first)
-        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None] \
-            if plan.store_port is not None and plan.node_rank == 0 else []
+        reserved = preflight.reserve_store_port(plan)
         link.serve()
         return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan))
     finally:

@@ -258,9 +258,7 @@ def launch(ctx: click.Context, **values) -> int:
         for s in finder.held:
             s.close()
         raise
-    reserved = finder.held
-    if not reserved and plan.store_port is not None:
-        reserved = [s for s in [preflight.reserve_port(plan.node_ip, plan.store_port)] if s is not None]
+    reserved = finder.held or preflight.reserve_store_port(plan)
     for note in plan.notes:
         log.warning(note)
     if values["print_config"]:

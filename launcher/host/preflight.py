@@ -162,6 +162,15 @@ def reserve_port(ip: str, port: int):
         return None
 
 
+def reserve_store_port(plan: Plan) -> list:
+    """The socket that holds the rendezvous store's port until the launch takes it ([] where this node
+    hosts no store, or the port cannot be held now: the store's own listen then says why)."""
+    if plan.store_port is None:
+        return []
+    held = reserve_port(plan.node_ip, plan.store_port)
+    return [held] if held is not None else []
+
+
 def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     """Refuse, with one sentence, anything that would make the job fail right after it starts."""
     check_script(plan, opts)
