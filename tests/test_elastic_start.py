@@ -80,6 +80,9 @@ def test_strangers_lose_only_their_connection_and_the_round_still_forms():
     reason = m.from_wire(wire.Framer().feed(refused)[0])
     assert isinstance(reason, m.Refusal) and "its job id is 'other', this job's is 'job'" in reason.reason
     assert answer_to(port, wire.encode(m.to_wire(m.Beat()))) == b""  # no hello first
+    nested = b'{"type": "hello", "identity": ' + b'{"a": ' * 50 + b'1' + b'}' * 50 + b'}'
+    assert answer_to(port, len(nested).to_bytes(4, "big") + nested) == b""  # too deep: closed, no word
+    assert answer_to(port, (1 << 30).to_bytes(4, "big") + b"x" * 100) == b""  # a 1 GiB frame announced
     assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
     assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
