@@ -44,10 +44,12 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
     if trial.parameter_server:
         raise LaunchError("--nnodes MIN:MAX runs a collective job; parameter-server mode (--server_num, --servers) "
                           "has a fixed set of nodes: give one --nnodes.")
-    if values.get("agent_store") == "auto":
+    if spec.backend == "etcd":
+        values = {**values, "agent_store": _etcd_store(values.get("agent_store"))}
+    elif values.get("agent_store") == "auto":
         values = {**values, "agent_store": "on" if trial.agent_store is not None else "off"}
     job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
-    link = elastic_start.form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
+    link = _form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
     if link.first is None:  # a standby whose job finished without it
         link.close()
         return 0
@@ -63,3 +65,23 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
         return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan))
     finally:
         link.close()
+
+
+def _form(spec: ElasticSpec, job_id: str, workers: int, token):
+    """This launcher's link to the job's membership: node 0's launcher keeps it (c10d), or etcd does."""
+    if spec.backend == "etcd":
+        from launcher.nodes import etcd_link
+
+        etcd_link.check_extra()
+        return etcd_link.form(spec, job_id, workers, token)
+    from launcher.nodes import elastic_start
+
+    return elastic_start.form(spec, job_id, workers, token)
+
+
+def _etcd_store(choice) -> str:
+    """With the membership in etcd, rank 0 hosts the workers' store: each round's node 0 may be another launcher."""
+    if choice == "on":
+        raise LaunchError("--agent_store on cannot be honoured with an etcd rendezvous: each round's node 0 may be "
+                          "another launcher, so rank 0 hosts the store; give --agent_store off or auto.")
+    return "off"

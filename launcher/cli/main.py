@@ -144,7 +144,7 @@ the auto-parallel tuner, rank auto-mapping, heterogeneous and federated paramete
 elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_parallel_config
 --auto_cluster_config --auto_tuner_json --cluster_topo_path --rank_mapping_path
 --enable_auto_mapping --coordinators --coordinator_num --heter_workers --heter_devices
---heter_worker_num --elastic_server --elastic_pre_hook --scale --force
+--heter_worker_num --elastic_pre_hook --scale --force
 """)
 @_option("cluster_node_ips", default="127.0.0.1", show_default=True, metavar="IPS",
          help="Comma-separated IPs or host names of all nodes, in node-rank order.")
@@ -285,7 +285,7 @@ def _with_elastic_values(values: dict, given) -> dict:
 
     if "elastic" in values:
         return values
-    return {**values, **(paddle_cli.elastic(values, given) or {})}
+    return {**values, **(paddle_cli.elastic(values, given, os.environ) or {})}
 
 
 def _with_gathered_nodes(opts, host):

@@ -34,7 +34,9 @@ MAPPED = (
     PaddleOption("nnodes", ("np",), "N", "Paddle 2.6/3.x, fleetrun: the number of nodes, checked against the nodes found; "
                                           "N:M with --master: an elastic job (docs/elastic.md)."),
     PaddleOption("master", (), "IP:PORT", "Paddle 2.6/3.x: the rendezvous: node 0 (the first of --ips) listens on PORT, "
-                                          "as --control_port."),
+                                          "as --control_port; etcd://HOST:PORT with --nnodes: the membership in etcd."),
+    PaddleOption("elastic_server", (), "HOST:PORT", "fleetrun (Paddle 2.x): etcd's endpoint, with --job_id and --np: "
+                                                   "an elastic job whose membership is in etcd (docs/elastic.md)."),
     PaddleOption("trainers", (), "IP:PORT,...", "Paddle 2.6/3.x: every trainer's endpoint, as --workers."),
     PaddleOption("trainer_num", (), "N", "Paddle 2.6/3.x: trainers on this node, as --worker_num (servers: 1 when not given)."),
     PaddleOption("max_restart", (), "N", "Paddle 2.6/3.x: as --max_restarts (Paddle's default is 3, this launcher's 0)."),
@@ -66,7 +68,6 @@ REFUSED = {
     "heter_workers": ("heterogeneous parameter servers are not supported", ()),
     "heter_devices": ("heterogeneous parameter servers are not supported", ()),
     "heter_worker_num": ("heterogeneous parameter servers are not supported", ("0",)),
-    "elastic_server": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", ()),
     "elastic_pre_hook": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", ()),
     "scale": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", ("0",)),
     "force": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", _FALSE),
@@ -109,14 +110,24 @@ def translate(values: dict, given: set) -> dict:
 ELASTIC_OPTIONS = ("nnodes", "master", "job_id", "elastic_level", "elastic_timeout", "max_restart", "rank", "ips")
 
 
-def elastic(values: dict, given) -> Optional[dict]:
-    """Paddle 3.x's ``--nnodes MIN:MAX --master IP:PORT``: the ElasticSpec (``elastic``) and the values its first
+def elastic(values: dict, given, env=None) -> Optional[dict]:
+    """Paddle 3.x's ``--nnodes MIN:MAX --master IP:PORT`` (or ``--master etcd://...``) and fleetrun's
+    ``--elastic_server HOST:PORT --job_id ID --np N[:M]``: the ElasticSpec (``elastic``) and the values its first
     round completes (the nodes, this node's rank; the control channel on PORT); None for a fixed job.
-    ``given(name)``: whether the user gave that option."""
+    ``given(name)``: whether the user gave that option; ``env``: the launcher's environment."""
+    env = env or {}
+    if given("elastic_server") or env.get("PADDLE_ELASTIC_SERVER"):  # Paddle 2.x's elastic mode
+        spec = elastic_options.from_paddle2({n: values.get(n) for n in (*ELASTIC_OPTIONS, "elastic_server", "np")
+                                             if given(n)} | {"np": values.get("nnodes") if given("nnodes") else None}, env)
+        if spec.backend == "etcd":
+            return {"elastic": spec, "nnodes": None, "elastic_server": None}
     low, colon, high = str(values.get("nnodes") or "").partition(":")
-    if not given("nnodes") or not colon or low.strip() == high.strip():
+    etcd_master = "://" in str(values.get("master") or "") and given("master")
+    if not given("nnodes") or (not etcd_master and (not colon or low.strip() == high.strip())):
         return None
-    spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)})
+    spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)}, env)
+    if spec.backend == "etcd":
+        return {"elastic": spec, "nnodes": None, "master": None, "elastic_level": "-1"}
     if given("ips") or spec.port is None:
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")

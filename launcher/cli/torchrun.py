@@ -14,6 +14,7 @@ nothing (the launcher already does what they ask, or has no such choice).
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass
 from typing import Optional
@@ -26,7 +27,7 @@ from launcher.plan import elastic, streams
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = 29500  # torchrun's --master-port default
 C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
-BACKENDS = ("static", "c10d")
+BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("spawn", "fork", "forkserver")
 
 
@@ -51,7 +52,8 @@ TORCHRUN_OPTIONS = (
                    "torchrun: this node's address (= --node_ip)."),
     TorchrunOption("rdzv_backend", {"type": click.Choice(BACKENDS), "default": "static", "show_default": True},
                    "torchrun: static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node 0's "
-                   "launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0."),
+                   "launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. "
+                   "etcd (or etcd-v2): the membership in etcd at --rdzv-endpoint, no node is special."),
     TorchrunOption("rdzv_endpoint", {"default": None, "metavar": "HOST[:PORT]"},
                    "torchrun: node 0's address and store port (instead of --master-addr/--master-port)."),
     TorchrunOption("rdzv_id", {"default": None, "metavar": "ID"}, "torchrun: the job's id (= --job_id)."),
@@ -131,7 +133,10 @@ def _elastic(values: dict, given) -> dict:
     """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``), whose rounds give the number of nodes and this node's
     rank (``launcher.cli.elastic``); node 0's launcher keeps the membership on the endpoint's port, the
     workers' ports (rank 0's store first) start one above it."""
-    spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None})
+    spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None},
+                                 os.environ)
+    if spec.backend == "etcd":  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
+        return {"elastic": spec, "nnodes": None}
     ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
     if not given("started_port"):
         ours["started_port"] = spec.port + 1

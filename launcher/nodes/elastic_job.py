@@ -122,7 +122,7 @@ class ElasticJob:
         self.attempt = round_.restarts or 0
         self.cause = self.stop_order = None
         self.rounds.append(round_)
-        if self.plan.node_rank != 0:  # node 0's membership said it already
+        if self.plan.node_rank != 0 or not self.link.says_rounds:  # node 0's membership said it already
             log.info("elastic job: %s; this launcher is node %d", round_.text or f"round {round_.number}",
                      self.plan.node_rank)
         return self.attempt

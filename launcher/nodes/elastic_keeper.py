@@ -44,6 +44,8 @@ class _Peer:
 class Keeper:
     """Node 0's link: the membership, its connections, and node 0's own orders in ``inbox``."""
 
+    says_rounds = True
+
     def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
         self.listener, self.spec, self.clock, self.token, self.job_id = listener, spec, clock, token, job_id
         self.node_id = me.node_id

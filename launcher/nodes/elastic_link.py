@@ -90,6 +90,7 @@ class Link(Protocol):
     inbox: Inbox
     node_id: str  # this launcher's id in the membership
     first: m.RoundStart  # the round this launcher started in
+    says_rounds: bool  # the link says each round on the console itself (node 0's keeper does)
 
     def serve(self) -> None: ...  # start the link's thread (after the first round)
 

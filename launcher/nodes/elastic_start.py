@@ -128,6 +128,8 @@ def listen(host: str, port: int) -> Optional[socket.socket]:
 class MemberLink:
     """Another launcher's link to node 0: hello, heartbeats both ways, node 0's orders in ``inbox``."""
 
+    says_rounds = False
+
     def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock) -> None:
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"

@@ -110,7 +110,8 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Closed:
-    node_id: str  # its connection to node 0 closed
+    node_id: str  # its connection to node 0 closed (with etcd: its key is gone)
+    reason: str = "its connection closed"
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
             state = replace(state, heard={**state.heard, event.node_id: now})
         return state, ()
     if isinstance(event, Closed):
-        return _lose(state, event.node_id, "its connection closed", now)
+        return _lose(state, event.node_id, event.reason, now)
     if isinstance(event, WorkersStopped):
         if state.round is None or event.round != state.round.number or event.node_id not in state.unstopped:
             return state, ()

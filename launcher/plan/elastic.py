@@ -12,7 +12,8 @@ The three command lines that ask for a number of nodes between MIN and MAX:
 Each takes the options the user gave as a plain mapping of their underscore names (a name absent
 or None: not given), so the command line calls it with what click parsed. Every bad value is a
 LaunchError of one sentence that names it and the fix. An etcd rendezvous (``--rdzv-backend etcd``,
-``--master etcd://...``, ``--elastic_server``) is refused: it needs the etcd extra of a later version.
+``--master etcd://...``, ``--elastic_server``) keeps the membership in etcd instead of node 0's launcher
+(``launcher.plan.etcd``): a job of fixed size is then elastic too (a lost node's place can be taken).
 
 The rendezvous settings, with this launcher's meanings (torchrun's ``--rdzv-conf`` keys; node 0's
 launcher keeps the membership on its control channel, ``launcher.nodes.membership``):
@@ -57,13 +58,13 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from launcher.errors import LaunchError
+from launcher.plan import etcd
+from launcher.plan.etcd import EtcdSpec
 from launcher.plan.parsing import DIGITS, INTEGER, parse_node_list
 
 C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
 LOOPBACK = "127.0.0.1"  # torchrun's c10d endpoint when none is given (it says localhost)
-BACKENDS = ("static", "c10d")
-ETCD_REFUSAL = ("needs the etcd extra of a later version of this launcher; give {fix} instead (node 0's launcher "
-                "then keeps the membership itself).")
+BACKENDS = ("static", "c10d", "etcd", "etcd-v2")  # etcd-v2 (torchrun's newer etcd backend) is etcd here
 ELASTIC_LEVELS = (-1, 0, 1)
 TRUE, FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 
@@ -114,7 +115,7 @@ class ElasticSpec:
 
     min_nodes: int
     max_nodes: int
-    backend: str  # "c10d": node 0's launcher keeps the membership; "static": fixed node ranks
+    backend: str  # "c10d": node 0's launcher keeps the membership; "etcd": etcd keeps it; "static": fixed node ranks
     host: Optional[str] = None
     port: Optional[int] = None
     job_id: Optional[str] = None  # None: the launcher's default job id
@@ -122,21 +123,27 @@ class ElasticSpec:
     max_restarts: int = 0  # worker failures the job may restart after; membership changes spend none
     failed_node_leaves: bool = False  # Paddle 3.x's --elastic_level 0: a worker failure takes its node out
     node_hosts: tuple = ()  # a static node list that came with the range: every node that may join
+    etcd: Optional[EtcdSpec] = None  # the etcd cluster of an etcd rendezvous
 
     @property
     def elastic(self) -> bool:
-        return self.min_nodes < self.max_nodes
+        """Whether the job's membership may change: a range of nodes, or any job whose membership is in etcd."""
+        return self.min_nodes < self.max_nodes or self.backend == "etcd"
 
 
 # ---------------------------------------------------------------- the three command lines
 
 
-def from_torchrun(values: Mapping) -> ElasticSpec:
+def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     """torchrun's options (``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``,
     ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
     backend = _backend(_given(values, "rdzv_backend") or "static")
-    rendezvous = parse_rdzv_conf(_given(values, "rdzv_conf") or "")
+    conf, etcd_conf = etcd.split_conf(_given(values, "rdzv_conf"))
+    if etcd_conf and backend != "etcd":
+        raise LaunchError(f"--rdzv-conf {','.join(etcd_conf)}= is for an etcd rendezvous; give --rdzv-backend etcd, "
+                          "or drop it.")
+    rendezvous = parse_rdzv_conf(conf)
     spec = ElasticSpec(low, high, backend, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
                        max_restarts=_restarts(values.get("max_restarts"), "--max-restarts"))
     if not spec.elastic:
@@ -146,32 +153,41 @@ def from_torchrun(values: Mapping) -> ElasticSpec:
                           f"of nodes; give --rdzv-backend c10d for an elastic job, or --nnodes {high}.")
     _no_node_rank(values, "node_rank", "--node-rank", low, high)
     hosts = _node_hosts(values, "cluster_node_ips", "--cluster_node_ips", low, high)
+    if backend == "etcd":
+        endpoint = _given(values, "rdzv_endpoint")
+        if endpoint is None:
+            raise LaunchError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client "
+                              "port), the same on every node.")
+        endpoints, protocol = etcd.parse_endpoints(endpoint, "--rdzv-endpoint")
+        return _in_etcd(spec, etcd.with_conf(EtcdSpec(endpoints), etcd_conf, env or {}, protocol), hosts)
     host, port = parse_rdzv_endpoint(_given(values, "rdzv_endpoint"), hosts)
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
 
-def from_paddle3(values: Mapping) -> ElasticSpec:
+def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     """Paddle 3.x's options (``nnodes``, ``master``, ``job_id``, ``elastic_level``, ``elastic_timeout``,
     ``max_restart``, ``rank``, ``ips``); ``--max_restart`` not given is 0, as for a fixed job here (Paddle's
     own default is 3)."""
     low, high = parse_nnodes(str(_given(values, "nnodes") or "1"), "--nnodes")
     master = _given(values, "master")
-    if master is not None and "://" in str(master):
-        raise LaunchError(f"--master {master} names an etcd rendezvous, which "
-                          + ETCD_REFUSAL.format(fix="--master IP:PORT of node 0"))
+    in_etcd = master is not None and "://" in str(master)
     level = _elastic_level(_given(values, "elastic_level"))
     rendezvous = Rendezvous()
     timeout = _given(values, "elastic_timeout")
     if timeout is not None:
         rendezvous = replace(rendezvous, last_call_timeout=_seconds(str(timeout), SETTING["last_call_timeout"],
                                                                     f"--elastic_timeout {timeout}", "--elastic_timeout "))
-    spec = ElasticSpec(low, high, "c10d" if low < high else "static", job_id=_given(values, "job_id"),
+    backend = "etcd" if in_etcd else "c10d" if low < high else "static"
+    spec = ElasticSpec(low, high, backend, job_id=_given(values, "job_id"),
                        rendezvous=rendezvous, max_restarts=_restarts(values.get("max_restart"), "--max_restart"),
                        failed_node_leaves=level == 0)
     if not spec.elastic:
         return spec
     _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
     hosts = _node_hosts(values, "ips", "--ips", low, high)
+    if in_etcd:
+        etcd_spec = etcd.from_url(master, "--master")
+        return _in_etcd(spec, etcd.with_conf(etcd_spec, {}, env or {}), hosts)
     host, port = _paddle_master(master, hosts, low, high, "--nnodes")
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -181,23 +197,36 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     ``master``, taken too), each one not given read from its ``PADDLE_ELASTIC_*`` variable in ``env``."""
     env = env or {}
     server = _given(values, "elastic_server") or env.get("PADDLE_ELASTIC_SERVER") or None
-    if server is not None:
-        raise LaunchError(f"--elastic_server {server} names an etcd rendezvous, which "
-                          + ETCD_REFUSAL.format(fix="--np MIN:MAX with --ips (node 0 first)"))
     text = _given(values, "np")
     shown = "--np" if text is not None else "PADDLE_ELASTIC_NP"
     low, high = parse_nnodes(str(text if text is not None else env.get("PADDLE_ELASTIC_NP") or "1"), shown)
     rendezvous = _paddle2_rendezvous(env)
     job_id = _given(values, "job_id") or env.get("PADDLE_ELASTIC_JOB_ID") or None
-    spec = ElasticSpec(low, high, "c10d" if low < high else "static", job_id=job_id, rendezvous=rendezvous)
+    backend = "etcd" if server is not None else "c10d" if low < high else "static"
+    spec = ElasticSpec(low, high, backend, job_id=job_id, rendezvous=rendezvous)
     if not spec.elastic:
         return spec
     hosts = _node_hosts(values, "ips", "--ips", low, high)
+    if server is not None:
+        shown = "--elastic_server" if _given(values, "elastic_server") else "PADDLE_ELASTIC_SERVER"
+        if job_id is None:
+            raise LaunchError(f"{shown} {server} keeps the membership of many jobs in etcd: give --job_id ID (or "
+                              "PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+        text = str(server).strip()
+        spec_etcd = etcd.from_url(text, shown) if text.lower().startswith("etcd://") else \
+            EtcdSpec(etcd.parse_endpoints(text, shown)[0])
+        return _in_etcd(spec, etcd.with_conf(spec_etcd, {}, env), hosts)
     host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
 
 # ---------------------------------------------------------------- the parts
+
+
+def _in_etcd(spec: ElasticSpec, etcd_spec: EtcdSpec, hosts: tuple) -> ElasticSpec:
+    """An etcd rendezvous: the membership in etcd; ``host``:``port`` name its first endpoint (the default job id)."""
+    host, port = etcd_spec.endpoints[0]
+    return replace(spec, backend="etcd", etcd=etcd_spec, host=host, port=port, node_hosts=hosts)
 
 
 def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
@@ -326,11 +355,10 @@ def _given(values: Mapping, name: str):
 
 def _backend(name: str) -> str:
     name = str(name).strip().lower()
-    if name.startswith("etcd"):
-        raise LaunchError(f"--rdzv-backend {name} " + ETCD_REFUSAL.format(fix="--rdzv-backend c10d"))
     if name not in BACKENDS:
-        raise LaunchError(f"--rdzv-backend {name} is not a rendezvous backend of this launcher; give c10d or static.")
-    return name
+        raise LaunchError(f"--rdzv-backend {name} is not a rendezvous backend of this launcher; give c10d, etcd or "
+                          "static.")
+    return "etcd" if name.startswith("etcd") else name
 
 
 def _restarts(value, option: str) -> int:

@@ -1,0 +1,442 @@
+"""Every launcher's link to an elastic job whose membership is in etcd (``--rdzv-backend etcd``): no
+launcher is special, so any node, the first included, may be lost and the others go on.
+
+Each launcher puts its node key under a lease of its own (its heartbeat: kept alive every
+``keep_alive_interval``, TTL ``heartbeat_timeout``), watches the job's prefix, and keeps a mirror of
+its keys. The live launcher whose key is the oldest is the keeper: it runs the membership's rules
+(``etcd_state.reconcile`` over ``membership.decide``) on what the keys say and writes the record,
+in a transaction guarded by the record's last revision and its own key; when it is lost (its lease
+expires, or it leaves), the next oldest takes the record over and goes on. Every launcher reads its
+orders from the record (``etcd_state.view``) and passes them to its event loop's ``Inbox``, as the
+other backend's links do: a round to start, a round's workers to stop, the job's end.
+
+A launcher that cannot renew its lease for ``heartbeat_timeout`` (etcd does not answer, answers
+too slowly, has no leader) or finds its lease expired is out of the job: its workers are stopped
+and it exits 1, saying so; the others have re-formed without it. At the job's end each launcher
+revokes its lease, and the last one removes the job's keys.
+"""
+
+from __future__ import annotations
+
+import math
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from launcher.errors import LaunchError
+from launcher.nodes import etcd_state as es
+from launcher.nodes import membership as mb
+from launcher.nodes import messages as m
+from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder
+from launcher.nodes.elastic_start import StartFailed, own_id, place_in
+from launcher.nodes.etcd_client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
+                                        put_op)
+from launcher.output.messages import log
+from launcher.plan.elastic import ElasticSpec
+from launcher.plan.policy import Say, one_line
+
+RETRY_EVERY = 0.5  # etcd unreachable at the start: tried again this often, within join_timeout
+JOIN_WAIT = 5.0  # how long close() waits for the link's thread
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    reason: str
+
+
+def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None) -> "EtcdLink":
+    """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
+    with 0). StartFailed when the job does not take it or cannot start."""
+    if client is None:
+        from launcher.nodes.etcd_client import Etcd3gwClient
+
+        client = Etcd3gwClient(spec.etcd, request_timeout(spec))
+    link = EtcdLink(spec, job_id, workers, token, clock, client)
+    try:
+        link.start()
+        link.first = link.await_first_round()
+    except BaseException:
+        link.close()
+        raise
+    return link
+
+
+def request_timeout(spec: ElasticSpec) -> float:
+    """Seconds one etcd request may take: a third of the heartbeat timeout (the lease is renewed in time
+    through a member that answers), one second at least."""
+    return max(1.0, spec.rendezvous.heartbeat_timeout / 3)
+
+
+def lease_ttl(spec: ElasticSpec) -> int:
+    return max(1, math.ceil(spec.rendezvous.heartbeat_timeout))
+
+
+def source_address(spec: ElasticSpec) -> str:
+    """This machine's address on the way to etcd's first endpoint (how the other nodes reach it)."""
+    host, port = spec.etcd.endpoints[0]
+    try:
+        family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP)[0]
+        with socket.socket(family[0], socket.SOCK_DGRAM) as s:
+            s.connect(family[4])
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+class EtcdLink:
+    """This launcher's node key, lease, watch and mirror of the job's keys; the keeper's record when it keeps it."""
+
+    says_rounds = False  # every launcher says its rounds itself (elastic_job)
+
+    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue) -> None:
+        self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
+        self.where = f"etcd at {spec.etcd.shown()}"
+        self.prefix = es.job_prefix(job_id)
+        self.node_id = own_id()
+        self.me = mb.Node(self.node_id, source_address(spec), workers)
+        self.inbox = Inbox()  # the event loop's
+        self.waker = Inbox()  # this link's thread's: reports from the loop, watch batches and ends
+        self.first: Optional[m.RoundStart] = None
+        self.lease = 0
+        self.created = 0  # this launcher's node key's create revision
+        self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them
+        self.watcher = None
+        self.record: Optional[es.Record] = None  # the keeper's (this launcher's while it keeps the membership)
+        self.written = -1  # the record's revision as this keeper wrote it last
+        self.encoded = ""
+        self.fed: set = set()
+        self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
+        self.kept = clock()  # when the lease was last renewed
+        self.next_beat = clock()
+        self.given_round = self.given_stop = 0
+        self.over_given = self.said_standby = self.said_unproven = self.ended = False
+        self.stopping = False
+        self.thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------ start, and the event loop's side
+
+    def start(self) -> None:
+        """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
+        deadline, warned = self.clock() + self.spec.rendezvous.join_timeout, False
+        while True:
+            try:
+                self.lease = self.client.grant(lease_ttl(self.spec))
+                break
+            except Unavailable as e:
+                if self.clock() + RETRY_EVERY >= deadline:
+                    raise StartFailed(f"{self.where} did not answer within {self.spec.rendezvous.join_timeout:g} s "
+                                      f"(join_timeout; last: {one_line(str(e), 200)}); check that etcd runs and "
+                                      "--rdzv-endpoint names it.") from None
+                if not warned:
+                    log.warning("elastic job: %s does not answer (%s); trying again until join_timeout", self.where,
+                                one_line(str(e), 200))
+                    warned = True
+                time.sleep(RETRY_EVERY)
+            except Refused as e:
+                raise StartFailed(f"{self.where} refused this launcher ({one_line(str(e), 200)}); check the etcd user "
+                                  "and password, or its certificates (--rdzv-conf).") from None
+        self.kept = self.next_beat = self.clock()
+        key = es.node_key(self.prefix, self.node_id)
+        value = es.node_value(self.me, self.lease, self.token, self.job_id)
+        try:
+            self.created = self.client.put(key, value, self.lease)
+            self.resync()
+        except (Unavailable, Refused) as e:
+            raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
+        log.info("elastic job: joined the job %s in %s as node %s (%s); waiting for the round to start", self.job_id,
+                 self.where, self.node_id, self.me.host)
+        self.thread = threading.Thread(target=self._serve, name="elastic-etcd", daemon=True)
+        self.thread.start()
+
+    def await_first_round(self) -> Optional[m.RoundStart]:
+        rendezvous = self.spec.rendezvous
+        deadline = self.clock() + rendezvous.join_timeout + rendezvous.read_timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.inbox.read_fd, selectors.EVENT_READ)
+            while self.clock() < deadline:
+                selector.select(min(1.0, max(0.0, deadline - self.clock())))
+                items = self.inbox.take()
+                for i, item in enumerate(items):
+                    if isinstance(item, m.RoundStart):
+                        for later in items[i + 1:]:
+                            self.inbox.put(later)
+                        place = place_in(item, self.node_id)
+                        log.info("elastic job: %s; this launcher is node %d", item.text or f"round {item.number}",
+                                 place.node_rank)
+                        return item
+                    if isinstance(item, _Refusal):
+                        raise StartFailed(f"the job {self.job_id} in {self.where} did not take this launcher: "
+                                          f"{one_line(item.reason, 300)}.")
+                    if isinstance(item, JobOver) and item.code == 0 and self.given_round == 0:
+                        log.info("elastic job: the job ended without this launcher: %s", one_line(item.reason, 300))
+                        return None
+                    if isinstance(item, JobOver):
+                        raise StartFailed(f"the elastic job did not start: {one_line(item.reason, 300)}.")
+        raise StartFailed(f"the job {self.job_id} in {self.where} did not start this launcher's round within "
+                          f"{rendezvous.join_timeout + rendezvous.read_timeout:g} s (join_timeout and read_timeout).")
+
+    def serve(self) -> None:
+        pass  # the thread runs from start()
+
+    def stopped(self, round_: int) -> None:
+        self.waker.put(("report", "stopped", round_, 0, ""))
+
+    def done(self, round_: int) -> None:
+        self.waker.put(("report", "done", round_, 0, ""))
+
+    def failed(self, round_: int, code: int, reason: str) -> None:
+        self.waker.put(("report", "failed", round_, code, reason))
+
+    def leave(self, code: int, reason: str) -> None:
+        self.waker.put(("leave",))
+
+    def close(self) -> None:
+        if self.inbox.read_fd is None:
+            return  # closed already
+        self.stopping = True
+        self.waker.put(None)
+        if self.thread is not None:
+            self.thread.join(JOIN_WAIT)
+        if self.thread is None or not self.thread.is_alive():
+            self._leave_etcd()
+            self.waker.close()
+        self.inbox.close()
+
+    # ------------------------------------------------------------ the link's thread
+
+    def _serve(self) -> None:
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.waker.read_fd, selectors.EVENT_READ)
+                while not self.stopping:
+                    selector.select(self._wait())
+                    self._turn()
+        except Exception as e:  # a bug here must not leave the job running without its link, silently
+            log.error("elastic job: this launcher's link to %s failed (%s: %s)", self.where, type(e).__name__, e)
+            self._over(1, f"this launcher's link to {self.where} failed ({type(e).__name__})")
+
+    def _wait(self) -> float:
+        times = [self.next_beat, self.clock() + 1.0]
+        if self.record is not None:
+            times.append(mb.next_deadline(self.record.state) or times[-1])
+        return max(0.0, min(times) - self.clock())
+
+    def _turn(self) -> None:
+        for item in self.waker.take():
+            if item is None:
+                continue
+            if item[0] == "events":
+                for e in item[1]:
+                    self.mirror.pop(e.key, None) if e.deleted else self.mirror.__setitem__(e.key, e)
+            elif item[0] == "ended" and item[2] is self.watcher:
+                log.debug("elastic job: the watch of %s ended (%s); watching again", self.where, item[1])
+                self.watcher = None
+            elif item[0] == "report":
+                self._report(*item[1:])
+            elif item[0] == "leave":
+                self.stopping = True
+                return
+        if self.stopping:
+            return
+        self._renew()
+        if self.watcher is None and not self.stopping:
+            try:
+                self.resync()
+            except (Unavailable, Refused):
+                return  # tried again next turn; the lease's renewal decides when this launcher is out
+        self._decide()
+
+    def _renew(self) -> None:
+        now = self.clock()
+        if now >= self.next_beat:
+            self.next_beat = now + min(self.spec.rendezvous.keep_alive_interval, lease_ttl(self.spec) / 3)
+            try:
+                ttl = self.client.keepalive(self.lease)
+            except (Unavailable, Refused) as e:
+                ttl, problem = None, one_line(str(e), 200)
+            if ttl == 0:
+                self._over(1, f"this launcher's lease in {self.where} expired (it was not renewed within "
+                              f"heartbeat_timeout {self.spec.rendezvous.heartbeat_timeout:g} s): the job went on "
+                              "without this node")
+                return
+            if ttl is not None:
+                self.kept = self.clock()
+            elif self.clock() - self.kept > self.spec.rendezvous.heartbeat_timeout:
+                self._over(1, f"{self.where} did not answer for {self.clock() - self.kept:.1f} s (heartbeat_timeout "
+                              f"{self.spec.rendezvous.heartbeat_timeout:g} s; last: {problem}): this launcher lost "
+                              "its place in the job")
+
+    def resync(self) -> None:
+        """Every key of the job read afresh, and watched from there on."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        revision, entries = self.client.range(self.prefix)
+        self.mirror = {e.key: e for e in entries}
+        holder: list = []
+        watcher = self.client.watch(self.prefix, revision + 1, lambda events: self.waker.put(("events", events)),
+                                    lambda reason: self.waker.put(("ended", reason, holder[0] if holder else None)))
+        holder.append(watcher)
+        self.watcher = watcher
+
+    def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
+        value = es.report_value(self.node_id, self.lease, kind, round_, code, reason, self.token, self.job_id)
+        try:
+            self.client.put(es.report_key(self.prefix, self.node_id, kind), value, self.lease)
+        except (Unavailable, Refused) as e:
+            log.warning("elastic job: could not tell %s that this node's workers %s (%s)", self.where, kind,
+                        one_line(str(e), 200))
+
+    # ------------------------------------------------------------ the keeper, and every launcher's orders
+
+    def _alive(self) -> es.Alive:
+        alive = {}
+        for key, e in self.mirror.items():
+            if key.startswith(self.prefix + "nodes/"):
+                joiner = es.read_node(e.value, e.lease, e.create_revision, self.token, self.job_id)
+                if joiner is not None:
+                    alive[joiner.node.node_id] = joiner
+        return alive
+
+    def _decide(self) -> None:
+        alive = self._alive()
+        entry = self.mirror.get(es.record_key(self.prefix))
+        if es.keeper_of(alive.values()) == self.node_id:
+            record = self._keep(alive, entry)
+        else:
+            self.record = None
+            record = self._read(entry)
+        if record is not None:
+            self._deliver(es.view(record, self.node_id))
+
+    def _keep(self, alive: es.Alive, entry: Optional[Entry]) -> Optional[es.Record]:
+        now = self.clock()
+        if self.record is None or (entry.mod_revision if entry else 0) != self.written:
+            theirs = self._read(entry)
+            before = theirs.state.keeper if theirs is not None else None
+            self.record, actions = es.take_over(theirs, self.spec, self.me, self.job_id, alive, now)
+            self.written, self.fed, self.encoded = (entry.mod_revision if entry else 0), set(), ""
+            if before is not None and before != self.node_id:
+                log.info("elastic job: this launcher keeps the membership now (node %s before it is gone)", before)
+            self._say(actions)
+        reports = self._reports(alive)
+        self.record, actions, self.fed = es.reconcile(self.record, alive, reports, self.fed, now)
+        self._say(actions)
+        text = es.encode(self.record, self.token, self.job_id)
+        if text != self.encoded:
+            self._write(text)
+        return self.record
+
+    def _reports(self, alive: es.Alive) -> es.Reports:
+        reports = []
+        for key, e in self.mirror.items():
+            if not key.startswith(self.prefix + "report/"):
+                continue
+            node = alive.get(es.read_node_id(key, self.prefix))
+            event = es.read_report(e.value, e.lease, node.lease if node else -1, self.token, self.job_id)
+            if event is not None:
+                reports.append(((key, e.mod_revision), event))
+        return reports
+
+    def _write(self, text: str) -> None:
+        key = es.record_key(self.prefix)
+        guard = [self._guard_record(key), self._guard_self()]
+        try:
+            done, revision = self.client.txn(guard, [put_op(key, text)])
+        except (Unavailable, Refused) as e:
+            log.warning("elastic job: could not write the membership to %s (%s)", self.where, one_line(str(e), 200))
+            self.record = None  # read again and decided again next turn
+            return
+        if not done:  # another keeper wrote it, or this launcher's key is gone: read everything again
+            self.record = None
+            self.watcher and self.watcher.stop()
+            self.watcher = None
+            return
+        self.written, self.encoded = revision, text
+        self.mirror[key] = Entry(key, text, self.mirror[key].create_revision if key in self.mirror else revision,
+                                 revision)
+
+    def _guard_record(self, key: str) -> dict:
+        return compare_modified(key, self.written) if self.written > 0 else compare_created(key, 0)
+
+    def _guard_self(self) -> dict:
+        return compare_created(es.node_key(self.prefix, self.node_id), self.created)
+
+    def _read(self, entry: Optional[Entry]) -> Optional[es.Record]:
+        if entry is None:
+            return None
+        if self.read_cache[0] == entry.mod_revision:
+            return self.read_cache[1]
+        record = es.decode(entry.value, self.spec, self.job_id, self.token, self.clock())
+        if record is None and not self.said_unproven:
+            log.warning("elastic job: the record of the job %s in %s is not this job's (it does not prove the job "
+                        "token, LAUNCHER_JOB_TOKEN, or is malformed); check that every node has the same token",
+                        self.job_id, self.where)
+            self.said_unproven = True
+        self.read_cache = (entry.mod_revision, record)
+        return record
+
+    def _say(self, actions) -> None:
+        rounds = {mb.describe(a.round) for a in actions if isinstance(a, mb.StartRound)}
+        for action in actions:
+            if isinstance(action, Say) and action.text not in rounds:  # each launcher says its rounds itself
+                log.log(action.level, "elastic job: %s", action.text)
+
+    def _deliver(self, view: es.View) -> None:
+        if view.refused is not None and self.given_round == 0:
+            self.inbox.put(_Refusal(view.refused))
+            self.stopping = True
+            return
+        if view.round is not None and view.round.number > self.given_round:
+            self.inbox.put(view.round)
+            self.given_round = view.round.number
+        if view.stop is not None and view.stop[0] == self.given_round and self.given_stop < self.given_round:
+            self.inbox.put(StopOrder(view.stop[0], view.stop[1]))
+            self.given_stop = self.given_round
+        if view.standby and not self.said_standby and self.given_round == 0:
+            log.info("elastic job: this launcher waits as a standby")
+            self.said_standby = True
+        if view.over is not None:
+            self.ended = view.job_ended
+            self._over(*view.over)
+        elif self.given_round and view.round is None and view.round_number > self.given_round and not view.standby:
+            self._over(1, f"the job re-formed without this launcher (round {view.round_number}): the others counted it "
+                          "as lost")
+
+    def _over(self, code: int, reason: str) -> None:
+        if not self.over_given:
+            self.over_given = True
+            self.inbox.put(JobOver(code, reason))
+        self.stopping = True
+
+    def _leave_etcd(self) -> None:
+        """Out of the job: the watch stopped, the lease revoked (its keys go with it); the last launcher of an
+        ended job removes the job's keys."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        try:
+            if self.lease:
+                self.client.revoke(self.lease)
+            if self.ended:
+                _, left = self.client.range(self.prefix + "nodes/")
+                if not left:
+                    self.client.delete_prefix(self.prefix)
+        except (Unavailable, Refused) as e:
+            log.debug("elastic job: leaving %s: %s", self.where, e)
+        finally:
+            self.client.close()
+
+
+def check_extra() -> None:
+    """The etcd extra is installed, or one sentence that says how (exit 2, before anything starts)."""
+    try:
+        import etcd3gw  # noqa: F401
+    except ImportError:
+        raise LaunchError("an etcd rendezvous needs the etcd client of the launcher's etcd extra; install it with "
+                          "pip install 'launcher[etcd]' (etcd3gw), or give --rdzv-backend c10d.") from None
+

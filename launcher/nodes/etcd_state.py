@@ -1,0 +1,346 @@
+"""An elastic job's membership in etcd, as keys and values: what each launcher writes there, the record
+the keeper writes, and what a launcher reads from them. Pure: no etcd, no clock (``now`` is given).
+
+The keys of job ID (every one under ``/launcher/ID/``, the ID quoted so that no job's keys are
+another's prefix):
+
+- ``nodes/NODE``: each launcher's, under its lease (its heartbeat): its host, its workers, its proof
+  of the job token. Its create revision orders the launchers: the live one that came first keeps
+  the membership (it is the *keeper*), so that when the keeper is lost the next one takes over.
+- ``report/NODE/KIND``: what a launcher tells the keeper, under its lease: its workers of a round
+  ``stopped``, all ``done``, or one ``failed`` (the last of each kind; a later round's replaces it).
+- ``record``: the membership as the keeper decided it (``membership.State``) and its orders: the
+  round to run, the stop of a round, the launchers refused or dropped, the job's end. Written only
+  in a transaction guarded by its own last revision and the keeper's node key, so no two keepers
+  can race each other into two memberships; proven with the job token when the job has one.
+
+The keeper runs the same rules as node 0's launcher (``membership.decide``): ``reconcile`` feeds
+them what the keys say that the state does not know yet (a launcher that came or left, a report),
+so that a new keeper that takes over the record continues where the last one stopped. What
+launchers read is ``view``: their orders in the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from urllib.parse import quote, unquote
+
+from launcher.nodes import auth
+from launcher.nodes import membership as mb
+from launcher.nodes import messages as m
+from launcher.plan.elastic import ElasticSpec
+
+ROOT = "/launcher/"
+KINDS = ("stopped", "done", "failed")
+
+
+def job_prefix(job_id: str) -> str:
+    return f"{ROOT}{quote(job_id, safe='')}/"
+
+
+def node_key(prefix: str, node_id: str) -> str:
+    return f"{prefix}nodes/{quote(node_id, safe='')}"
+
+
+def report_key(prefix: str, node_id: str, kind: str) -> str:
+    return f"{prefix}report/{quote(node_id, safe='')}/{kind}"
+
+
+def record_key(prefix: str) -> str:
+    return f"{prefix}record"
+
+
+def read_node_id(key: str, prefix: str) -> str:
+    """The node id of a report key (``report/NODE/KIND``)."""
+    return unquote(key[len(prefix) + len("report/"):].rpartition("/")[0])
+
+
+# ---------------------------------------------------------------- what a launcher writes
+
+
+def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str) -> str:
+    proof = auth.proof(token, f"lease {lease}", job_id, node.node_id) if token else None
+    return json.dumps({"id": node.node_id, "host": node.host, "workers": node.workers, "proof": proof})
+
+
+def report_value(node_id: str, lease: int, kind: str, round_: int, code: int = 0, reason: str = "",
+                 token: Optional[str] = None, job_id: str = "") -> str:
+    body = {"id": node_id, "kind": kind, "round": round_, "code": code, "reason": reason}
+    text = json.dumps(body, sort_keys=True)
+    proof = auth.proof(token, f"{text} lease {lease}", job_id, node_id) if token else None
+    return json.dumps({**body, "proof": proof})
+
+
+@dataclass(frozen=True)
+class Joiner:
+    """A launcher as its node key shows it, with the lease its key is under and its key's create revision."""
+
+    node: mb.Node
+    lease: int
+    created: int
+    proven: bool  # it proves the job token (or the job has none and it proves none)
+
+
+def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str) -> Optional[Joiner]:
+    """A node key's value as a Joiner (None: not one of ours)."""
+    data = _object(value)
+    if data is None or not isinstance(data.get("id"), str) or not data["id"]:
+        return None
+    node = mb.Node(data["id"], data.get("host") if isinstance(data.get("host"), str) else "", data.get("workers"))
+    return Joiner(node, lease, created, _proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id))
+
+
+def read_report(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):
+    """A report key's value as the membership's event (None: malformed, unproven, or not under the node's lease)."""
+    data = _object(value)
+    if data is None or lease != node_lease or not isinstance(data.get("id"), str):
+        return None
+    body = {k: data.get(k) for k in ("id", "kind", "round", "code", "reason")}
+    if not _proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
+        return None
+    round_, code, reason = body["round"], body["code"], body["reason"]
+    if type(round_) is not int or type(code) is not int or not isinstance(reason, str):
+        return None
+    if body["kind"] == "stopped":
+        return mb.WorkersStopped(body["id"], round_)
+    if body["kind"] == "done":
+        return mb.RoundDone(body["id"], round_)
+    if body["kind"] == "failed":
+        return mb.WorkerFailed(body["id"], round_, code, reason or "a worker failed")
+    return None
+
+
+# ---------------------------------------------------------------- the keeper's record
+
+
+@dataclass(frozen=True)
+class Record:
+    """The membership and the keeper's orders."""
+
+    state: mb.State
+    stop: Optional[Tuple[int, str]] = None  # the running round's stop (round, reason), until the next round
+    refused: Mapping[str, str] = field(default_factory=dict)  # node id -> why it may not join
+    dropped: Mapping[str, Tuple[int, str]] = field(default_factory=dict)  # node id -> (code, reason): counted out
+
+
+def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
+    """The record after ``membership.decide`` gave ``state`` and ``actions``."""
+    stop, refused, dropped = record.stop, dict(record.refused), dict(record.dropped)
+    for action in actions:
+        if isinstance(action, mb.Refuse):
+            refused[action.node_id] = action.reason
+        elif isinstance(action, mb.Drop):
+            dropped[action.node_id] = (action.code, action.reason)
+        elif isinstance(action, mb.StopWorkers):
+            stop = (action.round, action.reason)
+        elif isinstance(action, mb.StartRound):
+            stop = None
+    return Record(state, stop, refused, dropped)
+
+
+def encode(record: Record, token: Optional[str], job_id: str) -> str:
+    s = record.state
+    body = json.dumps({
+        "keeper": s.keeper, "phase": s.phase, "members": [_node(n) for n in s.members],
+        "standbys": [_node(n) for n in s.standbys], "round": _round(s.round) if s.round else None,
+        "unstopped": sorted(s.unstopped), "why": s.why, "left": [[_node(n), r] for n, r in s.left],
+        "restarts": s.restarts, "end": list(s.end) if s.end else None, "done": sorted(s.done),
+        "stop": list(record.stop) if record.stop else None, "refused": dict(record.refused),
+        "dropped": {k: list(v) for k, v in record.dropped.items()},
+    }, sort_keys=True)
+    return json.dumps({"body": body, "proof": _record_proof(token, body, job_id)})
+
+
+def decode(value: str, spec: ElasticSpec, job_id: str, token: Optional[str], now: float) -> Optional[Record]:
+    """The record in ``value`` (None: malformed, or it does not prove the job token); the state's clocks
+    start at ``now`` (a keeper that takes over gives each deadline its whole time again)."""
+    outer = _object(value)
+    if outer is None or not isinstance(outer.get("body"), str):
+        return None
+    if not _proven_record(outer.get("proof"), token, outer["body"], job_id):
+        return None
+    data = _object(outer["body"])
+    try:
+        return _record(data, spec, job_id, now) if data is not None else None
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return None
+
+
+def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
+    members, standbys = tuple(_read_node(n) for n in data["members"]), tuple(_read_node(n) for n in data["standbys"])
+    round_ = _read_round(data["round"]) if data["round"] is not None else None
+    phase = data["phase"]
+    if phase not in (mb.WAITING, mb.REFORMING, mb.RUNNING, mb.ENDED):
+        raise ValueError(phase)
+    unstopped = frozenset(str(x) for x in data["unstopped"])
+    end = (int(data["end"][0]), str(data["end"][1])) if data["end"] else None
+    heard = {n.node_id: now for n in members + standbys}
+    state = mb.State(spec=spec, keeper=str(data["keeper"]), job_id=job_id, phase=phase, members=members,
+                     standbys=standbys, heard=heard, rounds=(round_,) if round_ else (), unstopped=unstopped,
+                     stop_began=now if unstopped else None, why=str(data["why"]),
+                     left=tuple((_read_node(n), str(r)) for n, r in data["left"]), restarts=int(data["restarts"]),
+                     wait_began=now if phase == mb.WAITING else None,
+                     min_reached=now if phase == mb.WAITING and len(members) >= spec.min_nodes else None,
+                     end=end, done=frozenset(str(x) for x in data["done"]))
+    stop = (int(data["stop"][0]), str(data["stop"][1])) if data["stop"] else None
+    refused = {str(k): str(v) for k, v in dict(data["refused"]).items()}
+    dropped = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["dropped"]).items()}
+    return Record(state, stop, refused, dropped)
+
+
+# ---------------------------------------------------------------- the keeper
+
+
+def keeper_of(joiners: Iterable[Joiner]) -> Optional[str]:
+    """The launcher that keeps the membership: the live one whose key is the oldest."""
+    first = min(joiners, key=lambda j: j.created, default=None)
+    return first.node.node_id if first is not None else None
+
+
+def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: str, alive: Mapping[str, Joiner],
+              now: float) -> Tuple[Record, tuple]:
+    """The keeper's record when this launcher becomes the keeper: the one in etcd, kept by this launcher now;
+    a new one (``membership.begin``) when there is none, or it is of a run whose launchers are all gone or
+    that ended."""
+    stale = record is None or record.state.end is not None or not any(
+        n.node_id in alive for n in record.state.members + record.state.standbys)
+    if stale:
+        state, actions = mb.begin(spec, me, job_id, now)
+        return apply(Record(state), state, actions), actions
+    state = replace(record.state, keeper=me.node_id)
+    if state.known(me.node_id) is None:  # this launcher came, but the last keeper never admitted it
+        state, actions = mb.decide(state, mb.JoinAsked(me, job_id), now)
+        return apply(replace(record, state=state), state, actions), actions
+    return replace(record, state=state), ()
+
+
+def reconcile(record: Record, alive: Mapping[str, Joiner], reports: List[Tuple[int, object]], fed: set,
+              now: float) -> Tuple[Record, tuple, set]:
+    """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
+    launcher that left (its key gone: ``Closed``), each that came (``JoinAsked``, in the order they came),
+    each report not fed before (``fed``: their (key, revision)), then the time. Returns the record, the
+    actions to carry out, and the reports fed."""
+    state, actions = record.state, []
+
+    def feed(event):
+        nonlocal state, record
+        state, more = mb.decide(state, event, now)
+        record = apply(record, state, more)
+        actions.extend(more)
+
+    for node in state.members + state.standbys:
+        if node.node_id not in alive and node.node_id != state.keeper:
+            feed(mb.Closed(node.node_id, "its key in etcd is gone (its lease expired, or it left)"))
+    state = replace(state, heard={k: now for k in state.heard if k in alive})
+    record = replace(record, state=state)
+    for joiner in sorted(alive.values(), key=lambda j: j.created):
+        node_id = joiner.node.node_id
+        if state.known(node_id) or node_id in record.refused or node_id in record.dropped:
+            continue
+        if not joiner.proven:
+            record = replace(record, refused={**record.refused, node_id: "wrong job or job token"})
+            actions.append(mb.Refuse(node_id, "wrong job or job token"))
+            continue
+        feed(mb.JoinAsked(joiner.node, state.job_id))
+    fed = set(fed)
+    for ident, event in sorted(reports, key=lambda r: r[0][1]):
+        if ident not in fed:
+            fed.add(ident)
+            feed(event)
+    feed(mb.TimePassed())
+    return record, tuple(actions), fed
+
+
+# ---------------------------------------------------------------- what a launcher reads
+
+
+@dataclass(frozen=True)
+class View:
+    """This launcher's orders in the record."""
+
+    round: Optional[m.RoundStart] = None  # the round it is a member of (the record's current one)
+    stop: Optional[Tuple[int, str]] = None
+    over: Optional[Tuple[int, str]] = None  # the job ended, or this launcher is out of it
+    refused: Optional[str] = None
+    standby: bool = False
+    round_number: int = 0  # the record's current round, whether or not this launcher is in it
+    job_ended: bool = False  # ``over`` is the job's end (not this launcher dropped)
+
+
+def view(record: Record, node_id: str) -> View:
+    s = record.state
+    number = s.round.number if s.round else 0
+    if node_id in record.dropped:
+        code, reason = record.dropped[node_id]
+        return View(over=(code, reason), round_number=number)
+    if node_id in record.refused:
+        return View(refused=record.refused[node_id], round_number=number)
+    over = s.end
+    current = s.round if s.round is not None and s.round.member(node_id) is not None else None
+    start = round_start(current) if current is not None else None
+    stop = record.stop if record.stop is not None and current is not None and record.stop[0] == current.number else None
+    standby = any(n.node_id == node_id for n in s.standbys)
+    return View(start, stop, over, None, standby, number, over is not None)
+
+
+def round_start(round_: mb.Round) -> m.RoundStart:
+    members = [[x.node.node_id, x.node.host, x.node.workers, x.node_rank, x.first_rank] for x in round_.members]
+    return m.RoundStart(round_.number, members, round_.world_size, round_.restarts, mb.describe(round_))
+
+
+# ---------------------------------------------------------------- the parts
+
+
+def _object(value: str) -> Optional[dict]:
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _proven(given, token: Optional[str], nonce: str, job_id: str, node_id: str) -> bool:
+    if token is None:
+        return given is None
+    return auth.proves(given, auth.proof(token, nonce, job_id, node_id))
+
+
+def _record_proof(token: Optional[str], body: str, job_id: str) -> Optional[str]:
+    return auth.proof(token, hashlib.sha256(body.encode()).hexdigest(), job_id, "record") if token else None
+
+
+def _proven_record(given, token: Optional[str], body: str, job_id: str) -> bool:
+    if token is None:
+        return given is None
+    return auth.proves(given, _record_proof(token, body, job_id))
+
+
+def _node(node: mb.Node) -> list:
+    return [node.node_id, node.host, node.workers]
+
+
+def _read_node(item) -> mb.Node:
+    node_id, host, workers = item
+    if not isinstance(node_id, str) or not isinstance(host, str) or type(workers) is not int:
+        raise ValueError(item)
+    return mb.Node(node_id, host, workers)
+
+
+def _round(round_: mb.Round) -> dict:
+    return {"number": round_.number, "members": [[_node(x.node), x.node_rank, x.first_rank] for x in round_.members],
+            "world_size": round_.world_size, "why": round_.why, "joined": [_node(n) for n in round_.joined],
+            "left": [[_node(n), r] for n, r in round_.left], "restarts": round_.restarts}
+
+
+def _read_round(data: dict) -> mb.Round:
+    members = tuple(mb.Member(_read_node(n), int(rank), int(first)) for n, rank, first in data["members"])
+    return mb.Round(number=int(data["number"]), members=members, world_size=int(data["world_size"]),
+                    why=str(data["why"]), joined=tuple(_read_node(n) for n in data["joined"]),
+                    left=tuple((_read_node(n), str(r)) for n, r in data["left"]), restarts=int(data["restarts"]))
+
+
+Reports = List[Tuple[Tuple[str, int], object]]  # ((key, mod revision), membership event)
+Alive = Dict[str, Joiner]

@@ -1,0 +1,138 @@
+"""An etcd rendezvous: where the job's membership lives when it is kept in etcd, and how to reach it. Pure.
+
+The three spellings (each maps to one ``EtcdSpec``):
+
+- torchrun: ``--rdzv-backend etcd`` (or ``etcd-v2``, the same here) ``--rdzv-endpoint HOST:PORT[,HOST:PORT...]``
+  with ``--rdzv-conf protocol=https,cacert=CA,cert=CERT,key=KEY`` (torchrun's etcd keys) and this
+  launcher's ``user=NAME`` (or ``user=NAME:PASSWORD``, as etcdctl's ``--user``) and ``password=...``;
+- Paddle 3.x: ``--master etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]``;
+- Paddle 2.x: ``--elastic_server HOST:PORT[,...]`` (or ``PADDLE_ELASTIC_SERVER``), with ``--job_id``.
+
+An endpoint without a port is etcd's client port, 2379; one written ``https://HOST:PORT`` asks for TLS.
+The password may also come from ``LAUNCHER_ETCD_PASSWORD`` (an option's value is visible to every
+user of the machine in ``ps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Tuple
+
+from launcher.errors import LaunchError
+from launcher.plan.parsing import DIGITS
+
+ETCD_PORT = 2379
+PASSWORD_VAR = "LAUNCHER_ETCD_PASSWORD"
+CONF_KEYS = ("cacert", "cert", "key", "password", "protocol", "user")  # --rdzv-conf keys of an etcd rendezvous
+PROTOCOLS = ("http", "https")
+
+
+@dataclass(frozen=True)
+class EtcdSpec:
+    """How this launcher reaches the etcd cluster that keeps the job's membership."""
+
+    endpoints: Tuple[Tuple[str, int], ...]  # (host, port) of each etcd member, tried in this order
+    protocol: str = "http"
+    cacert: Optional[str] = None  # the CA that signed etcd's certificate (https)
+    cert: Optional[str] = None  # this client's certificate and key (etcd's --client-cert-auth)
+    key: Optional[str] = None
+    user: Optional[str] = None  # etcd's user (its --auth-token with `etcdctl auth enable`)
+    password: Optional[str] = field(default=None, repr=False)
+
+    def shown(self) -> str:
+        """The endpoints as the messages name them."""
+        return ",".join(f"{self.protocol}://{_host(h)}:{p}" for h, p in self.endpoints)
+
+
+def parse_endpoints(text, option: str) -> Tuple[Tuple[Tuple[str, int], ...], Optional[str]]:
+    """``[http(s)://]HOST[:PORT],...`` as ((host, port), ...) and the protocol named (None: none named)."""
+    endpoints, protocols = [], set()
+    for item in (part.strip() for part in str(text or "").split(",")):
+        if not item:
+            continue
+        scheme, sep, rest = item.partition("://")
+        if sep:
+            if scheme.lower() not in PROTOCOLS:
+                raise LaunchError(f"{option} {text} names the scheme {scheme!r}; give HOST:PORT of etcd, or "
+                                  "http:// or https:// before it.")
+            protocols.add(scheme.lower())
+            item = rest
+        endpoints.append(_endpoint(item.rstrip("/"), text, option))
+    if not endpoints:
+        raise LaunchError(f"{option} {text!r} names no etcd endpoint; give HOST:PORT of etcd, such as 10.0.0.1:2379.")
+    if len(protocols) > 1:
+        raise LaunchError(f"{option} {text} mixes http:// and https:// endpoints; give one protocol for every member.")
+    return tuple(endpoints), (protocols.pop() if protocols else None)
+
+
+def from_url(text: str, option: str) -> EtcdSpec:
+    """Paddle 3.x's ``etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]``."""
+    scheme, _, rest = str(text).strip().partition("://")
+    if scheme.lower() != "etcd":
+        raise LaunchError(f"{option} {text} is not etcd://HOST:PORT; give node 0's IP:PORT, or etcd://HOST:PORT of etcd.")
+    credentials, at, hosts = rest.rpartition("@")
+    endpoints, _ = parse_endpoints(hosts, option)
+    user, colon, password = credentials.partition(":")
+    if at and not user:
+        raise LaunchError(f"{option} etcd://...@{hosts} names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT "
+                          "or no '@'.")
+    return EtcdSpec(endpoints, user=user or None, password=password if colon else None)
+
+
+def split_conf(text: Optional[str]) -> Tuple[str, dict]:
+    """torchrun's ``--rdzv-conf`` as (its rendezvous settings, the etcd keys given): the etcd keys out."""
+    kept, etcd = [], {}
+    for item in (part.strip() for part in str(text or "").split(",")):
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if eq and key in CONF_KEYS:
+            if key in etcd and etcd[key] != value:
+                raise LaunchError(f"--rdzv-conf gives {key} twice ({key}={etcd[key]}, {key}={value}); give it once.")
+            etcd[key] = value
+        elif item:
+            kept.append(item)
+    return ",".join(kept), etcd
+
+
+def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], protocol: Optional[str] = None) -> EtcdSpec:
+    """The spec with torchrun's etcd keys (``--rdzv-conf``), the protocol of the endpoints, and the password
+    from ``LAUNCHER_ETCD_PASSWORD`` when no option gave one."""
+    given = {k: v for k, v in conf.items() if v != ""}
+    chosen = given.get("protocol", protocol or ("https" if {"cacert", "cert", "key"} & set(given) else spec.protocol))
+    if chosen.lower() not in PROTOCOLS:
+        raise LaunchError(f"--rdzv-conf protocol={chosen} is not http or https; give protocol=https for TLS, or "
+                          "leave it out.")
+    if protocol is not None and "protocol" in given and given["protocol"].lower() != protocol:
+        raise LaunchError(f"--rdzv-conf protocol={given['protocol']} disagrees with the {protocol}:// endpoints; "
+                          "give one of them.")
+    if ("cert" in given) != ("key" in given):
+        raise LaunchError("--rdzv-conf gives cert without key (or key without cert); a client certificate needs "
+                          "both: cert=CLIENT.pem,key=CLIENT-key.pem.")
+    user, password = given.get("user", spec.user), given.get("password", spec.password)
+    if user is not None and ":" in user and password is None:
+        user, _, password = user.partition(":")
+    if user is not None and password is None:
+        password = env.get(PASSWORD_VAR) or None
+    if password is not None and not user:
+        raise LaunchError("an etcd password was given without a user; give --rdzv-conf user=NAME too.")
+    if user is not None and password is None:
+        raise LaunchError(f"the etcd user {user} has no password; give it in {PASSWORD_VAR} (or user=NAME:PASSWORD).")
+    return replace(spec, protocol=chosen.lower(), cacert=given.get("cacert"), cert=given.get("cert"),
+                   key=given.get("key"), user=user, password=password)
+
+
+def _endpoint(item: str, text, option: str) -> Tuple[str, int]:
+    if item.startswith("["):
+        host, _, port = item[1:].partition("]")
+        port = port[1:] if port.startswith(":") else (port or str(ETCD_PORT))
+    elif item.count(":") == 1:
+        host, _, port = item.partition(":")
+    else:
+        host, port = item, str(ETCD_PORT)
+    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise LaunchError(f"{option} {text} has the endpoint {item!r}, which is not HOST:PORT; give etcd's address "
+                          "and client port, such as 10.0.0.1:2379.")
+    return host, int(port)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
