@@ -31,6 +31,8 @@ def round_(number, world_nodes, restarts=0, me_rank=1):
 class FakeLink:
     """Node 0 as this node sees it: ``react(call)`` puts node 0's answers in the inbox."""
 
+    says_rounds = False  # another node's link: the coordinator says each round
+
     def __init__(self, clock: FakeClock, first: m.RoundStart, react) -> None:
         self.inbox, self.node_id, self.first, self.clock = Inbox(), "me", first, clock
         self.react = react

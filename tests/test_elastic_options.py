@@ -6,6 +6,7 @@ import pytest
 from launcher.errors import LaunchError
 from launcher.plan import elastic
 from launcher.plan.elastic import ElasticSpec, Rendezvous
+from launcher.plan.etcd import EtcdSpec
 
 
 def refusal(parse, values, *args) -> str:
@@ -167,31 +168,9 @@ def test_a_range_on_the_static_backend_is_refused():
         "--rdzv-backend c10d for an elastic job, or --nnodes 3.")
 
 
-@pytest.mark.parametrize("values, env, sentence", [
-    ({"rdzv_backend": "etcd"}, None, "--rdzv-backend etcd needs the etcd extra of a later version of this launcher; "
-     "give --rdzv-backend c10d instead (node 0's launcher then keeps the membership itself)."),
-    ({"rdzv_backend": "etcd-v2", "nnodes": "2:3"}, None, "--rdzv-backend etcd-v2 needs the etcd extra of a later "
-     "version of this launcher; give --rdzv-backend c10d instead (node 0's launcher then keeps the membership itself)."),
-])
-def test_etcd_is_refused_naming_the_extra_it_needs(values, env, sentence):
-    assert refusal(elastic.from_torchrun, values) == sentence
-
-
-def test_etcd_is_refused_in_paddles_spellings_too():
-    assert refusal(elastic.from_paddle3, {"nnodes": "2:4", "master": "etcd://10.0.0.1:2379"}) == (
-        "--master etcd://10.0.0.1:2379 names an etcd rendezvous, which needs the etcd extra of a later version of this "
-        "launcher; give --master IP:PORT of node 0 instead (node 0's launcher then keeps the membership itself).")
-    assert refusal(elastic.from_paddle2, {"np": "2:4", "elastic_server": "10.0.0.1:2379", "job_id": "j"}) == (
-        "--elastic_server 10.0.0.1:2379 names an etcd rendezvous, which needs the etcd extra of a later version of "
-        "this launcher; give --np MIN:MAX with --ips (node 0 first) instead (node 0's launcher then keeps the "
-        "membership itself).")
-    assert "--elastic_server 10.0.0.1:2379 names an etcd rendezvous" in refusal(
-        elastic.from_paddle2, {"np": "2:4"}, {"PADDLE_ELASTIC_SERVER": "10.0.0.1:2379"})
-
-
 def test_an_unknown_backend_is_refused():
     assert refusal(elastic.from_torchrun, {"rdzv_backend": "zmq"}) == (
-        "--rdzv-backend zmq is not a rendezvous backend of this launcher; give c10d or static.")
+        "--rdzv-backend zmq is not a rendezvous backend of this launcher; give c10d, etcd or static.")
 
 
 def test_an_unknown_rdzv_conf_key_is_refused_naming_the_known_ones():
@@ -273,3 +252,256 @@ def test_paddle2_without_node_0_is_refused():
         "--np 2:4 needs node 0's address: give --master IP:PORT (the same on every node) or --ips with node 0 first.")
     assert refusal(elastic.from_paddle2, {}, {"PADDLE_ELASTIC_NP": "2:4", "PADDLE_ELASTIC_TIMEOUT": "x"}) == (
         "PADDLE_ELASTIC_TIMEOUT=x is not a number of seconds; give one from 0 to 3600, such as PADDLE_ELASTIC_TIMEOUT=1.")
+
+
+# ---------------------------------------------------------------- etcd: the three spellings accepted
+
+
+def in_etcd(**values):
+    return {"rdzv_backend": "etcd", "nnodes": "2:3", "rdzv_endpoint": "10.0.0.5:2379", **values}
+
+
+def test_torchrun_etcd_line_as_the_docs_show_it():
+    spec = elastic.from_torchrun(in_etcd(rdzv_id="job1", max_restarts=2, rdzv_conf="join_timeout=60"))
+    assert spec == ElasticSpec(2, 3, "etcd", host="10.0.0.5", port=2379, job_id="job1", max_restarts=2,
+                               rendezvous=Rendezvous(join_timeout=60), etcd=EtcdSpec((("10.0.0.5", 2379),)))
+    assert spec.elastic and spec.etcd.shown() == "http://10.0.0.5:2379"
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2", "ETCD"])
+def test_etcd_v2_is_etcd_here(backend):
+    assert elastic.from_torchrun(in_etcd(rdzv_backend=backend)).backend == "etcd"
+
+
+@pytest.mark.parametrize("nnodes", [None, "1", "2", "3:3"])
+def test_with_etcd_a_fixed_count_is_elastic_too(nnodes):
+    spec = elastic.from_torchrun(in_etcd(nnodes=nnodes))
+    assert spec.backend == "etcd" and spec.elastic and spec.min_nodes == spec.max_nodes
+    assert elastic.from_paddle3({"nnodes": nnodes, "master": "etcd://10.0.0.5:2379"}).elastic
+    assert elastic.from_paddle2({"np": nnodes, "elastic_server": "10.0.0.5:2379", "job_id": "j"}).elastic
+
+
+@pytest.mark.parametrize("endpoint, endpoints, protocol", [
+    ("h1:2379,h2", (("h1", 2379), ("h2", 2379)), "http"),  # no port: etcd's client port
+    (" h1:2380 , h2:2381 ,", (("h1", 2380), ("h2", 2381)), "http"),
+    ("[::1]:2379", (("::1", 2379),), "http"),
+    ("[::1]", (("::1", 2379),), "http"),
+    ("::1", (("::1", 2379),), "http"),
+    ("[fe80::1]:2380,10.0.0.2", (("fe80::1", 2380), ("10.0.0.2", 2379)), "http"),
+    ("etcd_1:2379,etcd-2.example.com", (("etcd_1", 2379), ("etcd-2.example.com", 2379)), "http"),
+    ("http://h1:2379", (("h1", 2379),), "http"),
+    ("https://h1:2379/,HTTPS://h2", (("h1", 2379), ("h2", 2379)), "https"),
+])
+def test_etcd_endpoints_their_ports_and_protocol(endpoint, endpoints, protocol):
+    spec = elastic.from_torchrun(in_etcd(rdzv_endpoint=endpoint))
+    assert (spec.etcd.endpoints, spec.etcd.protocol) == (endpoints, protocol)
+    assert (spec.host, spec.port) == endpoints[0]  # host:port name the first member
+
+
+def test_the_etcd_keys_of_rdzv_conf_are_taken_beside_the_rendezvous_settings():
+    conf = "protocol=https,cacert=ca.pem,cert=client.pem,key=client-key.pem,user=root,password=pw,last_call_timeout=5"
+    spec = elastic.from_torchrun(in_etcd(rdzv_conf=conf))
+    assert spec.etcd == EtcdSpec((("10.0.0.5", 2379),), "https", "ca.pem", "client.pem", "client-key.pem", "root", "pw")
+    assert spec.rendezvous == Rendezvous(last_call_timeout=5)
+    assert "pw" not in repr(spec)  # the password is never shown
+
+
+@pytest.mark.parametrize("conf", ["cacert=ca.pem", "cert=c.pem,key=k.pem", "cacert=ca.pem,cert=c.pem,key=k.pem"])
+def test_a_certificate_without_protocol_means_https(conf):
+    assert elastic.from_torchrun(in_etcd(rdzv_conf=conf)).etcd.protocol == "https"
+    assert elastic.from_torchrun(in_etcd(rdzv_conf=conf + ",protocol=http")).etcd.protocol == "http"  # as told
+
+
+def test_an_https_endpoint_says_https_and_protocol_may_repeat_it():
+    assert elastic.from_torchrun(in_etcd(rdzv_endpoint="https://h1")).etcd.protocol == "https"
+    assert elastic.from_torchrun(in_etcd(rdzv_endpoint="https://h1", rdzv_conf="protocol=HTTPS")).etcd.protocol == "https"
+    assert elastic.from_torchrun(in_etcd(rdzv_conf="protocol=https")).etcd.protocol == "https"
+
+
+@pytest.mark.parametrize("conf, env, user, password", [
+    ("user=root,password=pw", {}, "root", "pw"),
+    ("user=root:pw", {}, "root", "pw"),  # etcdctl's --user NAME:PASSWORD
+    ("user=root:p:w", {}, "root", "p:w"),  # the password after the first colon
+    ("user=root", {"LAUNCHER_ETCD_PASSWORD": "pw"}, "root", "pw"),
+    ("user=root,password=pw", {"LAUNCHER_ETCD_PASSWORD": "other"}, "root", "pw"),  # the option first
+    ("", {"LAUNCHER_ETCD_PASSWORD": "pw"}, None, None),  # no user: no password
+])
+def test_the_etcd_user_and_its_password(conf, env, user, password):
+    spec = elastic.from_torchrun(in_etcd(rdzv_conf=conf), env).etcd
+    assert (spec.user, spec.password) == (user, password)
+
+
+def test_paddle3_etcd_master_with_user_and_several_members():
+    spec = elastic.from_paddle3({"nnodes": "2:4", "master": "etcd://user:pass@h1:2379,h2", "job_id": "j",
+                                 "elastic_level": "0", "max_restart": "2"})
+    assert spec == ElasticSpec(2, 4, "etcd", host="h1", port=2379, job_id="j", max_restarts=2, failed_node_leaves=True,
+                               etcd=EtcdSpec((("h1", 2379), ("h2", 2379)), user="user", password="pass"))
+
+
+@pytest.mark.parametrize("master, endpoints, user, password", [
+    ("etcd://[::1]:2379", (("::1", 2379),), None, None),
+    ("ETCD://h1", (("h1", 2379),), None, None),
+    ("etcd://u:p@ss@h1:2380", (("h1", 2380),), "u", "p@ss"),  # the last '@' ends the credentials
+])
+def test_paddle3_etcd_master_spellings(master, endpoints, user, password):
+    spec = elastic.from_paddle3({"nnodes": "2:3", "master": master}).etcd
+    assert (spec.endpoints, spec.user, spec.password) == (endpoints, user, password)
+
+
+def test_paddle3_etcd_user_takes_its_password_from_the_environment():
+    spec = elastic.from_paddle3({"nnodes": "2:3", "master": "etcd://u@h1"}, {"LAUNCHER_ETCD_PASSWORD": "pw"})
+    assert (spec.etcd.user, spec.etcd.password) == ("u", "pw")
+
+
+def test_an_https_endpoint_keeps_its_protocol_in_paddles_spellings():
+    assert elastic.from_paddle3({"nnodes": "2:3", "master": "etcd://https://h1:2379"}).etcd.protocol == "https"
+    spec = elastic.from_paddle2({"np": "2", "elastic_server": "https://h1:2379,https://h2", "job_id": "j"})
+    assert (spec.etcd.protocol, spec.etcd.endpoints) == ("https", (("h1", 2379), ("h2", 2379)))
+
+
+def test_paddle2_elastic_server_with_job_id():
+    spec = elastic.from_paddle2({"np": "2:4", "elastic_server": "10.0.0.5:2379", "job_id": "job1"})
+    assert spec == ElasticSpec(2, 4, "etcd", host="10.0.0.5", port=2379, job_id="job1",
+                               etcd=EtcdSpec((("10.0.0.5", 2379),)))
+    assert elastic.from_paddle2({"np": "2", "elastic_server": "etcd://10.0.0.5", "job_id": "j"}).etcd == spec.etcd
+
+
+def test_paddle2_reads_its_etcd_variables():
+    env = {"PADDLE_ELASTIC_SERVER": "10.0.0.5:2379", "PADDLE_ELASTIC_JOB_ID": "j9", "PADDLE_ELASTIC_NP": "2:3"}
+    spec = elastic.from_paddle2({}, env)
+    assert (spec.backend, spec.job_id, spec.min_nodes, spec.max_nodes, spec.etcd.endpoints) == (
+        "etcd", "j9", 2, 3, (("10.0.0.5", 2379),))
+    assert elastic.from_paddle2({"elastic_server": "h9:1", "job_id": "k"}, env).etcd.endpoints == (("h9", 1),)
+
+
+# ---------------------------------------------------------------- etcd: refusals, one sentence each
+
+
+def test_etcd_without_its_endpoint_is_refused():
+    sentence = ("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client port), the same on "
+                "every node.")
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint=None)) == sentence
+    assert refusal(elastic.from_torchrun, {"rdzv_backend": "etcd-v2", "rdzv_endpoint": ""}) == sentence
+
+
+@pytest.mark.parametrize("endpoint, item", [
+    ("h1:x", "h1:x"), ("h1:0", "h1:0"), ("h1:65536", "h1:65536"), (":2379", ":2379"), ("h1:2379,h2:", "h2:"),
+    ("[::1]:", "[::1]:"), ("[::1]x", "[::1]x"), ("[::1", "[::1"), ("h1:2379:1", "h1:2379:1"),
+    ("u:pw@h1:2379", "u:pw@h1:2379"), ("u@h1:2379", "u@h1:2379"), ("h1/v3:2379", "h1/v3:2379"), ("http://", ""),
+    ("h1:²", "h1:²"), ("2379", "2379"), ("10.0.0:2379", "10.0.0:2379"),
+])
+def test_a_bad_etcd_endpoint_is_refused_naming_it(endpoint, item):
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint=endpoint)) == (
+        f"--rdzv-endpoint {endpoint} has the endpoint {item!r}, which is not HOST:PORT; give etcd's address and client "
+        "port, such as 10.0.0.1:2379.")
+
+
+@pytest.mark.parametrize("endpoint", [",", " , "])
+def test_an_etcd_endpoint_list_of_nothing_is_refused(endpoint):
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint=endpoint)) == (
+        f"--rdzv-endpoint {endpoint!r} names no etcd endpoint; give HOST:PORT of etcd, such as 10.0.0.1:2379.")
+
+
+def test_etcd_endpoints_of_mixed_protocols_are_refused():
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint="http://h1:2379,https://h2:2379")) == (
+        "--rdzv-endpoint http://h1:2379,https://h2:2379 mixes http:// and https:// endpoints; give one protocol for "
+        "every member.")
+
+
+@pytest.mark.parametrize("endpoint, scheme", [("ftp://h1:2379", "ftp"), ("h1:2379,etcd://h2", "etcd"),
+                                              ("unix://run/etcd.sock", "unix")])
+def test_an_etcd_endpoint_of_another_scheme_is_refused(endpoint, scheme):
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint=endpoint)) == (
+        f"--rdzv-endpoint {endpoint} names the scheme {scheme!r}; give HOST:PORT of etcd, or http:// or https:// "
+        "before it.")
+
+
+@pytest.mark.parametrize("conf, sentence", [
+    ("cert=c.pem", "--rdzv-conf gives cert without key (or key without cert); a client certificate needs both: "
+                   "cert=CLIENT.pem,key=CLIENT-key.pem."),
+    ("cacert=ca.pem,key=k.pem", "--rdzv-conf gives cert without key (or key without cert); a client certificate needs "
+                                "both: cert=CLIENT.pem,key=CLIENT-key.pem."),
+    ("protocol=ftp", "--rdzv-conf protocol=ftp is not http or https; give protocol=https for TLS, or leave it out."),
+    ("user=root", "the etcd user root has no password; give it in LAUNCHER_ETCD_PASSWORD (or user=NAME:PASSWORD)."),
+    ("password=pw", "an etcd password was given without a user; give --rdzv-conf user=NAME too."),
+    ("user=:pw", "an etcd password was given without a user; give --rdzv-conf user=NAME too."),
+    ("user=a,user=b", "--rdzv-conf gives user twice (user=a, user=b); give it once."),
+    ("join_timout=60", "--rdzv-conf has the unknown key 'join_timout'; the known keys are close_timeout, "
+     "heartbeat_timeout, is_host, join_timeout, keep_alive_interval, keep_alive_max_attempt, last_call_timeout, "
+     "read_timeout, timeout: drop it or correct its spelling."),
+])
+def test_a_bad_etcd_rdzv_conf_is_refused(conf, sentence):
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_conf=conf), {}) == sentence
+
+
+def test_the_password_variable_does_not_stand_in_for_the_user_or_a_refusal():
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_conf="user=root"), {"LAUNCHER_ETCD_PASSWORD": ""}) == (
+        "the etcd user root has no password; give it in LAUNCHER_ETCD_PASSWORD (or user=NAME:PASSWORD).")
+
+
+def test_a_protocol_that_disagrees_with_the_endpoints_is_refused():
+    assert refusal(elastic.from_torchrun, in_etcd(rdzv_endpoint="https://h1", rdzv_conf="protocol=http")) == (
+        "--rdzv-conf protocol=http disagrees with the https:// endpoints; give one of them.")
+
+
+@pytest.mark.parametrize("backend", [None, "static", "c10d"])
+def test_etcd_keys_in_rdzv_conf_without_etcd_are_refused(backend):
+    values = {"nnodes": "2:3", "rdzv_backend": backend, "rdzv_conf": "join_timeout=60,cacert=ca.pem,user=u"}
+    assert refusal(elastic.from_torchrun, values) == (
+        "--rdzv-conf cacert,user= is for an etcd rendezvous; give --rdzv-backend etcd, or drop it.")
+
+
+def test_a_fixed_node_rank_or_a_short_node_list_is_refused_with_etcd_too():
+    assert refusal(elastic.from_torchrun, in_etcd(nnodes="2", node_rank=0)) == (
+        "--node-rank 0 fixes this node's rank, but the ranks of an elastic job (--nnodes 2) come from the order the "
+        "nodes join; drop --node-rank.")
+    assert refusal(elastic.from_torchrun, in_etcd(cluster_node_ips="10.0.0.1,10.0.0.2")) == (
+        "--cluster_node_ips 10.0.0.1,10.0.0.2 lists 2 node(s), but --nnodes 2:3 lets 3 join; give all 3 addresses, "
+        "node 0 first, or no --cluster_node_ips.")
+
+
+@pytest.mark.parametrize("master, sentence", [
+    ("etcd://", "--master 'etcd://' names no etcd endpoint; give HOST:PORT of etcd, such as 10.0.0.1:2379."),
+    ("etcd://h1:x", "--master etcd://h1:x has the endpoint 'h1:x', which is not HOST:PORT; give etcd's address and "
+                    "client port, such as 10.0.0.1:2379."),
+    ("etcd://u:secret@h1:x", "--master etcd://...@h1:x has the endpoint 'h1:x', which is not HOST:PORT; give etcd's "
+                             "address and client port, such as 10.0.0.1:2379."),
+    ("etcd://@h1", "--master etcd://...@h1 names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT or no '@'."),
+    ("etcd://:secret@h1", "--master etcd://...@h1 names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT or no "
+                          "'@'."),
+    ("etcd://u@h1", "the etcd user u has no password; give it in LAUNCHER_ETCD_PASSWORD (or "
+                    "etcd://NAME:PASSWORD@HOST:PORT)."),
+    ("etcd://http://h1,https://h2", "--master etcd://http://h1,https://h2 mixes http:// and https:// endpoints; give "
+                                    "one protocol for every member."),
+    ("http://h1:2379", "--master http://h1:2379 is not etcd://HOST:PORT; give node 0's IP:PORT, or etcd://HOST:PORT of "
+                       "etcd."),
+    ("ftp://u:secret@h1", "--master ftp://...@h1 is not etcd://HOST:PORT; give node 0's IP:PORT, or etcd://HOST:PORT "
+                          "of etcd."),
+])
+def test_a_bad_paddle3_etcd_master_is_refused_never_showing_the_password(master, sentence):
+    assert refusal(elastic.from_paddle3, {"nnodes": "2:3", "master": master}, {}) == sentence
+    assert "secret" not in sentence
+
+
+def test_paddle2_etcd_without_job_id_is_refused():
+    assert refusal(elastic.from_paddle2, {"np": "2", "elastic_server": "127.0.0.1:2379"}) == (
+        "--elastic_server 127.0.0.1:2379 keeps the membership of many jobs in etcd: give --job_id ID (or "
+        "PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+    assert refusal(elastic.from_paddle2, {}, {"PADDLE_ELASTIC_SERVER": "h1:2379", "PADDLE_ELASTIC_NP": "2:3"}) == (
+        "PADDLE_ELASTIC_SERVER h1:2379 keeps the membership of many jobs in etcd: give --job_id ID (or "
+        "PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+    assert refusal(elastic.from_paddle2, {"elastic_server": "etcd://u:secret@h1"}) == (
+        "--elastic_server etcd://...@h1 keeps the membership of many jobs in etcd: give --job_id ID (or "
+        "PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+
+
+@pytest.mark.parametrize("server, sentence", [
+    ("h1:x", "--elastic_server h1:x has the endpoint 'h1:x', which is not HOST:PORT; give etcd's address and client "
+             "port, such as 10.0.0.1:2379."),
+    ("ftp://h1", "--elastic_server ftp://h1 names the scheme 'ftp'; give HOST:PORT of etcd, or http:// or https:// "
+                 "before it."),
+    ("etcd://u@h1", "the etcd user u has no password; give it in LAUNCHER_ETCD_PASSWORD (or "
+                    "etcd://NAME:PASSWORD@HOST:PORT)."),
+])
+def test_a_bad_paddle2_elastic_server_is_refused(server, sentence):
+    assert refusal(elastic.from_paddle2, {"np": "2:3", "elastic_server": server, "job_id": "j"}) == sentence

@@ -1,12 +1,17 @@
 """Paddle 2.6/3.x's and fleetrun's command lines, mapped onto this launcher's options: every option, one test
 each, through the real click command and the plan."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
+from conftest import REPO
 from launcher import envvars as ev
 from launcher.cli import paddle as paddle_cli
-from launcher.cli.main import _with_config, launch, resolve_options
+from launcher.cli.main import _given, _with_config, launch, resolve_options
 from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, Interface
 from launcher.plan.planner import make_plan
@@ -44,8 +49,19 @@ def test_ips_host_rank_and_master_place_this_node():
         "--ips", "127.0.0.1,127.0.0.2", "--rank", "1", "--host", "127.0.0.1")
     assert "--rank 2 is not a node rank" in refused("--ips", "127.0.0.1,127.0.0.2", "--rank", "2")
     assert "is not on node 0 (127.0.0.1" in refused("--ips", "127.0.0.1,127.0.0.2", "--master", "127.0.0.2:8090")
-    assert "elastic rendezvous (etcd)" in refused("--master", "etcd://127.0.0.1:2379")
     assert "is not IP:PORT" in refused("--master", "127.0.0.1")
+
+
+@pytest.mark.parametrize("master, sentence", [
+    ("etcd://127.0.0.1:2379", "--master etcd://127.0.0.1:2379 keeps the job's membership in etcd, which needs the "
+                              "number of nodes; give --nnodes N or MIN:MAX too, the same on every node."),
+    ("etcd://root:secret@127.0.0.1:2379", "--master etcd://...@127.0.0.1:2379 keeps the job's membership in etcd, which "
+                                          "needs the number of nodes; give --nnodes N or MIN:MAX too, the same on every node."),
+    ("http://127.0.0.1:8090", "--master http://127.0.0.1:8090 is not IP:PORT; give node 0's address and a free port, "
+                              "such as 10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes)."),
+])
+def test_master_with_a_scheme_but_no_nnodes_is_refused_naming_the_fix(master, sentence):
+    assert refused("--master", master) == sentence
 
 
 def test_sort_ip_ranks_the_nodes_by_address():
@@ -114,9 +130,9 @@ def test_the_config_file_takes_paddle_names(tmp_path):
     assert [w.gpu for w in p.workers] == ["0", "2"] and p.max_restarts == 2
 
 
-def elastic_of(*args):
+def elastic_of(*args, env=None):
     ctx = launch.make_context("launcher", [*args, "train.py"])
-    return paddle_cli.elastic(ctx.params, lambda name: ctx.get_parameter_source(name).name != "DEFAULT")
+    return paddle_cli.elastic(ctx.params, lambda name: _given(ctx, name), env)
 
 
 def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_masters_port():
@@ -141,3 +157,71 @@ def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_master
 def test_a_bad_elastic_line_of_paddle_3_is_refused_naming_the_fix(args, fragment):
     with pytest.raises(LaunchError, match=fragment):
         elastic_of(*args)
+
+
+
+# ---------------------------------------------------------------- the membership in etcd
+
+
+def test_elastic_server_is_mapped_not_refused():
+    assert "elastic_server" not in paddle_cli.REFUSED
+    assert "elastic_server" in [o.name for o in paddle_cli.MAPPED]
+
+
+@pytest.mark.parametrize("nnodes", ["2:3", "2"])
+def test_master_etcd_with_nnodes_is_an_elastic_job_in_etcd(nnodes):
+    values = elastic_of("--nnodes", nnodes, "--master", "etcd://root:pw@10.0.0.5:2379,10.0.0.6", "--job_id", "j",
+                        "--max_restart", "2")
+    spec = values["elastic"]
+    assert (spec.backend, spec.job_id, spec.max_restarts, spec.host, spec.port) == ("etcd", "j", 2, "10.0.0.5", 2379)
+    assert spec.elastic and spec.etcd.endpoints == (("10.0.0.5", 2379), ("10.0.0.6", 2379))
+    assert (spec.etcd.user, spec.etcd.password) == ("root", "pw")
+    assert values == {"elastic": spec, "nnodes": None, "master": None, "elastic_level": "-1"}  # no node 0's port
+
+
+@pytest.mark.parametrize("args", [("--np", "2:3"), ("--nnodes", "2"), ()])
+def test_elastic_server_with_job_id_is_an_elastic_job_in_etcd(args):
+    values = elastic_of("--elastic_server", "10.0.0.5:2379", "--job_id", "job1", *args)
+    spec = values["elastic"]
+    assert (spec.backend, spec.job_id, spec.etcd.endpoints) == ("etcd", "job1", (("10.0.0.5", 2379),))
+    assert values == {"elastic": spec, "nnodes": None, "elastic_server": None}
+
+
+def test_paddle_elastic_server_variable_is_read():
+    values = elastic_of("--np", "2:3", env={"PADDLE_ELASTIC_SERVER": "10.0.0.5:2379", "PADDLE_ELASTIC_JOB_ID": "j"})
+    assert (values["elastic"].backend, values["elastic"].job_id, values["elastic"].max_nodes) == ("etcd", "j", 3)
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--nnodes", "2:3", "--master", "etcd://"), "--master 'etcd://' names no etcd endpoint; give HOST:PORT of etcd, "
+                                                 "such as 10.0.0.1:2379."),
+    (("--nnodes", "2", "--master", "etcd://root@10.0.0.5"), "the etcd user root has no password; give it in "
+     "LAUNCHER_ETCD_PASSWORD (or etcd://NAME:PASSWORD@HOST:PORT)."),
+    (("--nnodes", "2:3", "--master", "etcd://10.0.0.5", "--rank", "1"), "--rank 1 fixes this node's rank, but the ranks "
+     "of an elastic job (--nnodes 2:3) come from the order the nodes join; drop --rank."),
+    (("--elastic_server", "127.0.0.1:2379", "--np", "2"), "--elastic_server 127.0.0.1:2379 keeps the membership of many "
+     "jobs in etcd: give --job_id ID (or PADDLE_ELASTIC_JOB_ID), the same on every node of this job."),
+    (("--elastic_server", "127.0.0.1:x", "--job_id", "j"), "--elastic_server 127.0.0.1:x has the endpoint "
+     "'127.0.0.1:x', which is not HOST:PORT; give etcd's address and client port, such as 10.0.0.1:2379."),
+])
+def test_a_bad_etcd_line_of_paddle_is_refused_in_one_sentence(args, sentence):
+    with pytest.raises(LaunchError) as e:
+        elastic_of(*args)
+    assert str(e.value) == sentence
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--nnodes", "2:3", "--master", "etcd://"), "--master 'etcd://' names no etcd endpoint"),
+    (("--master", "etcd://"), "--master etcd:// keeps the job's membership in etcd, which needs the number of nodes"),
+    (("--elastic_server", "127.0.0.1:2379", "--np", "2"), "--elastic_server 127.0.0.1:2379 keeps the membership of "
+                                                          "many jobs in etcd: give --job_id ID"),
+])
+def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LAUNCHER_ETCD"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    (tmp_path / "train.py").write_text("")
+    done = subprocess.run([sys.executable, "-m", "launcher", *args, "train.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"launcher: error: {sentence}") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -1,10 +1,13 @@
 """torchrun's command line, mapped onto the launcher's options (launcher.cli.torchrun) and planned."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
+from conftest import REPO
 from launcher.cli import main as cli
 from launcher.plan.clusters import registry
 from launcher import envvars as ev
@@ -58,6 +61,78 @@ def test_an_elastic_range_with_c10d_maps_onto_an_elastic_spec_whose_round_gives_
     assert spec.rendezvous.last_call_timeout == 2
     assert (values["nnodes"], values["master_addr"], values["started_port"]) == (None, "127.0.0.1", 29651)  # the endpoint is node 0's membership
     assert "elastic" not in ours(nnodes="2:2", node_rank=1, master_addr="10.0.0.1")
+
+
+@pytest.mark.parametrize("nnodes", ["2:3", "2", "3:3", None])
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_etcd_at_any_count_maps_onto_an_elastic_spec_in_etcd(nnodes, backend):
+    values = ours(nnodes=nnodes, rdzv_backend=backend, rdzv_endpoint="10.0.0.5:2379,10.0.0.6", rdzv_id="job1",
+                  rdzv_conf="cacert=ca.pem,join_timeout=60", env={})
+    spec = values["elastic"]
+    assert (spec.backend, spec.host, spec.port, spec.job_id) == ("etcd", "10.0.0.5", 2379, "job1") and spec.elastic
+    assert (spec.etcd.endpoints, spec.etcd.protocol, spec.etcd.cacert) == (
+        (("10.0.0.5", 2379), ("10.0.0.6", 2379)), "https", "ca.pem")
+    assert spec.rendezvous.join_timeout == 60
+    assert values["nnodes"] is None and "master_addr" not in values and "started_port" not in values  # no node 0
+    assert values["job_id"] == "job1"
+
+
+def test_standalone_is_one_node_whatever_the_backend():
+    assert "elastic" not in ours(standalone=True, rdzv_backend="etcd")
+
+
+def test_the_etcd_password_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LAUNCHER_ETCD_PASSWORD", "pw")
+    spec = ours(nnodes="2", rdzv_backend="etcd", rdzv_endpoint="h1", rdzv_conf="user=root")["elastic"]
+    assert (spec.etcd.user, spec.etcd.password) == ("root", "pw")
+    monkeypatch.delenv("LAUNCHER_ETCD_PASSWORD")
+    with pytest.raises(LaunchError, match="^the etcd user root has no password; give it in LAUNCHER_ETCD_PASSWORD"):
+        ours(nnodes="2", rdzv_backend="etcd", rdzv_endpoint="h1", rdzv_conf="user=root")
+
+
+@pytest.mark.parametrize("values, sentence", [
+    ({"nnodes": "2:3"}, "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client port), the "
+                        "same on every node."),
+    ({"nnodes": "2"}, "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client port), the "
+                      "same on every node."),
+    ({}, "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client port), the same on every "
+         "node."),
+    ({"nnodes": "2", "node_rank": 1, "rdzv_endpoint": "h1"}, "--node-rank 1 fixes this node's rank, but the ranks of an "
+     "elastic job (--nnodes 2) come from the order the nodes join; drop --node-rank."),
+    ({"nnodes": "2:3", "rdzv_endpoint": "h1:x"}, "--rdzv-endpoint h1:x has the endpoint 'h1:x', which is not HOST:PORT; "
+     "give etcd's address and client port, such as 10.0.0.1:2379."),
+    ({"nnodes": "2:3", "rdzv_endpoint": "h1", "rdzv_conf": "cert=c.pem"}, "--rdzv-conf gives cert without key (or key "
+     "without cert); a client certificate needs both: cert=CLIENT.pem,key=CLIENT-key.pem."),
+])
+def test_a_bad_etcd_line_of_torchrun_is_refused_in_one_sentence(values, sentence):
+    with pytest.raises(LaunchError) as e:
+        ours(rdzv_backend="etcd", env={}, **values)
+    assert str(e.value) == sentence
+
+
+def test_etcd_keys_in_rdzv_conf_of_a_c10d_job_are_refused():
+    with pytest.raises(LaunchError) as e:
+        ours(nnodes="2:3", rdzv_backend="c10d", rdzv_conf="protocol=https")
+    assert str(e.value) == "--rdzv-conf protocol= is for an etcd rendezvous; give --rdzv-backend etcd, or drop it."
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--nnodes", "2:3", "--rdzv-backend", "etcd"), "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd"),
+    (("--nnodes", "2", "--rdzv-backend", "etcd-v2"), "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd"),
+    (("--nnodes", "2:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", "ftp://127.0.0.1:2379"),
+     "--rdzv-endpoint ftp://127.0.0.1:2379 names the scheme 'ftp'"),
+    (("--nnodes", "2:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1", "--rdzv-conf", "user=root"),
+     "the etcd user root has no password"),
+])
+def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LAUNCHER_ETCD"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    (tmp_path / "train.py").write_text("")
+    done = subprocess.run([sys.executable, "-m", "launcher", *args, "train.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"launcher: error: {sentence}") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
 
 
 @pytest.mark.parametrize("values, fragment", [

@@ -11,6 +11,7 @@ from typing import Optional
 
 from launcher.errors import LaunchError
 from launcher.plan import elastic as elastic_options
+from launcher.plan import etcd
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
@@ -210,9 +211,13 @@ def _master(out: dict, given: set) -> None:
     if "master" not in given or not out["master"]:
         return
     text = str(out["master"]).strip()
-    if "://" in text:
-        raise LaunchError(f"--master {text} names an elastic rendezvous (etcd), which is not supported; give "
-                          "--master IP:PORT of node 0, or no --master.")
+    if "://" in text:  # an etcd:// one with --nnodes is an elastic job (``elastic``), taken before this
+        shown = etcd.without_password(text)
+        if text.lower().startswith("etcd://"):
+            raise LaunchError(f"--master {shown} keeps the job's membership in etcd, which needs the number of nodes; "
+                              "give --nnodes N or MIN:MAX too, the same on every node.")
+        raise LaunchError(f"--master {shown} is not IP:PORT; give node 0's address and a free port, such as "
+                          "10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes).")
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as 10.0.0.1:8090.")

@@ -125,8 +125,11 @@ def to_ours(values: dict, given, env=None) -> dict:
 
 
 def _elastic_range(values: dict) -> bool:
+    """An elastic job: ``--nnodes MIN:MAX``, or any count with ``--rdzv-backend etcd`` (whose membership may change
+    at any count); not with ``--standalone``."""
     low, colon, high = str(values.get("nnodes") or "").strip().partition(":")
-    return bool(colon) and low.strip() != high.strip() and not values["standalone"]
+    in_etcd = str(values.get("rdzv_backend") or "").strip().lower().startswith("etcd")
+    return (in_etcd or (bool(colon) and low.strip() != high.strip())) and not values["standalone"]
 
 
 def _elastic(values: dict, given) -> dict:

@@ -135,9 +135,8 @@ class Etcd3gwClient:
                 raise LaunchError(f"--rdzv-conf {what}={path} cannot be read; give the path of the PEM file.")
         self.spec, self.timeout, self.lock = spec, timeout, threading.Lock()
         self.errors = etcd3gw.exceptions
-        self.clients = [etcd3gw.Etcd3Client(host=h, port=p, protocol=spec.protocol, ca_cert=spec.cacert,
-                                            cert_key=spec.key, cert_cert=spec.cert, timeout=timeout)
-                        for h, p in spec.endpoints]
+        self.clients = [etcd3gw.Etcd3Client(host=h, port=p, protocol=spec.protocol, timeout=timeout,
+                                            session=_session(spec)) for h, p in spec.endpoints]
         self.current = 0
         self.token: Optional[str] = None
 
@@ -229,6 +228,20 @@ class Etcd3gwClient:
                                  json={"name": self.spec.user, "password": self.spec.password or ""})
             self.token = answer.get("token") or ""
         return {"Authorization": self.token}
+
+
+def _session(spec: EtcdSpec):
+    """An HTTP session for one etcd member: the TLS files given, and nothing taken from the environment (a
+    REQUESTS_CA_BUNDLE would override the CA given, a proxy variable would send etcd's traffic elsewhere)."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    if spec.cacert is not None:
+        session.verify = spec.cacert
+    if spec.cert is not None and spec.key is not None:
+        session.cert = (spec.cert, spec.key)
+    return session
 
 
 def _detail(e: Exception) -> str:

@@ -305,7 +305,13 @@ class EtcdLink:
     def _decide(self) -> None:
         alive = self._alive()
         entry = self.mirror.get(es.record_key(self.prefix))
-        if es.keeper_of(alive.values()) == self.node_id:
+        if entry is not None and self._read(entry) is None:  # not this job's: never obeyed, never overwritten
+            if self.given_round == 0:
+                self._over(1, f"the record of the job {self.job_id} in {self.where} does not prove this launcher's job "
+                              "token (LAUNCHER_JOB_TOKEN): it is kept by launchers with another token; give every node "
+                              "the same token, or this job another --rdzv-id")
+            return
+        if es.keeper_of(j for j in alive.values() if j.proven) == self.node_id:
             record = self._keep(alive, entry)
         else:
             self.record = None

@@ -150,6 +150,8 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
         "restarts": s.restarts, "end": list(s.end) if s.end else None, "done": sorted(s.done),
         "stop": list(record.stop) if record.stop else None, "refused": dict(record.refused),
         "dropped": {k: list(v) for k, v in record.dropped.items()},
+        "failure": [s.failure[0].node_id, s.failure[0].round, s.failure[0].code, s.failure[0].reason]
+        if s.failure else None,
     }, sort_keys=True)
     return json.dumps({"body": body, "proof": _record_proof(token, body, job_id)})
 
@@ -184,7 +186,7 @@ def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
                      left=tuple((_read_node(n), str(r)) for n, r in data["left"]), restarts=int(data["restarts"]),
                      wait_began=now if phase == mb.WAITING else None,
                      min_reached=now if phase == mb.WAITING and len(members) >= spec.min_nodes else None,
-                     end=end, done=frozenset(str(x) for x in data["done"]))
+                     end=end, done=frozenset(str(x) for x in data["done"]), failure=_read_failure(data.get("failure"), now))
     stop = (int(data["stop"][0]), str(data["stop"][1])) if data["stop"] else None
     refused = {str(k): str(v) for k, v in dict(data["refused"]).items()}
     dropped = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["dropped"]).items()}
@@ -316,6 +318,13 @@ def _proven_record(given, token: Optional[str], body: str, job_id: str) -> bool:
     if token is None:
         return given is None
     return auth.proves(given, _record_proof(token, body, job_id))
+
+
+def _read_failure(item, now: float) -> Optional[tuple]:
+    if item is None:
+        return None
+    node_id, round_, code, reason = item
+    return mb.WorkerFailed(str(node_id), int(round_), int(code), str(reason)), now
 
 
 def _node(node: mb.Node) -> list:

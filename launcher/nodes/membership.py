@@ -24,7 +24,8 @@ The rules:
 - A membership change spends no restart: ``max_restarts`` counts worker failures only. A worker
   failure of the running round spends one and re-forms the round with the same members; none left,
   the job ends with the failure's code. With ``failed_node_leaves`` (Paddle's ``--elastic_level 0``)
-  the failing node leaves instead (its launcher ends with that code) and the others re-form.
+  the failing node leaves instead (its launcher ends with that code) and the others re-form. In etcd
+  (leases find a loss after ``heartbeat_timeout``) the verdict waits that long: a loss explains it.
 - Below MIN, node 0 waits up to ``join_timeout`` for nodes to join (a lost node comes back as a new
   one, with a new id), then ends the job with code 1, naming the nodes lost.
 """
@@ -216,6 +217,7 @@ class State:
     min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
     end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
     done: frozenset = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
+    failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss (etcd)
 
     @property
     def round(self) -> Optional[Round]:
@@ -239,6 +241,8 @@ def next_deadline(state: State) -> Optional[float]:
     times = [at + state.spec.rendezvous.heartbeat_timeout for at in state.heard.values()]
     if state.unstopped:
         times.append(state.stop_began + state.spec.rendezvous.close_timeout)
+    if state.failure is not None:
+        times.append(state.failure[1] + _grace(state.spec))
     if state.phase == WAITING and len(state.members) < state.spec.min_nodes:
         times.append(state.wait_began + state.spec.rendezvous.join_timeout)
     elif state.phase == WAITING and state.min_reached is not None:
@@ -247,6 +251,9 @@ def next_deadline(state: State) -> Optional[float]:
 
 
 # ---------------------------------------------------------------- rules
+
+def _grace(spec: ElasticSpec) -> float:  # how long a failure's verdict waits for a loss that explains it
+    return spec.rendezvous.heartbeat_timeout if spec.backend == "etcd" else 0.0
 
 
 def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
@@ -335,6 +342,9 @@ def _lose(state: State, node_id: str, reason: str, now: float):
     state = replace(state, members=members, standbys=standbys, heard=heard, unstopped=state.unstopped - {node_id},
                     left=state.left + ((node, reason),))
     actions = (Say(logging.WARNING, text),)
+    if state.failure is not None:  # the loss explains the failure: no restart spent
+        actions, state = actions + (Say(logging.INFO, f"{state.failure[0].reason}: explained by that loss, no restart "
+                                                      "spent"),), replace(state, failure=None, why="lost")
     if state.phase == RUNNING:
         state, more = _reform(state, "lost", text, now)
     else:
@@ -366,11 +376,23 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
         state, actions = _lose(state, event.node_id, f"{event.reason}; it leaves the job (--elastic_level 0)", now)
         return state, (Drop(event.node_id, event.code, event.reason),) + actions
+    if _grace(state.spec):
+        return _reform(replace(state, failure=(event, now)), "restart", f"{event.reason}: stopping the round", now)
     spent, most = state.restarts, state.spec.max_restarts
     if spent < most and not state.spec.failed_node_leaves:  # node 0, which cannot leave, ends the job instead
-        state = replace(state, restarts=spent + 1)
-        return _reform(state, "restart", f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)", now)
+        return _reform(replace(state, restarts=spent + 1), "restart",
+                       f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)", now)
     return _end(state, event.code, f"{event.reason} (restarts spent: {spent} of {most})")
+
+
+def _verdict(state: State, now: float):
+    """No loss explained the failure: it spends a restart, or ends the job when none is left."""
+    (event, _), spent, most = state.failure, state.restarts, state.spec.max_restarts
+    if spent < most:
+        say = Say(logging.WARNING, f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)")
+        state, more = _maybe_start(replace(state, failure=None, restarts=spent + 1, why="restart"), now)
+        return state, (say,) + more
+    return _end(replace(state, failure=None), event.code, f"{event.reason} (restarts spent: {spent} of {most})")
 
 
 def _reform(state: State, why: str, reason: str, now: float):
@@ -399,7 +421,7 @@ def _maybe_start(state: State, now: float):
     """Start the next round if it may: every stop reported and MIN nodes in; when waiting, MAX of them or
     the last call over."""
     count, spec = len(state.members), state.spec
-    if state.phase == RUNNING:
+    if state.phase == RUNNING or state.failure is not None:
         return state, ()
     if count < spec.min_nodes:
         return replace(state, min_reached=None), ()
@@ -440,6 +462,9 @@ def _on_time(state: State, now: float):
             and now >= state.wait_began + rendezvous.join_timeout:
         state, more = _end(state, 1, _gave_up(state))
         return state, actions + more
+    if state.failure is not None and now >= state.failure[1] + _grace(state.spec) and state.phase != ENDED:
+        state, more = _verdict(state, now)
+        actions += more
     if state.phase == ENDED:
         return state, actions
     state, more = _maybe_start(state, now)

@@ -187,7 +187,7 @@ def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     hosts = _node_hosts(values, "ips", "--ips", low, high)
     if in_etcd:
         etcd_spec = etcd.from_url(master, "--master")
-        return _in_etcd(spec, etcd.with_conf(etcd_spec, {}, env or {}), hosts)
+        return _in_etcd(spec, etcd.with_conf(etcd_spec, {}, env or {}, inline=etcd.URL_PASSWORD), hosts)
     host, port = _paddle_master(master, hosts, low, high, "--nnodes")
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -210,12 +210,15 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     if server is not None:
         shown = "--elastic_server" if _given(values, "elastic_server") else "PADDLE_ELASTIC_SERVER"
         if job_id is None:
-            raise LaunchError(f"{shown} {server} keeps the membership of many jobs in etcd: give --job_id ID (or "
-                              "PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+            raise LaunchError(f"{shown} {etcd.without_password(server)} keeps the membership of many jobs in etcd: give "
+                              "--job_id ID (or PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
         text = str(server).strip()
-        spec_etcd = etcd.from_url(text, shown) if text.lower().startswith("etcd://") else \
-            EtcdSpec(etcd.parse_endpoints(text, shown)[0])
-        return _in_etcd(spec, etcd.with_conf(spec_etcd, {}, env), hosts)
+        if text.lower().startswith("etcd://"):
+            spec_etcd = etcd.from_url(text, shown)
+        else:  # HOST:PORT,... (http:// or https:// before them say the protocol)
+            endpoints, protocol = etcd.parse_endpoints(text, shown)
+            spec_etcd = EtcdSpec(endpoints, protocol=protocol or "http")
+        return _in_etcd(spec, etcd.with_conf(spec_etcd, {}, env, inline=etcd.URL_PASSWORD), hosts)
     host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -383,7 +386,7 @@ def _no_node_rank(values: Mapping, name: str, option: str, low: int, high: int, 
     value = _given(values, name)
     if value is not None and str(value).strip() != unset:
         raise LaunchError(f"{option} {value} fixes this node's rank, but the ranks of an elastic job (--nnodes "
-                          f"{low}:{high}) come from the order the nodes join; drop {option}.")
+                          f"{_count(low, high)}) come from the order the nodes join; drop {option}.")
 
 
 def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) -> tuple:
@@ -393,9 +396,14 @@ def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) ->
         return ()
     hosts = parse_node_list(str(text), option)
     if len(hosts) != high:
-        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {low}:{high} lets {high} join; "
-                          f"give all {high} addresses, node 0 first, or no {option}.")
+        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {_count(low, high)} lets {high} "
+                          f"join; give all {high} addresses, node 0 first, or no {option}.")
     return hosts
+
+
+def _count(low: int, high: int) -> str:
+    """The number of nodes as written: ``N`` (a fixed count: an etcd rendezvous's) or ``MIN:MAX``."""
+    return str(low) if low == high else f"{low}:{high}"
 
 
 def _paddle_master(master, hosts: tuple, low: int, high: int, option: str) -> Tuple[str, Optional[int]]:

@@ -15,6 +15,8 @@ user of the machine in ``ps``).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
@@ -25,6 +27,8 @@ ETCD_PORT = 2379
 PASSWORD_VAR = "LAUNCHER_ETCD_PASSWORD"
 CONF_KEYS = ("cacert", "cert", "key", "password", "protocol", "user")  # --rdzv-conf keys of an etcd rendezvous
 PROTOCOLS = ("http", "https")
+HOST = re.compile(r"[A-Za-z0-9_.-]+")  # a name or an IPv4 address (an underscore too: docker compose's names have one)
+URL_PASSWORD = "etcd://NAME:PASSWORD@HOST:PORT"  # Paddle's spelling of a password given with the user
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,10 @@ class EtcdSpec:
         return ",".join(f"{self.protocol}://{_host(h)}:{p}" for h, p in self.endpoints)
 
 
-def parse_endpoints(text, option: str) -> Tuple[Tuple[Tuple[str, int], ...], Optional[str]]:
-    """``[http(s)://]HOST[:PORT],...`` as ((host, port), ...) and the protocol named (None: none named)."""
+def parse_endpoints(text, option: str, shown: Optional[str] = None) -> Tuple[Tuple[Tuple[str, int], ...], Optional[str]]:
+    """``[http(s)://]HOST[:PORT],...`` as ((host, port), ...) and the protocol named (None: none named);
+    ``shown``: the value as the messages name it (``text`` by default)."""
+    shown = text if shown is None else shown
     endpoints, protocols = [], set()
     for item in (part.strip() for part in str(text or "").split(",")):
         if not item:
@@ -53,30 +59,39 @@ def parse_endpoints(text, option: str) -> Tuple[Tuple[Tuple[str, int], ...], Opt
         scheme, sep, rest = item.partition("://")
         if sep:
             if scheme.lower() not in PROTOCOLS:
-                raise LaunchError(f"{option} {text} names the scheme {scheme!r}; give HOST:PORT of etcd, or "
+                raise LaunchError(f"{option} {shown} names the scheme {scheme!r}; give HOST:PORT of etcd, or "
                                   "http:// or https:// before it.")
             protocols.add(scheme.lower())
             item = rest
-        endpoints.append(_endpoint(item.rstrip("/"), text, option))
+        endpoints.append(_endpoint(item.rstrip("/"), shown, option))
     if not endpoints:
-        raise LaunchError(f"{option} {text!r} names no etcd endpoint; give HOST:PORT of etcd, such as 10.0.0.1:2379.")
+        raise LaunchError(f"{option} {shown!r} names no etcd endpoint; give HOST:PORT of etcd, such as 10.0.0.1:2379.")
     if len(protocols) > 1:
-        raise LaunchError(f"{option} {text} mixes http:// and https:// endpoints; give one protocol for every member.")
+        raise LaunchError(f"{option} {shown} mixes http:// and https:// endpoints; give one protocol for every member.")
     return tuple(endpoints), (protocols.pop() if protocols else None)
 
 
 def from_url(text: str, option: str) -> EtcdSpec:
-    """Paddle 3.x's ``etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]``."""
-    scheme, _, rest = str(text).strip().partition("://")
+    """Paddle 3.x's ``etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`` (each endpoint may say ``https://``)."""
+    text = str(text).strip()
+    scheme, _, rest = text.partition("://")
     if scheme.lower() != "etcd":
-        raise LaunchError(f"{option} {text} is not etcd://HOST:PORT; give node 0's IP:PORT, or etcd://HOST:PORT of etcd.")
+        raise LaunchError(f"{option} {without_password(text)} is not etcd://HOST:PORT; give node 0's IP:PORT, or "
+                          "etcd://HOST:PORT of etcd.")
     credentials, at, hosts = rest.rpartition("@")
-    endpoints, _ = parse_endpoints(hosts, option)
+    endpoints, protocol = parse_endpoints(hosts, option, without_password(text))
     user, colon, password = credentials.partition(":")
     if at and not user:
         raise LaunchError(f"{option} etcd://...@{hosts} names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT "
                           "or no '@'.")
-    return EtcdSpec(endpoints, user=user or None, password=password if colon else None)
+    return EtcdSpec(endpoints, protocol=protocol or "http", user=user or None, password=password if colon else None)
+
+
+def without_password(text) -> str:
+    """``SCHEME://USER:PASSWORD@HOSTS`` as ``SCHEME://...@HOSTS``: how a message names a value (never its password)."""
+    scheme, sep, rest = str(text).strip().partition("://")
+    _, at, hosts = rest.rpartition("@")
+    return f"{scheme}{sep}...@{hosts}" if sep and at else str(text).strip()
 
 
 def split_conf(text: Optional[str]) -> Tuple[str, dict]:
@@ -93,9 +108,11 @@ def split_conf(text: Optional[str]) -> Tuple[str, dict]:
     return ",".join(kept), etcd
 
 
-def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], protocol: Optional[str] = None) -> EtcdSpec:
+def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], protocol: Optional[str] = None,
+              inline: str = "user=NAME:PASSWORD") -> EtcdSpec:
     """The spec with torchrun's etcd keys (``--rdzv-conf``), the protocol of the endpoints, and the password
-    from ``LAUNCHER_ETCD_PASSWORD`` when no option gave one."""
+    from ``LAUNCHER_ETCD_PASSWORD`` when no option gave one; ``inline``: how the messages spell a password
+    given with the user (Paddle's ``etcd://NAME:PASSWORD@HOST:PORT``)."""
     given = {k: v for k, v in conf.items() if v != ""}
     chosen = given.get("protocol", protocol or ("https" if {"cacert", "cert", "key"} & set(given) else spec.protocol))
     if chosen.lower() not in PROTOCOLS:
@@ -115,20 +132,22 @@ def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], p
     if password is not None and not user:
         raise LaunchError("an etcd password was given without a user; give --rdzv-conf user=NAME too.")
     if user is not None and password is None:
-        raise LaunchError(f"the etcd user {user} has no password; give it in {PASSWORD_VAR} (or user=NAME:PASSWORD).")
+        raise LaunchError(f"the etcd user {user} has no password; give it in {PASSWORD_VAR} (or {inline}).")
     return replace(spec, protocol=chosen.lower(), cacert=given.get("cacert"), cert=given.get("cert"),
                    key=given.get("key"), user=user, password=password)
 
 
 def _endpoint(item: str, text, option: str) -> Tuple[str, int]:
+    """``HOST[:PORT]`` (``[v6][:PORT]``, or a bare IPv6 address) as (host, port); no port: etcd's 2379."""
+    closed = True
     if item.startswith("["):
-        host, _, port = item[1:].partition("]")
+        host, closed, port = item[1:].partition("]")
         port = port[1:] if port.startswith(":") else (port or str(ETCD_PORT))
     elif item.count(":") == 1:
         host, _, port = item.partition(":")
-    else:
+    else:  # a host alone, or a bare IPv6 address
         host, port = item, str(ETCD_PORT)
-    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
+    if not closed or not _is_host(host) or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
         raise LaunchError(f"{option} {text} has the endpoint {item!r}, which is not HOST:PORT; give etcd's address "
                           "and client port, such as 10.0.0.1:2379.")
     return host, int(port)
@@ -136,3 +155,11 @@ def _endpoint(item: str, text, option: str) -> Tuple[str, int]:
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(HOST.fullmatch(host)) and not host.replace(".", "").isdigit()  # 2379 alone is a port

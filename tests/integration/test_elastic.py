@@ -406,7 +406,8 @@ def test_paddles_elastic_level_0_takes_the_failing_node_out_and_the_others_go_on
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "joint_timeout=5"), "unknown key 'joint_timeout'"),
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=0"), "join_timeout=0 is outside"),
     (("--nnodes", "2:3"), "a static rendezvous has a fixed number of nodes"),
-    (("--nnodes", "2:3", "--master", "etcd://127.0.0.1:2379"), "names an etcd rendezvous"),
+    (("--nnodes", "2:3", "--master", "etcd://"), "--master 'etcd://' names no etcd endpoint"),
+    (("--nnodes", "2:3", "--rdzv-backend", "etcd"), "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd"),
     (("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--server_num", "1"), "parameter-server mode"),
 ])
 def test_a_bad_elastic_line_exits_2_with_one_sentence_before_anything_starts(tmp_path, args, fragment):

@@ -1,0 +1,271 @@
+"""Elastic jobs whose membership is in a real etcd (Debian's etcd-server, started by the fixtures on loopback):
+launchers on 127.0.0.1 with the same command line, real gloo workers. What is promised: the job runs and
+leaves no key behind; any node may be lost, the first one (the keeper) included, and the others re-form
+without it; a silent node is lost within the heartbeat timeout; two jobs share one etcd; a launcher that
+does not prove the job token is refused; an etcd that does not answer (at the start, or gone mid-job) is
+one sentence and every worker stopped; a three-member etcd that loses a member keeps the job running; TLS
+with client certificates and etcd's users work; Paddle 3's and fleetrun's etcd lines run the same job.
+Every wait is bounded, and nothing of a test is left running."""
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from conftest import WORKERS, assert_all_gone, finish_all, free_ports, start_launcher, wait_for
+from etcd_servers import etcd, etcd_cluster, etcd_factory  # noqa: F401 - the fixtures
+
+WORKER = str(WORKERS / "elastic_worker.py")
+FAST = "heartbeat_timeout=2,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=30"
+
+
+def etcd_line(endpoints, folder, *extra, job="etcd-test", nnodes="2:3", conf=FAST, hold=False):
+    """torchrun's line with etcd; the workers' ports of every node above a free port; ``hold``: the workers wait
+    for FOLDER/go once in the group (elastic_worker.py)."""
+    return ("--nnodes", nnodes, "--nproc-per-node", 1, "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints,
+            "--rdzv-id", job, "--rdzv-conf", conf, "--started_port", free_ports(8), *extra, WORKER, folder, 3,
+            *(("hold",) if hold else ()))
+
+
+def records(folder) -> list:
+    path = folder / "records.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def entries(server, prefix="/launcher/") -> list:
+    from launcher.nodes.etcd_client import Etcd3gwClient
+    from launcher.plan.etcd import EtcdSpec, parse_endpoints
+
+    client = Etcd3gwClient(EtcdSpec(parse_endpoints(server.endpoints, "test")[0]), 2.0)
+    try:
+        return client.range(prefix)[1]
+    finally:
+        client.close()
+
+
+def keys(server, prefix="/launcher/") -> list:
+    return [e.key for e in entries(server, prefix)]
+
+
+def keeper(server, procs, job="etcd-test"):
+    """The launcher that keeps the membership: the one whose node key is the oldest (its id holds its pid)."""
+    nodes = [e for e in entries(server, f"/launcher/{job}/nodes/")]
+    oldest = min(nodes, key=lambda e: e.create_revision).key.rsplit("/", 1)[1]
+    pid = int(oldest.split("-")[-2])
+    return next(p for p in procs if p.pid == pid)
+
+
+def start_nodes(count, args, env=None):
+    return [start_launcher(*args, env=env, start_new_session=True) for _ in range(count)]
+
+
+def ready(folder, count):
+    wait_for(lambda: len(list(folder.glob("ready.*[0-9]"))) >= count, 60, what=f"{count} workers in the group")
+    return {int(p.name.split(".")[1]): int(p.read_text().split()[0]) for p in folder.glob("ready.*[0-9]")}
+
+
+def power_off(proc, worker_pids):
+    """The launcher, its watchdog and its workers killed at once, as a node that loses power."""
+    victims = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] + list(worker_pids)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
+def worker_of(proc, workers):
+    """The pid of ``proc``'s worker among the group's ``workers`` (rank -> pid)."""
+    children = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    return next(pid for pid in workers.values() if pid in children)
+
+
+def test_a_job_in_etcd_runs_and_leaves_no_key(tmp_path, etcd):
+    procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path))
+    results = finish_all(procs, timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+    done = records(tmp_path)
+    assert sorted(r["rank"] for r in done) == [0, 1, 2] and {r["world"] for r in done} == {3}
+    errs = "".join(err for _, _, err in results)
+    assert errs.count("round 1 (start): 3 node(s), world size 3") == 3
+    assert "Traceback" not in errs
+    assert keys(etcd) == []
+    assert_all_gone([p.pid for p in procs] + [r["pid"] for r in done])
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["the keeper", "another node"])
+def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, etcd, first):
+    procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True))
+    try:
+        workers = ready(tmp_path, 3)
+        chief = keeper(etcd, procs)
+        victim = chief if first else next(p for p in procs if p is not chief)
+        lost_at = time.monotonic()
+        gone = power_off(victim, [worker_of(victim, workers)])
+        (tmp_path / "go").touch()
+        results = finish_all([p for p in procs if p is not victim], timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for code, out, err in results:
+        assert code == 0, err
+        assert "round 2 (lost): 2 node(s), world size 2" in err
+        assert "its key in etcd is gone" in err
+    assert time.monotonic() - lost_at < 60
+    second = [r for r in records(tmp_path) if r["world"] == 2]
+    assert sorted(r["rank"] for r in second) == [0, 1]
+    if first:
+        assert sum("keeps the membership now" in err for _, _, err in results) == 1
+    assert keys(etcd) == []
+    assert_all_gone(gone + [p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
+
+
+def test_a_silent_node_is_lost_within_the_heartbeat_timeout(tmp_path, etcd):
+    procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True))
+    stopped = []
+    try:
+        workers = ready(tmp_path, 3)
+        # not node 0: on this one host its frozen rank 0 would keep the store's port from the next round's rank 0
+        silent = next(p for p in procs if worker_of(p, workers) == workers[2])
+        stopped = [silent.pid] + [c.pid for c in psutil.Process(silent.pid).children(recursive=True)]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        (tmp_path / "go").touch()
+        results = finish_all([p for p in procs if p is not silent], timeout=120)
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    everything = "".join(err for _, _, err in results)
+    for code, out, err in results:
+        assert code == 0, everything
+        assert "round 2 (lost): 2 node(s), world size 2" in err
+    assert_all_gone(stopped + [p.pid for p in procs])
+
+
+def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    procs = start_nodes(2, etcd_line(etcd.endpoints, a, job="job-a", nnodes="2")) + \
+        start_nodes(2, etcd_line(etcd.endpoints, b, job="job-b", nnodes="2"))
+    results = finish_all(procs, timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+    for folder in (a, b):
+        assert sorted(r["rank"] for r in records(folder)) == [0, 1]
+    assert keys(etcd) == []
+
+
+def test_a_launcher_without_the_job_token_is_refused_and_the_job_goes_on(tmp_path, etcd):
+    args = etcd_line(etcd.endpoints, tmp_path, nnodes="2:3", conf=FAST.replace("last_call_timeout=60",
+                                                                                "last_call_timeout=0.5"), hold=True)
+    procs = start_nodes(2, args, env={"LAUNCHER_JOB_TOKEN": "s3cret"})
+    try:
+        ready(tmp_path, 2)
+        intruder = start_launcher(*args, env={"LAUNCHER_JOB_TOKEN": "wrong"})
+        code, out, err = finish_all([intruder], timeout=60)[0]
+        (tmp_path / "go").touch()
+        results = finish_all(procs, timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert code == 1 and "does not prove this launcher's job token (LAUNCHER_JOB_TOKEN)" in err, err
+    assert "Traceback" not in err
+    for code, out, err in results:
+        assert code == 0, err
+        assert "round 2" not in err
+    assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
+
+
+def test_an_etcd_that_does_not_answer_at_the_start_is_one_sentence(tmp_path):
+    port = free_ports(1)
+    conf = FAST.replace("join_timeout=30", "join_timeout=2")
+    started = time.monotonic()
+    proc = start_launcher(*etcd_line(f"127.0.0.1:{port}", tmp_path, conf=conf))
+    code, out, err = finish_all([proc], timeout=60)[0]
+    assert code == 1 and time.monotonic() - started < 30
+    assert f"etcd at http://127.0.0.1:{port} did not answer within 2 s (join_timeout" in err, err
+    assert "Traceback" not in err
+
+
+def test_etcd_gone_mid_job_stops_every_worker_with_one_sentence(tmp_path, etcd):
+    procs = start_nodes(2, etcd_line(etcd.endpoints, tmp_path, nnodes="2", hold=True))
+    try:
+        workers = ready(tmp_path, 2)
+        gone_at = time.monotonic()
+        etcd.stop(etcd.members[0])
+        results = finish_all(procs, timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert time.monotonic() - gone_at < 20
+    for code, out, err in results:
+        assert code == 1, err
+        assert "did not answer for" in err and "heartbeat_timeout 2 s" in err, err
+        assert "Traceback" not in err
+    assert_all_gone(list(workers.values()) + [p.pid for p in procs])
+
+
+def test_a_three_member_etcd_that_loses_a_member_keeps_the_job(tmp_path, etcd_cluster):
+    procs = start_nodes(2, etcd_line(etcd_cluster.endpoints, tmp_path, nnodes="2", hold=True))
+    try:
+        ready(tmp_path, 2)
+        etcd_cluster.stop(etcd_cluster.members[0])  # the member every launcher talks to first
+        time.sleep(4)  # twice the heartbeat timeout: the leases are renewed through the others
+        (tmp_path / "go").touch()
+        results = finish_all(procs, timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for code, out, err in results:
+        assert code == 0, err
+        assert "round 2" not in err
+    assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
+
+
+def test_paddle3s_and_fleetruns_etcd_lines_run_one_job(tmp_path, etcd):
+    paddle3 = ("--nnodes", "2", "--master", f"etcd://{etcd.endpoints.split(',')[0]}", "--job_id", "pj",
+               "--nproc_per_node", 1, "--started_port", free_ports(8), WORKER, tmp_path, 3)
+    fleetrun = ("--elastic_server", etcd.endpoints.split(",")[0], "--job_id", "pj", "--np", "2",
+                "--nproc_per_node", 1, "--started_port", paddle3[9], WORKER, tmp_path, 3)
+    results = finish_all([start_launcher(*paddle3), start_launcher(*fleetrun)], timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+    assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
+
+
+def test_tls_with_client_certificates(tmp_path, etcd_factory):
+    server = etcd_factory(1, tls=True)
+    endpoint = server.endpoints.split(",")[0]
+    conf = f"{FAST},cacert={server.cacert},cert={server.cert},key={server.key}"
+    results = finish_all(start_nodes(2, etcd_line(f"https://{endpoint}", tmp_path, nnodes="2", conf=conf)), timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+    assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
+
+
+def test_an_etcd_user_with_its_password(tmp_path, etcd_factory):
+    """etcd's users on: the user alice may only touch /launcher/; a wrong password is one sentence."""
+    server = etcd_factory(1, auth=("root", "pw"))
+    args = etcd_line(server.endpoints, tmp_path, nnodes="2", conf=f"{FAST},user=alice")
+    results = finish_all(start_nodes(2, args, env={"LAUNCHER_ETCD_PASSWORD": "alice-pw"}), timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+    assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
+    wrong = finish_all(start_nodes(1, args, env={"LAUNCHER_ETCD_PASSWORD": "nope"}), timeout=60)[0]
+    assert wrong[0] == 1 and "refused this launcher" in wrong[2] and "Traceback" not in wrong[2], wrong[2]
