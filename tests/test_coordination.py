@@ -88,15 +88,19 @@ class FakeSpoke(FakeChannel):
             self.sent.append(messages.from_wire(message))
 
 
-def plan(node_rank: int, nodes: int = 2, max_restarts: int = 0) -> SimpleNamespace:
+def plan(node_rank: int, nodes: int = 2, max_restarts: int = 0, servers=(), trainers=()) -> SimpleNamespace:
+    """``servers``, ``trainers``: parameter-server mode, the node of each server and of each trainer."""
     ips = tuple(f"10.0.0.{n + 1}" for n in range(nodes))
     return SimpleNamespace(node_rank=node_rank, node_ip=ips[node_rank], node_ips=ips, max_restarts=max_restarts,
-                           shutdown_timeout=10.0, control=SimpleNamespace(job_id="job1"))
+                           shutdown_timeout=10.0, control=SimpleNamespace(job_id="job1"),
+                           servers=tuple(f"{ips[n]}:6170" for n in servers),
+                           trainers=tuple(f"{ips[n]}:{6171 + i}" for i, n in enumerate(trainers)),
+                           parameter_server=bool(servers))
 
 
-def leader(nodes: int = 2, max_restarts: int = 0, joined=None) -> Leader:
+def leader(nodes: int = 2, max_restarts: int = 0, joined=None, servers=(), trainers=()) -> Leader:
     joined = range(1, nodes) if joined is None else joined
-    return Leader(plan(0, nodes, max_restarts), FakeHub(joined), FakeClock())
+    return Leader(plan(0, nodes, max_restarts, servers, trainers), FakeHub(joined), FakeClock())
 
 
 def follower(node: int = 1, nodes: int = 2, max_restarts: int = 0, welcomed: bool = True) -> Follower:
@@ -357,11 +361,97 @@ def test_a_stop_signal_while_a_follower_waits_ends_it_with_the_signal_code():
 
 
 def test_parameter_servers_stop_once_every_nodes_trainers_are_done():
-    node0, node1 = leader(), follower()
+    node0, node1 = leader(servers=[0], trainers=[0, 1]), follower()
     assert node0.trainers_done() == []
     assert node1.trainers_done() == []
     assert node0.on_events([said(1, node1.channel.sent[-1])]) == [policy.TrainersDone("every trainer of the job finished")]
     assert node1.on_events(orders(node0.channel)) == [policy.TrainersDone("every trainer of the job finished")]
+
+
+# ---------------------------------------------------------------- parameter servers, a node that never joined
+
+TRAINERS_DONE = policy.TrainersDone("every trainer of the job finished")
+
+
+def test_a_node_holding_a_trainer_that_never_joined_stops_the_job_once_the_other_trainers_are_done():
+    node0 = leader(nodes=3, joined=[1], servers=[0, 0], trainers=[0, 1, 2, 2], max_restarts=3)
+    assert node0.trainers_done() == []  # node 1's trainers still run
+    text = ("node 2 (10.0.0.3) never joined, so trainers 2, 3 never ran; "
+            "the trainers of every other node finished")
+    assert node0.on_events([said(1, messages.TrainersDone(0))]) == [policy.StopOrdered(text)]
+    assert node0.cause == Cause(2, "join", 1, text)
+    assert node0.channel.sent == [("all", messages.Stop(0, node0.cause))]  # not Finish: the job failed
+    assert finish(node0) == ("end", 1)  # no restart, and node 1 is not waited for: a cause that ends the job
+    assert node0.channel.sent[-1] == ("all", messages.End(0, 1, node0.cause))
+    node1 = follower(nodes=3)
+    node1.trainers_done()
+    assert node1.on_events(orders(node0.channel)[:1]) == [policy.StopOrdered(text)]
+    assert finish(node1, orders(node0.channel)[1:]) == ("end", 1)
+    assert node1.final_cause() == node0.cause
+
+
+def test_nodes_that_never_joined_are_named_with_their_trainers():
+    node0 = leader(nodes=3, joined=[], servers=[0], trainers=[0] + [1] * 5 + [2] * 5)
+    [stop] = node0.trainers_done()
+    assert stop.reason == ("node 1 (10.0.0.2), node 2 (10.0.0.3) never joined, so trainers 1, 2, 3, 4, 5, 6, 7, 8, "
+                           "... (10 in all) never ran; the trainers of every other node finished")
+
+
+def test_a_node_holding_only_servers_that_never_joined_is_named_and_the_job_ends_with_0(caplog):
+    node0 = leader(nodes=3, joined=[1], servers=[0, 2], trainers=[0, 1])
+    assert node0.trainers_done() == []
+    assert node0.on_events([said(1, messages.TrainersDone(0))]) == [TRAINERS_DONE]
+    assert node0.channel.sent == [("all", messages.Finish(0))]
+    assert finish(node0, [said(1, messages.Report(0, None))]) == ("end", 0)
+    assert node0.channel.sent[-1] == ("all", messages.End(0, 0, None))
+    assert ("node 2 (10.0.0.3) never joined, so server 1 never ran; every trainer of the job finished, so the job "
+            "ends here with exit code 0") in caplog.text
+
+
+def test_node_0_with_servers_only_waits_while_no_node_that_joined_holds_a_trainer():
+    node0 = leader(nodes=2, joined=[], servers=[0], trainers=[1])
+    assert node0.trainers_done() == []  # at once: no trainer here; node 1's have not even started
+    assert node0.cause is None and node0.channel.sent == []
+    node0.channel.peers.add(1)
+    node0.channel.ever_joined.add(1)
+    assert node0.on_events([Joined(1)]) == []
+    assert node0.on_events([said(1, messages.TrainersDone(0))]) == [TRAINERS_DONE]
+
+
+def test_a_node_that_joins_once_the_servers_are_stopped_stops_its_own():
+    node0 = leader(nodes=3, joined=[1], servers=[0, 2], trainers=[0, 1])
+    node0.trainers_done()
+    node0.on_events([said(1, messages.TrainersDone(0))])
+    node0.channel.peers.add(2)
+    node0.channel.ever_joined.add(2)
+    assert node0.on_events([Joined(2)]) == []
+    assert node0.channel.sent[-1] == (2, messages.Finish(0))
+    assert finish(node0, [said(1, messages.Report(0, None))], [said(2, messages.Report(0, None))]) == ("end", 0)
+
+
+def test_a_node_that_joins_while_trainers_run_is_waited_for():
+    node0 = leader(nodes=3, joined=[1], servers=[0], trainers=[0, 1, 2])
+    node0.trainers_done()
+    node0.channel.peers.add(2)
+    node0.channel.ever_joined.add(2)
+    assert node0.on_events([Joined(2), said(1, messages.TrainersDone(0))]) == []  # node 2's trainer runs
+    assert node0.on_events([said(2, messages.TrainersDone(0))]) == [TRAINERS_DONE]
+    assert node0.cause is None
+
+
+def test_the_trainers_of_a_restarted_attempt_stop_the_servers_again():
+    node0 = leader(nodes=2, servers=[0], trainers=[0, 1], max_restarts=1)
+    node0.local_cause(failure(1))
+    assert finish(node0, [said(1, messages.Report(0, failure(1)))]) == ("restart", 1)
+    assert node0.trainers_done() == []
+    assert node0.on_events([said(1, messages.TrainersDone(1))]) == [TRAINERS_DONE]
+    assert node0.channel.sent[-1] == ("all", messages.Finish(1))
+
+
+def test_a_trainers_done_message_in_a_collective_job_changes_nothing():
+    node0 = leader()
+    assert node0.on_events([said(1, messages.TrainersDone(0))]) == []
+    assert node0.channel.sent == [] and node0.cause is None
 
 
 def test_one_node_decides_alone():

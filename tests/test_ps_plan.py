@@ -7,6 +7,7 @@ from launcher.errors import LaunchError
 from launcher.output.reports import format_plan
 from launcher.plan.model import HostFacts, Interface, LaunchOptions
 from launcher.plan.planner import make_plan
+from launcher.plan.ps import held_by
 
 HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
                  python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
@@ -167,3 +168,12 @@ def test_the_plan_table_shows_both_roles():
 def test_collective_mode_stays_the_default():
     p = plan()
     assert not p.parameter_server and p.servers == () and p.workers[0].label == "rank 0"
+
+
+def test_each_node_holds_the_servers_and_trainers_at_its_address():
+    a = plan(servers=SERVERS, workers=WORKERS, node_ip="10.0.0.1", host=NODE_B)
+    b = plan(servers=SERVERS, workers=WORKERS, node_ip="10.0.0.2", host=NODE_B)
+    assert held_by(a) == held_by(b) == (((0,), (0,)), ((1,), (1, 2)))
+    trainers_only = plan(servers="10.0.0.1:6170", workers="10.0.0.2:6171,[::1]:6172", node_ip="10.0.0.2", host=NODE_B)
+    assert trainers_only.node_ips == ("10.0.0.1", "10.0.0.2", "::1")
+    assert held_by(trainers_only) == (((0,), ()), ((), (0,)), ((), (1,)))

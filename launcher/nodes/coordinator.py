@@ -4,7 +4,10 @@
 - ``Leader``: node 0 of several. It keeps the control channel's hub, takes the first cause
   reported anywhere as the job's root cause and orders every node to stop; once every node is
   done with an attempt, it decides (``policy.after_attempt``) and orders a restart or the end,
-  with the root cause and exit code that every node then shows.
+  with the root cause and exit code that every node then shows. In parameter-server mode it
+  orders the servers stopped once the trainers of every node that joined are done: a node that
+  never joined is not waited for (nothing could use it once the servers stop), and ends the job
+  with code 1 if it holds a trainer (that trainer never ran).
 - ``Follower``: every other node. It reports its own cause to node 0 and follows node 0's orders;
   if node 0 is lost, it stops on its own and ends with code 1.
 
@@ -28,9 +31,11 @@ from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
+from launcher.plan.ps import held_by
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
 REPORT_MARGIN = 10.0
+MAX_IDS_NAMED = 8  # trainers or servers of the nodes that never joined named one by one, at most
 
 Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced
 Clock = Callable[[], float]  # monotonic seconds
@@ -110,6 +115,8 @@ class Leader(_Peered):
         self.gone: set = set()  # nodes lost or never joined: not waited for
         self.reports: dict = {}  # node -> its cause (or None) for the current attempt
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
+        self.finished = False  # parameter-server mode: every node was told to stop its servers (Finish)
+        self.held = held_by(plan) if plan.parameter_server else ()  # per node: (its server ids, its trainer ids)
 
     def local_cause(self, cause: Cause) -> None:
         self._root(cause)
@@ -127,6 +134,8 @@ class Leader(_Peered):
         for e in events:
             if isinstance(e, Joined) and self.cause is not None:
                 self.channel.send(e.node, messages.to_wire(messages.Stop(self.attempt, self.cause)))
+            elif isinstance(e, Joined) and self.finished:  # late, with servers only: they stop too
+                self.channel.send(e.node, messages.to_wire(messages.Finish(self.attempt)))
             elif isinstance(e, Lost):
                 self.gone.add(e.node)
                 out += self._stop_for(Cause(e.node, "lost", 1, e.reason))
@@ -141,14 +150,29 @@ class Leader(_Peered):
         return self._trained(0)
 
     def _trained(self, node: int) -> list:
-        """Once every node's trainers are done, every node stops its servers."""
-        if len(self.trained) == len(self.plan.node_ips):
+        """Once the trainers of every node that joined are done (some trainer among them), every node
+        stops its servers; a node that never joined is not waited for (nothing could use it once the
+        servers stop). If it holds a trainer, that trainer never ran: the job stops with code 1, naming it."""
+        if not self.held:  # a collective job: no server to stop (whatever a peer says)
             return []
         self.trained.add(node)
-        if len(self.trained) < len(self.plan.node_ips) or self.cause is not None:
+        present = {0} | set(self.channel.ever_joined)
+        if self.finished or self.cause is not None or not present <= self.trained \
+                or not any(self.held[n][1] for n in present):
             return []
+        absent = policy.never_joined(len(self.plan.node_ips), self.channel.ever_joined)
+        unrun = [t for n in absent for t in self.held[n][1]]
+        if unrun:
+            self.gone.update(absent)
+            text = (f"{self._names(absent)} never joined, so {_ids('trainer', unrun)} never ran; "
+                    f"the trainers of every other node finished")
+            return self._stop_for(Cause(absent[0], "join", 1, text))
+        self.finished = True
         self.channel.broadcast(messages.to_wire(messages.Finish(self.attempt)))
         return [policy.TrainersDone("every trainer of the job finished")]
+
+    def _names(self, nodes) -> str:
+        return ", ".join(self.channel.node_name(n) for n in nodes)
 
     def _stop_for(self, cause: Cause) -> list:
         return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
@@ -189,16 +213,29 @@ class Leader(_Peered):
             self.channel.broadcast(messages.to_wire(messages.Start(decision[1])))
             self.reports.clear()
             self.trained.clear()
+            self.finished = False
             return self._apply(decision)
         return self._end(decision)
 
     def _end(self, decision) -> Tuple[str, int]:
         absent = policy.never_joined(len(self.plan.node_ips), self.channel.ever_joined)
-        if decision == ("end", 0) and absent:
+        unrun = [i for n in absent for i in self.held[n][0]] if self.held else []
+        if decision == ("end", 0) and unrun:  # parameter-server mode: nodes with servers only (every trainer ran)
+            log.warning("%s never joined, so %s never ran; every trainer of the job finished, so the job ends "
+                        "here with exit code 0", self._names(absent), _ids("server", unrun))
+        elif decision == ("end", 0) and absent:
             log.warning("%s never joined; this node's workers all finished, so the job ends here with exit code 0",
-                        ", ".join(self.channel.node_name(n) for n in absent))
+                        self._names(absent))
         self.channel.broadcast(messages.to_wire(messages.End(self.attempt, decision[1], self.cause)))
         return decision
+
+
+def _ids(role: str, ids) -> str:
+    """``trainer 2``, ``trainers 2, 3``, ``trainers 2, 3, ... (40 in all)``."""
+    if len(ids) == 1:
+        return f"{role} {ids[0]}"
+    shown = ", ".join(map(str, ids[:MAX_IDS_NAMED]))
+    return f"{role}s {shown}" + (f", ... ({len(ids)} in all)" if len(ids) > MAX_IDS_NAMED else "")
 
 
 class Follower(_Peered):

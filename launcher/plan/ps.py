@@ -233,6 +233,17 @@ def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layo
     )
 
 
+def held_by(plan) -> tuple:
+    """Per node of a parameter-server plan, by node rank: (its server ids, its trainer ids), those whose
+    endpoint's address is that node's."""
+    rank = {ip: n for n, ip in enumerate(plan.node_ips)}
+    held = [([], []) for _ in plan.node_ips]
+    for kind, ends in enumerate((plan.servers, plan.trainers)):
+        for i, e in enumerate(ends):
+            held[rank[parse_endpoint(e, "the plan")[0]]][kind].append(i)
+    return tuple((tuple(s), tuple(t)) for s, t in held)
+
+
 def gloo_vars(opts: LaunchOptions, host: HostFacts, gloo: Endpoint) -> dict:
     """Fleet's gloo rendezvous, as Paddle 2.6/3.x's launcher gives it: over HTTP, served by server 0's role maker."""
     if opts.with_gloo not in ("0", "1", "2"):

@@ -1,6 +1,6 @@
 """Parameter-server mode under the real launcher, with fake servers and trainers (no torch):
 roles, logs, the end of a job when the trainers are done, failures of either role, busy ports,
-two nodes on loopback acting as one job, and restarts."""
+two nodes on loopback acting as one job, a node that never joins, and restarts."""
 
 import json
 import os
@@ -89,18 +89,26 @@ def test_a_failed_trainer_restarts_the_whole_job(tmp_path):
     assert records(tmp_path, "start")["server.0"]["env"]["PADDLE_RESTART_COUNT"] == "1"
 
 
-def _two_nodes(tmp_path, env=None):
-    """Node 127.0.0.1: two servers and trainer 0; node 127.0.0.2: trainer 1. Both launchers' results."""
-    port = free_ports(4)
-    servers = f"127.0.0.1:{port},127.0.0.1:{port + 1}"
-    workers = f"127.0.0.1:{port + 2},127.0.0.2:{port + 3}"
+def _ps_nodes(tmp_path, servers, trainers, started, *extra, env=None):
+    """A job whose servers and trainers are on the loopback addresses ``servers`` and ``trainers`` (one
+    per process), the launchers of ``started`` only; (exit code, stderr) of each, in that order."""
+    port = free_ports(len(servers) + len(trainers) + 2)
+    ends = [f"{ip}:{port + i}" for i, ip in enumerate(servers + trainers)]
     procs = []
-    for ip in ("127.0.0.2", "127.0.0.1"):
-        cmd = launcher_cmd("--servers", servers, "--workers", workers, "--node_ip", ip, "--shutdown_timeout", 5,
-                           "--control_port", port + 5, ROLE, tmp_path)
+    for ip in started:
+        cmd = launcher_cmd("--servers", ",".join(ends[:len(servers)]), "--workers", ",".join(ends[len(servers):]),
+                           "--node_ip", ip, "--shutdown_timeout", 5, "--control_port", port + len(ends) + 1, *extra,
+                           ROLE, tmp_path)
         procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, **(env or {})}))
     return [(code, err) for code, _, err in finish_all(procs, timeout=60)]
+
+
+def _two_nodes(tmp_path, env=None):
+    """Node 127.0.0.1: two servers and trainer 0 (1 s, so that node 1 has joined when it is done: node 0 does not
+    wait for a node that has not joined by then); node 127.0.0.2: trainer 1. Both launchers' results."""
+    return _ps_nodes(tmp_path, ["127.0.0.1"] * 2, ["127.0.0.1", "127.0.0.2"], ["127.0.0.2", "127.0.0.1"],
+                     env={"TRAINER_SECONDS_0": "1", **(env or {})})
 
 
 def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
@@ -118,3 +126,58 @@ def test_a_trainer_failure_on_one_node_stops_the_servers_on_the_other(tmp_path):
     assert (a_code, b_code) == (5, 5), a_err + b_err
     assert "trainer 1 on node 1 (127.0.0.2) failed (exit code 5)" in a_err
     assert set(records(tmp_path, "term")) == {"server.0", "server.1"}
+
+
+# ---------------------------------------------------------------- a node that never joins
+
+# servers that never end by themselves (only the launchers' stop ends them); trainer 0 trains for 1 s, so
+# that node 0, started last, still waits for the others to join (a node joins within 0.2 s of node 0 listening)
+FOREVER = {"SERVER_SECONDS": "600", "TRAINER_SECONDS_0": "1"}
+
+
+def test_a_node_of_trainers_that_never_joins_ends_the_job_with_1_once_the_other_trainers_are_done(tmp_path):
+    """Node 2 (127.0.0.3, trainer 2) is never started: once trainers 0 and 1 are done, the servers are stopped
+    and both launchers end at once with 1, naming it (not after --join_timeout, 300 s)."""
+    began = time.monotonic()
+    (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1"] * 2, ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+                                                 ["127.0.0.2", "127.0.0.1"], env=FOREVER)
+    took = time.monotonic() - began
+    assert (a_code, b_code) == (1, 1), a_err + b_err
+    line = ("launcher: the job stopped: node 2 (127.0.0.3) never joined, so trainer 2 never ran; "
+            "the trainers of every other node finished; exit code 1")
+    assert line in a_err and line in b_err
+    assert took < 30, a_err
+    starts, ends, terms = records(tmp_path, "start"), records(tmp_path, "end"), records(tmp_path, "term")
+    assert set(starts) == {"server.0", "server.1", "trainer.0", "trainer.1"}
+    assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
+    assert_all_gone([s["pid"] for s in starts.values()])
+
+
+def test_a_node_of_servers_only_that_never_joins_ends_the_job_with_0_once_every_trainer_is_done(tmp_path):
+    """Node 1 (127.0.0.3, server 1) is never started; every trainer of the job ran and exited 0: the job's
+    work is done, and it ends at once with 0, naming it."""
+    began = time.monotonic()
+    (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1", "127.0.0.3"], ["127.0.0.1", "127.0.0.2"],
+                                                 ["127.0.0.2", "127.0.0.1"], env=FOREVER)
+    took = time.monotonic() - began
+    assert (a_code, b_code) == (0, 0), a_err + b_err
+    assert ("launcher: warning: node 1 (127.0.0.3) never joined, so server 1 never ran; every trainer of the job "
+            "finished, so the job ends here with exit code 0") in a_err
+    assert "every trainer of the job finished: stopping the 1 server(s)" in a_err
+    assert took < 30, a_err
+    starts = records(tmp_path, "start")
+    assert set(starts) == {"server.0", "trainer.0", "trainer.1"} and set(records(tmp_path, "term")) == {"server.0"}
+    assert_all_gone([s["pid"] for s in starts.values()])
+
+
+def test_a_node_that_never_joins_while_trainers_run_ends_the_job_at_the_join_timeout(tmp_path):
+    """Trainer 1 still trains: node 2 (trainer 2) might still come, until --join_timeout."""
+    (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1"], ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+                                                 ["127.0.0.2", "127.0.0.1"], "--join_timeout", 2,
+                                                 env={**FOREVER, "TRAINER_SECONDS_1": "60"})
+    assert (a_code, b_code) == (1, 1), a_err + b_err
+    line = "launcher: the job stopped: node 2 (127.0.0.3) never joined within 2 s (node 0 listens on port"
+    assert line in a_err and line in b_err
+    starts = records(tmp_path, "start")
+    assert set(records(tmp_path, "end")) == {"trainer.0"} and set(records(tmp_path, "term")) == {"server.0"}
+    assert_all_gone([s["pid"] for s in starts.values()])

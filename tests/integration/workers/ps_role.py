@@ -3,7 +3,8 @@
 argv[1]: a folder for its records. Servers record their start, wait, and record the SIGTERM that
 stops them; trainers record their variables, print a few lines and exit. Knobs (variables):
 TRAINER_SECONDS (0.3) or TRAINER_SECONDS_<id>, TRAINER_CODE_<id> (0), SERVER_KILL_<id> (seconds until it kills itself),
-TRAINER_FAIL_FIRST (trainer 0 exits 9 on the first attempt).
+SERVER_SECONDS (60: how long a server waits before it exits 0 by itself), TRAINER_FAIL_FIRST (trainer 0 exits 9 on
+the first attempt).
 """
 
 import json
@@ -34,10 +35,11 @@ if role == "PSERVER":
     signal.signal(signal.SIGTERM, on_term)
     print(f"server {me} listening on {env['PADDLE_CURRENT_ENDPOINT']}", flush=True)
     kill_after = env.get(f"SERVER_KILL_{me}")
-    deadline = time.monotonic() + 60
+    began = time.monotonic()
+    deadline = began + float(env.get("SERVER_SECONDS", "60"))
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        if kill_after and time.monotonic() > deadline - 60 + float(kill_after):
+        if kill_after and time.monotonic() > began + float(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(0)
 
