@@ -109,10 +109,6 @@ def put_op(key: str, value: str, lease: int = 0) -> dict:
     return {"request_put": put}
 
 
-def delete_op(key: str) -> dict:
-    return {"request_delete_range": {"key": b64(key)}}
-
-
 def entry(kv: dict, deleted: bool = False) -> Entry:
     """A key off the wire (etcd's KeyValue as the gateway writes it: int64s as strings, bytes in base64)."""
     return Entry(key=base64.b64decode(kv.get("key", "")).decode(errors="replace"),
@@ -140,18 +136,13 @@ class Etcd3gwClient:
         self.current = 0
         self.token: Optional[str] = None
 
-    @property
-    def where(self) -> str:
-        return self.spec.shown()
-
     # ------------------------------------------------------------ KeyValue
 
     def grant(self, ttl: int) -> int:
-        return int(self.call("lease/grant", {"TTL": str(ttl)})["ID"])
+        return self.call("lease/grant", {"TTL": str(ttl)}, lambda a: int(a["ID"]))
 
     def keepalive(self, lease: int) -> int:
-        answer = self.call("lease/keepalive", {"ID": str(lease)})
-        return int((answer.get("result") or {}).get("TTL", 0))
+        return self.call("lease/keepalive", {"ID": str(lease)}, lambda a: int((a.get("result") or {}).get("TTL", 0)))
 
     def revoke(self, lease: int) -> None:
         try:
@@ -160,15 +151,15 @@ class Etcd3gwClient:
             pass  # already gone
 
     def range(self, prefix: str) -> Tuple[int, List[Entry]]:
-        answer = self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)})
-        return int(answer["header"]["revision"]), [entry(kv) for kv in answer.get("kvs", [])]
+        return self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)},
+                         lambda a: (_revision(a), [entry(kv) for kv in a.get("kvs", [])]))
 
     def txn(self, compare: list, success: list, failure: list = ()) -> Tuple[bool, int]:
-        answer = self.call("kv/txn", {"compare": list(compare), "success": list(success), "failure": list(failure)})
-        return bool(answer.get("succeeded")), int(answer["header"]["revision"])
+        return self.call("kv/txn", {"compare": list(compare), "success": list(success), "failure": list(failure)},
+                         lambda a: (bool(a.get("succeeded")), _revision(a)))
 
     def put(self, key: str, value: str, lease: int = 0) -> int:
-        return int(self.call("kv/put", put_op(key, value, lease)["request_put"])["header"]["revision"])
+        return self.call("kv/put", put_op(key, value, lease)["request_put"], _revision)
 
     def delete_prefix(self, prefix: str) -> None:
         self.call("kv/deleterange", {"key": b64(prefix), "range_end": prefix_end(prefix)})
@@ -186,13 +177,15 @@ class Etcd3gwClient:
 
     # ------------------------------------------------------------ one call, on every member in turn
 
-    def call(self, path: str, body: dict) -> dict:
+    def call(self, path: str, body: dict, read: Callable[[dict], object] = lambda answer: answer):
+        """``read`` of etcd's answer to ``body`` at ``path``, from the first member that gives one: Unavailable when
+        none does (an answer that is not etcd's counts as none), Refused when etcd says no."""
         last = ""
         for _ in range(len(self.clients)):
             with self.lock:
                 client = self.clients[self.current]
             try:
-                return self._post(client, path, body)
+                return read(self._post(client, path, body))
             except (self.errors.ConnectionFailedError, self.errors.ConnectionTimeoutError,
                     self.errors.InternalServerError, self.errors.ApiVersionDiscoveryFailedError) as e:
                 last = _detail(e)
@@ -201,8 +194,8 @@ class Etcd3gwClient:
                 if "no leader" not in detail and "leader changed" not in detail and "timed out" not in detail:
                     raise Refused(detail) from None
                 last = detail
-            except ValueError as e:  # an answer that is not JSON: not etcd's gateway
-                last = f"not etcd's answer ({e})"
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # not etcd's gateway
+                last = f"an answer that is not etcd's ({type(e).__name__})"
             with self.lock:
                 if self.clients[self.current] is client:
                     self.current = (self.current + 1) % len(self.clients)
@@ -228,6 +221,10 @@ class Etcd3gwClient:
                                  json={"name": self.spec.user, "password": self.spec.password or ""})
             self.token = answer.get("token") or ""
         return {"Authorization": self.token}
+
+
+def _revision(answer: dict) -> int:
+    return int(answer["header"]["revision"])
 
 
 def _session(spec: EtcdSpec):
