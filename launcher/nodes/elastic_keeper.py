@@ -22,7 +22,7 @@ from launcher.nodes import auth
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder
+from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, thread_stopped
 from launcher.nodes.endpoint import MAX_PENDING
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -99,10 +99,7 @@ class Keeper:
         if self.inbox.read_fd is None:
             return  # closed already
         self.stopping = True
-        self.waker.put(None)
-        if self.thread is not None:
-            self.thread.join(JOIN_WAIT + CLOSE_WAIT)
-        if self.thread is None or not self.thread.is_alive():
+        if thread_stopped(self.thread, self.waker, JOIN_WAIT + CLOSE_WAIT):
             self.close_all(wait_for_them=False)
             self.waker.close()
             self.selector.close()

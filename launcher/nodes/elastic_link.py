@@ -105,6 +105,16 @@ class Link(Protocol):
     def close(self) -> None: ...
 
 
+def thread_stopped(thread: Optional[threading.Thread], waker: Optional[Inbox], wait: float) -> bool:
+    """Ask a link's thread to stop (a None in its ``waker``) and wait up to ``wait`` seconds: whether it ended (or
+    never ran), so that what it uses may be closed."""
+    if waker is not None:
+        waker.put(None)
+    if thread is not None:
+        thread.join(wait)
+    return thread is None or not thread.is_alive()
+
+
 def members(round_: m.RoundStart) -> list:
     """The round's members by node rank: [id, host, workers, node_rank, first_rank]."""
     return sorted(round_.members or [], key=lambda x: x[3])

@@ -36,7 +36,7 @@ from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
 from launcher.nodes.elastic_keeper import Keeper
-from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members
+from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members, thread_stopped
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
@@ -278,11 +278,7 @@ class MemberLink:
         if self.inbox.read_fd is None:
             return  # closed already
         self.stopping = True
-        if self.waker is not None:
-            self.waker.put(None)
-        if self.thread is not None:
-            self.thread.join(JOIN_WAIT)
-        if self.thread is None or not self.thread.is_alive():
+        if thread_stopped(self.thread, self.waker, JOIN_WAIT):
             if self.selector is not None:
                 self.selector.close()
                 self.waker.close()

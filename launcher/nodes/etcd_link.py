@@ -30,7 +30,7 @@ from launcher.errors import LaunchError
 from launcher.nodes import etcd_state as es
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder
+from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, thread_stopped
 from launcher.nodes.elastic_start import StartFailed, own_id, place_in
 from launcher.nodes.etcd_client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
                                         put_op)
@@ -84,7 +84,7 @@ def source_address(spec: ElasticSpec) -> str:
             s.connect(family[4])
             return s.getsockname()[0]
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
+        return socket.gethostname()  # the other nodes resolve it as this machine's address
 
 
 class EtcdLink:
@@ -198,10 +198,7 @@ class EtcdLink:
         if self.inbox.read_fd is None:
             return  # closed already
         self.stopping = True
-        self.waker.put(None)
-        if self.thread is not None:
-            self.thread.join(JOIN_WAIT)
-        if self.thread is None or not self.thread.is_alive():
+        if thread_stopped(self.thread, self.waker, JOIN_WAIT):
             self._leave_etcd()
             self.waker.close()
         self.inbox.close()
@@ -231,7 +228,10 @@ class EtcdLink:
                 continue
             if item[0] == "events":
                 for e in item[1]:
-                    self.mirror.pop(e.key, None) if e.deleted else self.mirror.__setitem__(e.key, e)
+                    if e.deleted:
+                        self.mirror.pop(e.key, None)
+                    else:
+                        self.mirror[e.key] = e
             elif item[0] == "ended" and item[2] is self.watcher:
                 log.debug("elastic job: the watch of %s ended (%s); watching again", self.where, item[1])
                 self.watcher = None
@@ -272,9 +272,7 @@ class EtcdLink:
 
     def resync(self) -> None:
         """Every key of the job read afresh, and watched from there on."""
-        if self.watcher is not None:
-            self.watcher.stop()
-            self.watcher = None
+        self._unwatch()
         revision, entries = self.client.range(self.prefix)
         self.mirror = {e.key: e for e in entries}
         holder: list = []
@@ -282,6 +280,11 @@ class EtcdLink:
                                     lambda reason: self.waker.put(("ended", reason, holder[0] if holder else None)))
         holder.append(watcher)
         self.watcher = watcher
+
+    def _unwatch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
 
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
         value = es.report_value(self.node_id, self.lease, kind, round_, code, reason, self.token, self.job_id)
@@ -359,8 +362,7 @@ class EtcdLink:
             return
         if not done:  # another keeper wrote it, or this launcher's key is gone: read everything again
             self.record = None
-            self.watcher and self.watcher.stop()
-            self.watcher = None
+            self._unwatch()
             return
         self.written, self.encoded = revision, text
         self.mirror[key] = Entry(key, text, self.mirror[key].create_revision if key in self.mirror else revision,
@@ -422,9 +424,7 @@ class EtcdLink:
     def _leave_etcd(self) -> None:
         """Out of the job: the watch stopped, the lease revoked (its keys go with it); the last launcher of an
         ended job removes the job's keys."""
-        if self.watcher is not None:
-            self.watcher.stop()
-            self.watcher = None
+        self._unwatch()
         try:
             if self.lease:
                 self.client.revoke(self.lease)
