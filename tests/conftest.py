@@ -104,6 +104,19 @@ def run_launcher(*args, env=None, timeout=60, cwd=None):
                           timeout=timeout, cwd=cwd or REPO)
 
 
+def assert_refused_in_one_line(folder, args, sentence):
+    """``python -m launcher ARGS train.py`` in ``folder`` (an empty train.py there), with no PADDLE_* or
+    LAUNCHER_ETCD* variable of this environment: exit 2, one line on stderr that starts with ``sentence``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LAUNCHER_ETCD"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    (folder / "train.py").write_text("")
+    done = subprocess.run(launcher_cmd(*args, "train.py"), cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"launcher: error: {sentence}") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 def start_launcher(*args, env=None, **kwargs):
     full_env = {**os.environ, **(env or {})}
     return subprocess.Popen(launcher_cmd(*args), env=full_env, cwd=REPO, stdout=subprocess.PIPE,

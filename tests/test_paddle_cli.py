@@ -1,14 +1,11 @@
 """Paddle 2.6/3.x's and fleetrun's command lines, mapped onto this launcher's options: every option, one test
 each, through the real click command and the plan."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import REPO
+from conftest import assert_refused_in_one_line
 from launcher import envvars as ev
 from launcher.cli import paddle as paddle_cli
 from launcher.cli.main import _given, _with_config, launch, resolve_options
@@ -217,11 +214,4 @@ def test_a_bad_etcd_line_of_paddle_is_refused_in_one_sentence(args, sentence):
                                                           "many jobs in etcd: give --job_id ID"),
 ])
 def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LAUNCHER_ETCD"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    (tmp_path / "train.py").write_text("")
-    done = subprocess.run([sys.executable, "-m", "launcher", *args, "train.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(f"launcher: error: {sentence}") and done.stderr.count("\n") == 1, done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert_refused_in_one_line(tmp_path, args, sentence)

@@ -1,13 +1,11 @@
 """torchrun's command line, mapped onto the launcher's options (launcher.cli.torchrun) and planned."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
-from conftest import REPO
+from conftest import assert_refused_in_one_line
 from launcher.cli import main as cli
 from launcher.plan.clusters import registry
 from launcher import envvars as ev
@@ -125,14 +123,7 @@ def test_etcd_keys_in_rdzv_conf_of_a_c10d_job_are_refused():
      "the etcd user root has no password"),
 ])
 def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "LAUNCHER_ETCD"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    (tmp_path / "train.py").write_text("")
-    done = subprocess.run([sys.executable, "-m", "launcher", *args, "train.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(f"launcher: error: {sentence}") and done.stderr.count("\n") == 1, done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert_refused_in_one_line(tmp_path, args, sentence)
 
 
 @pytest.mark.parametrize("values, fragment", [

@@ -7,6 +7,7 @@ one sentence and every worker stopped; a three-member etcd that loses a member k
 with client certificates and etcd's users work; Paddle 3's and fleetrun's etcd lines run the same job.
 Every wait is bounded, and nothing of a test is left running."""
 
+import contextlib
 import json
 import os
 import signal
@@ -62,6 +63,19 @@ def start_nodes(count, args, env=None):
     return [start_launcher(*args, env=env, start_new_session=True) for _ in range(count)]
 
 
+@contextlib.contextmanager
+def nodes(count, args, env=None):
+    """``count`` launchers of ``args``; whichever still runs when the test is done with them is killed."""
+    procs = start_nodes(count, args, env)
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def ready(folder, count):
     wait_for(lambda: len(list(folder.glob("ready.*[0-9]"))) >= count, 60, what=f"{count} workers in the group")
     return {int(p.name.split(".")[1]): int(p.read_text().split()[0]) for p in folder.glob("ready.*[0-9]")}
@@ -100,8 +114,7 @@ def test_a_job_in_etcd_runs_and_leaves_no_key(tmp_path, etcd):
 
 @pytest.mark.parametrize("first", [True, False], ids=["the keeper", "another node"])
 def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, etcd, first):
-    procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True))
-    try:
+    with nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True)) as procs:
         workers = ready(tmp_path, 3)
         chief = keeper(etcd, procs)
         victim = chief if first else next(p for p in procs if p is not chief)
@@ -109,10 +122,6 @@ def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, 
         gone = power_off(victim, [worker_of(victim, workers)])
         (tmp_path / "go").touch()
         results = finish_all([p for p in procs if p is not victim], timeout=120)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     for code, out, err in results:
         assert code == 0, err
         assert "round 2 (lost): 2 node(s), world size 2" in err
@@ -127,26 +136,23 @@ def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, 
 
 
 def test_a_silent_node_is_lost_within_the_heartbeat_timeout(tmp_path, etcd):
-    procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True))
     stopped = []
-    try:
-        workers = ready(tmp_path, 3)
-        # not node 0: on this one host its frozen rank 0 would keep the store's port from the next round's rank 0
-        silent = next(p for p in procs if worker_of(p, workers) == workers[2])
-        stopped = [silent.pid] + [c.pid for c in psutil.Process(silent.pid).children(recursive=True)]
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
-        (tmp_path / "go").touch()
-        results = finish_all([p for p in procs if p is not silent], timeout=120)
-    finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    with nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True)) as procs:
+        try:
+            workers = ready(tmp_path, 3)
+            # not node 0: on this one host its frozen rank 0 would keep the store's port from the next round's rank 0
+            silent = next(p for p in procs if worker_of(p, workers) == workers[2])
+            stopped = [silent.pid] + [c.pid for c in psutil.Process(silent.pid).children(recursive=True)]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            (tmp_path / "go").touch()
+            results = finish_all([p for p in procs if p is not silent], timeout=120)
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     everything = "".join(err for _, _, err in results)
     for code, out, err in results:
         assert code == 0, everything
@@ -171,17 +177,12 @@ def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
 def test_a_launcher_without_the_job_token_is_refused_and_the_job_goes_on(tmp_path, etcd):
     args = etcd_line(etcd.endpoints, tmp_path, nnodes="2:3", conf=FAST.replace("last_call_timeout=60",
                                                                                 "last_call_timeout=0.5"), hold=True)
-    procs = start_nodes(2, args, env={"LAUNCHER_JOB_TOKEN": "s3cret"})
-    try:
+    with nodes(2, args, env={"LAUNCHER_JOB_TOKEN": "s3cret"}) as procs:
         ready(tmp_path, 2)
         intruder = start_launcher(*args, env={"LAUNCHER_JOB_TOKEN": "wrong"})
         code, out, err = finish_all([intruder], timeout=60)[0]
         (tmp_path / "go").touch()
         results = finish_all(procs, timeout=120)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     assert code == 1 and "does not prove this launcher's job token (LAUNCHER_JOB_TOKEN)" in err, err
     assert "Traceback" not in err
     for code, out, err in results:
@@ -202,16 +203,11 @@ def test_an_etcd_that_does_not_answer_at_the_start_is_one_sentence(tmp_path):
 
 
 def test_etcd_gone_mid_job_stops_every_worker_with_one_sentence(tmp_path, etcd):
-    procs = start_nodes(2, etcd_line(etcd.endpoints, tmp_path, nnodes="2", hold=True))
-    try:
+    with nodes(2, etcd_line(etcd.endpoints, tmp_path, nnodes="2", hold=True)) as procs:
         workers = ready(tmp_path, 2)
         gone_at = time.monotonic()
         etcd.stop(etcd.members[0])
         results = finish_all(procs, timeout=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     assert time.monotonic() - gone_at < 20
     for code, out, err in results:
         assert code == 1, err
@@ -221,17 +217,12 @@ def test_etcd_gone_mid_job_stops_every_worker_with_one_sentence(tmp_path, etcd):
 
 
 def test_a_three_member_etcd_that_loses_a_member_keeps_the_job(tmp_path, etcd_cluster):
-    procs = start_nodes(2, etcd_line(etcd_cluster.endpoints, tmp_path, nnodes="2", hold=True))
-    try:
+    with nodes(2, etcd_line(etcd_cluster.endpoints, tmp_path, nnodes="2", hold=True)) as procs:
         ready(tmp_path, 2)
         etcd_cluster.stop(etcd_cluster.members[0])  # the member every launcher talks to first
         time.sleep(4)  # twice the heartbeat timeout: the leases are renewed through the others
         (tmp_path / "go").touch()
         results = finish_all(procs, timeout=120)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
     for code, out, err in results:
         assert code == 0, err
         assert "round 2" not in err
@@ -269,3 +260,48 @@ def test_an_etcd_user_with_its_password(tmp_path, etcd_factory):
     assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
     wrong = finish_all(start_nodes(1, args, env={"LAUNCHER_ETCD_PASSWORD": "nope"}), timeout=60)[0]
     assert wrong[0] == 1 and "refused this launcher" in wrong[2] and "Traceback" not in wrong[2], wrong[2]
+
+
+@pytest.mark.parametrize("answer", [b"<html>not etcd</html>", b"[" * 100000 + b"]" * 100000, b'{"etcdserver": 5}',
+                                    None], ids=["html", "nested JSON", "wrong types", "silent"])
+def test_an_endpoint_that_is_not_etcd_is_one_sentence(tmp_path, answer):
+    """What answers on the endpoint is junk, JSON nested 100,000 deep, etcd's fields with the wrong types, or a
+    listener that never answers at all: exit 1 after join_timeout, one sentence, no traceback."""
+    import http.server
+    import socket
+    import threading
+
+    class Junk(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    if answer is None:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)  # connections wait in its queue: accepted by the kernel, never answered
+        port, stop = server.getsockname()[1], server.close
+    else:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Junk)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+
+        def stop():
+            httpd.shutdown()
+            httpd.server_close()
+    try:
+        conf = FAST.replace("join_timeout=30", "join_timeout=3")
+        started = time.monotonic()
+        code, out, err = finish_all([start_launcher(*etcd_line(f"127.0.0.1:{port}", tmp_path, conf=conf))],
+                                    timeout=60)[0]
+    finally:
+        stop()
+    assert code == 1 and time.monotonic() - started < 30, err
+    assert f"etcd at http://127.0.0.1:{port} did not answer within 3 s (join_timeout" in err, err
+    assert "Traceback" not in err and err.count("\n") <= 2, err
