@@ -76,7 +76,7 @@ class Keeper:
         if self.failed_start is not None:
             for peer in list(self.peers.values()):
                 self.send(peer, m.Dropped(*self.failed_start))
-            self.close_all(wait_for_them=False)
+            self.close_all(wait_for_them=True)  # closed first, unread beats would reset them: Dropped lost
         return self.first
 
     def serve(self) -> None:
