@@ -36,6 +36,7 @@ from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
 from launcher.nodes import wire
 from launcher.nodes.elastic_keeper import Keeper
+from launcher.nodes.endpoint import BACKLOG
 from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members, thread_stopped
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -111,7 +112,7 @@ def listen(host: str, port: int) -> Optional[socket.socket]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(64)
+        sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
         if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):

@@ -15,6 +15,9 @@ from launcher.output.messages import log
 
 HELLO_TIMEOUT = 5.0
 MAX_PENDING = 64  # connections not yet introduced; more are closed at once
+# The accept queue of node 0's listeners (the kernel caps it at net.core.somaxconn): as many launchers as join at
+# once wait there. A shorter queue drops the connections past it, which the kernel then retries after 1, 3, 7, 15 s.
+BACKLOG = 4096
 RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
 RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
 

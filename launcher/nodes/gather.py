@@ -119,7 +119,7 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         listener.close()
         raise LaunchError(f"rank 0 cannot listen on port {spec.port} ({spec.given_as}) to gather the node list ({e.strerror}); "
                           f"choose a free port with --control_port.") from None
-    listener.listen(128)
+    listener.listen(endpoint.BACKLOG)
     listener.setblocking(False)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)

@@ -13,7 +13,7 @@ from typing import Optional
 from launcher.nodes.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
 from launcher.nodes.channel import Joined, Lost, NeverJoined
 from launcher.nodes.connection import Connection, tune
-from launcher.nodes.endpoint import MAX_PENDING, Endpoint
+from launcher.nodes.endpoint import BACKLOG, MAX_PENDING, Endpoint
 from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
 
@@ -28,7 +28,7 @@ class Hub(Endpoint):
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-        self.listener.listen(128)
+        self.listener.listen(BACKLOG)
         self.listener.setblocking(False)
         self.port = port
         self.peers: dict = {}  # node -> fd
