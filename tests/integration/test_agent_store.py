@@ -93,6 +93,8 @@ def test_two_nodes_node_0s_launcher_serves_the_store_itself_and_a_late_rank_0_co
             wait_for(lambda: len(list(folder.glob("late.*"))) or listens_on(procs[0].pid, port), timeout=60,
                      what="node 0's store")
             assert listens_on(procs[0].pid, port) and not listens_on(procs[1].pid, port)
+            # the store's port listens from the plan on, before the launch starts its watchdog: wait for it
+            wait_for(lambda: helpers_of(procs[0].pid), timeout=30, what="node 0's watchdog")
             helpers = helpers_of(procs[0].pid)
             assert helpers and all(is_watchdog(h) for h in helpers), helpers
         finally:
