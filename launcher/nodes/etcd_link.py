@@ -110,6 +110,7 @@ class EtcdLink:
         self.encoded = ""
         self.fed: set = set()
         self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
+        self.parsed: dict = {}  # Entry (a key's version) -> its value as read (_parsed)
         self.kept = clock()  # when the lease was last renewed
         self.next_beat = clock()
         self.given_round = self.given_stop = 0
@@ -300,10 +301,20 @@ class EtcdLink:
         alive = {}
         for key, e in self.mirror.items():
             if key.startswith(self.prefix + "nodes/"):
-                joiner = es.read_node(e.value, e.lease, e.create_revision, self.token, self.job_id)
+                joiner = self._parsed(e, lambda: es.read_node(e.value, e.lease, e.create_revision, self.token,
+                                                               self.job_id))
                 if joiner is not None:
                     alive[joiner.node.node_id] = joiner
         return alive
+
+    def _parsed(self, key, read):
+        """``read()`` (a key's value parsed and its proof checked) once per version of the key: every turn reads
+        every key of the mirror, which would otherwise parse them all again."""
+        if key not in self.parsed:
+            if len(self.parsed) > 4 * len(self.mirror) + 64:  # versions long gone
+                self.parsed.clear()
+            self.parsed[key] = read()
+        return self.parsed[key]
 
     def _decide(self) -> None:
         alive = self._alive()
@@ -346,7 +357,9 @@ class EtcdLink:
             if not key.startswith(self.prefix + "report/"):
                 continue
             node = alive.get(es.read_node_id(key, self.prefix))
-            event = es.read_report(e.value, e.lease, node.lease if node else -1, self.token, self.job_id)
+            node_lease = node.lease if node else -1
+            event = self._parsed((e, node_lease), lambda: es.read_report(e.value, e.lease, node_lease, self.token,
+                                                                          self.job_id))
             if event is not None:
                 reports.append(((key, e.mod_revision), event))
         return reports
