@@ -3,6 +3,7 @@
 
     python bench/elastic.py [--only startup,poweroff,silent,join,norestart] [--runs N] [--json FILE]
                             [--repo PATH] [--rdzv-conf KEY=VALUE,...] [--bound S] [--keep DIR]
+                            [--etcd HOST:PORT] [--lose other|first]
 
 Every "node" is one launcher on 127.0.0.1, each given the same line, ours (``python -m launcher``)
 and torchrun's (``python -m torch.distributed.run``) alike (``--rdzv-conf`` passed on when given):
@@ -29,7 +30,10 @@ and how often each other outcome came. After a run every launcher still running 
 bound); every process of the run still alive then (the harness's tag in its environment) is
 reported and killed. Every wait is bounded. ``--repo`` is the repository whose ``python -m launcher``
 is measured (first on our launchers' PYTHONPATH only; default: the one holding this file);
-``--keep`` keeps every run's folder (the launchers' output, the steps).
+``--keep`` keeps every run's folder (the launchers' output, the steps). With ``--etcd HOST:PORT`` the
+membership is in that etcd: ours ``--rdzv-backend=etcd``, torchrun's ``--rdzv-backend=etcd-v2`` (etcd's v2
+API: start etcd with ``--enable-v2``, and install python-etcd); ``--lose first`` loses the first node
+instead (ours with etcd: the launcher that keeps the membership).
 """
 
 from __future__ import annotations
@@ -178,7 +182,8 @@ class RunResult:
     leftovers: list = field(default_factory=list)
 
 
-def run_once(scenario: Scenario, side: Side, folder: Path, conf: Optional[str], bound: float) -> RunResult:
+def run_once(scenario: Scenario, side: Side, folder: Path, conf: Optional[str], bound: float,
+             etcd: Optional[str] = None, lose_first: bool = False) -> RunResult:
     def failed(e: Exception) -> dict:
         return {key: Figure(verdict="error", detail=f"{type(e).__name__}: {e}") for key, _ in scenario.rows}
 
@@ -186,7 +191,8 @@ def run_once(scenario: Scenario, side: Side, folder: Path, conf: Optional[str], 
     with harness.PortReservations() as ports:
         until = ("--until", f"{time.time() + RUNNING_BOUND_S + 2 * bound + JOB_SLACK_S:.0f}")
         try:
-            job = Job(side, folder, ports, scenario.max_restarts, conf, [*scenario.worker_args, *until], bound)
+            job = Job(side, folder, ports, scenario.max_restarts, conf, [*scenario.worker_args, *until], bound,
+                      etcd, lose_first)
         except (OSError, harness.BenchError) as e:  # no ports, no folder: nothing started
             return RunResult(failed(e))
         try:
@@ -243,6 +249,10 @@ def parse_args(argv: list) -> argparse.Namespace:
                         help=f"seconds to wait for a figure after its event (default {EVENT_BOUND_S:.0f})")
     parser.add_argument("--rdzv-conf", help="passed on to both launchers as --rdzv-conf")
     parser.add_argument("--sides", default="ours,torchrun", help="the launchers measured (default both)")
+    parser.add_argument("--etcd", metavar="HOST:PORT", help="the membership in this etcd (started with --enable-v2 "
+                        "for torchrun's etcd-v2, which needs python-etcd): ours --rdzv-backend=etcd, torchrun's etcd-v2")
+    parser.add_argument("--lose", choices=("other", "first"), default="other",
+                        help="the node lost: another one (default), or the first (with --etcd, our keeper)")
     parser.add_argument("--keep", type=Path, help="keep every run's folder (the launchers' output, the steps) there")
     args = parser.parse_args(argv)
     if set(args.only.split(",")) - set(names) or args.runs < 1 or not 1 <= args.bound <= 3600:
@@ -269,7 +279,7 @@ def measure(args: argparse.Namespace, root: Path) -> tuple:
             for side in measured:
                 began = time.monotonic()
                 folder = root / f"{scenario.name}-{side.name}-{rep}"
-                result = run_once(scenario, side, folder, args.rdzv_conf, args.bound)
+                result = run_once(scenario, side, folder, args.rdzv_conf, args.bound, args.etcd, args.lose == "first")
                 results[scenario.name][side.name].append(result)
                 figures = "; ".join(cell([f]) for f in result.figures.values())
                 harness.progress(f"  {scenario.name}: {side.name} run {rep + 1}: {figures} [{result.exits}] "

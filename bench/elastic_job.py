@@ -43,11 +43,19 @@ class Side:
     module: str
     env: dict
 
-    def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list) -> list:
+    def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list,
+                etcd: Optional[str] = None) -> list:
+        """The line of every node: around an endpoint on ``port``, or with ``etcd`` (HOST:PORT) keeping the
+        membership: ours ``--rdzv-backend=etcd`` (the workers' ports from ``port`` on), torchrun's ``etcd-v2``."""
         extra = [f"--rdzv-conf={conf}"] if conf else []
-        return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}",
-                *extra, str(SCRIPT), *map(str, worker)]
+        if etcd is None:
+            rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
+        elif self.name == "ours":
+            rendezvous = ["--rdzv-backend=etcd", f"--rdzv-endpoint={etcd}", f"--started_port={port}"]
+        else:
+            rendezvous = ["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={etcd}"]
+        return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", *rendezvous,
+                f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(SCRIPT), *map(str, worker)]
 
 
 def sides(repo: Path) -> list:
@@ -78,13 +86,14 @@ class Job:
     """The launchers of one run of one side, all on one endpoint, and the steps their workers wrote."""
 
     def __init__(self, side: Side, folder: Path, ports: harness.PortReservations, max_restarts: int,
-                 conf: Optional[str], worker_args: list, bound: float = EVENT_BOUND_S):
-        self.side, self.folder, self.bound = side, folder, bound
+                 conf: Optional[str], worker_args: list, bound: float = EVENT_BOUND_S, etcd: Optional[str] = None,
+                 lose_first: bool = False):
+        self.side, self.folder, self.bound, self.lose_first = side, folder, bound, lose_first
         self.out = folder / "out"
         self.out.mkdir()
         self.port = ports.reserve_block(PORTS) + 1
         self.argv = side.command(self.port, f"bench-{uuid.uuid4().hex[:8]}", max_restarts, conf,
-                                 [self.out, *worker_args])
+                                 [self.out, *worker_args], etcd)
         self.nodes: list[harness.Run] = []
         self.records: list[dict] = []
         self.workers_seen: set = set()  # pids of the training script's processes under ``watched`` in the last wait
@@ -207,7 +216,10 @@ def rendezvous_host(job: Job) -> Optional[harness.Run]:
 
 
 def victim(job: Job) -> harness.Run:
-    """The node to lose: the last one that is neither the first nor the rendezvous's host."""
+    """The node to lose: the last one that is neither the first nor the rendezvous's host; the first one (with
+    etcd, ours: the launcher that keeps the membership) when the job says so."""
+    if job.lose_first:
+        return job.nodes[0]
     host = rendezvous_host(job)
     return [n for n in job.nodes[1:] if n is not host][-1]
 
