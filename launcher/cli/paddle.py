@@ -11,7 +11,6 @@ from typing import Optional
 
 from launcher.errors import LaunchError
 from launcher.plan import elastic as elastic_options
-from launcher.plan import etcd
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
@@ -212,6 +211,8 @@ def _master(out: dict, given: set) -> None:
         return
     text = str(out["master"]).strip()
     if "://" in text:  # an etcd:// one with --nnodes is an elastic job (``elastic``), taken before this
+        from launcher.plan import etcd  # an elastic job's only: every launch would pay its import
+
         shown = etcd.without_password(text)
         if text.lower().startswith("etcd://"):
             raise LaunchError(f"--master {shown} keeps the job's membership in etcd, which needs the number of nodes; "

@@ -55,12 +55,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Mapping, Optional, Tuple
 
 from launcher.errors import LaunchError
-from launcher.plan import etcd
-from launcher.plan.etcd import EtcdSpec
 from launcher.plan.parsing import DIGITS, INTEGER, parse_node_list
+
+if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line only: every launch would pay its 2 ms
+    from launcher.plan.etcd import EtcdSpec
 
 C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
 LOOPBACK = "127.0.0.1"  # torchrun's c10d endpoint when none is given (it says localhost)
@@ -139,6 +140,8 @@ def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec
     ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
     backend = _backend(_given(values, "rdzv_backend") or "static")
+    from launcher.plan import etcd
+
     conf, etcd_conf = etcd.split_conf(_given(values, "rdzv_conf"))
     if etcd_conf and backend != "etcd":
         raise LaunchError(f"--rdzv-conf {','.join(etcd_conf)}= is for an etcd rendezvous; give --rdzv-backend etcd, "
@@ -159,7 +162,7 @@ def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec
             raise LaunchError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client "
                               "port), the same on every node.")
         endpoints, protocol = etcd.parse_endpoints(endpoint, "--rdzv-endpoint")
-        return _in_etcd(spec, etcd.with_conf(EtcdSpec(endpoints), etcd_conf, env or {}, protocol), hosts)
+        return _in_etcd(spec, etcd.with_conf(etcd.EtcdSpec(endpoints), etcd_conf, env or {}, protocol), hosts)
     host, port = parse_rdzv_endpoint(_given(values, "rdzv_endpoint"), hosts)
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -186,6 +189,8 @@ def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
     hosts = _node_hosts(values, "ips", "--ips", low, high)
     if in_etcd:
+        from launcher.plan import etcd
+
         etcd_spec = etcd.from_url(master, "--master")
         return _in_etcd(spec, etcd.with_conf(etcd_spec, {}, env or {}, inline=etcd.URL_PASSWORD), hosts)
     host, port = _paddle_master(master, hosts, low, high, "--nnodes")
@@ -208,6 +213,8 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
         return spec
     hosts = _node_hosts(values, "ips", "--ips", low, high)
     if server is not None:
+        from launcher.plan import etcd
+
         shown = "--elastic_server" if _given(values, "elastic_server") else "PADDLE_ELASTIC_SERVER"
         if job_id is None:
             raise LaunchError(f"{shown} {etcd.without_password(server)} keeps the membership of many jobs in etcd: give "
@@ -217,7 +224,7 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
             spec_etcd = etcd.from_url(text, shown)
         else:  # HOST:PORT,... (http:// or https:// before them say the protocol)
             endpoints, protocol = etcd.parse_endpoints(text, shown)
-            spec_etcd = EtcdSpec(endpoints, protocol=protocol or "http")
+            spec_etcd = etcd.EtcdSpec(endpoints, protocol=protocol or "http")
         return _in_etcd(spec, etcd.with_conf(spec_etcd, {}, env, inline=etcd.URL_PASSWORD), hosts)
     host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
     return replace(spec, host=host, port=port, node_hosts=hosts)
@@ -226,7 +233,7 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
 # ---------------------------------------------------------------- the parts
 
 
-def _in_etcd(spec: ElasticSpec, etcd_spec: EtcdSpec, hosts: tuple) -> ElasticSpec:
+def _in_etcd(spec: ElasticSpec, etcd_spec: "EtcdSpec", hosts: tuple) -> ElasticSpec:
     """An etcd rendezvous: the membership in etcd; ``host``:``port`` name its first endpoint (the default job id)."""
     host, port = etcd_spec.endpoints[0]
     return replace(spec, backend="etcd", etcd=etcd_spec, host=host, port=port, node_hosts=hosts)
