@@ -319,17 +319,23 @@ class EtcdLink:
     def _decide(self) -> None:
         alive = self._alive()
         entry = self.mirror.get(es.record_key(self.prefix))
-        if entry is not None and self._read(entry) is None:  # not this job's: never obeyed, never overwritten
+        theirs = self._read(entry)
+        if entry is not None and theirs is None:  # not this job's: never obeyed, never overwritten
             if self.given_round == 0:
                 self._over(1, f"the record of the job {self.job_id} in {self.where} does not prove this launcher's job "
                               "token (LAUNCHER_JOB_TOKEN): it is kept by launchers with another token; give every node "
                               "the same token, or this job another --rdzv-id")
             return
+        if theirs is not None and theirs.state.end is not None and theirs.state.known(self.node_id) is not None:
+            # this launcher's job ended, and its keeper may have left at once (its key gone in the same batch as the
+            # end): keeping the membership now would take the ended record for an earlier run's and start afresh
+            self._deliver(es.view(theirs, self.node_id))
+            return
         if es.keeper_of(j for j in alive.values() if j.proven) == self.node_id:
             record = self._keep(alive, entry)
         else:
             self.record = None
-            record = self._read(entry)
+            record = theirs
         if record is not None:
             self._deliver(es.view(record, self.node_id))
 

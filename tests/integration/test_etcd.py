@@ -23,7 +23,7 @@ WORKER = str(WORKERS / "elastic_worker.py")
 FAST = "heartbeat_timeout=2,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=30"
 
 
-def etcd_line(endpoints, folder, *extra, job="etcd-test", nnodes="2:3", conf=FAST, hold=False):
+def etcd_line(endpoints, folder, *extra, job="etcd-test", nnodes="2:3", conf=FAST, hold=False):  # noqa
     """torchrun's line with etcd; the workers' ports of every node above a free port; ``hold``: the workers wait
     for FOLDER/go once in the group (elastic_worker.py)."""
     return ("--nnodes", nnodes, "--nproc-per-node", 1, "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints,
@@ -168,10 +168,10 @@ def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
         start_nodes(2, etcd_line(etcd.endpoints, b, job="job-b", nnodes="2"))
     results = finish_all(procs, timeout=120)
     for code, out, err in results:
-        assert code == 0, err
+        assert code == 0, "".join(err for _, _, err in results)
     for folder in (a, b):
         assert sorted(r["rank"] for r in records(folder)) == [0, 1]
-    assert keys(etcd) == []
+    assert keys(etcd) == [], "".join(err for _, _, err in results)
 
 
 def test_a_launcher_without_the_job_token_is_refused_and_the_job_goes_on(tmp_path, etcd):
@@ -246,7 +246,7 @@ def test_tls_with_client_certificates(tmp_path, etcd_factory):
     conf = f"{FAST},cacert={server.cacert},cert={server.cert},key={server.key}"
     results = finish_all(start_nodes(2, etcd_line(f"https://{endpoint}", tmp_path, nnodes="2", conf=conf)), timeout=120)
     for code, out, err in results:
-        assert code == 0, err
+        assert code == 0, "".join(err for _, _, err in results)
     assert sorted(r["rank"] for r in records(tmp_path)) == [0, 1]
 
 
