@@ -16,7 +16,7 @@ from launcher.nodes.endpoint import HELLO_TIMEOUT, MAX_PENDING
 from launcher.nodes.hub import Hub
 from launcher.nodes.messages import Identity
 from launcher.nodes.spoke import Spoke
-from launcher.nodes.wire import encode, Framer, MAX_MESSAGE, ProtocolError
+from launcher.nodes.wire import encode, Framer, MAX_FRAME, MAX_MESSAGE, ProtocolError, sized_for
 from tests.conftest import pose_as_node_0
 
 IDENTITY = Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
@@ -43,9 +43,13 @@ def test_junk_is_a_protocol_error(junk, why):
         Framer().feed(junk)
 
 
-def test_a_message_over_the_limit_is_not_sent():
-    with pytest.raises(ValueError):
-        encode({"type": "x", "pad": "a" * MAX_MESSAGE})
+def test_a_peer_not_yet_proven_is_limited_and_a_message_of_the_job_is_not():
+    big = encode({"type": "nodes", "nodes": [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(80000)]})
+    assert len(big) > 16 * MAX_MESSAGE  # 80,000 ranks' hosts: 10,000 nodes x 8
+    with pytest.raises(ProtocolError, match="bytes"):
+        Framer().feed(big)
+    assert len(Framer(sized_for(80000)).feed(big)[0]["nodes"]) == 80000
+    assert len(Framer(MAX_FRAME).feed(big)[0]["nodes"]) == 80000
 
 
 def test_identity_mismatch_names_the_field():
@@ -474,3 +478,22 @@ def test_without_a_token_each_end_warns_once_what_a_stranger_can_do(token, warni
     finally:
         hub.close()
         spoke.close()
+
+
+def test_node_0_beats_every_node_at_once_and_each_answers_it():
+    """So that node 0 reads the answers in a burst: its loop turns a few times per beat, not once per node."""
+    port = free_port()
+    identity = Identity("job-1", tuple(f"127.0.0.{i}" for i in range(1, 5)), (6170,), "train.py")
+    hub = Hub(identity, "127.0.0.1", port, heartbeat_timeout=1.5, join_timeout=10, token=None)
+    spokes = [Spoke(identity, n, "127.0.0.1", port, heartbeat_timeout=1.5, join_timeout=10, token=None) for n in (1, 2, 3)]
+    try:
+        events = pump([hub, *spokes], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 6)
+        assert sum(isinstance(e, Joined) for e in events) == 6
+        assert not [e for e in pump([hub, *spokes], 2.2) if isinstance(e, Lost)]
+        (beat,) = {c.said for c in hub.connections.values()}  # one beat, every node
+        for spoke in spokes:  # each said its last word right after that beat: its answer
+            assert 0 <= spoke.hub.said - beat < 0.5
+    finally:
+        hub.close()
+        for spoke in spokes:
+            spoke.close()

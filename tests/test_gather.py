@@ -269,3 +269,16 @@ def test_a_flood_of_silent_connections_keeps_no_rank_out():
     finally:
         for s in flood:
             s.close()
+
+
+def test_a_node_list_over_64_kib_reaches_every_rank():
+    """1,700 ranks with long (IPv6) addresses: the answer is 70 KB, over what a peer not yet proven may
+    send; a rank takes a node list of its job's size (wire.sized_for), whatever the size."""
+    size, port = 1700, free_port()
+    addresses = ["127.0.0.1"] + [f"fd00:1111:2222:3333:4444:5555:{r // 65536:04x}:{r % 65536:04x}" for r in range(1, size)]
+    assert len(encode({"type": "nodes", "nodes": addresses})) > 64 * 1024
+    r0 = start(spec(0, size, port), "127.0.0.1", timeout=60.0)
+    wait_listening(port)
+    runs = [start(spec(r, size, port), addresses[r], timeout=60.0) for r in range(1, size)]
+    finish(r0, *runs, seconds=120.0)
+    assert all(r.get("nodes") == tuple(addresses) for r in (r0, *runs)), {str(r.get("error")) for r in (r0, *runs)}

@@ -18,8 +18,9 @@ nonce of its own and, when a job token is set (``LAUNCHER_JOB_TOKEN``), HMAC-SHA
 + job id + node) as proof; node 0 answers ``welcome`` (or ``refused``, with the reason). With a
 token, authentication is mutual: the welcome (and a refusal) proves the token on the peer's
 nonce, a node obeys no node 0 that does not prove it (it tries again until the join timeout), and
-every message after the welcome is sealed in a ``Session`` bound to both nonces. Then both sides
-send ``beat`` every ``heartbeat_timeout / 6`` seconds; silence for ``heartbeat_timeout`` seconds
+every message after the welcome is sealed in a ``Session`` bound to both nonces. Then
+node 0 sends ``beat`` to every node at once every ``heartbeat_timeout / 3`` seconds and each node
+answers it (so node 0 reads the answers in a burst); silence for ``heartbeat_timeout`` seconds
 (or TCP's own keep-alive giving up) means the peer is lost.
 """
 

@@ -138,7 +138,7 @@ class MemberLink:
         self.nonce = ""
         self.inbox = Inbox()
         self.sock: Optional[socket.socket] = None
-        self.framer = wire.Framer()
+        self.framer = wire.Framer(wire.sized_for(spec.max_nodes))  # a round lists every member
         self.first: Optional[m.RoundStart] = None
         self.early: list = []  # node 0's messages that came with the first round
         self.heard = clock()  # when node 0 last said anything
@@ -305,9 +305,9 @@ class MemberLink:
             return JobOver(1, f"{self.where} went silent for {silent:.1f} s (heartbeat_timeout "
                               f"{self.spec.rendezvous.heartbeat_timeout:g} s); node 0's launcher leaving ends an "
                               "elastic job")
-        if now >= self.next_beat:
+        if now >= self.next_beat:  # node 0 has not beaten for two intervals: beat by itself
             self._send(m.Beat())
-            self.next_beat = now + self.spec.rendezvous.keep_alive_interval
+            self.next_beat = now + 2 * self.spec.rendezvous.keep_alive_interval
         wait = max(0.0, min(self.next_beat, self.heard + self.spec.rendezvous.heartbeat_timeout) - now)
         for key, _ in self.selector.select(min(wait, 1.0)):
             if key.fileobj == self.waker.read_fd:
@@ -338,8 +338,12 @@ class MemberLink:
         return None
 
     def _take(self, message) -> Optional[JobOver]:
-        """Node 0's word for the event loop: a round that has this launcher, a stop, or the end (returned)."""
-        if isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
+        """Node 0's word for the event loop: a round that has this launcher, a stop, or the end (returned);
+        its heartbeat is answered at once (node 0 then hears every launcher in one burst)."""
+        if isinstance(message, m.Beat):
+            self._send(m.Beat())
+            self.next_beat = self.clock() + 2 * self.spec.rendezvous.keep_alive_interval
+        elif isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
                 and member(message, self.node_id) is not None:
             self.inbox.put(message)
         elif isinstance(message, m.StopWorkers) and message.round is not None:

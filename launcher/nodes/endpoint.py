@@ -14,10 +14,16 @@ from launcher.nodes.wire import ProtocolError
 from launcher.output.messages import log
 
 HELLO_TIMEOUT = 5.0
-MAX_PENDING = 64  # connections not yet introduced; more are closed at once
+MAX_PENDING = 64  # connections not yet introduced, at the least; more are closed at once (the oldest first)
 # The accept queue of node 0's listeners (the kernel caps it at net.core.somaxconn): as many launchers as join at
 # once wait there. A shorter queue drops the connections past it, which the kernel then retries after 1, 3, 7, 15 s.
 BACKLOG = 4096
+def pending_cap(nodes: int) -> int:
+    """How many connections may wait for their hello: every node of the job may come at once (a burst of
+    thousands of launchers is not a flood), and silent strangers past that push the oldest out."""
+    return max(MAX_PENDING, nodes)
+
+
 RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
 RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
 
@@ -25,12 +31,16 @@ RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
 class Endpoint:
     """What node 0's hub and the other nodes' spoke share: heartbeats and the selector's part."""
 
+    beats_all = False  # node 0's hub: it beats every node at once; a node answers
+
     def __init__(self, identity: Identity, node: int, heartbeat_timeout: float, join_timeout: float,
                  token: Optional[str]) -> None:
         self.identity = identity
         self.node = node
         self.heartbeat_timeout = heartbeat_timeout
-        self.beat_every = heartbeat_timeout / 6
+        self.beat_every = heartbeat_timeout / 3  # two beats may go missing before the peer counts as lost
+        self.next_beat = time.monotonic()
+        self.due: Optional[float] = None  # when ``_beat_and_check`` next has work (None: nothing watched)
         self.join_deadline = time.monotonic() + join_timeout
         self.join_timeout = join_timeout
         self.token = token or None
@@ -60,26 +70,39 @@ class Endpoint:
         return wanted
 
     def next_deadline(self) -> Optional[float]:
-        times = []
-        for c in self.connections.values():
-            if c.node is None:
-                times.append(c.opened + HELLO_TIMEOUT)
-            else:
-                times += [c.said + self.beat_every, c.heard + self.heartbeat_timeout]
-        return min(times) if times else None
+        return self.due
+
+    def _watch_from(self, at: float) -> None:
+        """A connection was added (or changed): the next scan is due at ``at`` at the latest."""
+        self.due = at if self.due is None else min(self.due, at)
 
     def _beat_and_check(self, now: float) -> list:
-        events = []
+        """Heartbeats and overdue peers. Node 0 beats every node at once, every ``beat_every``; a node
+        answers each beat (``_on_message``) and beats by itself only when node 0 has said nothing for
+        twice that: so node 0 reads the answers in bursts, a few turns of its loop per beat, whatever
+        the number of nodes. The scan of every connection runs only when something is due."""
+        if self.due is None or now < self.due:
+            return []
+        beat_all = self.beats_all and now >= self.next_beat
+        if beat_all:
+            self.next_beat = now + self.beat_every
+        events, due = [], [self.next_beat] if self.beats_all else []
         for fd, c in list(self.connections.items()):
             if c.node is None:
                 if now - c.opened >= HELLO_TIMEOUT:
                     self._drop(fd, f"said nothing valid for {HELLO_TIMEOUT:.0f} s")
+                else:
+                    due.append(c.opened + HELLO_TIMEOUT)
                 continue
             if now - c.heard >= self.heartbeat_timeout:
                 events.append(self._lose(fd, f"no heartbeat for {now - c.heard:.1f} s"))
                 continue
-            if now - c.said >= self.beat_every:
+            if beat_all or (not self.beats_all and now - c.said >= 2 * self.beat_every):
                 c.send(to_wire(Beat()), now)
+            due.append(c.heard + self.heartbeat_timeout)
+            if not self.beats_all:
+                due.append(c.said + 2 * self.beat_every)
+        self.due = min(due, default=None)
         return events
 
     def _read(self, fd: int, now: float) -> list:
@@ -115,6 +138,8 @@ class Endpoint:
         if c.node is None:
             return self._handshake(fd, c, typed, now)
         if isinstance(typed, Beat):
+            if not self.beats_all:
+                c.send(to_wire(Beat()), now)  # the answer: node 0 hears every node in the same burst
             return []
         return [Received(c.node, message)]
 
@@ -140,4 +165,5 @@ class Endpoint:
             sock.close()
         self.discarded.clear()
         self.closed = True
+        self.due = None
 

@@ -143,11 +143,17 @@ class EtcdLink:
         self.kept = self.next_beat = self.clock()
         key = es.node_key(self.prefix, self.node_id)
         value = es.node_value(self.me, self.lease, self.token, self.job_id)
-        try:
-            self.created = self.client.put(key, value, self.lease)
-            self.resync()
-        except (Unavailable, Refused) as e:
-            raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
+        while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
+            try:
+                self.created = self.created or self.client.put(key, value, self.lease)
+                self.resync()
+                break
+            except Unavailable as e:
+                if self.clock() - self.kept + RETRY_EVERY >= self.spec.rendezvous.heartbeat_timeout:
+                    raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
+                time.sleep(RETRY_EVERY)
+            except Refused as e:
+                raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
         log.info("elastic job: joined the job %s in %s as node %s (%s); waiting for the round to start", self.job_id,
                  self.where, self.node_id, self.me.host)
         self.thread = threading.Thread(target=self._serve, name="elastic-etcd", daemon=True)

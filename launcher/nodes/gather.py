@@ -137,7 +137,7 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
                                     f"reach this node and have the same LAUNCHER_JOB_TOKEN.")
             for key, _ in selector.select(min(left, 0.5)):
                 if key.data is None:
-                    _accept(listener, selector, peers)
+                    _accept(listener, selector, peers, spec.size)
                 else:
                     _read(key.data, spec, token, selector, peers, joined, dropped)
         selector.unregister(listener)
@@ -157,14 +157,14 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         listener.close()
 
 
-def _accept(listener, selector, peers) -> None:
+def _accept(listener, selector, peers, size: int) -> None:
     try:
         sock, where = listener.accept()
     except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
     except OSError:  # out of descriptors: the ranks try again
         return
-    _make_room(selector, peers)
+    _make_room(selector, peers, size)
     peer = _Peer(sock, f"{where[0]}:{where[1]}")
     sock.setblocking(False)
     peers[sock.fileno()] = peer
@@ -172,12 +172,13 @@ def _accept(listener, selector, peers) -> None:
     _send(sock, to_wire(Challenge(peer.nonce)))
 
 
-def _make_room(selector, peers) -> None:
-    """At most endpoint.MAX_PENDING connections wait for their join: the oldest goes, so that a flood
-    of connections that never speak neither runs rank 0 out of descriptors nor keeps a rank out."""
-    waiting = [peer for peer in peers.values() if peer.rank is None]
-    if len(waiting) >= endpoint.MAX_PENDING:
-        oldest = waiting[0]  # peers keeps the order of arrival
+def _make_room(selector, peers, size: int) -> None:
+    """At most ``endpoint.pending_cap`` connections wait for their join (every rank may come at once): the
+    oldest goes, so that a flood of connections that never speak neither runs rank 0 out of descriptors
+    nor keeps a rank out."""
+    cap = endpoint.pending_cap(size)
+    if len(peers) >= cap and sum(peer.rank is None for peer in peers.values()) >= cap:
+        oldest = next(peer for peer in peers.values() if peer.rank is None)  # peers keeps the order of arrival
         selector.unregister(oldest.sock)
         peers.pop(oldest.sock.fileno())
         oldest.sock.close()
@@ -309,7 +310,7 @@ def _connect(spec: Spec, address: str, deadline: float, timeout: float, where: s
 
 def _ask(sock, spec: Spec, address: str, deadline: float, timeout: float, where: str, token: Optional[str]) -> tuple:
     """Rank 0's answer to this rank's join, and whether it proves the token (where one is set)."""
-    framer = (wire.Framer(), [])
+    framer = (wire.Framer(wire.sized_for(spec.size)), [])  # the answer lists every rank's node
     challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
     asked = from_wire(challenge)
     if not isinstance(asked, Challenge) or not auth.fresh_nonce(asked.nonce):

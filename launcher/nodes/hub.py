@@ -13,13 +13,16 @@ from typing import Optional
 from launcher.nodes.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
 from launcher.nodes.channel import Joined, Lost, NeverJoined
 from launcher.nodes.connection import Connection, tune
-from launcher.nodes.endpoint import BACKLOG, MAX_PENDING, Endpoint
+from launcher.nodes.endpoint import BACKLOG, HELLO_TIMEOUT, Endpoint, pending_cap
+from launcher.nodes.wire import MAX_FRAME
 from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
 
 
 class Hub(Endpoint):
     """Node 0: listens, checks who comes, and keeps one connection per node."""
+
+    beats_all = True
 
     def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
                  join_timeout: float, token: Optional[str]) -> None:
@@ -83,12 +86,13 @@ class Hub(Endpoint):
             c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=now)
             self.connections[sock.fileno()] = c
             c.send(to_wire(Challenge(c.nonce)), now)
+            self._watch_from(c.opened + HELLO_TIMEOUT)
 
     def _make_room(self) -> None:
-        """At most MAX_PENDING connections wait for their hello: the oldest goes (silently: a flood
+        """At most ``pending_cap`` connections wait for their hello: the oldest goes (silently: a flood
         would flood the log), so that connections that never speak cannot keep a node out."""
-        pending = [fd for fd, c in self.connections.items() if c.node is None]
-        if len(pending) >= MAX_PENDING:
+        if len(self.connections) - len(self.peers) >= pending_cap(len(self.identity.nodes)):
+            pending = [fd for fd, c in self.connections.items() if c.node is None]
             oldest = min(pending, key=lambda fd: self.connections[fd].opened)
             self.discarded.append(self.connections.pop(oldest).sock)
             self.dropped += 1
@@ -109,7 +113,9 @@ class Hub(Endpoint):
             self._refuse_node(fd, c, node, problem, now)
             return []
         c.node = node
+        c.framer.limit = MAX_FRAME  # a node of the job: what it says is not limited
         self.peers[node] = fd
+        self._watch_from(now)
         self.ever_joined.add(node)
         if self.token is not None:  # node 0 proves the token on the node's nonce; then every message is sealed
             c.send(to_wire(Welcome(hub_proof(self.token, c.peer_nonce, c.nonce, self.identity.job_id, node))), now)

@@ -106,7 +106,8 @@ class JoinAsked:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    node_id: str
+    node_id: str = ""
+    at: Optional[Mapping[str, float]] = None  # many heartbeats in one event: node id -> when node 0 heard it
 
 
 @dataclass(frozen=True)
@@ -263,9 +264,8 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, JoinAsked):
         return _on_join(state, event.node, event.job_id, now)
     if isinstance(event, Heartbeat):
-        if event.node_id in state.heard:
-            state = replace(state, heard={**state.heard, event.node_id: now})
-        return state, ()
+        fresh = {k: v for k, v in (event.at or {event.node_id: now}).items() if k in state.heard}
+        return (replace(state, heard={**state.heard, **fresh}) if fresh else state), ()
     if isinstance(event, Closed):
         return _lose(state, event.node_id, event.reason, now)
     if isinstance(event, WorkersStopped):

@@ -14,6 +14,7 @@ from launcher.nodes.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proo
 from launcher.nodes.channel import Joined, NeverJoined
 from launcher.nodes.connection import Connection, tune
 from launcher.nodes.endpoint import RETRY_EVERY, RETRY_REFUSED, Endpoint
+from launcher.nodes.wire import MAX_FRAME
 from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
 from launcher.plan.policy import one_line
@@ -147,7 +148,9 @@ class Spoke(Endpoint):
                 return []
             c.session = Session.between(self.token, c.peer_nonce, c.nonce, self.identity.job_id, self.node, at_hub=False)
         c.node = 0
+        c.framer.limit = MAX_FRAME  # node 0 of the job: what it says is not limited
         self.welcomed = True
+        self._watch_from(time.monotonic())
         log.debug("control: joined node 0 at %s:%d", *self.address)
         return [Joined(0)]
 

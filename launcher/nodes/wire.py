@@ -2,8 +2,10 @@
 that refuses anything else with a ``ProtocolError``.
 
 Each message is a JSON object with a string ``type``, preceded by its length (4 bytes, big
-endian), at most ``MAX_MESSAGE`` bytes. Nothing a peer sends makes the decoder raise another
-exception: nesting, numbers and text are bounded before a handler sees them.
+endian). What a reader takes is bounded by what it may need: ``MAX_MESSAGE`` until the peer has
+proven who it is, then as much as the job needs (``sized_for``: a node list or a round of the job's
+size; ``MAX_FRAME`` from a peer of the job, whatever the size). Nothing a peer sends makes the
+decoder raise another exception: nesting, numbers and text are bounded before a handler sees them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import json
 import struct
 from typing import Optional, Protocol
 
-MAX_MESSAGE = 64 * 1024
+MAX_MESSAGE = 64 * 1024  # from a peer not yet proven: a hello, a challenge, a refusal
+MAX_FRAME = 2**32 - 1  # what the length prefix can say: a peer of the job is not limited
+PER_NODE = 600  # the most one node adds to a message that lists every node: its id, host and numbers
 MAX_DEPTH = 8  # nesting of lists and objects in a message; the deepest real one has 3
 MAX_DIGITS = 20  # of an integer in a message: no field takes a bigger one
 LENGTH = struct.Struct("!I")
@@ -28,12 +32,17 @@ class Sealer(Protocol):
     def seal(self, body: bytes) -> bytes: ...
 
 
+def sized_for(nodes: int) -> int:
+    """The most a message that lists ``nodes`` nodes (a node list, a round) may take."""
+    return min(MAX_FRAME, MAX_MESSAGE + nodes * PER_NODE)
+
+
 def encode(message: dict, session: Optional[Sealer] = None) -> bytes:
     body = json.dumps(message, separators=(",", ":")).encode()
     if session is not None:
         body = session.seal(body)
-    if len(body) > MAX_MESSAGE:
-        raise ValueError(f"control message of {len(body)} bytes is over {MAX_MESSAGE}")
+    if len(body) > MAX_FRAME:
+        raise ValueError(f"control message of {len(body)} bytes is over {MAX_FRAME}")
     return LENGTH.pack(len(body)) + body
 
 
@@ -80,10 +89,11 @@ def decode(body: bytes) -> dict:
 
 
 class Framer:
-    """Cuts a byte stream into messages; ProtocolError on anything that is not one."""
+    """Cuts a byte stream into messages; ProtocolError on anything that is not one, or over ``limit``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_MESSAGE) -> None:
         self.buffer = bytearray()
+        self.limit = limit
 
     def bodies(self, data: bytes) -> list:
         """The bodies of the frames completed by ``data`` (not decoded)."""
@@ -91,8 +101,8 @@ class Framer:
         bodies = []
         while len(self.buffer) >= LENGTH.size:
             (size,) = LENGTH.unpack_from(self.buffer)
-            if size > MAX_MESSAGE:
-                raise ProtocolError(f"a message of {size} bytes (the limit is {MAX_MESSAGE})")
+            if size > self.limit:
+                raise ProtocolError(f"a message of {size} bytes (the limit is {self.limit})")
             if len(self.buffer) < LENGTH.size + size:
                 break
             bodies.append(bytes(self.buffer[LENGTH.size:LENGTH.size + size]))

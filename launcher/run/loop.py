@@ -68,6 +68,7 @@ class Loop:
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
         self.store_tag = StoreTag(launch.store)
+        self.control_tag: Optional[ControlTag] = None  # one tag for the channel: a new one would re-register every socket
         if launch.intake.fd not in self.selector.get_map():
             self.selector.register(launch.intake.fd, selectors.EVENT_READ, SignalTag())
 
@@ -146,8 +147,10 @@ class Loop:
         for fd, stream in console.waiting().items():
             wanted[fd] = (selectors.EVENT_WRITE, ConsoleTag(stream))
         if self.job.channel is not None:
+            if self.control_tag is None or self.control_tag.channel is not self.job.channel:
+                self.control_tag = ControlTag(self.job.channel)
             for fd, events in self.job.channel.registrations().items():
-                wanted[fd] = (events, ControlTag(self.job.channel))
+                wanted[fd] = (events, self.control_tag)
         for key in list(self.selector.get_map().values()):
             if isinstance(key.data, (ConsoleTag, ControlTag)) and key.fd not in wanted:
                 self.selector.unregister(key.fd)

@@ -45,7 +45,9 @@ class Launch:
     def open(self) -> None:
         """Everything a launch needs before its first worker, checked and set up."""
         self.intake.install()
-        check_limits(len(self.plan.workers), bool(self.plan.log_dir))
+        # node 0's control channel: a connection per node (an elastic job's are open already, and counted)
+        nodes = len(self.plan.node_ips) if self.plan.control is not None and self.plan.elastic_round is None else 1
+        check_limits(len(self.plan.workers), bool(self.plan.log_dir), nodes=nodes)
         self.starter.adopt_orphans()
         if self.plan.log_dir:
             log_files.make_log_dir(self.plan.log_dir)

@@ -1,0 +1,41 @@
+"""bench/scale.py and bench/scale_sim.py still work, at a size this machine runs in seconds: no timing is
+asserted, only what holds however loaded the machine (every worker up, every other worker stopped by a
+failure and by a silent node, the simulated nodes all given each round, nothing left running)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args, timeout=600):
+    done = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.parametrize("backend", ["fixed", "c10d"])
+def test_a_job_of_4_nodes_is_measured_whole(tmp_path, backend):
+    out = tmp_path / "scale.json"
+    run("bench/scale.py", "--nodes", "4", "--backends", backend, "--idle", "1", "--heartbeat", "3", "--json", str(out))
+    result = json.loads(out.read_text())[backend]
+    assert not [k for k in result if k.startswith(("error", "leftovers"))], result
+    assert result["up_s"] > 0 and 0 < result["idle"]["node0_rss_mib"]
+    assert result["fail"]["stopped"] == result["fail"]["of"] == 3, result
+    assert result["silent"]["stopped"] == 3, result
+    if backend != "fixed":
+        assert isinstance(result["silent"]["reformed"], float), result
+
+
+def test_the_simulation_gives_every_node_each_round_and_leaves_nothing(tmp_path):
+    out = tmp_path / "sim.json"
+    run("bench/scale_sim.py", "--nodes", "200", "--workers", "2", "--idle", "1", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert "error" not in result and not result["problems"] and "node0_left_running" not in result, result
+    assert result["join"]["members_in_round"] == 200
+    assert result["join"]["all_hold_round_1_s"] > 0 and result["loss"]["all_hold_round_2_s"] > 0, result
+    assert result["loss"]["bytes_to_nodes"] > 199 * 200 * 10  # a round lists every node to every node
