@@ -31,7 +31,8 @@ from launcher.plan.policy import Say
 SEND_TIMEOUT = 2.0  # one small message to a peer; longer, and the peer counts as gone
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
 JOIN_WAIT = 5.0  # how long close() waits for the keeper's thread
-BEAT_BODY = wire.encode(m.to_wire(m.Beat()))[wire.LENGTH.size:]
+BEAT = wire.encode(m.to_wire(m.Beat()))
+BEAT_BODY = BEAT[wire.LENGTH.size:]
 
 
 @dataclass
@@ -139,9 +140,9 @@ class Keeper:
         if self.clock() - began > self.spec.rendezvous.keep_alive_interval:
             self.stalled = True  # a long turn (a round sent to thousands): what came meanwhile is read first
             return
-        if self.stalled:  # node 0 itself was away: no launcher's silence is judged over that time
+        if self.stalled:
             self.stalled = False
-            self.heard.update(dict.fromkeys(self.fds, self.clock()))
+            self.forgive_silence()
         self.beat()
         if self.clock() >= self.next_deadline():
             self.decide(mb.TimePassed())
@@ -159,14 +160,17 @@ class Keeper:
         now = self.clock()
         if now < self.next_beat:
             return
-        if now - self.next_beat > self.spec.rendezvous.keep_alive_interval:  # node 0 itself was away (overloaded):
-            self.heard.update(dict.fromkeys(self.fds, now))  # no launcher's silence is judged over that time
+        if now - self.next_beat > self.spec.rendezvous.keep_alive_interval:  # node 0 itself was late (overloaded)
+            self.forgive_silence()
         self.next_beat = now + self.spec.rendezvous.keep_alive_interval
         self.decide(mb.TimePassed())  # the heartbeats heard since the last beat, told to the membership
-        beat = wire.encode(m.to_wire(m.Beat()))
         for fd in list(self.fds.values()):
-            if fd in self.peers and not self.send_bytes(self.peers[fd], beat):
+            if fd in self.peers and not self.send_bytes(self.peers[fd], BEAT):
                 self.forget(fd, "node 0 could not send it a heartbeat")
+
+    def forgive_silence(self) -> None:
+        """Node 0 itself was away (a long turn, a late beat): no launcher's silence is judged over that time."""
+        self.heard.update(dict.fromkeys(self.fds, self.clock()))
 
     def decide(self, event) -> None:
         if self.heard and isinstance(event, mb.TimePassed):  # the silences it judges: every node heard so far

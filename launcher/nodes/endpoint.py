@@ -18,14 +18,14 @@ MAX_PENDING = 64  # connections not yet introduced, at the least; more are close
 # The accept queue of node 0's listeners (the kernel caps it at net.core.somaxconn): as many launchers as join at
 # once wait there. A shorter queue drops the connections past it, which the kernel then retries after 1, 3, 7, 15 s.
 BACKLOG = 4096
+RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
+RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
+
+
 def pending_cap(nodes: int) -> int:
     """How many connections may wait for their hello: every node of the job may come at once (a burst of
     thousands of launchers is not a flood), and silent strangers past that push the oldest out."""
     return max(MAX_PENDING, nodes)
-
-
-RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
-RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
 
 
 class Endpoint:
@@ -86,7 +86,8 @@ class Endpoint:
         beat_all = self.beats_all and now >= self.next_beat
         if beat_all:
             self.next_beat = now + self.beat_every
-        events, due = [], [self.next_beat] if self.beats_all else []
+        alone = 2 * self.beat_every  # a node's own beat, when node 0 has said nothing for that long
+        beat, events, due = to_wire(Beat()), [], [self.next_beat] if self.beats_all else []
         for fd, c in list(self.connections.items()):
             if c.node is None:
                 if now - c.opened >= HELLO_TIMEOUT:
@@ -97,11 +98,11 @@ class Endpoint:
             if now - c.heard >= self.heartbeat_timeout:
                 events.append(self._lose(fd, f"no heartbeat for {now - c.heard:.1f} s"))
                 continue
-            if beat_all or (not self.beats_all and now - c.said >= 2 * self.beat_every):
-                c.send(to_wire(Beat()), now)
+            if beat_all or (not self.beats_all and now - c.said >= alone):
+                c.send(beat, now)
             due.append(c.heard + self.heartbeat_timeout)
             if not self.beats_all:
-                due.append(c.said + 2 * self.beat_every)
+                due.append(c.said + alone)
         self.due = min(due, default=None)
         return events
 

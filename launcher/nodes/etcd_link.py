@@ -148,12 +148,10 @@ class EtcdLink:
                 self.created = self.created or self.client.put(key, value, self.lease)
                 self.resync()
                 break
-            except Unavailable as e:
-                if self.clock() - self.kept + RETRY_EVERY >= self.spec.rendezvous.heartbeat_timeout:
+            except (Unavailable, Refused) as e:
+                if isinstance(e, Refused) or self.clock() - self.kept + RETRY_EVERY >= self.spec.rendezvous.heartbeat_timeout:
                     raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
                 time.sleep(RETRY_EVERY)
-            except Refused as e:
-                raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
         log.info("elastic job: joined the job %s in %s as node %s (%s); waiting for the round to start", self.job_id,
                  self.where, self.node_id, self.me.host)
         self.thread = threading.Thread(target=self._serve, name="elastic-etcd", daemon=True)
