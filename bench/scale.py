@@ -2,7 +2,8 @@
 """The control plane at scale: one job of N nodes on this machine, one launcher per node, one worker each.
 
     python bench/scale.py [--nodes 128] [--backends fixed,c10d,etcd] [--etcd HOST:PORT] [--idle S]
-                          [--only up,idle,fail,silent] [--side ours|torchrun] [--json FILE] [--keep DIR]
+                          [--only up,idle,fail,silent] [--side ours|torchrun] [--up-bound S] [--json FILE]
+                          [--keep DIR]
 
 Backends (every launcher given the same line but its address):
 
@@ -189,7 +190,7 @@ def usage(pid: int, seconds: float) -> tuple:
 
 def job_a(nodes: Nodes, args) -> dict:
     began = nodes.start()
-    up_at, workers = nodes.wait_ready(nodes.count, UP_BOUND_S)
+    up_at, workers = nodes.wait_ready(nodes.count, args.up_bound)
     out = {"up_s": round(up_at - began, 2)}
     if "idle" in args.only:
         time.sleep(SETTLE_S)
@@ -217,7 +218,7 @@ def job_a(nodes: Nodes, args) -> dict:
 
 def job_b(nodes: Nodes, args) -> dict:
     nodes.start()
-    _, workers = nodes.wait_ready(nodes.count, UP_BOUND_S)
+    _, workers = nodes.wait_ready(nodes.count, args.up_bound)
     victim = max(workers, key=workers.get)
     node = nodes.runs[nodes.node_of(victim)]
     procs = [node.proc.pid, *harness.descendants(node.proc.pid)]
@@ -263,6 +264,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--idle", type=float, default=20.0)
     p.add_argument("--heartbeat", type=float, default=30.0, help="heartbeat_timeout of the elastic backends")
     p.add_argument("--only", default="up,idle,fail,silent")
+    p.add_argument("--up-bound", type=float, default=UP_BOUND_S, help="seconds the N workers may take to be up")
     p.add_argument("--side", choices=("ours", "torchrun"), default="ours")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None)

@@ -1,6 +1,7 @@
 """bench/scale.py and bench/scale_sim.py still work, at a size this machine runs in seconds: no timing is
-asserted, only what holds however loaded the machine (every worker up, every other worker stopped by a
-failure and by a silent node, the simulated nodes all given each round, nothing left running)."""
+asserted, only what holds however loaded the machine (with each backend, a real etcd's too: every worker
+up, every other worker stopped by a failure and by a silent node, the simulated nodes all given each
+round, nothing left running)."""
 
 import json
 import subprocess
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from etcd_servers import etcd  # noqa: F401 - the fixture
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +32,16 @@ def test_a_job_of_4_nodes_is_measured_whole(tmp_path, backend):
     assert result["silent"]["stopped"] == 3, result
     if backend != "fixed":
         assert isinstance(result["silent"]["reformed"], float), result
+
+
+def test_a_job_of_4_nodes_with_its_membership_in_etcd_is_measured_whole(tmp_path, etcd):  # noqa: F811
+    out = tmp_path / "scale.json"
+    run("bench/scale.py", "--nodes", "4", "--backends", "etcd", "--etcd", etcd.endpoints, "--idle", "1",
+        "--heartbeat", "3", "--json", str(out))
+    result = json.loads(out.read_text())["etcd"]
+    assert not [k for k in result if k.startswith(("error", "leftovers"))], result
+    assert result["fail"]["stopped"] == result["fail"]["of"] == 3, result
+    assert result["silent"]["stopped"] == 3 and isinstance(result["silent"]["reformed"], float), result
 
 
 def test_the_simulation_gives_every_node_each_round_and_leaves_nothing(tmp_path):

@@ -178,3 +178,33 @@ def test_the_rounds_are_kept_in_the_state_file_and_shown_by_status_and_untrusted
     for bad in (["\x1b[2Jspoofed"], "round 1", [1, 2], ["x"] * (state.ROUNDS_KEPT + 1), [["nested"]]):
         raw["rounds"] = bad
         assert state.from_json(json.dumps(raw).encode()).rounds is None
+
+
+def test_a_stop_signal_while_waiting_for_the_membership_after_a_failure_here_takes_the_node_out():
+    """The keeper never answers (it is gone too): the signal is not lost behind this node's own failure."""
+    def react(link, call):
+        if call == ("stopped", 1):
+            link.clock.at(link.clock.now - START + 0.5, lambda: signal.raise_signal(signal.SIGTERM))
+
+    def behave(attempt, rank):  # rank 1 fails; rank 0 runs until stopped
+        return Behaviour(runs=1.0, code=3) if rank == 1 else Behaviour()
+
+    code, starter, link, _ = replay(behave, round_(1, 2), react)
+    assert code == 128 + signal.SIGTERM
+    assert link.calls == [("failed", 1, 3), ("stopped", 1), ("leave", 128 + signal.SIGTERM)]
+
+
+def test_a_stop_signal_while_the_round_stops_after_a_failure_here_takes_the_node_out():
+    fired = []
+
+    def behave(attempt, rank):  # rank 1 fails; rank 0 ignores SIGTERM (the stop takes its grace time)
+        return Behaviour(runs=1.0, code=3) if rank == 1 else Behaviour(ignores_term=True)
+
+    def signal_during_the_stop(link, call):
+        if call[0] == "failed" and not fired:
+            fired.append(True)
+            link.clock.at(link.clock.now - START + 0.5, lambda: signal.raise_signal(signal.SIGTERM))
+
+    code, starter, link, _ = replay(behave, round_(1, 2), signal_during_the_stop)
+    assert code == 128 + signal.SIGTERM
+    assert link.calls == [("failed", 1, 3), ("leave", 128 + signal.SIGTERM)]

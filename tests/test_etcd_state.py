@@ -58,6 +58,31 @@ def test_a_keeper_that_takes_over_loses_the_one_before_and_reforms_the_survivors
     assert again.state.round == mine.state.round and not [a for a in actions if not isinstance(a, mb.Say)]
 
 
+def test_a_launchers_stop_report_changes_no_order_and_a_keeper_that_takes_over_reads_it_again():
+    def orders(record):  # as the keeper compares them
+        return es.encode(es.orders(record), None, JOB)
+
+    everyone = alive((A, 1), (B, 2), (C, 3))
+    record = running_record()
+    failed = [((es.report_key("/p/", "c", "failed"), 20), mb.WorkerFailed("c", 1, 1, "rank 2 exited 1"))]
+    stopping, _, fed = es.reconcile(record, everyone, failed, set(), now=1.0)
+    assert orders(stopping) != orders(record) and stopping.state.unstopped == {"a", "b", "c"}
+    written = es.encode(stopping, None, JOB)  # the keeper writes the stop order
+    reports = failed + [((es.report_key("/p/", n, "stopped"), 21 + i), mb.WorkersStopped(n, 1)) for i, n in enumerate("ab")]
+    mine, _, fed = es.reconcile(stopping, everyone, reports, fed, now=1.5)
+    assert orders(mine) == orders(stopping) and mine.state.unstopped == {"c"}  # nothing to write
+    # the keeper is lost now: the next one reads the record as written, and the reports again
+    theirs = es.decode(written, SPEC, JOB, None, now=2.0)
+    survivors = alive((B, 2), (C, 3))
+    taken, _ = es.take_over(theirs, SPEC, B, JOB, survivors, now=2.0)
+    taken, _, _ = es.reconcile(taken, survivors, reports[1:] + [reports[0]], set(), now=2.0)
+    assert taken.state.unstopped == {"c"}
+    last = [((es.report_key("/p/", "c", "stopped"), 30), mb.WorkersStopped("c", 1))]
+    taken, _, _ = es.reconcile(taken, survivors, reports + last, set(), now=2.5)
+    assert taken.state.round.number == 2 and [m.node.node_id for m in taken.state.round.members] == ["b", "c"]
+    assert orders(taken) != orders(theirs)
+
+
 def test_a_record_of_an_ended_run_or_of_launchers_all_gone_is_started_afresh():
     record = running_record()
     gone = es.decode(es.encode(record, None, JOB), SPEC, JOB, None, 0.0)
@@ -135,3 +160,15 @@ def test_what_is_not_a_record_or_a_key_of_ours_is_read_as_nothing():
 def test_keys_of_one_job_are_never_under_another_jobs_prefix():
     assert not es.job_prefix("a/b").startswith(es.job_prefix("a"))
     assert es.read_node_id(es.report_key(es.job_prefix("j"), "host-1/x", "done"), es.job_prefix("j")) == "host-1/x"
+
+
+def test_a_launcher_that_does_not_keep_the_membership_reads_node_keys_and_the_record_and_no_report():
+    for job in ("j", "a/b", "x" * 200, "ü%/"):
+        prefix = es.job_prefix(job)
+        start, end = es.orders_span(prefix)
+        for node_id in ("host-1", "a/b", "%", "ü" * 50, "\x7f", "~" * 300):
+            assert start <= es.node_key(prefix, node_id) < end
+            for kind in es.KINDS:
+                assert not start <= es.report_key(prefix, node_id, kind) < end
+        assert start <= es.record_key(prefix) < end
+        assert not start <= es.job_prefix(job + "x") < end

@@ -52,13 +52,15 @@ class ElasticJob:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
     def local_cause(self, cause: Cause) -> None:
-        if self.cause is not None or self.over is not None:
+        if self.over is not None or (self.cause is not None and self.cause.kind == "signal"):
             return
-        self.cause = cause
-        if cause.kind == "signal":
+        if cause.kind == "signal":  # whatever stopped the round here: the node leaves, it waits for no word
+            self.cause = cause
             self.link.leave(cause.code, cause.text)
-        elif self.stop_order is None:  # a failure of a round being stopped is the stop's own
-            self.link.failed(self.round.number, cause.code, cause.text)
+        elif self.cause is None:
+            self.cause = cause
+            if self.stop_order is None:  # a failure of a round being stopped is the stop's own
+                self.link.failed(self.round.number, cause.code, cause.text)
 
     def revise_cause(self, cause: Cause) -> None:
         if self.cause is not None and self.cause.kind == "worker":

@@ -65,7 +65,8 @@ class KeyValue(Protocol):
 
     def revoke(self, lease: int) -> None: ...
 
-    def range(self, prefix: str) -> Tuple[int, List[Entry]]: ...  # (revision, every key under the prefix)
+    def range(self, prefix: str, end: Optional[str] = None) -> Tuple[int, List[Entry]]: ...
+    # (revision, every key under the prefix; with ``end``: every key from ``prefix`` up to, not including, ``end``)
 
     def txn(self, compare: list, success: list, failure: list = ()) -> Tuple[bool, int]: ...  # (succeeded, revision)
 
@@ -74,7 +75,7 @@ class KeyValue(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
 
     def watch(self, prefix: str, start_revision: int, on_events: Callable[[List[Entry]], None],
-              on_end: Callable[[str], None]) -> Watch: ...
+              on_end: Callable[[str], None], end: Optional[str] = None) -> Watch: ...  # the keys range() reads
 
     def close(self) -> None: ...
 
@@ -91,6 +92,10 @@ def prefix_end(prefix: str) -> str:
     raw = bytearray(prefix.encode())
     raw[-1] += 1
     return base64.b64encode(bytes(raw)).decode()
+
+
+def range_end(prefix: str, end: Optional[str]) -> str:
+    return b64(end) if end is not None else prefix_end(prefix)
 
 
 def compare_created(key: str, revision: int) -> dict:
@@ -150,8 +155,8 @@ class Etcd3gwClient:
         except Refused:
             pass  # already gone
 
-    def range(self, prefix: str) -> Tuple[int, List[Entry]]:
-        return self.call("kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix)},
+    def range(self, prefix: str, end: Optional[str] = None) -> Tuple[int, List[Entry]]:
+        return self.call("kv/range", {"key": b64(prefix), "range_end": range_end(prefix, end)},
                          lambda a: (_revision(a), [entry(kv) for kv in a.get("kvs", [])]))
 
     def txn(self, compare: list, success: list, failure: list = ()) -> Tuple[bool, int]:
@@ -164,9 +169,9 @@ class Etcd3gwClient:
     def delete_prefix(self, prefix: str) -> None:
         self.call("kv/deleterange", {"key": b64(prefix), "range_end": prefix_end(prefix)})
 
-    def watch(self, prefix: str, start_revision: int, on_events, on_end) -> "StreamWatch":
+    def watch(self, prefix: str, start_revision: int, on_events, on_end, end: Optional[str] = None) -> "StreamWatch":
         client = self.clients[self.current]
-        body = {"create_request": {"key": b64(prefix), "range_end": prefix_end(prefix),
+        body = {"create_request": {"key": b64(prefix), "range_end": range_end(prefix, end),
                                    "start_revision": str(start_revision)}}
         return StreamWatch(client.session, client.get_url("/watch"), body, self.headers(), self.timeout,
                            on_events, on_end)

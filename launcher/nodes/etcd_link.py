@@ -103,11 +103,12 @@ class EtcdLink:
         self.first: Optional[m.RoundStart] = None
         self.lease = 0
         self.created = 0  # this launcher's node key's create revision
-        self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them
+        self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them (``_span``)
+        self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
         self.watcher = None
         self.record: Optional[es.Record] = None  # the keeper's (this launcher's while it keeps the membership)
         self.written = -1  # the record's revision as this keeper wrote it last
-        self.encoded = ""
+        self.encoded = ""  # the orders in the record as this keeper wrote it last (es.orders)
         self.fed: set = set()
         self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
         self.parsed: dict = {}  # Entry (a key's version) -> its value as read (_parsed)
@@ -276,15 +277,21 @@ class EtcdLink:
                               "its place in the job")
 
     def resync(self) -> None:
-        """Every key of the job read afresh, and watched from there on."""
+        """The keys this launcher reads (``_span``) read afresh, and watched from there on."""
         self._unwatch()
-        revision, entries = self.client.range(self.prefix)
+        start, end = self._span()
+        revision, entries = self.client.range(start, end)
         self.mirror = {e.key: e for e in entries}
         holder: list = []
-        watcher = self.client.watch(self.prefix, revision + 1, lambda events: self.waker.put(("events", events)),
-                                    lambda reason: self.waker.put(("ended", reason, holder[0] if holder else None)))
+        watcher = self.client.watch(start, revision + 1, lambda events: self.waker.put(("events", events)),
+                                    lambda reason: self.waker.put(("ended", reason, holder[0] if holder else None)),
+                                    end)
         holder.append(watcher)
         self.watcher = watcher
+
+    def _span(self) -> tuple:
+        """Every key of the job for the keeper, which reads the reports; the node keys and the record for the others."""
+        return (self.prefix, None) if self.keeps else es.orders_span(self.prefix)
 
     def _unwatch(self) -> None:
         if self.watcher is not None:
@@ -336,12 +343,22 @@ class EtcdLink:
             self._deliver(es.view(theirs, self.node_id))
             return
         if es.keeper_of(j for j in alive.values() if j.proven) == self.node_id:
+            if not self.keeps:  # the reports too from now on: read every key afresh, then decide on them
+                self.keeps = True
+                return self._resync_and_decide()
             record = self._keep(alive, entry)
         else:
             self.record = None
             record = theirs
         if record is not None:
             self._deliver(es.view(record, self.node_id))
+
+    def _resync_and_decide(self) -> None:
+        try:
+            self.resync()
+        except (Unavailable, Refused):
+            return  # tried again next turn
+        self._decide()
 
     def _keep(self, alive: es.Alive, entry: Optional[Entry]) -> Optional[es.Record]:
         now = self.clock()
@@ -356,9 +373,9 @@ class EtcdLink:
         reports = self._reports(alive)
         self.record, actions, self.fed = es.reconcile(self.record, alive, reports, self.fed, now)
         self._say(actions)
-        text = es.encode(self.record, self.token, self.job_id)
-        if text != self.encoded:
-            self._write(text)
+        orders = es.encode(es.orders(self.record), None, self.job_id)
+        if orders != self.encoded:
+            self._write(es.encode(self.record, self.token, self.job_id), orders)
         return self.record
 
     def _reports(self, alive: es.Alive) -> es.Reports:
@@ -374,7 +391,7 @@ class EtcdLink:
                 reports.append(((key, e.mod_revision), event))
         return reports
 
-    def _write(self, text: str) -> None:
+    def _write(self, text: str, orders: str) -> None:
         key = es.record_key(self.prefix)
         guard = [self._guard_record(key), self._guard_self()]
         try:
@@ -387,7 +404,7 @@ class EtcdLink:
             self.record = None
             self._unwatch()
             return
-        self.written, self.encoded = revision, text
+        self.written, self.encoded = revision, orders
         self.mirror[key] = Entry(key, text, self.mirror[key].create_revision if key in self.mirror else revision,
                                  revision)
 

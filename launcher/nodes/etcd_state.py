@@ -53,6 +53,13 @@ def record_key(prefix: str) -> str:
     return f"{prefix}record"
 
 
+def orders_span(prefix: str) -> Tuple[str, str]:
+    """The keys a launcher that does not keep the membership reads: the node keys (who keeps it) and the record
+    (its orders), not the reports (a report of each node's stop would go to every launcher: N² at a round's end).
+    A range from the first node key up to, not including, the key just after the record."""
+    return f"{prefix}nodes/", record_key(prefix) + "\0"
+
+
 def read_node_id(key: str, prefix: str) -> str:
     """The node id of a report key (``report/NODE/KIND``)."""
     return unquote(key[len(prefix) + len("report/"):].rpartition("/")[0])
@@ -139,6 +146,13 @@ def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
         elif isinstance(action, mb.StartRound):
             stop = None
     return Record(state, stop, refused, dropped)
+
+
+def orders(record: Record) -> Record:
+    """The record without who has stopped or is done: the keeper writes the record when this changes, not at
+    each launcher's report (each write goes to every launcher: a round's end would be N writes read by N
+    launchers). No launcher's orders depend on the rest, and a keeper that takes over reads the reports again."""
+    return replace(record, state=replace(record.state, unstopped=frozenset(), done=frozenset()))
 
 
 def encode(record: Record, token: Optional[str], job_id: str) -> str:

@@ -92,7 +92,7 @@ def _new_cause(before: policy.State, after: policy.State, loop: Loop) -> Optiona
         text = f"{after.name(rank)}{on} failed ({policy.describe_exit(returncode)})"
         error = json.dumps(error_file.bounded(failure.error)) if failure.error else ""
         return policy.Cause(node, "worker", policy.shell_code(returncode), text, reports.format_failure(failure), error)
-    if after.stop_signal is not None and before.stop_signal is None and after.failure is None:
+    if after.stop_signal is not None and before.stop_signal is None:  # after a failure too (an elastic node leaves)
         return job.signal_cause(after.stop_signal)
     if after.start_failure is not None and before.start_failure is None:
         return policy.Cause(node, "start", 1, f"{after.start_failure}{on}")

@@ -174,6 +174,35 @@ def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
     assert keys(etcd) == [], "".join(err for _, _, err in results)
 
 
+def test_a_launcher_that_does_not_keep_the_membership_hears_no_report(etcd):
+    """Its range and its watch (the etcd client's, on the real etcd) hold the node keys and the record only."""
+    from launcher.nodes import etcd_state as es
+    from launcher.nodes.etcd_client import Etcd3gwClient
+    from launcher.plan.etcd import EtcdSpec, parse_endpoints
+
+    client = Etcd3gwClient(EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]), 2.0)
+    prefix = es.job_prefix("span-test")
+    start, end = es.orders_span(prefix)
+    heard, ended = [], []
+    try:
+        client.put(es.node_key(prefix, "a"), "{}")
+        client.put(es.report_key(prefix, "a", "stopped"), "{}")
+        revision, entries = client.range(start, end)
+        assert [e.key for e in entries] == [es.node_key(prefix, "a")]
+        watch = client.watch(start, revision + 1, heard.extend, ended.append, end)
+        for key in (es.report_key(prefix, "b", "failed"), es.node_key(prefix, "b"), es.report_key(prefix, "a", "done"),
+                    es.record_key(prefix), es.job_prefix("span-test2") + "nodes/c"):
+            client.put(key, "{}")
+        wait_for(lambda: len(heard) >= 2, 10, what="the watch's two events")
+        time.sleep(0.3)
+        watch.stop()
+        assert [e.key for e in heard] == [es.node_key(prefix, "b"), es.record_key(prefix)] and not ended
+    finally:
+        client.delete_prefix(prefix)
+        client.delete_prefix(es.job_prefix("span-test2"))
+        client.close()
+
+
 def test_a_launcher_without_the_job_token_is_refused_and_the_job_goes_on(tmp_path, etcd):
     args = etcd_line(etcd.endpoints, tmp_path, nnodes="2:3", conf=FAST.replace("last_call_timeout=60",
                                                                                 "last_call_timeout=0.5"), hold=True)
