@@ -40,6 +40,7 @@ from launcher.plan.policy import Say, one_line
 
 RETRY_EVERY = 0.5  # etcd unreachable at the start: tried again this often, within join_timeout
 JOIN_WAIT = 5.0  # how long close() waits for the link's thread
+LEAVE_WAIT = 5.0  # how long a launcher that leaves asks etcd again to revoke its lease and clear an ended job
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,9 @@ class EtcdLink:
         if thread_stopped(self.thread, self.waker, JOIN_WAIT):
             self._leave_etcd()
             self.waker.close()
+        else:
+            log.warning("elastic job: this launcher's link to %s did not stop within %g s: this node's keys go when "
+                        "its lease expires", self.where, JOIN_WAIT)
         self.inbox.close()
 
     # ------------------------------------------------------------ the link's thread
@@ -463,19 +467,33 @@ class EtcdLink:
 
     def _leave_etcd(self) -> None:
         """Out of the job: the watch stopped, the lease revoked (its keys go with it); the last launcher of an
-        ended job removes the job's keys."""
+        ended job removes the job's keys. etcd slow to answer is asked again, up to LEAVE_WAIT: a launcher that
+        left its key behind would keep the last one from seeing that it is the last."""
         self._unwatch()
+        deadline = self.clock() + LEAVE_WAIT
         try:
-            if self.lease:
-                self.client.revoke(self.lease)
-            if self.ended:
-                _, left = self.client.range(self.prefix + "nodes/")
-                if not left:
-                    self.client.delete_prefix(self.prefix)
-        except (Unavailable, Refused) as e:
-            log.debug("elastic job: leaving %s: %s", self.where, e)
+            while True:
+                try:
+                    return self._revoke_and_clear()
+                except Unavailable as e:
+                    if self.clock() + RETRY_EVERY >= deadline:
+                        raise Refused(f"no answer within {LEAVE_WAIT:g} s; last: {e}") from None
+                    time.sleep(RETRY_EVERY)
+        except Refused as e:
+            log.warning("elastic job: could not leave %s cleanly (%s): this node's keys go when its lease expires, "
+                        "and a job's record left behind is replaced by the next run of the job", self.where,
+                        one_line(str(e), 200))
         finally:
             self.client.close()
+
+    def _revoke_and_clear(self) -> None:
+        if self.lease:
+            self.client.revoke(self.lease)
+            self.lease = 0
+        if self.ended:
+            _, left = self.client.range(self.prefix + "nodes/")
+            if not left:
+                self.client.delete_prefix(self.prefix)
 
 
 def check_extra() -> None:

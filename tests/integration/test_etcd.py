@@ -108,7 +108,7 @@ def test_a_job_in_etcd_runs_and_leaves_no_key(tmp_path, etcd):
     errs = "".join(err for _, _, err in results)
     assert errs.count("round 1 (start): 3 node(s), world size 3") == 3
     assert "Traceback" not in errs
-    assert keys(etcd) == []
+    assert keys(etcd) == [], errs
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in done])
 
 
@@ -131,7 +131,7 @@ def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, 
     assert sorted(r["rank"] for r in second) == [0, 1]
     if first:
         assert sum("keeps the membership now" in err for _, _, err in results) == 1
-    assert keys(etcd) == []
+    assert keys(etcd) == [], "".join(err for _, _, err in results)
     assert_all_gone(gone + [p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
 
 
