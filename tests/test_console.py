@@ -169,3 +169,42 @@ def test_python_s_own_stderr_writes_through_the_console_and_never_blocks(tmp_pat
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_threads_that_write_at_once_lose_no_line_and_repeat_none():
+    """The elastic links log from their own threads while the main loop writes the workers' output
+    and pushes: each line reaches the reader once and whole, and no write raises (two threads
+    resizing one buffer raised BufferError and wrote a line twice)."""
+    r, w = os.pipe()
+    c, got, errors = console.Console(), bytearray(), []
+
+    def read():
+        while chunk := os.read(r, 512):
+            got.extend(chunk)
+
+    def write(who: int):
+        try:
+            for i in range(2000):
+                c.write(w, b"%d %06d %s\n" % (who, i, b"y" * (i % 97)))
+                if i % 50 == 0:
+                    c.wait(0)
+        except Exception as e:  # noqa: BLE001 - the failure the test is for
+            errors.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    try:
+        reader.start()
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(60)
+        c.finish(stall=5, limit=30)
+    finally:
+        c.reset()
+        os.close(w)
+        reader.join(10)
+        os.close(r)
+    assert errors == []
+    expected = sorted(b"%d %06d %s" % (n, i, b"y" * (i % 97)) for n in range(4) for i in range(2000))
+    assert sorted(bytes(got).splitlines()) == expected

@@ -13,6 +13,7 @@ import os
 import re
 import select
 import stat
+import threading
 import time
 import unicodedata
 from dataclasses import dataclass
@@ -45,12 +46,15 @@ class _Stream:
     our own, so the flag never reaches the shell or the other programs sharing the terminal. A
     socket is written with MSG_DONTWAIT. A regular file (or /dev/null) cannot make a writer wait
     for a reader, and is written as it is. What cannot be written now waits in ``pending``.
+    The launcher's links log from threads of their own: ``lock`` makes each change of ``pending``
+    whole (a write in flight holds a view of it, which a resize from another thread breaks).
     """
 
     def __init__(self, fd: int, on_lost: Callable[["_Stream", OSError], None] = lambda s, e: None) -> None:
         self.fd = fd
         self.out = fd
         self.pending = bytearray()
+        self.lock = threading.RLock()
         self.closed = False
         self.on_lost = on_lost  # told once when the stream cannot be written any more
         self.owned = False  # self.out was opened here
@@ -84,6 +88,10 @@ class _Stream:
     def add(self, data: bytes, owner: object = None) -> None:
         """Queue whole lines. A live line on screen is erased first, and drawn again after them,
         unless they are its owner's: its bar's line has ended."""
+        with self.lock:
+            self._add(data, owner)
+
+    def _add(self, data: bytes, owner: object) -> None:
         if self.live is not None:
             data = ERASE_LINE + data
             if self.live.owner is owner:
@@ -104,20 +112,30 @@ class _Stream:
 
     def drop_pending(self) -> None:
         """What is still pending, dropped and counted (the end's bound is over)."""
-        self._count(0, len(self.pending))
-        self.discard()
+        with self.lock:
+            self._count(0, len(self.pending))
+            self.discard()
 
     def discard(self) -> None:
         """What is pending, dropped without a word (after Ctrl-C: it may be on screen already)."""
-        self.pending = bytearray()  # not .clear(): an error's traceback may still hold a view of it
-        self.live = None
+        with self.lock:
+            self.pending = bytearray()  # not .clear(): an error's traceback may still hold a view of it
+            self.live = None
 
     def _count(self, start: int, end: int) -> None:
         self.dropped_lines += self.pending.count(b"\n", start, end)
         self.dropped_bytes += end - start
 
     def draw(self, owner: object, text: bytes) -> None:
-        self.live = _Live(owner, text)
+        with self.lock:
+            self.live = _Live(owner, text)
+
+    def end_live(self) -> None:
+        """A bar still drawn at the end is left on a line of its own."""
+        with self.lock:
+            if self.live is not None:
+                self.pending += b"\n" if self.live.drawn else b""
+                self.live = None
 
     def _redraw(self) -> bool:
         """Once all else is written: the live line, if it is not on screen as it is now."""
@@ -134,26 +152,33 @@ class _Stream:
             return 0
 
     def push(self) -> None:
-        """Write what is pending, as far as it goes without waiting."""
+        """Write what is pending, as far as it goes without waiting. A stream lost is said after
+        its lock is let go (the note goes to another stream, maybe from another thread)."""
+        with self.lock:
+            lost = self._push()
+        if lost is not None:
+            self.on_lost(self, lost)
+
+    def _push(self) -> Optional[OSError]:
         while not self.closed and (self.pending or self._redraw()):
             try:
                 n = self._write(memoryview(self.pending))
             except (BlockingIOError, InterruptedError):
-                return
+                return None
             except OSError as e:  # a closed pipe (| head), a hung-up terminal, a full disk
-                self._lose(e)
-                return
+                return self._lose(e)
             if n == 0:
-                return
+                return None
             self.mid_line = self.pending[n - 1] != 0x0A
             del self.pending[:n]
+        return None
 
-    def _lose(self, e: OSError) -> None:
+    def _lose(self, e: OSError) -> OSError:
         """The console is a view: one that cannot be written any more is dropped, and the job goes on."""
         self.closed = True
         self.error = e
         self.discard()
-        self.on_lost(self, e)
+        return e
 
     def _write(self, data) -> int:
         if self.sock is not None:
@@ -187,6 +212,7 @@ class Console:
         self.say_lost = True  # a stream lost is said on stderr (a tool ends instead: it checks ``closed``)
         self.note: Optional[str] = None  # what the console dropped unread, once said
         self._streams: dict = {}
+        self._making = threading.Lock()  # one stream a descriptor, whichever thread writes first
 
     def abandon(self) -> None:
         """The user asked the launcher to stop (a stop signal) while a console nobody reads holds
@@ -195,7 +221,9 @@ class Console:
 
     def stream(self, fd: int) -> _Stream:
         if fd not in self._streams:
-            self._streams[fd] = self._twin(fd) or _Stream(fd, self._lost)
+            with self._making:
+                if fd not in self._streams:
+                    self._streams[fd] = self._twin(fd) or _Stream(fd, self._lost)
         return self._streams[fd]
 
     def _lost(self, stream: _Stream, e: OSError) -> None:
@@ -226,7 +254,12 @@ class Console:
         return None
 
     def _unique(self) -> list:
-        return list({id(s): s for s in self._streams.values()}.values())
+        return list({id(s): s for s in self._made()}.values())
+
+    def _made(self) -> list:
+        """The streams made so far (another thread may make one meanwhile)."""
+        with self._making:
+            return list(self._streams.values())
 
     def write(self, fd: int, data: bytes, owner: object = None) -> None:
         """Whole lines; ``owner`` is the source of a live line they may end (see ``draw``)."""
@@ -249,7 +282,7 @@ class Console:
 
     def waiting(self) -> dict:
         """{descriptor to wait on for writing: stream} for the streams with output pending."""
-        return {s.out: s for s in self._streams.values() if s.waiting}
+        return {s.out: s for s in self._made() if s.waiting}
 
     def wait(self, seconds: float) -> None:
         """Until a stream with output pending can take some of it, at most ``seconds``; then write."""
@@ -271,9 +304,7 @@ class Console:
         what the console takes at once). What is left is dropped, counted, and said once. A bar
         still drawn (its worker never ended its line) is left on a line of its own."""
         for s in self._unique():
-            if s.live is not None:
-                s.pending += b"\n" if s.live.drawn else b""
-                s.live = None
+            s.end_live()
         started = moved = time.monotonic()
         while not self.abandoned:
             waiting = {fd: s for fd, s in self.waiting().items() if not s.stalled}
