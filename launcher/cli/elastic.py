@@ -70,9 +70,9 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
 def _form(spec: ElasticSpec, job_id: str, workers: int, token):
     """This launcher's link to the job's membership: node 0's launcher keeps it (c10d), or etcd does."""
     if spec.backend == "etcd":
-        from launcher.nodes import etcd_link
+        from launcher.nodes import etcd_client, etcd_link
 
-        etcd_link.check_extra()
+        etcd_client.check_extra()
         return etcd_link.form(spec, job_id, workers, token)
     from launcher.nodes import elastic_start
 

@@ -327,3 +327,13 @@ class StreamWatch:
         if events:
             self.on_events(events)
         return None
+
+
+def check_extra() -> None:
+    """The etcd extra is installed, or one sentence that says how (exit 2, before anything starts)."""
+    try:
+        import etcd3gw  # noqa: F401
+    except ImportError:
+        raise LaunchError("an etcd rendezvous needs the etcd client of the launcher's etcd extra; install it with "
+                          "pip install 'launcher[etcd]' (etcd3gw), or give --rdzv-backend c10d.") from None
+

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from launcher.errors import LaunchError
 from launcher.nodes import etcd_state as es
 from launcher.nodes import membership as mb
 from launcher.nodes import messages as m
@@ -494,13 +493,4 @@ class EtcdLink:
             _, left = self.client.range(self.prefix + "nodes/")
             if not left:
                 self.client.delete_prefix(self.prefix)
-
-
-def check_extra() -> None:
-    """The etcd extra is installed, or one sentence that says how (exit 2, before anything starts)."""
-    try:
-        import etcd3gw  # noqa: F401
-    except ImportError:
-        raise LaunchError("an etcd rendezvous needs the etcd client of the launcher's etcd extra; install it with "
-                          "pip install 'launcher[etcd]' (etcd3gw), or give --rdzv-backend c10d.") from None
 
