@@ -264,8 +264,25 @@ def in_etcd(**values):
 def test_torchrun_etcd_line_as_the_docs_show_it():
     spec = elastic.from_torchrun(in_etcd(rdzv_id="job1", max_restarts=2, rdzv_conf="join_timeout=60"))
     assert spec == ElasticSpec(2, 3, "etcd", host="10.0.0.5", port=2379, job_id="job1", max_restarts=2,
-                               rendezvous=Rendezvous(join_timeout=60), etcd=EtcdSpec((("10.0.0.5", 2379),)))
+                               rendezvous=Rendezvous(join_timeout=60, heartbeat_timeout=10),
+                               etcd=EtcdSpec((("10.0.0.5", 2379),)))
     assert spec.elastic and spec.etcd.shown() == "http://10.0.0.5:2379"
+
+
+def test_etcds_heartbeat_timeout_is_10_s_unless_given_or_made_from_the_interval():
+    """10 s (torchrun's etcd lease) outlasts the election of etcd's next leader (1-2 s), during which no lease can
+    be renewed; what the user gives, or torchrun's interval x attempts, is kept as given; c10d keeps 3 s."""
+    def timeout(conf=None):
+        return elastic.from_torchrun(in_etcd(rdzv_conf=conf)).rendezvous.heartbeat_timeout
+
+    assert timeout() == 10 and timeout("join_timeout=60") == 10
+    assert timeout("heartbeat_timeout=2") == 2
+    assert timeout("keep_alive_interval=0.5") == 1.5 and timeout("keep_alive_max_attempt=5") == 5
+    assert elastic.from_torchrun(in_etcd(rdzv_backend="c10d")).rendezvous.heartbeat_timeout == 3
+    assert elastic.from_paddle3({"nnodes": "2", "master": "etcd://10.0.0.5:2379"}).rendezvous.heartbeat_timeout == 10
+    paddle2 = {"np": "2", "elastic_server": "10.0.0.5:2379", "job_id": "j"}
+    assert elastic.from_paddle2(paddle2).rendezvous.heartbeat_timeout == 10
+    assert elastic.from_paddle2(paddle2, {"PADDLE_ELASTIC_TTL": "30"}).rendezvous.heartbeat_timeout == 30
 
 
 @pytest.mark.parametrize("backend", ["etcd", "etcd-v2", "ETCD"])
@@ -302,7 +319,7 @@ def test_the_etcd_keys_of_rdzv_conf_are_taken_beside_the_rendezvous_settings():
     conf = "protocol=https,cacert=ca.pem,cert=client.pem,key=client-key.pem,user=root,password=pw,last_call_timeout=5"
     spec = elastic.from_torchrun(in_etcd(rdzv_conf=conf))
     assert spec.etcd == EtcdSpec((("10.0.0.5", 2379),), "https", "ca.pem", "client.pem", "client-key.pem", "root", "pw")
-    assert spec.rendezvous == Rendezvous(last_call_timeout=5)
+    assert spec.rendezvous == Rendezvous(last_call_timeout=5, heartbeat_timeout=10)
     assert "pw" not in repr(spec)  # the password is never shown
 
 
@@ -335,7 +352,8 @@ def test_paddle3_etcd_master_with_user_and_several_members():
     spec = elastic.from_paddle3({"nnodes": "2:4", "master": "etcd://user:pass@h1:2379,h2", "job_id": "j",
                                  "elastic_level": "0", "max_restart": "2"})
     assert spec == ElasticSpec(2, 4, "etcd", host="h1", port=2379, job_id="j", max_restarts=2, failed_node_leaves=True,
-                               etcd=EtcdSpec((("h1", 2379), ("h2", 2379)), user="user", password="pass"))
+                               etcd=EtcdSpec((("h1", 2379), ("h2", 2379)), user="user", password="pass"),
+                               rendezvous=Rendezvous(heartbeat_timeout=10))
 
 
 @pytest.mark.parametrize("master, endpoints, user, password", [
@@ -362,7 +380,7 @@ def test_an_https_endpoint_keeps_its_protocol_in_paddles_spellings():
 def test_paddle2_elastic_server_with_job_id():
     spec = elastic.from_paddle2({"np": "2:4", "elastic_server": "10.0.0.5:2379", "job_id": "job1"})
     assert spec == ElasticSpec(2, 4, "etcd", host="10.0.0.5", port=2379, job_id="job1",
-                               etcd=EtcdSpec((("10.0.0.5", 2379),)))
+                               etcd=EtcdSpec((("10.0.0.5", 2379),)), rendezvous=Rendezvous(heartbeat_timeout=10))
     assert elastic.from_paddle2({"np": "2", "elastic_server": "etcd://10.0.0.5", "job_id": "j"}).etcd == spec.etcd
 
 

@@ -31,7 +31,8 @@ launcher keeps the membership on its control channel, ``launcher.nodes.membershi
   workers stopped; a member that has not by then counts as lost.
 - ``heartbeat_timeout`` (default 3 s): how long node 0 hears nothing from a node before it counts
   it as lost (torchrun's is how long one keep-alive write may take). Not given: ``keep_alive_interval``
-  times ``keep_alive_max_attempt`` (torchrun's rule for a dead node), 3 s with the defaults.
+  times ``keep_alive_max_attempt`` (torchrun's rule for a dead node) when either is given, else 3 s;
+  10 s with etcd (torchrun's etcd lease), which outlasts the election of etcd's next leader.
 - ``read_timeout`` (default 60 s, torchrun's): how long a launcher waits for node 0's answer to a
   request on the control channel (its join) before it drops that connection and connects again
   (within ``join_timeout``).
@@ -63,6 +64,7 @@ from launcher.plan.parsing import DIGITS, INTEGER, parse_node_list
 if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line only: every launch would pay its 2 ms
     from launcher.plan.etcd import EtcdSpec
 
+ETCD_HEARTBEAT_TIMEOUT = 10.0  # etcd's default: torchrun's etcd lease; it outlasts an etcd election (1-2 s)
 C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
 LOOPBACK = "127.0.0.1"  # torchrun's c10d endpoint when none is given (it says localhost)
 BACKENDS = ("static", "c10d", "etcd", "etcd-v2")  # etcd-v2 (torchrun's newer etcd backend) is etcd here
@@ -107,6 +109,7 @@ class Rendezvous:
     read_timeout: float = SETTING["read_timeout"].default
     keep_alive_interval: float = SETTING["keep_alive_interval"].default
     keep_alive_max_attempt: int = int(SETTING["keep_alive_max_attempt"].default)
+    given: frozenset = field(default=frozenset(), compare=False)  # the settings the user gave (or made from them)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,10 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
 def _in_etcd(spec: ElasticSpec, etcd_spec: "EtcdSpec", hosts: tuple) -> ElasticSpec:
     """An etcd rendezvous: the membership in etcd; ``host``:``port`` name its first endpoint (the default job id)."""
     host, port = etcd_spec.endpoints[0]
-    return replace(spec, backend="etcd", etcd=etcd_spec, host=host, port=port, node_hosts=hosts)
+    rendezvous = spec.rendezvous
+    if "heartbeat_timeout" not in rendezvous.given:
+        rendezvous = replace(rendezvous, heartbeat_timeout=ETCD_HEARTBEAT_TIMEOUT)
+    return replace(spec, backend="etcd", etcd=etcd_spec, host=host, port=port, node_hosts=hosts, rendezvous=rendezvous)
 
 
 def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
@@ -246,7 +252,7 @@ def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
     for variable, name in (("PADDLE_ELASTIC_TIMEOUT", "last_call_timeout"), ("PADDLE_ELASTIC_TTL", "heartbeat_timeout")):
         if env.get(variable):
             seconds = _seconds(env[variable], SETTING[name], f"{variable}={env[variable]}", f"{variable}=")
-            rendezvous = replace(rendezvous, **{name: seconds})
+            rendezvous = replace(rendezvous, **{name: seconds}, given=rendezvous.given | {name})
     interval = min(rendezvous.keep_alive_interval, rendezvous.heartbeat_timeout / 3)
     return replace(rendezvous, keep_alive_interval=interval)
 
@@ -315,10 +321,11 @@ def parse_rdzv_endpoint(text: Optional[str], hosts: tuple = ()) -> Tuple[str, in
 def _with_silence(values: dict) -> Rendezvous:
     """The settings given; without ``heartbeat_timeout``, torchrun's dead-node rule makes it from the
     interval and the attempts when either was given; a heartbeat timeout within one interval is refused."""
-    rendezvous = Rendezvous(**values)
+    rendezvous = Rendezvous(**values, given=frozenset(values))
     if "heartbeat_timeout" not in values and ({"keep_alive_interval", "keep_alive_max_attempt"} & set(values)):
         silence = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
-        rendezvous = replace(rendezvous, heartbeat_timeout=max(silence, SETTING["heartbeat_timeout"].low))
+        rendezvous = replace(rendezvous, heartbeat_timeout=max(silence, SETTING["heartbeat_timeout"].low),
+                             given=rendezvous.given | {"heartbeat_timeout"})
     if rendezvous.heartbeat_timeout <= rendezvous.keep_alive_interval:
         raise LaunchError(f"--rdzv-conf heartbeat_timeout={rendezvous.heartbeat_timeout:g} is not longer than "
                           f"keep_alive_interval={rendezvous.keep_alive_interval:g}: a node would count as lost between "
