@@ -239,12 +239,19 @@ def assert_all_gone(pids, timeout=10.0):
     wait_for(lambda: not any(alive(p) for p in pids), timeout, what=f"processes {pids} to end")
 
 
+PORTS_BELOW_EPHEMERAL = (20000, 32768)  # under Linux's ip_local_port_range (32768-60999 by default)
+
+
 def free_ports(count, host="127.0.0.1"):
-    """A port P such that P to P+count-1 are free on host right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+    """A port P such that P to P+count-1 are free on host right now, below the kernel's ephemeral range: a port
+    from that range (what binding to port 0 gives) can be taken meanwhile as the local port of any connection,
+    the test's own launchers' included (a worker's port taken so: 1 run in 11 of test_elastic.py beside
+    the etcd tests)."""
+    import random
+
+    low, high = PORTS_BELOW_EPHEMERAL
+    for _ in range(200):
+        port = random.randrange(low, high - count)
         socks = [socket.socket() for _ in range(count)]
         try:
             for i, sock in enumerate(socks):
@@ -255,7 +262,7 @@ def free_ports(count, host="127.0.0.1"):
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports from {low} to {high}")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from conftest import free_ports as consecutive_free_ports
 from launcher.host.preflight import reserve_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,14 +19,9 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 
 def free_ports(count):
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """COUNT free ports below the kernel's ephemeral range (conftest.free_ports)."""
+    first = consecutive_free_ports(count)
+    return list(range(first, first + count))
 
 
 def ps_variables(servers, trainers):
