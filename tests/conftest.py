@@ -1,5 +1,6 @@
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -247,8 +248,6 @@ def free_ports(count, host="127.0.0.1"):
     from that range (what binding to port 0 gives) can be taken meanwhile as the local port of any connection,
     the test's own launchers' included (a worker's port taken so: 1 run in 11 of test_elastic.py beside
     the etcd tests)."""
-    import random
-
     low, high = PORTS_BELOW_EPHEMERAL
     for _ in range(200):
         port = random.randrange(low, high - count)
@@ -263,6 +262,10 @@ def free_ports(count, host="127.0.0.1"):
             for sock in socks:
                 sock.close()
     raise RuntimeError(f"no {count} consecutive free ports from {low} to {high}")
+
+
+def free_port(host="127.0.0.1") -> int:
+    return free_ports(1, host)
 
 
 @pytest.fixture

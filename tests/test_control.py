@@ -17,7 +17,7 @@ from launcher.nodes.hub import Hub
 from launcher.nodes.messages import Identity
 from launcher.nodes.spoke import Spoke
 from launcher.nodes.wire import encode, Framer, MAX_FRAME, MAX_MESSAGE, ProtocolError, sized_for
-from tests.conftest import pose_as_node_0
+from tests.conftest import free_port, pose_as_node_0
 
 IDENTITY = Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")
 
@@ -78,12 +78,6 @@ def test_proof_depends_on_token_nonce_job_and_node():
 
 
 # ---------------------------------------------------------------- a real hub and spoke
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pump(channels, seconds, until=None):

@@ -11,15 +11,9 @@ import pytest
 from launcher.nodes.endpoint import MAX_PENDING
 from launcher.nodes.wire import encode
 from launcher.nodes import gather
-from tests.conftest import pose_as_node_0
+from tests.conftest import free_port, pose_as_node_0
 from launcher.errors import LaunchError
 from launcher.nodes.gather import GatherTimeout, Spec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(spec, address, timeout=5.0, token=None):

@@ -1,12 +1,12 @@
 """The DistributeTranspiler's checks, and its nccl2 mode (a world of one, in this process)."""
 
-import socket
 
 import pytest
 import torch
 
 from launcher.fleet import state as st
 from launcher.transpiler import DistributeTranspiler, DistributeTranspilerConfig
+from conftest import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -19,12 +19,6 @@ def fresh():
 def model_and_optimizer():
     model = torch.nn.Linear(3, 1)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_nccl2_mode_joins_the_collective_group_as_fleet_does():

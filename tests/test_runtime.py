@@ -12,6 +12,7 @@ from launcher.runtime import parallel
 from launcher.runtime import flags as fl
 from launcher.runtime.environment import env_from_endpoints, gpu_index
 from launcher.runtime.parallel import RendezvousError, rendezvous
+from conftest import free_port
 
 ENDPOINTS = "10.0.0.1:6170,10.0.0.1:6171,10.0.0.2:6170,10.0.0.2:6171"
 
@@ -129,12 +130,6 @@ def test_gpu_flags_on_a_cpu_worker_warn_once(monkeypatch):
     assert len(messages) == 2
     assert any("NCCL_IB_DISABLE is read by NCCL only" in m for m in messages)
     assert any("runs on the CPU" in m for m in messages)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def three_ranks(rank, port):
