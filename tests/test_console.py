@@ -208,3 +208,34 @@ def test_threads_that_write_at_once_lose_no_line_and_repeat_none():
     assert errors == []
     expected = sorted(b"%d %06d %s" % (n, i, b"y" * (i % 97)) for n in range(4) for i in range(2000))
     assert sorted(bytes(got).splitlines()) == expected
+
+
+def test_a_reader_that_leaves_while_threads_write_is_said_once_and_raises_in_none(caplog):
+    """Four threads write more than a pipe holds while its reader goes (``| head``): the stream is dropped,
+    one warning says so, and no writer sees an error."""
+    r, w = os.pipe()
+    c, errors = console.Console(), []
+
+    def write(who: int):
+        try:
+            for i in range(5000):
+                c.write(w, b"%d %06d\n" % (who, i))
+        except Exception as e:  # noqa: BLE001 - the failure the test is for
+            errors.append(e)
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="launcher"):
+            for t in writers:
+                t.start()
+            time.sleep(0.01)
+            os.close(r)
+            for t in writers:
+                t.join(30)
+            c.stream(w).push()  # the pipe held more than 64 KiB: at least this push meets the closed pipe
+    finally:
+        c.reset()
+        os.close(w)
+    assert errors == []
+    lost = [rec.getMessage() for rec in caplog.records if "cannot be written any more" in rec.getMessage()]
+    assert len(lost) == 1 and "Broken pipe" in lost[0], lost
