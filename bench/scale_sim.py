@@ -6,7 +6,7 @@
 Node 0 is a real launcher, the membership's keeper (``python -m launcher --nnodes N-1:N --nproc-per-node W
 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P``), and its W workers are real (``scale_worker.py``). The
 N-1 other launchers are this one process: a connection each to node 0, speaking what a launcher's link
-speaks (``launcher.nodes.elastic_start.MemberLink``): a hello (an id of its own, a host 10.x.y.z of its
+speaks (``launcher.nodes.elastic.c10d.member.MemberLink``): a hello (an id of its own, a host 10.x.y.z of its
 own, W workers), an answer to each of node 0's heartbeats, ``stopped`` when told to stop its workers. It
 starts no worker. Each message is framed as the launcher frames it; of a round only the type and number
 are read (one node decodes it whole and checks its members), so that the simulation costs less than
@@ -44,8 +44,8 @@ import harness  # noqa: E402
 from scale import WORKER  # noqa: E402
 
 sys.path.insert(0, str(harness.REPO))
-from launcher.nodes import messages as m  # noqa: E402
-from launcher.nodes import wire  # noqa: E402
+from launcher.nodes.transport import messages as m  # noqa: E402
+from launcher.nodes.transport import wire  # noqa: E402
 
 NUMBER = re.compile(rb'"(?:number|round)":(\d+)')
 BEAT = wire.encode(m.to_wire(m.Beat()))

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from launcher.nodes.auth import fresh_nonce, hub_proof, proof, Session
-from launcher.nodes.channel import Joined, Lost, NeverJoined, Received
-from launcher.nodes.connection import tune
-from launcher.nodes.endpoint import HELLO_TIMEOUT, MAX_PENDING
-from launcher.nodes.hub import Hub
-from launcher.nodes.messages import Identity
-from launcher.nodes.spoke import Spoke
-from launcher.nodes.wire import encode, Framer, MAX_FRAME, MAX_MESSAGE, ProtocolError, sized_for
+from launcher.nodes.transport.auth import fresh_nonce, hub_proof, proof, Session
+from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received
+from launcher.nodes.transport.connection import tune
+from launcher.nodes.transport.connection import HELLO_TIMEOUT, MAX_PENDING
+from launcher.nodes.static.hub import Hub
+from launcher.nodes.transport.messages import Identity
+from launcher.nodes.static.spoke import Spoke
+from launcher.nodes.transport.wire import encode, Framer, MAX_FRAME, MAX_MESSAGE, ProtocolError, sized_for
 from tests.conftest import free_port, pose_as_node_0
 
 IDENTITY = Identity("job1", ("127.0.0.1", "127.0.0.2"), (7000,), "-u train.py")

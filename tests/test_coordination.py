@@ -9,11 +9,12 @@ from typing import Optional
 
 import pytest
 
-from launcher.nodes import coordinator, messages
-from launcher.nodes.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
-from launcher.nodes.coordinator import REPORT_MARGIN, Follower, Leader, Solo
-from launcher.nodes.hub import Hub
-from launcher.nodes.spoke import Spoke
+from launcher.nodes.static import coordinator
+from launcher.nodes.transport import messages
+from launcher.nodes.static.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
+from launcher.nodes.static.coordinator import REPORT_MARGIN, Follower, Leader, Solo
+from launcher.nodes.static.hub import Hub
+from launcher.nodes.static.spoke import Spoke
 from launcher.plan import policy
 from launcher.plan.policy import Cause
 

@@ -1,4 +1,4 @@
-"""An elastic job's coordinator (``launcher.nodes.elastic_job``) driven by the attempt driver, replaying
+"""An elastic job's coordinator (``launcher.nodes.elastic.job``) driven by the attempt driver, replaying
 histories against the fake process starter and clock of tests/test_attempts.py and a fake link to node
 0 whose inbox is the real one (a pipe the event loop watches): milliseconds each. The histories: a
 membership change (stop, the next round with its own plan, no restart spent), a round stopped before it
@@ -13,9 +13,9 @@ import json
 import signal
 from dataclasses import replace
 
-from launcher.nodes import messages as m
-from launcher.nodes.elastic_job import ElasticJob
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder
+from launcher.nodes.transport import messages as m
+from launcher.nodes.elastic.job import ElasticJob
+from launcher.nodes.elastic.link import Inbox, JobOver, StopOrder
 from launcher.output import state_file as state
 from launcher.run import attempts
 from launcher.tools import status
@@ -23,8 +23,7 @@ from test_attempts import START, Behaviour, FakeClock, FakeStarter, make_plan
 
 
 def round_(number, world_nodes, restarts=0, me_rank=1):
-    members = [[f"n{i}", "127.0.0.1", 2, i, 2 * i] for i in range(world_nodes)]
-    members[me_rank][0] = "me"
+    members = tuple(m.Seat("me" if i == me_rank else f"n{i}", "127.0.0.1", 2, i, 2 * i) for i in range(world_nodes))
     return m.RoundStart(number, members, 2 * world_nodes, restarts, f"round {number}: {world_nodes} node(s)")
 
 

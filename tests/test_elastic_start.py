@@ -7,9 +7,10 @@ import threading
 import pytest
 
 from conftest import free_ports
-from launcher.nodes import elastic_start as es
-from launcher.nodes import messages as m
-from launcher.nodes import wire
+from launcher.nodes.elastic import link as el
+from launcher.nodes.elastic.c10d import start as es
+from launcher.nodes.transport import messages as m
+from launcher.nodes.transport import wire
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
 HOST = "127.0.0.1"
@@ -28,7 +29,7 @@ def leading(spec, job="job", token=None):
     def lead():
         try:
             keeper = es.lead(listener, spec, job, 1, token)
-            outcome.append(es.place_in(keeper.first, keeper.node_id))
+            outcome.append(el.place_in(keeper.first, keeper.node_id))
             keeper.close()
         except Exception as e:  # the test looks at it
             outcome.append(e)
@@ -43,7 +44,7 @@ def joined(spec, job, workers, token=None, clock=None):
     """Another launcher's place in the first round (its link closed again)."""
     link = es.join(spec, job, workers, token, **({"clock": clock} if clock else {}))
     try:
-        return es.place_in(link.first, link.node_id)
+        return el.place_in(link.first, link.node_id)
     finally:
         link.close()
 
@@ -67,7 +68,7 @@ def test_the_second_launcher_cannot_listen_and_each_gets_its_place():
     assert es.listen(HOST, port) is None  # the endpoint is node 0's
     place = joined(spec, "job", 1)
     thread.join(10)
-    assert place == es.Place(1, 2, 2, (HOST, HOST), False) and outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
+    assert place == el.Place(1, 2, 2, (HOST, HOST), False) and outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_strangers_lose_only_their_connection_and_the_round_still_forms():
@@ -85,17 +86,17 @@ def test_strangers_lose_only_their_connection_and_the_round_still_forms():
     assert answer_to(port, (1 << 30).to_bytes(4, "big") + b"x" * 100) == b""  # a 1 GiB frame announced
     assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
+    assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
     port = free_ports(1)
     spec = spec_of(port, low=3, high=3, join_timeout=1.0)
     thread, outcome = leading(spec)
-    with pytest.raises(es.StartFailed, match="did not take this launcher: only 2 node.s. joined within 1 s"):
+    with pytest.raises(el.StartFailed, match="did not take this launcher: only 2 node.s. joined within 1 s"):
         joined(spec, "job", 1)
     thread.join(10)
-    assert isinstance(outcome[0], es.StartFailed) and "only 2 node(s) joined within 1 s" in str(outcome[0])
+    assert isinstance(outcome[0], el.StartFailed) and "only 2 node(s) joined within 1 s" in str(outcome[0])
     assert outcome[0].exit_code == 1
 
 
@@ -111,7 +112,7 @@ def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
         conn.close()
 
     threading.Thread(target=close_first, daemon=True).start()
-    with pytest.raises(es.StartFailed, match="closed the rendezvous before this launcher's round started"):
+    with pytest.raises(el.StartFailed, match="closed the rendezvous before this launcher's round started"):
         joined(spec, "job", 1)
     listener.close()
 
@@ -125,7 +126,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
     def node_0():
         conn, _ = listener.accept()
         hello = m.from_wire(wire.Framer().feed(conn.recv(65536))[0])
-        members = [["zero", HOST, 1, 0, 0], [hello.node_id, HOST, 1, 1, 1]]
+        members = (m.Seat("zero", HOST, 1, 0, 0), m.Seat(hello.node_id, HOST, 1, 1, 1))
         conn.sendall(b"".join(wire.encode(m.to_wire(x)) for x in (
             m.Admitted(False), m.RoundStart(1, members, 2, 0, "round 1"), m.StopWorkers(1, "node x lost"))))
         held.append(conn)
@@ -135,7 +136,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
     try:
         assert link.first.number == 1
         link.serve()
-        assert link.inbox.take() == [es.StopOrder(1, "node x lost")]
+        assert link.inbox.take() == [el.StopOrder(1, "node x lost")]
     finally:
         link.close()
         for conn in held:
@@ -145,7 +146,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
 
 def test_no_node_0_within_join_timeout_is_a_start_failure_naming_the_endpoint():
     port = free_ports(1)
-    with pytest.raises(es.StartFailed, match=f"could not reach node 0's launcher at {HOST}:{port} within 0.5 s"):
+    with pytest.raises(el.StartFailed, match=f"could not reach node 0's launcher at {HOST}:{port} within 0.5 s"):
         joined(spec_of(port, join_timeout=0.5), "job", 1)
 
 
@@ -160,7 +161,7 @@ def test_junk_from_node_0_is_a_start_failure():
         conn.close()
 
     threading.Thread(target=junk, daemon=True).start()
-    with pytest.raises(es.StartFailed, match="sent junk"):
+    with pytest.raises(el.StartFailed, match="sent junk"):
         joined(spec_of(port), "job", 1)
     listener.close()
 
@@ -176,13 +177,13 @@ def test_what_closes_before_admitting_is_not_called_node_0():
         conn.close()
 
     threading.Thread(target=store_like, daemon=True).start()
-    with pytest.raises(es.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the endpoint is not this job's"):
+    with pytest.raises(el.StartFailed, match=f"^{HOST}:{port} closed the connection without an answer: the endpoint is not this job's"):
         joined(spec_of(port), "job", 1)
     listener.close()
 
 
 def hello(job="job", token=None, nonce="a" * 32, node_id="x"):
-    from launcher.nodes import auth
+    from launcher.nodes.transport import auth
 
     proof = auth.proof(token, nonce, job, node_id) if token else None
     return wire.encode(m.to_wire(m.Hello({"job_id": job}, None, nonce, proof, node_id=node_id, host=HOST, workers=1)))
@@ -200,19 +201,19 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     thread, outcome = leading(spec, token="s3cret")
     assert refusal_of(port, hello()) == "wrong job or job token"  # proves nothing
     assert refusal_of(port, hello(token="other")) == "wrong job or job token"
-    with pytest.raises(es.StartFailed, match="did not take this launcher: wrong job or job token"):
+    with pytest.raises(el.StartFailed, match="did not take this launcher: wrong job or job token"):
         joined(spec, "job", 1, "wrong")
     first = hello(token="s3cret", node_id="first")
     sock = socket.create_connection((HOST, port), timeout=10)
     sock.sendall(first)  # joins, and stays
-    from launcher.nodes.auth import admission_proof
+    from launcher.nodes.transport.auth import admission_proof
     assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False, admission_proof(
         "s3cret", "a" * 32, "job", "first"))  # node 0 proves the token on the joiner's nonce
     assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
     place = joined(spec, "job", 1, "s3cret")
     thread.join(10)
     sock.close()
-    assert place.node_rank == 2 and outcome == [es.Place(0, 3, 3, (HOST, HOST, HOST), True)]
+    assert place.node_rank == 2 and outcome == [el.Place(0, 3, 3, (HOST, HOST, HOST), True)]
 
 
 @pytest.mark.parametrize("proof", [None, "0" * 64])
@@ -229,7 +230,7 @@ def test_with_a_job_token_a_node_0_that_does_not_prove_it_is_not_joined(proof):
         conn.close()
 
     threading.Thread(target=impostor, daemon=True).start()
-    with pytest.raises(es.StartFailed, match="did not prove the job token"):
+    with pytest.raises(el.StartFailed, match="did not prove the job token"):
         joined(spec_of(port), "job", 1, "s3cret")
     listener.close()
 
@@ -241,7 +242,7 @@ def test_without_a_job_token_a_hello_that_proves_one_is_refused():
     assert refusal_of(port, hello(token="s3cret")) == "it proves a job token, and this job has none"
     joined(spec, "job", 1)
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
+    assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_without_it():
@@ -258,11 +259,11 @@ def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_witho
     assert seen[0] == m.Admitted(False) and "no heartbeat for" in seen[-1].reason
     assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
-    assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
+    assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
-    from launcher.nodes.endpoint import MAX_PENDING
+    from launcher.nodes.transport.connection import MAX_PENDING
 
     port = free_ports(1)
     spec = spec_of(port)
@@ -271,7 +272,7 @@ def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
     try:
         assert joined(spec, "job", 1).node_rank == 1
         thread.join(10)
-        assert outcome == [es.Place(0, 2, 2, (HOST, HOST), True)]
+        assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
     finally:
         for s in quiet:
             s.close()

@@ -1,11 +1,11 @@
-"""The membership in etcd as keys and values (launcher.nodes.etcd_state), replayed without etcd: who keeps it,
+"""The membership in etcd as keys and values (launcher.nodes.elastic.etcd.state), replayed without etcd: who keeps it,
 a keeper taking the record over (the one before it lost), what the keys feed the rules, what each launcher reads,
 and a record or report that is malformed, hostile or unproven read as nothing."""
 
 import json
 
-from launcher.nodes import etcd_state as es
-from launcher.nodes import membership as mb
+from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic import membership as mb
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
 SPEC = ElasticSpec(2, 3, "etcd", rendezvous=Rendezvous(last_call_timeout=1.0))
@@ -98,7 +98,7 @@ def test_each_launcher_reads_its_own_orders():
     record = running_record()
     view = es.view(record, "b")
     assert view.round.number == 1 and view.round.world_size == 3 and view.stop is None and view.over is None
-    assert [x[0] for x in view.round.members] == ["a", "b", "c"]
+    assert [x.node_id for x in view.round.members] == ["a", "b", "c"]
     state, actions = mb.decide(record.state, mb.Closed("c", "gone"), 1.0)
     record = es.apply(record, state, actions)
     assert es.view(record, "b").stop == (1, record.stop[1])

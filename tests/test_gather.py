@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from launcher.nodes.endpoint import MAX_PENDING
-from launcher.nodes.wire import encode
-from launcher.nodes import gather
+from launcher.nodes.transport.connection import MAX_PENDING
+from launcher.nodes.transport.wire import encode
+from launcher.nodes.static import gather
 from tests.conftest import free_port, pose_as_node_0
 from launcher.errors import LaunchError
-from launcher.nodes.gather import GatherTimeout, Spec
+from launcher.nodes.static.gather import GatherTimeout, Spec
 
 
 def start(spec, address, timeout=5.0, token=None):

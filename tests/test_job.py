@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.nodes import job
-from launcher.nodes.channel import Lost, Received
-from launcher.nodes.coordinator import Follower
+from launcher.nodes.static import job
+from launcher.nodes.static.channel import Lost, Received
+from launcher.nodes.static.coordinator import Follower
 from launcher.plan import policy
 
 

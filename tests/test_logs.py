@@ -260,7 +260,7 @@ def test_failure_summary_shows_the_workers_record_as_root_cause():
 
 
 def test_a_huge_recorded_traceback_is_bounded_in_the_summary_and_for_the_other_nodes():
-    from launcher.nodes.wire import encode, MAX_MESSAGE
+    from launcher.nodes.transport.wire import encode, MAX_MESSAGE
     from launcher.output import error_file
     from launcher.plan import policy
 

@@ -1,12 +1,12 @@
-"""The membership of an elastic job as node 0 keeps it (launcher.nodes.membership), replayed: each test
+"""The membership of an elastic job as node 0 keeps it (launcher.nodes.elastic.membership), replayed: each test
 states what happened, moment by moment (joins, heartbeats, closed connections, reports, time passing),
 and asserts on what node 0 ordered (rounds and their ranks, stops, refusals, the end). No process, no
 socket, no clock: each test runs in milliseconds."""
 
 import logging
 
-from launcher.nodes import membership as m
-from launcher.nodes.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
+from launcher.nodes.elastic import membership as m
+from launcher.nodes.elastic.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
                                        StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped)
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 from launcher.plan.policy import Say

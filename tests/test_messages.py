@@ -3,8 +3,8 @@ versions made (same keys, same order), and a value off the wire of a wrong type 
 
 import pytest
 
-from launcher.nodes import messages as m
-from launcher.nodes.wire import encode
+from launcher.nodes.transport import messages as m
+from launcher.nodes.transport.wire import encode
 from launcher.plan.policy import Cause
 
 CAUSE = Cause(1, "worker", 3, "rank 2 on node 1 failed", "the summary", "")
@@ -78,7 +78,7 @@ MEMBERS = [["a1", "127.0.0.1", 2, 0, 0], ["b2", "127.0.0.1", 2, 1, 2]]
      {"type": "hello", "identity": {"job_id": "j"}, "node": None, "nonce": None, "node_id": "a1", "host": "10.0.0.2",
       "workers": 2}),
     (m.Admitted(True), {"type": "admitted", "standby": True}),
-    (m.RoundStart(2, MEMBERS, 4, 0, "round 2 (lost)"),
+    (m.RoundStart(2, tuple(m.Seat(*x) for x in MEMBERS), 4, 0, "round 2 (lost)"),
      {"type": "round", "number": 2, "members": MEMBERS, "world_size": 4, "restarts": 0, "text": "round 2 (lost)"}),
     (m.StopWorkers(3, "lost"), {"type": "stop_workers", "round": 3, "reason": "lost"}),
     (m.Stopped(3), {"type": "stopped", "round": 3}),

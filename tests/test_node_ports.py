@@ -8,7 +8,7 @@ import pytest
 from launcher import envvars as ev
 from launcher.cli import paddle as paddle_cli
 from launcher.errors import LaunchError
-from launcher.nodes.job import identity
+from launcher.nodes.static.job import identity
 from launcher.output.reports import format_plan
 from launcher.plan import node_ports
 from launcher.plan.model import HostFacts, Interface

@@ -247,7 +247,7 @@ def test_the_kill_message_names_servers_and_trainers():
 
 
 def test_a_cause_fits_one_control_message_whatever_the_worker_printed():
-    from launcher.nodes.wire import encode, Framer
+    from launcher.nodes.transport.wire import encode, Framer
 
     line = "  | " + "\ufffd\x00" * 3000  # 6 bytes of JSON each character
     junk = "\n".join([line] * 20)
@@ -287,7 +287,7 @@ def test_a_collective_job_keeps_its_first_failure():
 
 
 def test_a_cause_of_characters_that_take_12_bytes_of_json_still_fits_one_control_message():
-    from launcher.nodes.wire import encode, Framer
+    from launcher.nodes.transport.wire import encode, Framer
 
     astral = "\U0001F600" * 30000  # 12 bytes of JSON each (a surrogate pair, escaped)
     cause = p.Cause(1, "worker", 7, astral, astral + "\n  | the end", error='{"message": "' + astral + '"}')

@@ -1,10 +1,10 @@
 """``--nnodes MIN:MAX``: an elastic job, from the command line to its end on this node.
 
 The options are checked first, on a trial plan, before this launcher joins anyone: bad input exits 2
-with nothing started. Then this launcher joins the membership (``launcher.nodes.elastic_start``:
+with nothing started. Then this launcher joins the membership (``launcher.nodes.elastic.backends``:
 node 0 is the launcher that can listen on the endpoint) and runs each round it is a member of as an
 attempt, with the round's plan: the round's hosts by node rank as the node list, this node's rank
-among them (``launcher.nodes.elastic_job``). ``auto`` for the agent store is decided once, as for a
+among them (``launcher.nodes.elastic.job``). ``auto`` for the agent store is decided once, as for a
 job of several nodes, so that every round's workers find their store where the first round's did.
 """
 
@@ -23,8 +23,8 @@ ToOptions = Callable[[dict], object]  # option values -> LaunchOptions
 
 def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
     from launcher.host import preflight
-    from launcher.nodes import elastic_start
-    from launcher.nodes.elastic_job import ElasticJob
+    from launcher.nodes.elastic import backends, link as elastic_link
+    from launcher.nodes.elastic.job import ElasticJob
     from launcher.plan.planner import make_plan
     from launcher.run import attempts, limits
 
@@ -49,34 +49,22 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
     elif values.get("agent_store") == "auto":
         values = {**values, "agent_store": "on" if trial.agent_store is not None else "off"}
     job_id = values.get("job_id") or os.environ.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
-    link = _form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
+    link = backends.form(spec, job_id, len(trial.workers), os.environ.get(JOB_TOKEN) or None)
     if link.first is None:  # a standby whose job finished without it
         link.close()
         return 0
     try:
         def replan(round_):  # a later round: this launcher holds some of its ports (rank 0's store)
-            place = elastic_start.place_in(round_, link.node_id)
+            place = elastic_link.place_in(round_, link.node_id)
             return plan_for(place.hosts, place.node_rank, values, lambda *_: None, round_)
 
-        place = elastic_start.place_in(link.first, link.node_id)
+        place = elastic_link.place_in(link.first, link.node_id)
         plan = plan_for(place.hosts, place.node_rank, values, round_=link.first)
         reserved = preflight.reserve_store_port(plan)
         link.serve()
         return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan))
     finally:
         link.close()
-
-
-def _form(spec: ElasticSpec, job_id: str, workers: int, token):
-    """This launcher's link to the job's membership: node 0's launcher keeps it (c10d), or etcd does."""
-    if spec.backend == "etcd":
-        from launcher.nodes import etcd_client, etcd_link
-
-        etcd_client.check_extra()
-        return etcd_link.form(spec, job_id, workers, token)
-    from launcher.nodes import elastic_start
-
-    return elastic_start.form(spec, job_id, workers, token)
 
 
 def _etcd_store(choice) -> str:

@@ -289,10 +289,10 @@ def _with_elastic_values(values: dict, given) -> dict:
 
 
 def _with_gathered_nodes(opts, host):
-    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.gather)."""
+    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.static.gather)."""
     from launcher.plan.clusters.registry import gathering
     from launcher.plan.clusters.source import DEFAULT_NODES
-    from launcher.nodes import gather
+    from launcher.nodes.static import gather
     from launcher.host import preflight
     from launcher.envvars import JOB_TOKEN
 

@@ -1,1 +1,2 @@
-"""One job across nodes: the control channel, its messages, the coordination, MPI gathering."""
+"""One job across nodes: the transport (wire, messages, auth), the static channel of a fixed job, and the
+elastic membership of a job whose nodes may come and go."""

@@ -16,7 +16,7 @@ LaunchError of one sentence that names it and the fix. An etcd rendezvous (``--r
 (``launcher.plan.etcd``): a job of fixed size is then elastic too (a lost node's place can be taken).
 
 The rendezvous settings, with this launcher's meanings (torchrun's ``--rdzv-conf`` keys; node 0's
-launcher keeps the membership on its control channel, ``launcher.nodes.membership``):
+launcher keeps the membership on its control channel, ``launcher.nodes.elastic.membership``):
 
 - ``join_timeout`` (default 600 s, torchrun's): how long node 0 waits for MIN nodes, at the start and
   whenever losses leave fewer than MIN; then the job ends non-zero, naming the nodes lost. Another
@@ -133,6 +133,13 @@ class ElasticSpec:
     def elastic(self) -> bool:
         """Whether the job's membership may change: a range of nodes, or any job whose membership is in etcd."""
         return self.min_nodes < self.max_nodes or self.backend == "etcd"
+
+    @property
+    def failure_grace(self) -> float:
+        """How long the membership's verdict on a worker failure waits for a loss that would explain it: a
+        backend that finds a crashed node only when its lease expires (etcd) waits that long; one that sees a
+        connection close at once (c10d) does not wait."""
+        return self.rendezvous.heartbeat_timeout if self.backend == "etcd" else 0.0
 
 
 # ---------------------------------------------------------------- the three command lines

@@ -85,7 +85,7 @@ class HostFacts:
     cwd: str = field(default_factory=lambda: _current_dir())  # where a relative --log_dir starts
     hostname: str = ""  # this machine's name, as schedulers list it
     env_files: tuple = ()  # (path, text) of the files a scheduler's variables name (clusters.registry.FILE_VARIABLES)
-    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.gather)
+    gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.static.gather)
     importable: frozenset = frozenset()  # of torch and paddle, those the launcher's own interpreter finds (not imported)
     torch_version: Optional[str] = None  # of that torch, from its package metadata ("2.13.0+cpu"), None if not found
 

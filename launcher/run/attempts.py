@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from launcher import envvars as ev
-from launcher.nodes import job as job_module
+from launcher.nodes.static import job as job_module
 from launcher.output import error_file
 from launcher.output.console import console
 from launcher.output.messages import log
@@ -33,7 +33,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
 
     ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
     ``starter``, ``clock``: the real ones by default. ``coordinator``: makes the job's coordinator
-    across nodes, once the launch is set up (``launcher.nodes.job.for_plan`` by default).
+    across nodes, once the launch is set up (``launcher.nodes.static.job.for_plan`` by default).
     """
     launch = Launch(plan, starter or SubprocessStarter(), clock or SystemClock(), reserved)
     job = None

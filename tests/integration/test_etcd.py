@@ -39,7 +39,7 @@ def records(folder) -> list:
 
 
 def entries(server, prefix="/launcher/") -> list:
-    from launcher.nodes.etcd_client import Etcd3gwClient
+    from launcher.nodes.elastic.etcd.client import Etcd3gwClient
     from launcher.plan.etcd import EtcdSpec, parse_endpoints
 
     client = Etcd3gwClient(EtcdSpec(parse_endpoints(server.endpoints, "test")[0]), 2.0)
@@ -178,8 +178,8 @@ def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
 
 def test_a_launcher_that_does_not_keep_the_membership_hears_no_report(etcd):
     """Its range and its watch (the etcd client's, on the real etcd) hold the node keys and the record only."""
-    from launcher.nodes import etcd_state as es
-    from launcher.nodes.etcd_client import Etcd3gwClient
+    from launcher.nodes.elastic.etcd import state as es
+    from launcher.nodes.elastic.etcd.client import Etcd3gwClient
     from launcher.plan.etcd import EtcdSpec, parse_endpoints
 
     client = Etcd3gwClient(EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]), 2.0)

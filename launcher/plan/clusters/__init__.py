@@ -6,5 +6,5 @@ gives the ``Cluster`` (nodes in rank order, this node's index, its ports, the va
 ``devices(env)`` the option defaults the scheduler sets (its GPUs, its processes per node). No I/O here:
 a file a scheduler names (LSF's rank file) is read by preflight into ``HostFacts.env_files``, this
 machine's name comes in ``HostFacts.hostname``, and the node list of an MPI or torchrun job, gathered over
-the network (launcher.nodes.gather, what ``gathering`` asks for), in ``HostFacts.gathered_nodes``.
+the network (launcher.nodes.static.gather, what ``gathering`` asks for), in ``HostFacts.gathered_nodes``.
 """

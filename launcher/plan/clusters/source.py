@@ -42,7 +42,7 @@ class Cluster:
 @dataclass(frozen=True)
 class GatherSpec:
     """What a source must gather before planning (Source.gathering, registry.gathering()): this rank, the number
-    of ranks, node 0's address, the port. launcher.nodes.gather does the gathering."""
+    of ranks, node 0's address, the port. launcher.nodes.static.gather does the gathering."""
 
     rank: int
     size: int

@@ -45,7 +45,7 @@ def _torchrun(req: Request) -> Cluster:
 
 
 def _torchrun_gathering(req: Request) -> Optional[GatherSpec]:
-    """Several nodes: every node's address, gathered at node 0 (launcher.nodes.gather) on the store port minus one."""
+    """Several nodes: every node's address, gathered at node 0 (launcher.nodes.static.gather) on the store port minus one."""
     opts = req.opts
     nodes, rank = _torchrun_world(opts)
     if nodes == 1:

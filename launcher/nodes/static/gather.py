@@ -29,15 +29,15 @@ import socket
 import time
 from typing import Optional
 
-from launcher.nodes import auth, endpoint, wire
-from launcher.nodes.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
+from launcher.nodes.transport import auth, connection, wire
+from launcher.nodes.transport.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
 from launcher.host import preflight
 from launcher.errors import LaunchError
 from launcher.output.messages import log
 from launcher.plan.clusters.source import GatherSpec as Spec
 from launcher.plan.policy import one_line
 
-RETRY_EVERY = endpoint.RETRY_EVERY
+RETRY_EVERY = connection.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
 
 
@@ -119,7 +119,7 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         listener.close()
         raise LaunchError(f"rank 0 cannot listen on port {spec.port} ({spec.given_as}) to gather the node list ({e.strerror}); "
                           f"choose a free port with --control_port.") from None
-    listener.listen(endpoint.BACKLOG)
+    listener.listen(connection.BACKLOG)
     listener.setblocking(False)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
@@ -173,10 +173,10 @@ def _accept(listener, selector, peers, size: int) -> None:
 
 
 def _make_room(selector, peers, size: int) -> None:
-    """At most ``endpoint.pending_cap`` connections wait for their join (every rank may come at once): the
+    """At most ``connection.pending_cap`` connections wait for their join (every rank may come at once): the
     oldest goes, so that a flood of connections that never speak neither runs rank 0 out of descriptors
     nor keeps a rank out."""
-    cap = endpoint.pending_cap(size)
+    cap = connection.pending_cap(size)
     if len(peers) >= cap and sum(peer.rank is None for peer in peers.values()) >= cap:
         oldest = next(peer for peer in peers.values() if peer.rank is None)  # peers keeps the order of arrival
         selector.unregister(oldest.sock)

@@ -21,24 +21,21 @@ from __future__ import annotations
 import math
 import selectors
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from launcher.nodes import etcd_state as es
-from launcher.nodes import membership as mb
-from launcher.nodes import messages as m
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, thread_stopped
-from launcher.nodes.elastic_start import StartFailed, own_id, place_in
-from launcher.nodes.etcd_client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
+from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic import membership as mb
+from launcher.nodes.transport import messages as m
+from launcher.nodes.elastic.link import JobOver, Leave, LinkBase, Report, StartFailed, StopOrder, own_id, place_in
+from launcher.nodes.elastic.etcd.client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
                                         put_op)
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say, one_line
 
 RETRY_EVERY = 0.5  # etcd unreachable at the start: tried again this often, within join_timeout
-JOIN_WAIT = 5.0  # how long close() waits for the link's thread
 LEAVE_WAIT = 5.0  # how long a launcher that leaves asks etcd again to revoke its lease and clear an ended job
 
 
@@ -47,12 +44,25 @@ class _Refusal:
     reason: str
 
 
+@dataclass(frozen=True)
+class WatchEvents:
+    """A batch of the watch's events, for the link's thread."""
+
+    events: list
+
+
+@dataclass(frozen=True)
+class WatchEnded:
+    reason: str
+    watcher: object  # the watch that ended (an older one's end is ignored)
+
+
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
          clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None) -> "EtcdLink":
     """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
     with 0). StartFailed when the job does not take it or cannot start."""
     if client is None:
-        from launcher.nodes.etcd_client import Etcd3gwClient
+        from launcher.nodes.elastic.etcd.client import Etcd3gwClient
 
         client = Etcd3gwClient(spec.etcd, request_timeout(spec))
     link = EtcdLink(spec, job_id, workers, token, clock, client)
@@ -87,20 +97,18 @@ def source_address(spec: ElasticSpec) -> str:
         return socket.gethostname()  # the other nodes resolve it as this machine's address
 
 
-class EtcdLink:
+class EtcdLink(LinkBase):
     """This launcher's node key, lease, watch and mirror of the job's keys; the keeper's record when it keeps it."""
 
-    says_rounds = False  # every launcher says its rounds itself (elastic_job)
+    thread_name = "elastic-etcd"  # every launcher says its rounds itself (job.ElasticJob)
 
     def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue) -> None:
+        super().__init__()
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
         self.prefix = es.job_prefix(job_id)
         self.node_id = own_id()
         self.me = mb.Node(self.node_id, source_address(spec), workers)
-        self.inbox = Inbox()  # the event loop's
-        self.waker = Inbox()  # this link's thread's: reports from the loop, watch batches and ends
-        self.first: Optional[m.RoundStart] = None
         self.lease = 0
         self.created = 0  # this launcher's node key's create revision
         self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them (``_span``)
@@ -116,8 +124,6 @@ class EtcdLink:
         self.next_beat = clock()
         self.given_round = self.given_stop = 0
         self.over_given = self.said_standby = self.said_unproven = self.ended = False
-        self.stopping = False
-        self.thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------ start, and the event loop's side
 
@@ -155,8 +161,7 @@ class EtcdLink:
                 time.sleep(RETRY_EVERY)
         log.info("elastic job: joined the job %s in %s as node %s (%s); waiting for the round to start", self.job_id,
                  self.where, self.node_id, self.me.host)
-        self.thread = threading.Thread(target=self._serve, name="elastic-etcd", daemon=True)
-        self.thread.start()
+        super().serve()  # the thread runs from here: the first round comes through it
 
     def await_first_round(self) -> Optional[m.RoundStart]:
         rendezvous = self.spec.rendezvous
@@ -188,33 +193,12 @@ class EtcdLink:
     def serve(self) -> None:
         pass  # the thread runs from start()
 
-    def stopped(self, round_: int) -> None:
-        self.waker.put(("report", "stopped", round_, 0, ""))
-
-    def done(self, round_: int) -> None:
-        self.waker.put(("report", "done", round_, 0, ""))
-
-    def failed(self, round_: int, code: int, reason: str) -> None:
-        self.waker.put(("report", "failed", round_, code, reason))
-
-    def leave(self, code: int, reason: str) -> None:
-        self.waker.put(("leave",))
-
-    def close(self) -> None:
-        if self.inbox.read_fd is None:
-            return  # closed already
-        self.stopping = True
-        if thread_stopped(self.thread, self.waker, JOIN_WAIT):
-            self._leave_etcd()
-            self.waker.close()
-        else:
-            log.warning("elastic job: this launcher's link to %s did not stop within %g s: this node's keys go when "
-                        "its lease expires", self.where, JOIN_WAIT)
-        self.inbox.close()
+    def release(self) -> None:
+        self._leave_etcd()
 
     # ------------------------------------------------------------ the link's thread
 
-    def _serve(self) -> None:
+    def run(self) -> None:
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(self.waker.read_fd, selectors.EVENT_READ)
@@ -233,22 +217,20 @@ class EtcdLink:
 
     def _turn(self) -> None:
         for item in self.waker.take():
-            if item is None:
-                continue
-            if item[0] == "events":
-                for e in item[1]:
+            if isinstance(item, Report):
+                self._report(item.kind, item.round, item.code, item.reason)
+            elif isinstance(item, Leave):
+                self.stopping = True
+                return
+            elif isinstance(item, WatchEvents):
+                for e in item.events:
                     if e.deleted:
                         self.mirror.pop(e.key, None)
                     else:
                         self.mirror[e.key] = e
-            elif item[0] == "ended" and item[2] is self.watcher:
-                log.debug("elastic job: the watch of %s ended (%s); watching again", self.where, item[1])
+            elif isinstance(item, WatchEnded) and item.watcher is self.watcher:
+                log.debug("elastic job: the watch of %s ended (%s); watching again", self.where, item.reason)
                 self.watcher = None
-            elif item[0] == "report":
-                self._report(*item[1:])
-            elif item[0] == "leave":
-                self.stopping = True
-                return
         if self.stopping:
             return
         self._renew()
@@ -286,8 +268,8 @@ class EtcdLink:
         revision, entries = self.client.range(start, end)
         self.mirror = {e.key: e for e in entries}
         holder: list = []
-        watcher = self.client.watch(start, revision + 1, lambda events: self.waker.put(("events", events)),
-                                    lambda reason: self.waker.put(("ended", reason, holder[0] if holder else None)),
+        watcher = self.client.watch(start, revision + 1, lambda events: self.waker.put(WatchEvents(events)),
+                                    lambda reason: self.waker.put(WatchEnded(reason, holder[0] if holder else None)),
                                     end)
         holder.append(watcher)
         self.watcher = watcher

@@ -17,8 +17,8 @@ import logging
 import signal
 from typing import Callable, Optional, Tuple
 
-from launcher.nodes import messages as m
-from launcher.nodes.elastic_link import JobOver, Link, StopOrder
+from launcher.nodes.transport import messages as m
+from launcher.nodes.elastic.link import JobOver, Link, StopOrder
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.plan.model import Plan

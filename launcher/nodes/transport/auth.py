@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from launcher.nodes.wire import ProtocolError
+from launcher.nodes.transport.wire import ProtocolError
 
 TOKEN_VAR = "LAUNCHER_JOB_TOKEN"
 TAG = 32  # bytes of HMAC-SHA256 ahead of every message body of a session

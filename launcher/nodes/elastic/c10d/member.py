@@ -1,152 +1,51 @@
-"""Joining an elastic job: which launcher keeps it, and every other launcher's link to that one.
+"""Every other launcher's link to node 0's keeper (the c10d backend): hello, heartbeats both ways, node 0's
+orders in ``inbox``.
 
-Every launcher of the job runs the same command line (``--nnodes MIN:MAX`` with a rendezvous
-endpoint HOST:PORT, no node rank). Each first tries to listen on the endpoint: the one that can is
-node 0 (as torchrun's c10d, where the first to bind hosts the rendezvous) and keeps the membership
-(``elastic_keeper``); the others connect to it, retrying every 0.2 s within ``join_timeout``. A
-joining launcher says hello with an id of its own, its host (its end of the connection) and its
-number of workers; both ends then send a heartbeat every ``keep_alive_interval``, and each counts
-the other gone when its connection closes or it is silent for ``heartbeat_timeout``.
-
-``form`` returns once this launcher's first round started (a standby waits until it takes a lost
-member's place); from then on the link's thread (``serve``) passes node 0's orders (stop the
-round's workers, the next round, the job's end) to the event loop's ``Inbox`` and node 0 what
-happened here. Node 0's launcher leaving ends the job on every node (exit 1, saying so).
-
-Messages are framed as the control channel frames them (``wire``). With a job token
-(LAUNCHER_JOB_TOKEN) both ends prove it: the hello on a nonce of the joining launcher's (a nonce
-proven once is refused again), node 0's admission on that same nonce. Every wait is bounded.
+A joining launcher says hello with an id of its own, its host (its end of the connection) and its
+number of workers, proving the job token (when there is one) on a nonce of its own; node 0 proves it
+back on the same nonce in its admission. Both ends then beat every ``keep_alive_interval`` (node 0
+beats every member at once, each answers), and each counts the other gone when its connection closes
+or it is silent for ``heartbeat_timeout``. Node 0's launcher leaving ends the job on every node.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import secrets
 import selectors
 import socket
-import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
-from launcher.errors import LaunchError
-from launcher.nodes import auth
-from launcher.nodes import membership as mb
-from launcher.nodes import messages as m
-from launcher.nodes import wire
-from launcher.nodes.elastic_keeper import Keeper
-from launcher.nodes.endpoint import BACKLOG
-from launcher.nodes.elastic_link import Inbox, JobOver, Link, StopOrder, member, members, thread_stopped
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, LinkBase, Report, StartFailed, StopOrder,
+                                         member, own_id, place_in)
+from launcher.nodes.transport import auth, messages as m, wire
+from launcher.nodes.transport.connection import RETRY_EVERY
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
 
-RETRY_EVERY = 0.2
 SEND_TIMEOUT = 2.0  # one small message to node 0; longer, and node 0 counts as gone
-JOIN_WAIT = 5.0  # how long close() waits for the link's thread
+REPORTS = {STOPPED: lambda r: m.Stopped(r.round), DONE: lambda r: m.RoundDone(r.round),
+           FAILED: lambda r: m.RoundFailed(r.round, r.code, r.reason)}
 
 
-class StartFailed(LaunchError):
-    """The first round never formed (too few nodes within join_timeout, node 0 gone, dropped): exit 1."""
-
-    exit_code = 1
-
-
-@dataclass(frozen=True)
-class Place:
-    """This launcher's place in a round."""
-
-    node_rank: int
-    nodes: int
-    world_size: int
-    hosts: tuple  # every member's host, by node rank
-    node_0: bool
-
-
-def place_in(round_: m.RoundStart, node_id: str) -> Optional[Place]:
-    """This launcher's place in ``round_`` (None: not a member)."""
-    mine = member(round_, node_id)
-    if mine is None:
-        return None
-    hosts = tuple(x[1] for x in members(round_))
-    return Place(mine[3], len(hosts), round_.world_size, hosts, mine[3] == 0)
-
-
-def own_id() -> str:
-    """An id unique to this launcher's run: its host name, process id and a random part."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-
-
-def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> Link:
-    """This launcher's link to the job's membership once its first round started (node 0's when it can
-    listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
-    proves on a nonce of its own. Its ``first`` is that round (None: a standby whose job ended with 0)."""
-    listener = listen(spec.host, spec.port)
-    if listener is None:
-        return join(spec, job_id, workers, token, clock)
-    return lead(listener, spec, job_id, workers, token, clock)
-
-
-def lead(listener: socket.socket, spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> Keeper:
-    """Node 0's link, once the first round started on ``listener`` (the endpoint's); StartFailed if it cannot."""
-    keeper = Keeper(listener, spec, job_id, mb.Node(own_id(), spec.host, workers), token, clock)
-    if keeper.first_round() is None:
-        keeper.close()
-        raise StartFailed(f"the elastic job did not start: {keeper.failed_start[1]}.")
-    return keeper
-
-
-def join(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> "MemberLink":
-    """Another launcher's link, once its first round started."""
-    return MemberLink(spec, job_id, workers, token, clock).join()
-
-
-def listen(host: str, port: int) -> Optional[socket.socket]:
-    """A listener on the endpoint, or None when another launcher holds it (or the host is not this machine's)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except OSError as e:
-        sock.close()
-        if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
-            return None
-        raise LaunchError(f"cannot listen on the rendezvous endpoint {host}:{port} ({e.strerror}); "
-                          "give another --rdzv-endpoint (the same on every node).") from None
-    sock.setblocking(False)
-    return sock
-
-
-# ---------------------------------------------------------------- another node
-
-
-class MemberLink:
+class MemberLink(LinkBase):
     """Another launcher's link to node 0: hello, heartbeats both ways, node 0's orders in ``inbox``."""
 
-    says_rounds = False
+    thread_name = "elastic-member"
 
     def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock) -> None:
+        super().__init__()
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
         self.nonce = ""
-        self.inbox = Inbox()
         self.sock: Optional[socket.socket] = None
         self.framer = wire.Framer(wire.sized_for(spec.max_nodes))  # a round lists every member
-        self.first: Optional[m.RoundStart] = None
         self.early: list = []  # node 0's messages that came with the first round
         self.heard = clock()  # when node 0 last said anything
         self.next_beat = clock()
         self.selector: Optional[selectors.BaseSelector] = None
-        self.waker: Optional[Inbox] = None
-        self.thread: Optional[threading.Thread] = None
-        self.stopping = False
 
     # ------------------------------------------------------------ until the first round
 
@@ -249,7 +148,6 @@ class MemberLink:
 
     def serve(self) -> None:
         self.selector = selectors.DefaultSelector()
-        self.waker = Inbox()
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ)
@@ -258,37 +156,20 @@ class MemberLink:
             if over is not None:
                 self.inbox.put(over)
                 self.stopping = True
-        self.thread = threading.Thread(target=self._serve, name="elastic-member", daemon=True)
-        self.thread.start()
-
-    def stopped(self, round_: int) -> None:
-        self.waker.put(m.Stopped(round_))
-
-    def done(self, round_: int) -> None:
-        self.waker.put(m.RoundDone(round_))
-
-    def failed(self, round_: int, code: int, reason: str) -> None:
-        self.waker.put(m.RoundFailed(round_, code, reason))
+        super().serve()
 
     def leave(self, code: int, reason: str) -> None:
         self.stopping = True  # its connection closes: node 0 counts this node out
-        if self.waker is not None:
-            self.waker.put(None)
+        super().leave(code, reason)
 
-    def close(self) -> None:
-        if self.inbox.read_fd is None:
-            return  # closed already
-        self.stopping = True
-        if thread_stopped(self.thread, self.waker, JOIN_WAIT):
-            if self.selector is not None:
-                self.selector.close()
-                self.waker.close()
-            self.sock.close()
-        self.inbox.close()
+    def release(self) -> None:
+        if self.selector is not None:
+            self.selector.close()
+        self.sock.close()
 
     # ------------------------------------------------------------ the link's thread
 
-    def _serve(self) -> None:
+    def run(self) -> None:
         over = None
         try:
             while over is None and not self.stopping:
@@ -311,9 +192,9 @@ class MemberLink:
         wait = max(0.0, min(self.next_beat, self.heard + self.spec.rendezvous.heartbeat_timeout) - now)
         for key, _ in self.selector.select(min(wait, 1.0)):
             if key.fileobj == self.waker.read_fd:
-                for message in self.waker.take():
-                    if message is not None:
-                        self._send(message)
+                for item in self.waker.take():
+                    if isinstance(item, Report):
+                        self._send(REPORTS[item.kind](item))
                 continue
             over = self._read()
             if over is not None:

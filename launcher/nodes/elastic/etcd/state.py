@@ -28,9 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from urllib.parse import quote, unquote
 
-from launcher.nodes import auth
-from launcher.nodes import membership as mb
-from launcher.nodes import messages as m
+from launcher.nodes.transport import auth
+from launcher.nodes.elastic import membership as mb
+from launcher.nodes.elastic.model import round_start
+from launcher.nodes.transport import messages as m
 from launcher.plan.elastic import ElasticSpec
 
 ROOT = "/launcher/"
@@ -300,11 +301,6 @@ def view(record: Record, node_id: str) -> View:
     stop = record.stop if record.stop is not None and current is not None and record.stop[0] == current.number else None
     standby = any(n.node_id == node_id for n in s.standbys)
     return View(start, stop, over, None, standby, number, over is not None)
-
-
-def round_start(round_: mb.Round) -> m.RoundStart:
-    members = [[x.node.node_id, x.node.host, x.node.workers, x.node_rank, x.first_rank] for x in round_.members]
-    return m.RoundStart(round_.number, members, round_.world_size, round_.restarts, mb.describe(round_))
 
 
 # ---------------------------------------------------------------- the parts

@@ -24,8 +24,9 @@ The rules:
 - A membership change spends no restart: ``max_restarts`` counts worker failures only. A worker
   failure of the running round spends one and re-forms the round with the same members; none left,
   the job ends with the failure's code. With ``failed_node_leaves`` (Paddle's ``--elastic_level 0``)
-  the failing node leaves instead (its launcher ends with that code) and the others re-form. In etcd
-  (leases find a loss after ``heartbeat_timeout``) the verdict waits that long: a loss explains it.
+  the failing node leaves instead (its launcher ends with that code) and the others re-form. Where the
+  backend finds some losses late (``spec.failure_grace``: etcd's leases), the verdict waits that long,
+  since a loss found meanwhile explains the failure and spends no restart.
 - Below MIN, node 0 waits up to ``join_timeout`` for nodes to join (a lost node comes back as a new
   one, with a new id), then ends the job with code 1, naming the nodes lost.
 """
@@ -34,8 +35,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Tuple, Union
+from typing import Mapping, Optional, Tuple
 
+from launcher.nodes.elastic.model import (Action, Admit, Closed, Drop, EndJob, Event, Heartbeat, JobEnded,  # noqa: F401
+                                          JoinAsked, Member, Node, Refuse, Round, RoundDone, StartRound, StopWorkers,
+                                          TimePassed, WorkerFailed, WorkersStopped, describe)
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
@@ -43,157 +47,6 @@ WAITING = "waiting"  # no round runs: before the first, or fewer than MIN nodes 
 REFORMING = "reforming"  # the last round's members are stopping their workers; the next round follows
 RUNNING = "running"
 ENDED = "ended"
-
-
-# ---------------------------------------------------------------- who
-
-
-@dataclass(frozen=True)
-class Node:
-    """A launcher of the job as it introduced itself: an id it made (unique to that launcher's run),
-    its host, its number of workers."""
-
-    node_id: str
-    host: str
-    workers: int
-
-    @property
-    def label(self) -> str:
-        return f"node {self.node_id} ({self.host})"
-
-
-@dataclass(frozen=True)
-class Member:
-    node: Node
-    node_rank: int
-    first_rank: int  # the global rank of its local rank 0
-
-
-@dataclass(frozen=True)
-class Round:
-    """One round of the job, as every node starts it and the console and ``launcher status`` show it."""
-
-    number: int  # 1, 2, ...
-    members: tuple  # Member, by node rank
-    world_size: int
-    why: str  # what ended the round before: "start" (none), "lost", "joined", "restart"
-    joined: tuple = ()  # Node: those not in the round before
-    left: tuple = ()  # (Node, reason): those lost since the round before
-    restarts: int = 0  # worker failures spent so far (TORCHELASTIC_RESTART_COUNT)
-
-    def member(self, node_id: str) -> Optional[Member]:
-        return next((m for m in self.members if m.node.node_id == node_id), None)
-
-
-def describe(round_: Round) -> str:
-    """A round in one line, for every node's console and log."""
-    parts = [f"round {round_.number} ({round_.why}): {len(round_.members)} node(s), world size {round_.world_size}"]
-    if round_.left:
-        parts.append("left: " + ", ".join(f"{node.label} ({reason})" for node, reason in round_.left))
-    if round_.joined and round_.number > 1:
-        parts.append("joined: " + ", ".join(node.label for node in round_.joined))
-    return "; ".join(parts)
-
-
-# ---------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class JoinAsked:
-    node: Node
-    job_id: str  # the job it says it belongs to
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    node_id: str = ""
-    at: Optional[Mapping[str, float]] = None  # many heartbeats in one event: node id -> when node 0 heard it
-
-
-@dataclass(frozen=True)
-class Closed:
-    node_id: str  # its connection to node 0 closed (with etcd: its key is gone)
-    reason: str = "its connection closed"
-
-
-@dataclass(frozen=True)
-class WorkersStopped:
-    node_id: str
-    round: int  # its workers of this round are all gone
-
-
-@dataclass(frozen=True)
-class RoundDone:
-    node_id: str
-    round: int  # its workers of this round all finished (exit code 0)
-
-
-@dataclass(frozen=True)
-class WorkerFailed:
-    node_id: str
-    round: int
-    code: int  # the exit code the job ends with if it cannot restart
-    reason: str  # one sentence: which worker, how
-
-
-@dataclass(frozen=True)
-class JobEnded:
-    code: int  # the job is over (its workers finished, or node 0 was told to stop)
-    reason: str
-
-
-@dataclass(frozen=True)
-class TimePassed:
-    pass  # a deadline of the state may have come
-
-
-Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, RoundDone, WorkerFailed, JobEnded, TimePassed]
-
-
-# ---------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class Admit:
-    node_id: str
-    standby: bool = False  # a standby waits for a member's place; a member waits for the next round
-
-
-@dataclass(frozen=True)
-class Refuse:
-    node_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Node 0 counts this node out: it closes its connection, and that launcher stops its workers and ends."""
-
-    node_id: str
-    code: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class StopWorkers:
-    round: int
-    nodes: tuple  # node ids, by node rank: the round's members still in the job
-    reason: str
-
-
-@dataclass(frozen=True)
-class StartRound:
-    round: Round  # to each of its members
-
-
-@dataclass(frozen=True)
-class EndJob:
-    code: int
-    reason: str
-    nodes: tuple  # node ids: every member and standby
-
-
-Action = Union[Admit, Refuse, Drop, StopWorkers, StartRound, EndJob, Say]
 
 
 # ---------------------------------------------------------------- state
@@ -218,7 +71,7 @@ class State:
     min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
     end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
     done: frozenset = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
-    failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss (etcd)
+    failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss
 
     @property
     def round(self) -> Optional[Round]:
@@ -243,7 +96,7 @@ def next_deadline(state: State) -> Optional[float]:
     if state.unstopped:
         times.append(state.stop_began + state.spec.rendezvous.close_timeout)
     if state.failure is not None:
-        times.append(state.failure[1] + _grace(state.spec))
+        times.append(state.failure[1] + state.spec.failure_grace)
     if state.phase == WAITING and len(state.members) < state.spec.min_nodes:
         times.append(state.wait_began + state.spec.rendezvous.join_timeout)
     elif state.phase == WAITING and state.min_reached is not None:
@@ -252,9 +105,6 @@ def next_deadline(state: State) -> Optional[float]:
 
 
 # ---------------------------------------------------------------- rules
-
-def _grace(spec: ElasticSpec) -> float:  # how long a failure's verdict waits for a loss that explains it
-    return spec.rendezvous.heartbeat_timeout if spec.backend == "etcd" else 0.0
 
 
 def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
@@ -376,7 +226,7 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
         state, actions = _lose(state, event.node_id, f"{event.reason}; it leaves the job (--elastic_level 0)", now)
         return state, (Drop(event.node_id, event.code, event.reason),) + actions
-    if _grace(state.spec):
+    if state.spec.failure_grace:  # the backend finds some losses late: one may yet explain this failure
         return _reform(replace(state, failure=(event, now)), "restart", f"{event.reason}: stopping the round", now)
     spent, most = state.restarts, state.spec.max_restarts
     if spent < most and not state.spec.failed_node_leaves:  # node 0, which cannot leave, ends the job instead
@@ -462,7 +312,7 @@ def _on_time(state: State, now: float):
             and now >= state.wait_began + rendezvous.join_timeout:
         state, more = _end(state, 1, _gave_up(state))
         return state, actions + more
-    if state.failure is not None and now >= state.failure[1] + _grace(state.spec) and state.phase != ENDED:
+    if state.failure is not None and now >= state.failure[1] + state.spec.failure_grace and state.phase != ENDED:
         state, more = _verdict(state, now)
         actions += more
     if state.phase == ENDED:

@@ -164,13 +164,27 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class Seat:
+    """A member's place in a round, as the round's message carries it (on the wire: a list of the five)."""
+
+    node_id: str
+    host: str
+    workers: int
+    node_rank: int
+    first_rank: int  # the global rank of its local rank 0
+
+    def as_list(self) -> list:
+        return [self.node_id, self.host, self.workers, self.node_rank, self.first_rank]
+
+
+@dataclass(frozen=True)
 class RoundStart:
-    """Node 0 to each member: the round to start; ``members`` as [id, host, workers, node_rank, first_rank]
-    (None off the wire: not a list of such)."""
+    """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
+    seats)."""
 
     type: ClassVar[str] = "round"
     number: Optional[int]
-    members: Optional[list]
+    members: Optional[tuple]  # Seat
     world_size: Optional[int]
     restarts: Optional[int]
     text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
@@ -263,7 +277,11 @@ def to_wire(message: Message) -> dict:
         value = getattr(message, f.name)
         if value is None and f.name in OMITTED_WHEN_NONE:
             continue
-        wire[f.name] = value.as_dict() if isinstance(value, Cause) else value
+        if isinstance(value, Cause):
+            value = value.as_dict()
+        elif isinstance(value, tuple) and all(isinstance(item, Seat) for item in value):
+            value = [item.as_list() for item in value]
+        wire[f.name] = value
     return wire
 
 
@@ -300,15 +318,15 @@ def as_flag(value) -> Optional[bool]:
     return value if isinstance(value, bool) else None
 
 
-def as_members(value) -> Optional[list]:
-    """A round's members: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
+def as_members(value) -> Optional[tuple]:
+    """A round's seats: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
     if not isinstance(value, list):
         return None
     for item in value:
         if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
                 and all(type(x) is int for x in item[2:])):
             return None
-    return value
+    return tuple(Seat(*item) for item in value)
 
 
 def _hello(m: dict) -> Hello:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 from launcher.errors import LaunchError
-from launcher.nodes.coordinator import Follower, Leader, Solo
-from launcher.nodes.hub import Hub
-from launcher.nodes.messages import Identity
-from launcher.nodes.spoke import Spoke
+from launcher.nodes.static.coordinator import Follower, Leader, Solo
+from launcher.nodes.static.hub import Hub
+from launcher.nodes.transport.messages import Identity
+from launcher.nodes.static.spoke import Spoke
 from launcher.plan.model import Plan
 
 

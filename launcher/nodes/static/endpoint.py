@@ -7,26 +7,12 @@ import selectors
 import time
 from typing import Optional
 
-from launcher.nodes.auth import TOKEN_VAR
-from launcher.nodes.channel import Lost, Received
-from launcher.nodes.messages import Beat, Identity, Message, from_wire, to_wire
-from launcher.nodes.wire import ProtocolError
+from launcher.nodes.transport.auth import TOKEN_VAR
+from launcher.nodes.static.channel import Lost, Received
+from launcher.nodes.transport.messages import Beat, Identity, Message, from_wire, to_wire
+from launcher.nodes.transport.connection import HELLO_TIMEOUT
+from launcher.nodes.transport.wire import ProtocolError
 from launcher.output.messages import log
-
-HELLO_TIMEOUT = 5.0
-MAX_PENDING = 64  # connections not yet introduced, at the least; more are closed at once (the oldest first)
-# The accept queue of node 0's listeners (the kernel caps it at net.core.somaxconn): as many launchers as join at
-# once wait there. A shorter queue drops the connections past it, which the kernel then retries after 1, 3, 7, 15 s.
-BACKLOG = 4096
-RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
-RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
-
-
-def pending_cap(nodes: int) -> int:
-    """How many connections may wait for their hello: every node of the job may come at once (a burst of
-    thousands of launchers is not a flood), and silent strangers past that push the oldest out."""
-    return max(MAX_PENDING, nodes)
-
 
 class Endpoint:
     """What node 0's hub and the other nodes' spoke share: heartbeats and the selector's part."""

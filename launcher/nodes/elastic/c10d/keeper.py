@@ -14,23 +14,22 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher.nodes import auth
-from launcher.nodes import membership as mb
-from launcher.nodes import messages as m
-from launcher.nodes import wire
-from launcher.nodes.elastic_link import Inbox, JobOver, StopOrder, thread_stopped
-from launcher.nodes.endpoint import pending_cap
+from launcher.nodes.transport import auth
+from launcher.nodes.elastic import membership as mb
+from launcher.nodes.elastic.model import round_start
+from launcher.nodes.transport import messages as m
+from launcher.nodes.transport import wire
+from launcher.nodes.elastic.link import DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, StopOrder
+from launcher.nodes.transport.connection import pending_cap
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
 SEND_TIMEOUT = 2.0  # one small message to a peer; longer, and the peer counts as gone
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
-JOIN_WAIT = 5.0  # how long close() waits for the keeper's thread
 BEAT = wire.encode(m.to_wire(m.Beat()))
 BEAT_BODY = BEAT[wire.LENGTH.size:]
 
@@ -43,31 +42,29 @@ class _Peer:
     nonce: str = ""  # of its hello: node 0 proves the job token on it
 
 
-class Keeper:
+class Keeper(LinkBase):
     """Node 0's link: the membership, its connections, and node 0's own orders in ``inbox``."""
 
     says_rounds = True
+    thread_name = "elastic-keeper"
+    join_wait = JOIN_WAIT + CLOSE_WAIT
 
     def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
+        super().__init__()
         self.listener, self.spec, self.clock, self.token, self.job_id = listener, spec, clock, token, job_id
         self.node_id = me.node_id
         self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
-        self.waker = Inbox()
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
-        self.inbox = Inbox()
         self.peers: dict = {}  # fd -> _Peer
         self.fds: dict = {}  # node id -> fd, for the peers that said hello
         self.heard: dict = {}  # node id -> when it was last heard, since the membership was last told
         self.deadline: Optional[float] = None  # the membership's next deadline (None: to compute afresh)
         self.stalled = False  # the last turn took longer than a heartbeat interval
-        self.first: Optional[m.RoundStart] = None
         self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
         self.over = False  # the job ended: no more rounds
-        self.stopping = False  # close() was called
         self.next_beat = clock()
-        self.thread: Optional[threading.Thread] = None
         self.state, actions = mb.begin(spec, me, job_id, clock())
         self.carry_out(actions)
 
@@ -85,35 +82,13 @@ class Keeper:
             self.close_all(wait_for_them=True)  # closed first, unread beats would reset them: Dropped lost
         return self.first
 
-    def serve(self) -> None:
-        self.thread = threading.Thread(target=self._serve, name="elastic-keeper", daemon=True)
-        self.thread.start()
-
-    def stopped(self, round_: int) -> None:
-        self.waker.put(mb.WorkersStopped(self.node_id, round_))
-
-    def done(self, round_: int) -> None:
-        self.waker.put(mb.RoundDone(self.node_id, round_))
-
-    def failed(self, round_: int, code: int, reason: str) -> None:
-        self.waker.put(mb.WorkerFailed(self.node_id, round_, code, reason))
-
-    def leave(self, code: int, reason: str) -> None:
-        self.waker.put(mb.JobEnded(code, reason))
-
-    def close(self) -> None:
-        if self.inbox.read_fd is None:
-            return  # closed already
-        self.stopping = True
-        if thread_stopped(self.thread, self.waker, JOIN_WAIT + CLOSE_WAIT):
-            self.close_all(wait_for_them=False)
-            self.waker.close()
-            self.selector.close()
-        self.inbox.close()
+    def release(self) -> None:
+        self.close_all(wait_for_them=False)
+        self.selector.close()
 
     # ------------------------------------------------------------ the keeper's thread
 
-    def _serve(self) -> None:
+    def run(self) -> None:
         try:
             while not self.stopping:
                 self.serve_once()
@@ -132,9 +107,9 @@ class Keeper:
             if key.fileobj is self.listener:
                 self.accept()
             elif key.fileobj == self.waker.read_fd:
-                for event in self.waker.take():
-                    if event is not None:
-                        self.decide(event)
+                for item in self.waker.take():
+                    if item is not None:
+                        self.decide(self.event_of(item))
             else:
                 self.read(key.fileobj.fileno())
         if self.clock() - began > self.spec.rendezvous.keep_alive_interval:
@@ -146,6 +121,16 @@ class Keeper:
         self.beat()
         if self.clock() >= self.next_deadline():
             self.decide(mb.TimePassed())
+
+    def event_of(self, item):
+        """What this node's event loop reported, as the membership's event."""
+        if isinstance(item, Leave):
+            return mb.JobEnded(item.code, item.reason)
+        if item.kind == STOPPED:
+            return mb.WorkersStopped(self.node_id, item.round)
+        if item.kind == DONE:
+            return mb.RoundDone(self.node_id, item.round)
+        return mb.WorkerFailed(self.node_id, item.round, item.code, item.reason)
 
     def next_deadline(self) -> float:
         if self.deadline is None:
@@ -207,8 +192,7 @@ class Keeper:
                 self.send_to(node_id, encoded)
 
     def start_round(self, round_: mb.Round) -> None:
-        members = [[x.node.node_id, x.node.host, x.node.workers, x.node_rank, x.first_rank] for x in round_.members]
-        start = m.RoundStart(round_.number, members, round_.world_size, round_.restarts, mb.describe(round_))
+        start = round_start(round_)
         encoded = wire.encode(m.to_wire(start))  # once: the same bytes go to every member
         for x in round_.members:
             if x.node.node_id != self.node_id:

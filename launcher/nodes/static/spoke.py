@@ -10,12 +10,13 @@ import socket
 import time
 from typing import Optional
 
-from launcher.nodes.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
-from launcher.nodes.channel import Joined, NeverJoined
-from launcher.nodes.connection import Connection, tune
-from launcher.nodes.endpoint import RETRY_EVERY, RETRY_REFUSED, Endpoint
-from launcher.nodes.wire import MAX_FRAME
-from launcher.nodes.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
+from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
+from launcher.nodes.static.channel import Joined, NeverJoined
+from launcher.nodes.transport.connection import Connection, tune
+from launcher.nodes.static.endpoint import Endpoint
+from launcher.nodes.transport.connection import RETRY_EVERY, RETRY_REFUSED
+from launcher.nodes.transport.wire import MAX_FRAME
+from launcher.nodes.transport.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
 from launcher.plan.policy import one_line
 

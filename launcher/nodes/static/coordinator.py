@@ -25,8 +25,8 @@ from __future__ import annotations
 import signal
 from typing import Callable, Optional, Tuple, Union
 
-from launcher.nodes import messages
-from launcher.nodes.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
+from launcher.nodes.transport import messages
+from launcher.nodes.static.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.plan.model import Plan

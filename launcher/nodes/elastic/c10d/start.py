@@ -1,0 +1,79 @@
+"""Forming a c10d elastic job's link: which launcher keeps the membership, and the others' links to it.
+
+Every launcher of the job runs the same command line (``--nnodes MIN:MAX`` with a rendezvous
+endpoint HOST:PORT, no node rank). Each first tries to listen on the endpoint: the one that can is
+node 0 (as torchrun's c10d, where the first to bind hosts the rendezvous) and keeps the membership
+(``elastic_keeper``); the others connect to it, retrying every 0.2 s within ``join_timeout``. A
+joining launcher says hello with an id of its own, its host (its end of the connection) and its
+number of workers; both ends then send a heartbeat every ``keep_alive_interval``, and each counts
+the other gone when its connection closes or it is silent for ``heartbeat_timeout``.
+
+``form`` returns once this launcher's first round started (a standby waits until it takes a lost
+member's place); from then on the link's thread (``serve``) passes node 0's orders (stop the
+round's workers, the next round, the job's end) to the event loop's ``Inbox`` and node 0 what
+happened here. Node 0's launcher leaving ends the job on every node (exit 1, saying so).
+
+Messages are framed as the control channel frames them (``wire``). With a job token
+(LAUNCHER_JOB_TOKEN) both ends prove it: the hello on a nonce of the joining launcher's (a nonce
+proven once is refused again), node 0's admission on that same nonce. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from typing import Callable, Optional
+
+from launcher.errors import LaunchError
+from launcher.nodes.elastic import membership as mb
+from launcher.nodes.elastic.c10d.keeper import Keeper
+from launcher.nodes.elastic.c10d.member import MemberLink
+from launcher.nodes.elastic.link import Link, StartFailed, own_id
+from launcher.nodes.transport.connection import BACKLOG
+from launcher.plan.elastic import ElasticSpec
+
+
+def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock: Callable[[], float] = time.monotonic) -> Link:
+    """This launcher's link to the job's membership once its first round started (node 0's when it can
+    listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
+    proves on a nonce of its own. Its ``first`` is that round (None: a standby whose job ended with 0)."""
+    listener = listen(spec.host, spec.port)
+    if listener is None:
+        return join(spec, job_id, workers, token, clock)
+    return lead(listener, spec, job_id, workers, token, clock)
+
+
+def lead(listener: socket.socket, spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock: Callable[[], float] = time.monotonic) -> Keeper:
+    """Node 0's link, once the first round started on ``listener`` (the endpoint's); StartFailed if it cannot."""
+    keeper = Keeper(listener, spec, job_id, mb.Node(own_id(), spec.host, workers), token, clock)
+    if keeper.first_round() is None:
+        keeper.close()
+        raise StartFailed(f"the elastic job did not start: {keeper.failed_start[1]}.")
+    return keeper
+
+
+def join(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
+         clock: Callable[[], float] = time.monotonic) -> MemberLink:
+    """Another launcher's link, once its first round started."""
+    return MemberLink(spec, job_id, workers, token, clock).join()
+
+
+def listen(host: str, port: int) -> Optional[socket.socket]:
+    """A listener on the endpoint, or None when another launcher holds it (or the host is not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as e:
+        sock.close()
+        if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            return None
+        raise LaunchError(f"cannot listen on the rendezvous endpoint {host}:{port} ({e.strerror}); "
+                          "give another --rdzv-endpoint (the same on every node).") from None
+    sock.setblocking(False)
+    return sock
