@@ -34,7 +34,7 @@ def refused(env, host=GPU4, **opts) -> str:
 
 
 def test_registry_names_match_the_command_line_choices():
-    from launcher.cli.main import CLUSTER_ENVS
+    from launcher.cli.options import CLUSTER_ENVS
 
     assert registry.names() == CLUSTER_ENVS
     assert list(registry.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]

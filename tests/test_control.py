@@ -143,11 +143,13 @@ def test_silence_is_a_lost_node_after_the_heartbeat_timeout():
     spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)
     try:
         pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
-        started = time.monotonic()
-        events = pump([hub], 4, until=lambda ev: ev)  # the spoke is no longer driven: silent
+        events = pump([hub], 120, until=lambda ev: ev)  # the spoke is no longer driven: silent (120 s: a hang guard)
         assert len(events) == 1 and isinstance(events[0], Lost)
         assert "node 1 (127.0.0.2) lost: no heartbeat for" in events[0].reason
-        assert 0.9 <= time.monotonic() - started < 2.5
+        # not before the timeout: the silence it names is on the hub's own clock, which a busy machine's lag
+        # does not count (how soon after the timeout a silent node is found: bench/scale.py, performance.md)
+        silence = float(events[0].reason.split("no heartbeat for ")[1].split(" s")[0])
+        assert silence >= 1.0, events[0].reason
     finally:
         hub.close()
         spoke.close()
@@ -184,10 +186,12 @@ def test_strangers_are_dropped_and_the_hub_goes_on():
             assert closed_by_peer(s)
         spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token=None)
         try:  # the 64 silent strangers still waiting for their hello do not keep the node out
-            started = time.monotonic()
-            events = pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
+            pushed_out = hub.dropped
+            events = pump([hub, spoke], 120, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
             assert sum(isinstance(e, Joined) for e in events) == 2
-            assert time.monotonic() - started < HELLO_TIMEOUT - 2
+            # the node's connection pushed the oldest stranger out: it came in while they still waited
+            # for their hello, not once their HELLO_TIMEOUT had passed
+            assert hub.dropped > pushed_out
         finally:
             spoke.close()
     finally:
@@ -206,10 +210,10 @@ def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
     other = Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
     spoke = Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token=None)
     try:
-        started = time.monotonic()
-        events = pump([hub, spoke], 5, until=lambda ev: ev)
-        assert time.monotonic() - started < 3
+        events = pump([hub, spoke], 120, until=lambda ev: ev)  # 120 s: a hang guard
         assert len(events) == 1 and isinstance(events[0], NeverJoined)
+        # at once: on the refusal, not at the join timeout (30 s) after trying again
+        assert spoke.gave_up and "never answered" not in events[0].reason
         assert "refused this node: its script is '-u other.py', this job's is '-u train.py'" in events[0].reason
     finally:
         hub.close()

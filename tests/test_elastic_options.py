@@ -5,7 +5,7 @@ import pytest
 
 from launcher.errors import LaunchError
 from launcher.plan import elastic
-from launcher.plan.elastic import ElasticSpec, Rendezvous
+from launcher.plan.elastic_spec import ElasticSpec, Rendezvous
 from launcher.plan.etcd import EtcdSpec
 
 

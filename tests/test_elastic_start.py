@@ -206,9 +206,11 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     first = hello(token="s3cret", node_id="first")
     sock = socket.create_connection((HOST, port), timeout=10)
     sock.sendall(first)  # joins, and stays
-    from launcher.nodes.transport.auth import admission_proof
-    assert m.from_wire(wire.Framer().feed(sock.recv(65536))[0]) == m.Admitted(False, admission_proof(
-        "s3cret", "a" * 32, "job", "first"))  # node 0 proves the token on the joiner's nonce
+    from launcher.nodes.transport.auth import admission_proof, fresh_nonce
+    admitted = m.from_wire(wire.decode(wire.Framer().bodies(sock.recv(65536))[0]))  # sealed beats may follow
+    assert fresh_nonce(admitted.keeper_nonce)  # node 0's own nonce, for their session
+    assert admitted == m.Admitted(False, admission_proof(  # node 0 proves the token on the joiner's nonce and its own
+        "s3cret", "a" * 32, "job", "first", admitted.keeper_nonce), admitted.keeper_nonce)
     assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
     place = joined(spec, "job", 1, "s3cret")
     thread.join(10)

@@ -3,11 +3,11 @@
 import dataclasses
 import json
 import os
-import time
 
 import pytest
 
 from launcher.output import console
+from launcher.output import console_stream
 from launcher.output import lines
 from launcher.output import log_files
 from launcher.output import reports
@@ -103,13 +103,17 @@ def test_two_descriptors_of_one_file_share_one_console_buffer():
 
 
 def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
+    import threading
+
     r, w = os.pipe()
     try:
         os.write(w, b"last line\n")
-        started = time.monotonic()
-        assert sinks._left_in(r) == b"last line\n"  # the write end is still open
-        assert sinks._left_in(r) == b""
-        assert time.monotonic() - started < 1
+        got = []  # the write end is still open: a read that waited for its writer would never return
+        reader = threading.Thread(target=lambda: got.extend([sinks._left_in(r), sinks._left_in(r)]), daemon=True)
+        reader.start()
+        reader.join(120)  # a hang guard
+        assert not reader.is_alive(), "_left_in waits for the pipe's writer"
+        assert got == [b"last line\n", b""]
     finally:
         os.close(r)
         os.close(w)
@@ -129,7 +133,7 @@ def test_a_stream_that_cannot_be_written_any_more_is_dropped_once_without_an_err
     r, w = os.pipe()
     os.close(r)
     lost = []
-    s = console._Stream(w, lambda stream, e: lost.append(e.errno))
+    s = console_stream.Stream(w, lambda stream, e: lost.append(e.errno))
     try:
         s.pending += b"x" * 100_000
         s.push()
@@ -158,11 +162,11 @@ def test_a_line_redrawn_in_place_is_its_last_state_and_only_that_is_kept():
 
 
 def test_a_live_line_is_cut_to_the_terminal_width_counting_what_shows():
-    assert console.fit(b"x" * 100, 0) == b"x" * 100  # no width known
-    assert console.fit(b"x" * 100, 40) == b"x" * 39
-    assert console.fit("\u2588".encode() * 50, 40) == "\u2588".encode() * 39  # 3 bytes, one column each
-    assert console.fit("\u4e2d".encode() * 50, 40) == "\u4e2d".encode() * 19  # two columns each
-    assert console.fit(b"\x1b[32m" + b"y" * 50, 11) == b"\x1b[32m" + b"y" * 10  # colour takes no column
+    assert console_stream.fit(b"x" * 100, 0) == b"x" * 100  # no width known
+    assert console_stream.fit(b"x" * 100, 40) == b"x" * 39
+    assert console_stream.fit("\u2588".encode() * 50, 40) == "\u2588".encode() * 39  # 3 bytes, one column each
+    assert console_stream.fit("\u4e2d".encode() * 50, 40) == "\u4e2d".encode() * 19  # two columns each
+    assert console_stream.fit(b"\x1b[32m" + b"y" * 50, 11) == b"\x1b[32m" + b"y" * 10  # colour takes no column
 
 
 class FakeTerminal:
@@ -183,7 +187,7 @@ class FakeTerminal:
 def terminal(monkeypatch):
     """(a FakeTerminal, a Console that takes it for a terminal); both closed after the test."""
     term = FakeTerminal()
-    monkeypatch.setattr(console.os, "isatty", lambda fd: fd == term.w)
+    monkeypatch.setattr(console_stream.os, "isatty", lambda fd: fd == term.w)
     c = console.Console()
     yield term, c
     c.reset()

@@ -4,8 +4,10 @@ and asserts on what node 0 ordered (rounds and their ranks, stops, refusals, the
 socket, no clock: each test runs in milliseconds."""
 
 import logging
+from dataclasses import replace
 
 from launcher.nodes.elastic import membership as m
+from launcher.nodes.elastic.etcd import state as es
 from launcher.nodes.elastic.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
                                        StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped)
 from launcher.plan.elastic import ElasticSpec, Rendezvous
@@ -485,3 +487,57 @@ def test_words_for_the_console_are_at_the_right_level():
     levels = {a.text: a.level for a in h.actions if isinstance(a, Say)}
     assert levels["node n1 (10.0.0.2) lost: its connection closed"] == logging.WARNING
     assert levels["round 1 (start): 2 node(s), world size 4"] == logging.INFO
+
+
+# ---------------------------------------------------------------- found by tests/test_membership_properties.py
+
+
+def test_a_last_call_over_while_a_stop_is_awaited_sets_no_deadline_in_the_past():
+    """The last call ended while node 0's own stop was still awaited: ``next_deadline`` was the last call's, in the
+    past, and node 0's keeper turned without waiting (a busy loop, up to close_timeout)."""
+    h = History(spec(2, 3))
+    h.running(0.0, N1)
+    h.at(5.0, Closed("n1"))
+    h.at(6.0, join(N2))
+    assert h.at(8.0, Heartbeat("n2"), TimePassed()) == []  # the last call is over; node 0's stop holds the round
+    assert m.next_deadline(h.state) == 8.0 + SILENCE  # n2's silence, not the last call (7.0)
+    assert ranks(started(h.stopped(8.5, N0))[0]) == [("n0", 0, 0), ("n2", 1, 2)]
+
+
+def test_silent_nodes_found_together_before_a_round_make_one_round_not_one_started_and_stopped():
+    """The first silence found started the round with the next silent node in it, which stopped it at once."""
+    h = History(spec(1, 5))
+    h.at(0.0, join(N1), join(N2), join(N3))
+    h.beat(2.0, N3)
+    actions = h.at(3.5, TimePassed())  # the last call is long over; n1 and n2 silent since 0.0
+    assert [type(a) for a in actions] == [Drop, Drop, StartRound]
+    assert ranks(started(actions)[0]) == [("n0", 0, 0), ("n3", 1, 2)]
+
+
+def test_elastic_level_0_with_etcd_node_0s_worker_failure_ends_the_job_as_with_c10d():
+    """With etcd the verdict on a failure waits for a loss (failure_grace); node 0's own, with --elastic_level 0,
+    then spent a restart, where c10d ends the job: node 0 cannot leave it."""
+    h = History(replace(spec(1, 3, restarts=2, failed_node_leaves=True), backend="etcd"))
+    h.running(0.0, N1)
+    assert stops(h.at(1.0, WorkerFailed("n0", 1, 5, "rank 0 failed (exit code 5)")))  # a loss may yet explain it
+    h.stopped(1.5, N0, N1)
+    h.beat(2.5, N1)
+    assert h.at(1.0 + SILENCE, TimePassed()) == [
+        EndJob(5, "rank 0 failed (exit code 5) (restarts spent: 0 of 2)", ("n0", "n1"))]
+
+
+def test_a_keeper_that_took_over_is_never_dropped_for_its_own_silence():
+    """A record read back from etcd hears every node, the new keeper too: its silence was judged, and it was
+    dropped (its own orders: leave) while it kept the membership."""
+    spec_ = replace(spec(1, 2), backend="etcd")
+    h = History(spec_)
+    h.running(0.0, N1)
+    theirs = es.decode(es.encode(es.Record(h.state), None, "job"), spec_, "job", None, 1.0)
+    alive = {"n1": es.Joiner(N1, 1, 2, True)}
+    record, _ = es.take_over(theirs, spec_, N1, "job", alive, 1.0)
+    h.state, _, _ = es.reconcile(record, alive, [], set(), 1.0)
+    h.state = h.state.state
+    assert h.state.keeper == "n1" and "n1" not in h.state.heard
+    [second] = started(h.stopped(1.5, N1))
+    assert ranks(second) == [("n1", 0, 0)]
+    assert h.at(100.0, TimePassed()) == [] and m.next_deadline(h.state) is None

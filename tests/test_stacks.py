@@ -13,12 +13,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 
 from launcher.output import reports
 from launcher.run import stacks
 from launcher.run.stacks import Stack
+from tests.conftest import wait_for
 
 needs_py_spy = pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy is not installed")
 
@@ -191,16 +193,29 @@ def fake_py_spy(tmp_path, monkeypatch, body):
 
 def test_a_py_spy_that_hangs_is_killed_at_the_shared_deadline(tmp_path, monkeypatch):
     fake_py_spy(tmp_path, monkeypatch, f'echo $$ >> {tmp_path}/pids; exec sleep 60')
+    pids_file = tmp_path / "pids"
+    # on a fake clock: each wait for a py-spy (they all hang) lasts its whole timeout
+    now, waits, real_wait = [0.0], [], subprocess.Popen.wait
+    monkeypatch.setattr(stacks, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+
+    def wait(proc, timeout=None):
+        if timeout is None:
+            return real_wait(proc)
+        waits.append(timeout)
+        wait_for(lambda: pids_file.exists() and len(pids_file.read_text().split()) == 3, timeout=120,
+                 what="the three py-spy to run")
+        now[0] += timeout
+        return real_wait(proc, timeout=0)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", wait)
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     try:
-        started = time.monotonic()
         taken = stacks.take({r: p.pid for r, p in enumerate(sleepers)}, timeout=1.0)
-        elapsed = time.monotonic() - started
     finally:
         for p in sleepers:
             p.kill()
             p.wait()
-    assert elapsed < 5, "one deadline for all, not one each"
+    assert waits == [1.0, 0.0, 0.0], "one deadline for all, not one each"
     assert [s.note for s in taken] == ["py-spy gave no stack within 1 s (the process may be stuck in the kernel)"] * 3
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     assert len(pids) == 3 and not any(os.path.exists(f"/proc/{p}") for p in pids)

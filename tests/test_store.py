@@ -18,8 +18,9 @@ from launcher.errors import LaunchError
 from launcher.plan import agent_store
 from launcher.plan.model import HostFacts, Interface, LaunchOptions
 from launcher.plan.planner import make_plan
-from launcher.run import store, tcpstore
-from launcher.run.tcpstore import Query
+from launcher.run import store
+from launcher.run import tcpstore_protocol as protocol
+from launcher.run.tcpstore_protocol import Query
 
 PY = "/usr/bin/python3"
 TORCH_HOST = HostFacts(gpu_count=None, cpu_count=8, interfaces=(Interface("lo", "127.0.0.1", "255.0.0.0"),),
@@ -168,7 +169,7 @@ def sized(b: bytes) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-VALIDATE = frame(Query.VALIDATE, struct.pack("<I", tcpstore.MAGIC))
+VALIDATE = frame(Query.VALIDATE, struct.pack("<I", protocol.MAGIC))
 
 
 class Raw:
@@ -294,18 +295,64 @@ def test_a_truncated_request_then_silence_holds_nothing_up():
         good.close()
 
 
-def test_a_client_that_never_validates_is_let_go_after_a_while(monkeypatch):
-    monkeypatch.setattr(store, "VALIDATE_SECONDS", 0.5)
-    with served() as agent:
-        silent = Raw(agent.spec.port, validate=False)
-        start = time.monotonic()
-        assert silent.closed_by_store(timeout=10)
-        assert 0.4 < time.monotonic() - start < 5
-        validated = Raw(agent.spec.port)
-        time.sleep(1.0)
-        assert validated.ping() == 1234  # a validated client is never timed out
+def test_a_client_that_never_validates_is_let_go_after_a_while():
+    """On a fake clock: the store knows the time only from the ``now`` its loop gives it. A connection that
+    has not validated is let go VALIDATE_SECONDS after it came, not before; a validated one never is."""
+    import select
+
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    agent = store.AgentStore(agent_store.StoreSpec("127.0.0.1", held.getsockname()[1]), [held])
+    agent.listen()
+    agent.begin_attempt()
+    selector = selectors.DefaultSelector()
+
+    def turn(now, until=lambda: True):
+        """Turns of the launcher's loop at ``now``, at least one, until ``until()`` (120 s: a hang guard)."""
+        deadline = time.monotonic() + 120
+        while True:
+            for fd, events in agent.changes():
+                key = selector.get_map().get(fd)
+                if not events:
+                    if key is not None:
+                        selector.unregister(fd)
+                elif key is not None:
+                    selector.modify(fd, events)
+                else:
+                    selector.register(fd, events)
+            for key, mask in selector.select(0.02):
+                agent.ready(key.fd, mask, now)
+            agent.tick(now)
+            if until():
+                return
+            assert time.monotonic() < deadline, "the store's loop never got there"
+
+    came = 1000.0
+    silent = Raw(agent.spec.port, validate=False)
+    validated = Raw(agent.spec.port)
+    try:
+        turn(came, until=lambda: len(agent.clients) == 2 and len(agent.newcomers) == 1)
+        assert agent.next_deadline() == came + store.VALIDATE_SECONDS
+        turn(came + store.VALIDATE_SECONDS - 0.01)
+        assert len(agent.clients) == 2  # not before its time
+        turn(came + store.VALIDATE_SECONDS)
+        assert len(agent.clients) == 1 and not agent.newcomers
+        turn(came + store.VALIDATE_SECONDS)  # the loop lets go of the socket: closed
+        assert silent.closed_by_store(timeout=120)
+        later = came + 100 * store.VALIDATE_SECONDS
+        turn(later)
+        assert len(agent.clients) == 1  # a validated client is never timed out
+        validated.sock.sendall(frame(Query.PING, struct.pack("<I", 1234)))
+        turn(later, until=lambda: select.select([validated.sock], [], [], 0)[0])
+        assert struct.unpack("<I", validated.recv_exactly(4))[0] == 1234
+    finally:
         silent.close()
         validated.close()
+        agent.close()
+        agent.changes()
+        held.close()
+        selector.close()
 
 
 def test_a_client_that_never_reads_its_answers_is_bounded_and_blocks_no_one():
@@ -327,7 +374,7 @@ def test_a_client_that_never_reads_its_answers_is_bounded_and_blocks_no_one():
         assert writer.ping() == 1234 and writer.get(b"/none") == b""
         with agent.lock:
             held = sum(c.held() for c in agent.clients.values())
-        assert held <= store.OUT_PAUSE + (4 << 20) + tcpstore.MAX_FRAME
+        assert held <= store.OUT_PAUSE + (4 << 20) + protocol.MAX_FRAME
         reader_that_never_reads.close()
         writer.close()
 
@@ -409,6 +456,6 @@ def test_a_waiter_is_woken_by_another_client_and_a_client_gone_is_forgotten():
         setter.set(b"/x", b"1")
         assert setter.ping() == 1234
         waiter.sock.settimeout(10)
-        assert waiter.recv_exactly(1) == tcpstore.STOP_WAITING
+        assert waiter.recv_exactly(1) == protocol.STOP_WAITING
         waiter.close()
         setter.close()

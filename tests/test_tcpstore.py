@@ -1,5 +1,5 @@
-"""torch's TCPStore protocol, pure (launcher/run/tcpstore.py): every query decoded and carried out as
-torch's server does, and every malformed input refused without an exception.
+"""torch's TCPStore protocol and store, pure (launcher/run/tcpstore_protocol.py, launcher/run/tcpstore.py):
+every query decoded and carried out as torch's server does, and every malformed input refused without an exception.
 
 The requests are written here byte by byte as torch 2.13's client writes them (recorded off the
 wire; tests/integration/test_store_torch_client.py drives the real client against the launcher)."""
@@ -8,8 +8,9 @@ import struct
 
 import pytest
 
-from launcher.run import tcpstore as ts
-from launcher.run.tcpstore import Frame, KeyValueStore, Query
+from launcher.run import tcpstore_protocol as ts
+from launcher.run.tcpstore import KeyValueStore
+from launcher.run.tcpstore_protocol import Frame, Query
 
 VALIDATE = bytes([0]) + struct.pack("<I", ts.MAGIC)
 

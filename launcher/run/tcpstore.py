@@ -1,20 +1,10 @@
-"""torch's TCPStore wire protocol and the key-value store behind it, pure: bytes in, frames and replies out, no I/O.
+"""The key-value store behind torch's TCPStore, pure: each request (a ``Frame`` of
+``launcher.run.tcpstore_protocol``) carried out with torch's semantics, its replies out, no I/O.
 
-What node 0's launcher serves on MASTER_PORT (``launcher.run.store`` is the socket side). A client
-opens with VALIDATE (torch's magic number); every request after it is one query type byte and its
-fields: strings and values as an unsigned 64-bit length and the bytes, numbers as 64-bit
-integers, PING's nonce as 32 bits, all little-endian. SET, APPEND, MULTI_SET and QUEUE_PUSH get no
-answer; WAIT and BARRIER answer STOP_WAITING once done, CANCEL_WAIT answers WAIT_CANCELED.
-
-Versions (torch's history): VALIDATE as the first message came with torch 2.1 (pytorch#107607),
-PING on every connect with 2.5 (pytorch#129985), the queue queries by 2.8, LIST_KEYS (pytorch#167883)
-and BARRIER (pytorch#174920) after it; a client sends a newer query only when a program calls it.
-Every query type was verified against the client of torch 2.13 (tests/integration/test_store_torch_client.py);
-``launcher.plan.agent_store.OLDEST_TORCH`` is the oldest torch the launcher serves.
-
-Input comes from the network, so nothing here trusts it: ``decode`` never raises, a length
-beyond torch's own limits (keys 8 KiB, values 8 MiB, 131,072 keys a request) or a frame beyond
-``MAX_FRAME`` is refused, and the store holds at most ``limit`` bytes of keys and values.
+What node 0's launcher serves on MASTER_PORT (``launcher.run.store`` is the socket side): keys and
+values, queues, and the clients waiting on keys, every query type as torch's own server answers it.
+The requests come from the network, so nothing here trusts them: ``apply`` never raises, the store
+holds at most ``limit`` bytes of keys and values, and an answer beyond ``MAX_REPLY`` is refused.
 """
 
 from __future__ import annotations
@@ -22,191 +12,21 @@ from __future__ import annotations
 import re
 import struct
 from collections import deque
-from dataclasses import dataclass
-from enum import IntEnum
 from typing import NamedTuple, Optional
 
-MAGIC = 0x3C85F7CE  # VALIDATE's number
-MAX_KEY = 8 * 1024  # torch's limits (its libuv server's), refused alike
-MAX_VALUE = 8 * 1024 * 1024
-MAX_KEYS = 128 * 1024
-MAX_FRAME = 2 * MAX_VALUE + MAX_KEY + 64  # the most one client's unfinished request may hold (COMPARE_SET)
+from launcher.run.tcpstore_protocol import (NOT_READY, READY, STOP_WAITING, WAIT_CANCELED, Frame, encode_bytes,
+                                            encode_int64)
+from launcher.run.tcpstore_protocol import Input  # noqa: F401 (launcher.run.store reads a client's requests with it)
+
 MAX_REPLY = 64 * 1024 * 1024  # the largest answer (MULTI_GET, LIST_KEYS) the store writes
 ENTRY_COST = 128  # bytes counted for each key, value or waiting client besides its own length
-STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
-READY, NOT_READY = b"\x00", b"\x01"
 _INTEGER = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C's strtoll reads of a value
-
-
-class Query(IntEnum):
-    VALIDATE = 0
-    SET = 1
-    COMPARE_SET = 2
-    GET = 3
-    ADD = 4
-    CHECK = 5
-    WAIT = 6
-    GETNUMKEYS = 7
-    DELETE_KEY = 8
-    APPEND = 9
-    MULTI_GET = 10
-    MULTI_SET = 11
-    CANCEL_WAIT = 12
-    PING = 13
-    QUEUE_PUSH = 14
-    QUEUE_POP = 15
-    QUEUE_LEN = 16
-    LIST_KEYS = 17
-    BARRIER = 18
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One request: its query type, keys, values (bytes), and its number (ADD's amount, BARRIER's
-    world size, PING's nonce, VALIDATE's magic)."""
-
-    query: Query
-    keys: tuple = ()
-    values: tuple = ()
-    number: int = 0
-
-
-class Decoded(NamedTuple):
-    frame: Optional[Frame]  # None: incomplete, or bad (then ``problem`` says why)
-    end: int  # where the next request starts
-    problem: str = ""
-
-
-class _Short(Exception):
-    """The request goes on past the bytes received so far."""
-
-
-class _Bad(Exception):
-    """The bytes are not a request torch's client sends."""
-
-
-class _Reader:
-    def __init__(self, data, pos: int) -> None:
-        self.data, self.pos = data, pos
-
-    def take(self, n: int):
-        end = self.pos + n
-        if end > len(self.data):
-            raise _Short()
-        part = bytes(self.data[self.pos:end])
-        self.pos = end
-        return part
-
-    def number(self, fmt: str) -> int:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def sized(self, limit: int, what: str) -> bytes:
-        n = self.number("<Q")
-        if n > limit:
-            raise _Bad(f"a {what} of {n} bytes (at most {limit})")
-        return self.take(n)
-
-    def key(self) -> bytes:
-        return self.sized(MAX_KEY, "key")
-
-    def value(self) -> bytes:
-        return self.sized(MAX_VALUE, "value")
-
-    def count(self) -> int:
-        n = self.number("<Q")
-        if n > MAX_KEYS:
-            raise _Bad(f"{n} keys in one request (at most {MAX_KEYS})")
-        return n
-
-
-def _fields(query: Query, r: _Reader) -> Frame:
-    if query in (Query.VALIDATE, Query.PING):
-        return Frame(query, number=r.number("<I"))
-    if query in (Query.SET, Query.APPEND, Query.QUEUE_PUSH):
-        return Frame(query, (r.key(),), (r.value(),))
-    if query == Query.COMPARE_SET:
-        return Frame(query, (r.key(),), (r.value(), r.value()))
-    if query in (Query.GET, Query.DELETE_KEY, Query.QUEUE_POP, Query.QUEUE_LEN):
-        return Frame(query, (r.key(),))
-    if query in (Query.ADD, Query.BARRIER):
-        return Frame(query, (r.key(),), number=r.number("<q"))
-    if query in (Query.CHECK, Query.WAIT, Query.MULTI_GET):
-        return Frame(query, tuple(r.key() for _ in range(r.count())))
-    if query == Query.MULTI_SET:
-        pairs = [(r.key(), r.value()) for _ in range(r.count())]
-        return Frame(query, tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
-    return Frame(query)  # GETNUMKEYS, CANCEL_WAIT, LIST_KEYS: the type byte alone
-
-
-def decode(data, start: int = 0) -> Decoded:
-    """The request at ``data[start:]``: a frame, incomplete (no frame, no problem), or bad. Never raises."""
-    r = _Reader(data, start)
-    try:
-        kind = r.number("<B")
-        if kind >= len(Query):
-            raise _Bad(f"unknown query type {kind}")
-        frame = _fields(Query(kind), r)
-    except _Short:
-        return Decoded(None, start)
-    except _Bad as e:
-        return Decoded(None, start, str(e))
-    except Exception as e:  # nothing on the wire may stop the store
-        return Decoded(None, start, f"undecodable ({type(e).__name__})")
-    return Decoded(frame, r.pos)
-
-
-class Input:
-    """One client's bytes, cut into requests: the first must be VALIDATE with torch's magic number,
-    no VALIDATE after it, and an unfinished request may hold at most ``limit`` bytes."""
-
-    def __init__(self, limit: int = MAX_FRAME) -> None:
-        self.buffer = bytearray()
-        self.pos = 0  # where the next request starts in ``buffer``
-        self.validated = False
-        self.limit = limit
-
-    def feed(self, data: bytes) -> None:
-        self.buffer += data
-
-    def take(self) -> tuple:
-        """(the next complete request or None, a problem or ""): after a problem the client is to be let go."""
-        while True:
-            frame, end, problem = decode(self.buffer, self.pos)
-            if frame is None:
-                del self.buffer[:self.pos]
-                self.pos = 0
-                if not problem and len(self.buffer) > self.limit:
-                    problem = f"an unfinished request of over {self.limit} bytes"
-                return None, problem
-            self.pos = end
-            problem = self._order(frame)
-            if problem or frame.query != Query.VALIDATE:
-                return (None if problem else frame), problem
-
-    def held(self) -> int:
-        return len(self.buffer)
-
-    def _order(self, frame: Frame) -> str:
-        if self.validated:
-            return "VALIDATE again" if frame.query == Query.VALIDATE else ""
-        if frame.query != Query.VALIDATE or frame.number != MAGIC:
-            return "no VALIDATE with torch's magic number first"
-        self.validated = True
-        return ""
 
 
 class Result(NamedTuple):
     replies: list  # (client, bytes) in order: the asker's answer and those of the waiters it woke
     refused: str = ""  # the request was not carried out: the client is to be let go
     full: bool = False  # refused because the store would hold more than its limit
-
-
-def _bytes(value: bytes) -> bytes:
-    return struct.pack("<Q", len(value)) + value
-
-
-def _int(n: int) -> bytes:
-    return struct.pack("<q", n)
 
 
 def _integer_of(value: bytes) -> Optional[int]:
@@ -272,24 +92,24 @@ class KeyValueStore:
         key, (expected, new) = f.keys[0], f.values
         if key not in self.data:
             if expected:  # torch's answer when the key is missing: what was expected
-                return Result(self._wake(key) + [(client, _bytes(expected))])
-            return Result(self._store(key, new) + [(client, _bytes(new))])
+                return Result(self._wake(key) + [(client, encode_bytes(expected))])
+            return Result(self._store(key, new) + [(client, encode_bytes(new))])
         if self.data[key] == expected:
             self._store(key, new, wake=False)
-        return Result(self._wake(key) + [(client, _bytes(bytes(self.data[key])))])
+        return Result(self._wake(key) + [(client, encode_bytes(bytes(self.data[key])))])
 
     def _get(self, client, f: Frame) -> Result:
-        return Result([(client, _bytes(bytes(self.data.get(f.keys[0], b""))))])
+        return Result([(client, encode_bytes(bytes(self.data.get(f.keys[0], b""))))])
 
     def _multi_get(self, client, f: Frame) -> Result:
         values = [self.data.get(k, b"") for k in f.keys]
         self._reply_fits(sum(len(v) + 8 for v in values))
-        return Result([(client, b"".join(_bytes(bytes(v)) for v in values))])
+        return Result([(client, b"".join(encode_bytes(bytes(v)) for v in values))])
 
     def _add(self, client, f: Frame) -> Result:
         key = f.keys[0]
         total = _wrapped(self._integer(key) + f.number) if key in self.data else f.number
-        return Result(self._store(key, str(total).encode()) + [(client, _int(total))])
+        return Result(self._store(key, str(total).encode()) + [(client, encode_int64(total))])
 
     def _check(self, client, f: Frame) -> Result:
         return Result([(client, READY if self._all_there(f.keys) else NOT_READY)])
@@ -303,13 +123,13 @@ class KeyValueStore:
         return Result([])
 
     def _getnumkeys(self, client, f: Frame) -> Result:
-        return Result([(client, _int(len(self.data)))])
+        return Result([(client, encode_int64(len(self.data)))])
 
     def _delete_key(self, client, f: Frame) -> Result:
         value = self.data.pop(f.keys[0], None)
         if value is not None:
             self.size -= _cost(f.keys[0], value)
-        return Result([(client, _int(0 if value is None else 1))])
+        return Result([(client, encode_int64(0 if value is None else 1))])
 
     def _append(self, client, f: Frame) -> Result:
         key, value = f.keys[0], f.values[0]
@@ -338,19 +158,19 @@ class KeyValueStore:
         key = f.keys[0]
         queue = self.queues.get(key)
         if not queue:
-            return Result([(client, _int(0))])
+            return Result([(client, encode_int64(0))])
         length, value = len(queue), queue.popleft()
         self.size -= _cost(key, value)
         if not queue:
             del self.queues[key]
-        return Result([(client, _int(length) + _bytes(value))])
+        return Result([(client, encode_int64(length) + encode_bytes(value))])
 
     def _queue_len(self, client, f: Frame) -> Result:
-        return Result([(client, _int(len(self.queues.get(f.keys[0], ()))))])
+        return Result([(client, encode_int64(len(self.queues.get(f.keys[0], ()))))])
 
     def _list_keys(self, client, f: Frame) -> Result:
         self._reply_fits(sum(len(k) + 8 for k in self.data) + 8)
-        return Result([(client, _int(len(self.data)) + b"".join(_bytes(k) for k in self.data))])
+        return Result([(client, encode_int64(len(self.data)) + b"".join(encode_bytes(k) for k in self.data))])
 
     def _barrier(self, client, f: Frame) -> Result:
         key = f.keys[0]

@@ -61,11 +61,9 @@ def test_max_launchers_start_the_job_at_once(tmp_path):
     port = free_ports(6)
     # a last call far longer than the test: only MAX launchers joined can start it
     args = torchrun_line(port, tmp_path, "--rdzv-conf", "last_call_timeout=600")
-    started = time.monotonic()
-    results, pids = run_nodes(3, args)
+    results, pids = run_nodes(3, args)  # gives up after 120 s: long before the last call could end
     for code, out, err in results:
         assert code == 0, err
-    assert time.monotonic() - started < 90
     check_round(tmp_path, 3)
     errs = "".join(err for _, _, err in results)
     assert errs.count("elastic job: this launcher is node 0") == 1
@@ -222,19 +220,16 @@ def test_a_silent_node_is_lost_after_the_heartbeat_timeout_and_the_survivors_go_
     frozen = family(silent.pid)
     for p in frozen:
         p.suspend()  # a partition: every process of the node stopped
-    started = time.monotonic()
     try:
         survivors = [p for p in procs if p is not silent]
-        wait_ready(tmp_path, 2, survivors, old={pid for pid, _ in first.values()})
-        took = time.monotonic() - started
+        wait_ready(tmp_path, 2, survivors, old={pid for pid, _ in first.values()})  # 90 s: a hang guard
     finally:
         for p in frozen:
             p.kill()
     results = go_and_finish(tmp_path, survivors)
     for code, out, err in results:
         assert code == 0, err
-        assert "no heartbeat for" in err, err
-    assert took < 60
+        assert "no heartbeat for" in err, err  # lost for its silence (how soon: bench/elastic.py, "silent node")
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
 

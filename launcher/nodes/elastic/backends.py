@@ -16,10 +16,10 @@ def _c10d(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str]) ->
 
 
 def _etcd(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str]) -> Link:
-    from launcher.nodes.elastic.etcd import client, link  # only an etcd job imports etcd's client (its extra)
+    from launcher.nodes.elastic.etcd import client, start  # only an etcd job imports etcd's client (its extra)
 
     client.check_extra()
-    return link.form(spec, job_id, workers, token)
+    return start.form(spec, job_id, workers, token)
 
 
 BACKENDS: Dict[str, Callable[[ElasticSpec, str, int, Optional[str]], Link]] = {"c10d": _c10d, "etcd": _etcd}

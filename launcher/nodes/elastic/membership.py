@@ -29,6 +29,12 @@ The rules:
   since a loss found meanwhile explains the failure and spends no restart.
 - Below MIN, node 0 waits up to ``join_timeout`` for nodes to join (a lost node comes back as a new
   one, with a new id), then ends the job with code 1, naming the nodes lost.
+
+The cost at 10,000 nodes: a join, a report and ``next_deadline`` cost O(1) each (amortised), a batch of
+heartbeats O(1) per node in it (the oldest heartbeat found again once when the batch renews it), not O(N): the
+state keeps its nodes, their last heartbeats and the ids it knows in the model's persistent containers
+(``Row``, ``PMap``, ``PSet``), whose every version stays valid. What concerns every node (a round's start, a
+stop, a loss) costs O(N), once.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from launcher.nodes.elastic.model import (Action, Admit, Closed, Drop, EndJob, Event, Heartbeat, JobEnded,  # noqa: F401
-                                          JoinAsked, Member, Node, Refuse, Round, RoundDone, StartRound, StopWorkers,
-                                          TimePassed, WorkerFailed, WorkersStopped, describe)
+                                          JoinAsked, Member, Node, PMap, PSet, Refuse, Round, RoundDone, Row,
+                                          StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped, describe)
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
@@ -58,11 +64,11 @@ class State:
     keeper: str  # node 0's id
     job_id: str
     phase: str = WAITING
-    members: tuple = ()  # Node, in the order of the running round, or of the next one
-    standbys: tuple = ()  # Node, in the order they came
+    members: Row = ()  # Node, in the order of the running round, or of the next one
+    standbys: Row = ()  # Node, in the order they came
     heard: Mapping[str, float] = field(default_factory=dict)  # node id -> when node 0 last heard it (all but node 0)
     rounds: tuple = ()  # every round started, the current one last
-    unstopped: frozenset = frozenset()  # ids of the last round's members still stopping its workers
+    unstopped: PSet = frozenset()  # ids of the last round's members still stopping its workers
     stop_began: Optional[float] = None
     why: str = "start"  # what the next round is formed for
     left: tuple = ()  # (Node, reason): lost since the last round started
@@ -70,15 +76,39 @@ class State:
     wait_began: Optional[float] = None  # WAITING: when the wait for MIN nodes began
     min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
     end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
-    done: frozenset = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
+    done: PSet = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
     failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss
+    index: Optional[tuple] = field(default=None, compare=False, repr=False)  # (members, standbys, PMap id -> Node)
+
+    def __post_init__(self) -> None:
+        """Fields given as tuples, a dict, sets (a state made outside, such as a record read back from etcd)
+        become the persistent containers, once (O(N)); the index of the ids known is made again unless it is of
+        these very members and standbys (a state made here passes it on, changed in O(1)). Node 0's silence is
+        never judged: a record read back from etcd, or taken over, has it in ``heard``; it goes."""
+        for name, kind in (("members", Row), ("standbys", Row), ("heard", PMap), ("unstopped", PSet), ("done", PSet)):
+            if type(getattr(self, name)) is not kind:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+        object.__setattr__(self, "heard", self.heard.update(gone=(self.keeper,)))
+        if self.index is None or self.index[0] is not self.members or self.index[1] is not self.standbys:
+            known = PMap((n.node_id, n) for n in reversed(self.members + self.standbys))  # the first of an id wins
+            object.__setattr__(self, "index", (self.members, self.standbys, known))
 
     @property
     def round(self) -> Optional[Round]:
         return self.rounds[-1] if self.rounds else None
 
     def known(self, node_id: str) -> Optional[Node]:
-        return next((n for n in self.members + self.standbys if n.node_id == node_id), None)
+        try:
+            return self.index[2].get(node_id)
+        except TypeError:  # an id off the wire that is not a name: no node's
+            return None
+
+
+def _seated(state: State, members: Row, standbys: Row, came=(), gone=(), **changes) -> State:
+    """``state`` with these members and standbys, its index of the ids known changed by the nodes that ``came``
+    and the ids ``gone``."""
+    known = state.index[2].update({n.node_id: n for n in came}, gone)
+    return replace(state, members=members, standbys=standbys, index=(members, standbys, known), **changes)
 
 
 def begin(spec: ElasticSpec, keeper: Node, job_id: str, now: float) -> Tuple[State, tuple]:
@@ -92,15 +122,16 @@ def next_deadline(state: State) -> Optional[float]:
     """When ``TimePassed`` may next change something; None: only an event will."""
     if state.phase == ENDED:
         return None
-    times = [at + state.spec.rendezvous.heartbeat_timeout for at in state.heard.values()]
+    oldest = state.heard.low()  # the least of at + heartbeat_timeout, as floats add (monotonic)
+    times = [] if oldest is None else [oldest + state.spec.rendezvous.heartbeat_timeout]
     if state.unstopped:
         times.append(state.stop_began + state.spec.rendezvous.close_timeout)
     if state.failure is not None:
         times.append(state.failure[1] + state.spec.failure_grace)
     if state.phase == WAITING and len(state.members) < state.spec.min_nodes:
         times.append(state.wait_began + state.spec.rendezvous.join_timeout)
-    elif state.phase == WAITING and state.min_reached is not None:
-        times.append(state.min_reached + state.spec.rendezvous.last_call_timeout)
+    elif state.phase == WAITING and state.min_reached is not None and not state.unstopped and state.failure is None:
+        times.append(state.min_reached + state.spec.rendezvous.last_call_timeout)  # else a stop or a verdict holds it
     return min(times, default=None)
 
 
@@ -114,14 +145,14 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, JoinAsked):
         return _on_join(state, event.node, event.job_id, now)
     if isinstance(event, Heartbeat):
-        fresh = {k: v for k, v in (event.at or {event.node_id: now}).items() if k in state.heard}
-        return (replace(state, heard={**state.heard, **fresh}) if fresh else state), ()
+        heard = state.heard.update(event.at or {event.node_id: now}, known_only=True)  # of the nodes it knows
+        return (state if heard is state.heard else replace(state, heard=heard)), ()
     if isinstance(event, Closed):
         return _lose(state, event.node_id, event.reason, now)
     if isinstance(event, WorkersStopped):
         if state.round is None or event.round != state.round.number or event.node_id not in state.unstopped:
             return state, ()
-        return _maybe_start(replace(state, unstopped=state.unstopped - {event.node_id}), now)
+        return _maybe_start(replace(state, unstopped=state.unstopped.minus(event.node_id)), now)
     if isinstance(event, RoundDone):
         return _on_done(state, event, now)
     if isinstance(event, WorkerFailed):
@@ -135,12 +166,12 @@ def _on_join(state: State, node: Node, job_id: str, now: float):
     refusal = _refusal(state, node, job_id)
     if refusal is not None:
         return state, (Refuse(node.node_id, refusal),)
-    heard = {**state.heard, node.node_id: now}
+    heard = state.heard.update({node.node_id: now})
     if len(state.members) >= state.spec.max_nodes:
-        state = replace(state, standbys=state.standbys + (node,), heard=heard)
+        state = _seated(state, state.members, state.standbys.plus(node), came=(node,), heard=heard)
         return state, (Admit(node.node_id, standby=True),
                        Say(logging.INFO, f"{node.label} waits as a standby: the job has its {state.spec.max_nodes} nodes"))
-    state = replace(state, members=state.members + (node,), heard=heard)
+    state = _seated(state, state.members.plus(node), state.standbys, came=(node,), heard=heard)
     actions = (Admit(node.node_id), Say(logging.INFO, f"{node.label} joined ({len(state.members)} node(s))"))
     if state.phase == RUNNING:
         state, more = _reform(state, "joined", f"{node.label} joined", now)
@@ -172,24 +203,26 @@ def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
     return None
 
 
-def _lose(state: State, node_id: str, reason: str, now: float):
+def _lose(state: State, node_id: str, reason: str, now: float, start: bool = True):
     """``node_id`` is gone: a standby is just forgotten; a member's place goes to the first standby, and
-    the round is re-formed (or the wait for MIN nodes begins)."""
+    the round is re-formed (or the wait for MIN nodes begins). ``start``: the next round may start now (not
+    while other losses of the same moment are still to be counted)."""
     node = state.known(node_id)
     if node is None or node_id == state.keeper:
         return state, ()
-    heard = {k: v for k, v in state.heard.items() if k != node_id}
+    heard = state.heard.update(gone=(node_id,))
     if node in state.standbys:
-        state = replace(state, standbys=tuple(n for n in state.standbys if n != node), heard=heard)
+        standbys = Row(n for n in state.standbys if n != node)
+        state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard)
         return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
     text = f"{node.label} lost: {reason}"
     if state.standbys:
-        substitute, standbys = state.standbys[0], state.standbys[1:]
-        members = tuple(substitute if n == node else n for n in state.members)
+        substitute, standbys = state.standbys[0], Row(state.standbys[1:])
+        members = Row(substitute if n == node else n for n in state.members)
         text += f"; standby {substitute.label} takes its place"
     else:
-        members, standbys = tuple(n for n in state.members if n != node), state.standbys
-    state = replace(state, members=members, standbys=standbys, heard=heard, unstopped=state.unstopped - {node_id},
+        members, standbys = Row(n for n in state.members if n != node), state.standbys
+    state = _seated(state, members, standbys, gone=(node_id,), heard=heard, unstopped=state.unstopped.minus(node_id),
                     left=state.left + ((node, reason),))
     actions = (Say(logging.WARNING, text),)
     if state.failure is not None:  # the loss explains the failure: no restart spent
@@ -198,7 +231,7 @@ def _lose(state: State, node_id: str, reason: str, now: float):
     if state.phase == RUNNING:
         state, more = _reform(state, "lost", text, now)
     else:
-        state, more = _settle(state, now)
+        state, more = _settle(state, now, start)
     return state, actions + more
 
 
@@ -212,8 +245,8 @@ def _on_done(state: State, event: RoundDone, now: float):
         return decide(state, WorkersStopped(event.node_id, event.round), now)
     if state.phase != RUNNING:
         return state, ()
-    state = replace(state, done=state.done | {event.node_id})
-    if {m.node.node_id for m in current.members} <= state.done:
+    state = replace(state, done=state.done.plus(event.node_id))
+    if len(state.done) >= len(current.members) and all(m.node.node_id in state.done for m in current.members):
         return _end(state, 0, f"every worker of round {current.number} finished")
     return state, ()
 
@@ -238,7 +271,7 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
 def _verdict(state: State, now: float):
     """No loss explained the failure: it spends a restart, or ends the job when none is left."""
     (event, _), spent, most = state.failure, state.restarts, state.spec.max_restarts
-    if spent < most:
+    if spent < most and not state.spec.failed_node_leaves:  # node 0's, as with no grace: it cannot leave, it ends
         say = Say(logging.WARNING, f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)")
         state, more = _maybe_start(replace(state, failure=None, restarts=spent + 1, why="restart"), now)
         return state, (say,) + more
@@ -250,21 +283,21 @@ def _reform(state: State, why: str, reason: str, now: float):
     staying = {n.node_id for n in state.members}
     stopping = tuple(m.node.node_id for m in state.round.members if m.node.node_id in staying)
     stop = StopWorkers(state.round.number, stopping, reason)
-    state = replace(state, phase=REFORMING, why=why, unstopped=frozenset(stopping), stop_began=now)
+    state = replace(state, phase=REFORMING, why=why, unstopped=PSet(stopping), stop_began=now)
     state, more = _settle(state, now)
     return state, (stop,) + more
 
 
-def _settle(state: State, now: float):
+def _settle(state: State, now: float, start: bool = True):
     """After a change while no round runs: below MIN the wait for nodes begins; else a round may start."""
     spec = state.spec
     if state.phase == REFORMING and len(state.members) < spec.min_nodes:
         state = replace(state, phase=WAITING, wait_began=now, min_reached=None)
         say = Say(logging.WARNING, f"{len(state.members)} node(s) left, {spec.min_nodes} needed: waiting up to "
                                    f"{spec.rendezvous.join_timeout:g} s (join_timeout) for nodes to join")
-        state, more = _maybe_start(state, now)
+        state, more = _maybe_start(state, now) if start else (state, ())
         return state, (say,) + more
-    return _maybe_start(state, now)
+    return _maybe_start(state, now) if start else (state, ())
 
 
 def _maybe_start(state: State, now: float):
@@ -293,17 +326,19 @@ def _start_round(state: State):
     round_ = Round(number=1 if previous is None else previous.number + 1, members=tuple(members), world_size=rank,
                    why=state.why, joined=tuple(n for n in state.members if n.node_id not in before), left=state.left,
                    restarts=state.restarts)
-    state = replace(state, phase=RUNNING, rounds=state.rounds + (round_,), why="start", left=(), done=frozenset(),
-                    unstopped=frozenset(), stop_began=None, wait_began=None, min_reached=None)
+    state = replace(state, phase=RUNNING, rounds=state.rounds + (round_,), why="start", left=(), done=PSet(),
+                    unstopped=PSet(), stop_began=None, wait_began=None, min_reached=None)
     return state, (StartRound(round_), Say(logging.INFO, describe(round_)))
 
 
 def _on_time(state: State, now: float):
+    """What the time says: the silent nodes lost (all of them before a round may start: none is started and
+    stopped at once), the stops overdue, the waits over, a failure's verdict; then a round may start."""
     rendezvous, actions = state.spec.rendezvous, ()
-    for node_id, at in sorted(state.heard.items()):
-        if now >= at + rendezvous.heartbeat_timeout and state.phase != ENDED:
+    for node_id, at in sorted(state.heard.where(lambda at: now >= at + rendezvous.heartbeat_timeout)):
+        if state.phase != ENDED:
             reason = f"no heartbeat for {now - at:.1f} s (heartbeat_timeout {rendezvous.heartbeat_timeout:g} s)"
-            state, more = _lose(state, node_id, reason, now)
+            state, more = _lose(state, node_id, reason, now, start=False)
             actions += (Drop(node_id, 1, reason),) + more
     if state.unstopped and now >= state.stop_began + rendezvous.close_timeout and state.phase != ENDED:
         state, more = _stop_overdue(state, now)

@@ -21,7 +21,10 @@ nonce, a node obeys no node 0 that does not prove it (it tries again until the j
 every message after the welcome is sealed in a ``Session`` bound to both nonces. Then
 node 0 sends ``beat`` to every node at once every ``heartbeat_timeout / 3`` seconds and each node
 answers it (so node 0 reads the answers in a burst); silence for ``heartbeat_timeout`` seconds
-(or TCP's own keep-alive giving up) means the peer is lost.
+(or TCP's own keep-alive giving up) means the peer is lost. Silence is timed on the watcher's own
+clock: the time its loop came back late past the channel's deadline (a busy machine, a process not
+scheduled, a long turn) is its lag, not the peer's silence, and is not counted; and a peer's socket is
+read once more before it is lost (``endpoint``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import selectors
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.static.channel import Lost, Received
@@ -15,19 +15,29 @@ from launcher.nodes.transport.wire import ProtocolError
 from launcher.output.messages import log
 
 class Endpoint:
-    """What node 0's hub and the other nodes' spoke share: heartbeats and the selector's part."""
+    """What node 0's hub and the other nodes' spoke share: heartbeats and the selector's part.
+
+    Silence is judged on this node's own clock, which stops while its loop is away: the time by which
+    the launcher's loop came back to the channel later than the channel's deadline (``next_deadline``)
+    is no peer's silence (on a busy machine node 0's process may not run for seconds; its beats are then
+    late, and the answers wait unread in its sockets). ``away`` sums that lag, each ``heard`` is stamped
+    on ``awake(now)``, and a peer is lost after ``heartbeat_timeout`` seconds of this clock: a peer really
+    silent is found within the timeout plus the lag. Before a peer is lost, its socket is read once more."""
 
     beats_all = False  # node 0's hub: it beats every node at once; a node answers
 
     def __init__(self, identity: Identity, node: int, heartbeat_timeout: float, join_timeout: float,
-                 token: Optional[str]) -> None:
+                 token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
         self.node = node
         self.heartbeat_timeout = heartbeat_timeout
         self.beat_every = heartbeat_timeout / 3  # two beats may go missing before the peer counts as lost
-        self.next_beat = time.monotonic()
+        self.clock = clock  # what ``now`` is on: the launcher's monotonic clock (a fake one in tests)
+        self.next_beat = clock()
         self.due: Optional[float] = None  # when ``_beat_and_check`` next has work (None: nothing watched)
-        self.join_deadline = time.monotonic() + join_timeout
+        self.away = 0.0  # how long the loop came back later than ``due``, in all: this node's lag, no peer's silence
+        self.seen = self.next_beat  # when the loop last came to the channel
+        self.join_deadline = self.next_beat + join_timeout
         self.join_timeout = join_timeout
         self.token = token or None
         if self.token is None:
@@ -58,6 +68,20 @@ class Endpoint:
     def next_deadline(self) -> Optional[float]:
         return self.due
 
+    def awake(self, now: float) -> float:
+        """``now`` on this node's clock of attention: less the time its loop was away. The lag is how
+        late the loop came back past the deadline it was given, or, past it, the time since its last
+        visit: a long turn (a busy machine, a process not scheduled, a stop) counts whole."""
+        if self.due is not None:
+            late = now - max(self.due, self.seen)
+            if late > 0:
+                self.away += late
+            if late >= self.beat_every:
+                log.debug("control: this node's loop came back %.1f s late; no peer's silence is judged over "
+                          "that time", late)
+        self.seen = max(self.seen, now)
+        return now - self.away
+
     def _watch_from(self, at: float) -> None:
         """A connection was added (or changed): the next scan is due at ``at`` at the latest."""
         self.due = at if self.due is None else min(self.due, at)
@@ -67,6 +91,7 @@ class Endpoint:
         answers each beat (``_on_message``) and beats by itself only when node 0 has said nothing for
         twice that: so node 0 reads the answers in bursts, a few turns of its loop per beat, whatever
         the number of nodes. The scan of every connection runs only when something is due."""
+        awake = self.awake(now)
         if self.due is None or now < self.due:
             return []
         beat_all = self.beats_all and now >= self.next_beat
@@ -81,18 +106,23 @@ class Endpoint:
                 else:
                     due.append(c.opened + HELLO_TIMEOUT)
                 continue
-            if now - c.heard >= self.heartbeat_timeout:
-                events.append(self._lose(fd, f"no heartbeat for {now - c.heard:.1f} s"))
-                continue
+            if awake - c.heard >= self.heartbeat_timeout:
+                events += self._read(fd, now)  # a last look: what waits unread in its socket is no silence
+                if fd not in self.connections:
+                    continue
+                if awake - c.heard >= self.heartbeat_timeout:
+                    events.append(self._lose(fd, f"no heartbeat for {awake - c.heard:.1f} s"))
+                    continue
             if beat_all or (not self.beats_all and now - c.said >= alone):
                 c.send(beat, now)
-            due.append(c.heard + self.heartbeat_timeout)
+            due.append(c.heard + self.heartbeat_timeout + self.away)
             if not self.beats_all:
                 due.append(c.said + alone)
         self.due = min(due, default=None)
         return events
 
     def _read(self, fd: int, now: float) -> list:
+        awake = self.awake(now)
         c = self.connections[fd]
         try:
             bodies = c.receive()
@@ -108,7 +138,7 @@ class Endpoint:
                 message = c.open(body)
             except ProtocolError as e:
                 return events + self._refuse(fd, f"sent {e}")
-            c.heard = now
+            c.heard = awake
             events += self._on_message(fd, c, message, now)
         return events
 

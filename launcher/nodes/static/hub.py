@@ -8,7 +8,7 @@ import secrets
 import selectors
 import socket
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined
@@ -26,8 +26,8 @@ class Hub(Endpoint):
     beats_all = True
 
     def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
-                 join_timeout: float, token: Optional[str]) -> None:
-        super().__init__(identity, 0, heartbeat_timeout, join_timeout, token)
+                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(identity, 0, heartbeat_timeout, join_timeout, token, clock)
         family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,7 +84,7 @@ class Hub(Endpoint):
                 return
             self._make_room()
             tune(sock, self.heartbeat_timeout)
-            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=now)
+            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=self.awake(now))
             self.connections[sock.fileno()] = c
             c.send(to_wire(Challenge(c.nonce)), now)
             self._watch_from(c.opened + HELLO_TIMEOUT)
@@ -156,7 +156,7 @@ class Hub(Endpoint):
     def send(self, node: int, message: dict) -> None:
         fd = self.peers.get(node)
         if fd is not None:
-            self.connections[fd].send(message, time.monotonic())
+            self.connections[fd].send(message, self.clock())
 
     def broadcast(self, message: dict) -> None:
         for node in list(self.peers):

@@ -8,7 +8,7 @@ import secrets
 import selectors
 import socket
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
 from launcher.nodes.static.channel import Joined, NeverJoined
@@ -25,10 +25,10 @@ class Spoke(Endpoint):
     """Every node but 0: connects to node 0 (retrying until the join timeout) and stays."""
 
     def __init__(self, identity: Identity, node: int, hub_ip: str, port: int, heartbeat_timeout: float,
-                 join_timeout: float, token: Optional[str]) -> None:
-        super().__init__(identity, node, heartbeat_timeout, join_timeout, token)
+                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(identity, node, heartbeat_timeout, join_timeout, token, clock)
         self.address = (hub_ip, port)
-        self.next_try = time.monotonic()
+        self.next_try = clock()
         self.welcomed = False
         self.gave_up = False
         self.last_error = "no answer"
@@ -81,8 +81,8 @@ class Spoke(Endpoint):
             sock.close()
             self.next_try = now + RETRY_EVERY
             return
-        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, nonce=secrets.token_hex(16), heard=now,
-                       connected=False)
+        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, nonce=secrets.token_hex(16),
+                       heard=self.awake(now), connected=False)
         self.connections[sock.fileno()] = c
 
     def ready(self, fd: int, mask: int, now: float) -> list:
@@ -113,7 +113,7 @@ class Spoke(Endpoint):
     def _drop(self, fd: int, reason: str) -> None:
         self.last_error = reason
         log.debug("control: node 0 at %s:%d: %s; trying again", *self.address, reason)
-        self._retry(fd, time.monotonic())
+        self._retry(fd, self.clock())
 
     def _handshake(self, fd, c, message: Message, now: float) -> list:
         if isinstance(message, Challenge) and fresh_nonce(message.nonce) and not c.peer_nonce:
@@ -151,7 +151,7 @@ class Spoke(Endpoint):
         c.node = 0
         c.framer.limit = MAX_FRAME  # node 0 of the job: what it says is not limited
         self.welcomed = True
-        self._watch_from(time.monotonic())
+        self._watch_from(self.clock())
         log.debug("control: joined node 0 at %s:%d", *self.address)
         return [Joined(0)]
 
@@ -162,9 +162,9 @@ class Spoke(Endpoint):
             log.warning("control: whoever answers on %s:%d %s; not obeyed: trying again until the join timeout",
                         *self.address, what)
         self.last_error = f"it {what}"
-        self._retry(fd, time.monotonic())
+        self._retry(fd, self.clock())
 
     def send(self, message: dict) -> None:
         c = self.hub
         if c is not None and c.node is not None:
-            c.send(message, time.monotonic())
+            c.send(message, self.clock())

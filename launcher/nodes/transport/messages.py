@@ -160,7 +160,8 @@ class Admitted:
 
     type: ClassVar[str] = "admitted"
     standby: Optional[bool]
-    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce
+    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce and its own
+    keeper_nonce: Optional[str] = None  # with a job token: node 0's nonce, for their session (auth.Session.elastic)
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,7 @@ class Unknown:
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
                 Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Dropped, Join, NodeList, Unknown]
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:
@@ -348,7 +349,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
-    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof"))),
+    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
     "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
                                   as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
                                   as_text(m.get("text"))),

@@ -6,19 +6,22 @@ in a thread of its own, which keeps accepting launchers (a newcomer below MAX re
 MAX it waits as a standby), hears their heartbeats and sends its own, and carries out what the
 membership decides: each member is told to stop its workers and then the next round; node 0's own
 orders go to its event loop through the ``Inbox``. What a stranger sends (junk, no hello, another
-job's id, a hello that does not prove the job token) only loses its connection.
+job's id, a hello that does not prove the job token) only loses its connection. With a job token each
+admission carries a nonce of node 0's, and from then on every message both ways is sealed in that
+member's session (``peers``): one that fails it (forged, replayed, reordered, another member's) loses
+the member's connection, with a warning.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import selectors
-import socket
-from dataclasses import dataclass
 from typing import Optional
 
 from launcher.nodes.transport import auth
 from launcher.nodes.elastic import membership as mb
+from launcher.nodes.elastic.c10d.peers import BEAT, BEAT_BODY, Peer, Shared
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
@@ -28,18 +31,7 @@ from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
-SEND_TIMEOUT = 2.0  # one small message to a peer; longer, and the peer counts as gone
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
-BEAT = wire.encode(m.to_wire(m.Beat()))
-BEAT_BODY = BEAT[wire.LENGTH.size:]
-
-
-@dataclass
-class _Peer:
-    sock: socket.socket
-    framer: wire.Framer
-    node_id: Optional[str] = None
-    nonce: str = ""  # of its hello: node 0 proves the job token on it
 
 
 class Keeper(LinkBase):
@@ -57,7 +49,7 @@ class Keeper(LinkBase):
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
-        self.peers: dict = {}  # fd -> _Peer
+        self.peers: dict = {}  # fd -> Peer
         self.fds: dict = {}  # node id -> fd, for the peers that said hello
         self.heard: dict = {}  # node id -> when it was last heard, since the membership was last told
         self.deadline: Optional[float] = None  # the membership's next deadline (None: to compute afresh)
@@ -78,7 +70,7 @@ class Keeper(LinkBase):
             self.serve_once()
         if self.failed_start is not None:
             for peer in list(self.peers.values()):
-                self.send(peer, m.Dropped(*self.failed_start))
+                peer.send(m.Dropped(*self.failed_start))
             self.close_all(wait_for_them=True)  # closed first, unread beats would reset them: Dropped lost
         return self.first
 
@@ -150,7 +142,7 @@ class Keeper(LinkBase):
         self.next_beat = now + self.spec.rendezvous.keep_alive_interval
         self.decide(mb.TimePassed())  # the heartbeats heard since the last beat, told to the membership
         for fd in list(self.fds.values()):
-            if fd in self.peers and not self.send_bytes(self.peers[fd], BEAT):
+            if fd in self.peers and not self.peers[fd].send_shared(BEAT):
                 self.forget(fd, "node 0 could not send it a heartbeat")
 
     def forgive_silence(self) -> None:
@@ -171,7 +163,7 @@ class Keeper(LinkBase):
             if isinstance(action, Say):
                 log.log(action.level, "elastic job: %s", action.text)
             elif isinstance(action, mb.Admit):
-                self.send_to(action.node_id, m.Admitted(action.standby, self.proof_for(action.node_id)))
+                self.admit(action)
             elif isinstance(action, mb.Refuse):
                 self.send_to(action.node_id, m.Refusal(action.reason), close=True)
             elif isinstance(action, mb.Drop):
@@ -184,7 +176,7 @@ class Keeper(LinkBase):
                 self.end(action)
 
     def order_stop(self, action: mb.StopWorkers) -> None:
-        encoded = wire.encode(m.to_wire(m.StopWorkers(action.round, action.reason)))
+        encoded = Shared(m.StopWorkers(action.round, action.reason))
         for node_id in action.nodes:
             if node_id == self.node_id:
                 self.inbox.put(StopOrder(action.round, action.reason))
@@ -193,7 +185,7 @@ class Keeper(LinkBase):
 
     def start_round(self, round_: mb.Round) -> None:
         start = round_start(round_)
-        encoded = wire.encode(m.to_wire(start))  # once: the same bytes go to every member
+        encoded = Shared(start)  # once: the same bytes go to every member (in a session, each with its own seal)
         for x in round_.members:
             if x.node.node_id != self.node_id:
                 self.send_to(x.node.node_id, encoded)
@@ -208,7 +200,7 @@ class Keeper(LinkBase):
             return
         self.over = True
         for peer in list(self.peers.values()):
-            self.send(peer, m.Dropped(action.code, action.reason))
+            peer.send(m.Dropped(action.code, action.reason))
         self.inbox.put(JobOver(action.code, action.reason))
 
     # ------------------------------------------------------------ connections
@@ -220,25 +212,25 @@ class Keeper(LinkBase):
             return
         if len(self.peers) - len(self.fds) >= pending_cap(2 * self.spec.max_nodes):  # silent ones cannot keep one out
             self.forget(next(fd for fd, p in self.peers.items() if p.node_id is None), "too many connections without a hello")
-        sock.setblocking(False)  # a read takes what is there; a send waits only for a full buffer (send_bytes)
-        self.peers[sock.fileno()] = _Peer(sock, wire.Framer())
+        sock.setblocking(False)  # a read takes what is there; a send waits only for a full buffer (peers)
+        self.peers[sock.fileno()] = Peer(sock, wire.Framer())
         self.selector.register(sock, selectors.EVENT_READ)
 
     def read(self, fd: int) -> None:
         peer = self.peers.get(fd)
-        if peer is None:
-            return
-        try:
-            data = peer.sock.recv(65536)
-            bodies = peer.framer.bodies(data) if data else None
-        except (BlockingIOError, InterruptedError):
-            return
-        except (OSError, wire.ProtocolError):
-            bodies = None
+        bodies = peer.receive() if peer is not None else []
         if bodies is None:
             self.forget(fd, "its connection closed")
             return
         for body in bodies:
+            if self.peers.get(fd) is not peer:
+                return  # lost meanwhile: what it sent after does not count
+            if peer.session is not None:
+                try:
+                    body = peer.session.open(body)
+                except wire.ProtocolError as e:
+                    self.unsealed(fd, peer, str(e))
+                    return
             if body == BEAT_BODY and peer.node_id is not None:  # most of what comes: no need to decode it
                 self.heard[peer.node_id] = self.clock()
                 continue
@@ -247,10 +239,18 @@ class Keeper(LinkBase):
             except wire.ProtocolError:
                 self.forget(fd, "it sent what is not a message")
                 return
-            if fd in self.peers:
-                self.on_message(fd, peer, m.from_wire(message))
+            self.on_message(fd, peer, m.from_wire(message))
 
-    def on_message(self, fd: int, peer: _Peer, message) -> None:
+    def unsealed(self, fd: int, peer: Peer, problem: str) -> None:
+        """A message on a member's connection that its session does not open: not the member's (a stranger's
+        on its connection, one replayed or reordered, another member's); the member's connection is lost."""
+        log.warning("elastic job: %s's connection carried a message its session does not open (%s, or sealed for "
+                    "another member); closing it: %s counts as lost", peer.node_id, problem, peer.node_id)
+        peer.send(m.Dropped(1, "a message on its connection to node 0 failed the job token's authentication"))
+        self.forget(fd, "a message that failed its session's authentication",
+                    lost="a message on its connection failed the job token's authentication")
+
+    def on_message(self, fd: int, peer: Peer, message) -> None:
         if peer.node_id is None:
             self.on_hello(fd, peer, message)
             return
@@ -263,7 +263,7 @@ class Keeper(LinkBase):
         elif isinstance(message, m.RoundFailed) and message.round is not None:
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
 
-    def on_hello(self, fd: int, peer: _Peer, message) -> None:
+    def on_hello(self, fd: int, peer: Peer, message) -> None:
         if self.over or not isinstance(message, m.Hello) or message.node_id is None:
             self.forget(fd, "it said no elastic hello")
             return
@@ -272,7 +272,7 @@ class Keeper(LinkBase):
         if problem is None and message.node_id in self.fds:
             problem = f"the node id {message.node_id!r} is taken"
         if problem is not None:
-            self.send(peer, m.Refusal(problem))
+            peer.send(m.Refusal(problem))
             self.forget(fd, problem)
             return
         peer.node_id, peer.nonce = message.node_id, message.nonce or ""
@@ -280,10 +280,16 @@ class Keeper(LinkBase):
         node = mb.Node(message.node_id, message.host or "", message.workers)
         self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
 
-    def proof_for(self, node_id: str) -> Optional[str]:
-        """Node 0's proof of the job token on ``node_id``'s nonce (None without a token)."""
-        peer = self.peers.get(self.fds.get(node_id))
-        return None if self.token is None or peer is None else auth.admission_proof(self.token, peer.nonce, self.job_id, node_id)
+    def admit(self, action: mb.Admit) -> None:
+        """With a job token: node 0's proof on the launcher's nonce and a nonce of its own, then their session."""
+        peer = self.peers.get(self.fds.get(action.node_id))
+        if self.token is None or peer is None:
+            self.send_to(action.node_id, m.Admitted(action.standby))
+            return
+        ours = secrets.token_hex(16)
+        proven = auth.admission_proof(self.token, peer.nonce, self.job_id, action.node_id, ours)
+        self.send_to(action.node_id, m.Admitted(action.standby, proven, ours))
+        peer.session = auth.Session.elastic(self.token, ours, peer.nonce, self.job_id, action.node_id, at_keeper=True)
 
     def unproven(self, hello: m.Hello) -> Optional[str]:
         """Why a hello does not prove the job token (None: it does, or the job has none and it proves none)."""
@@ -295,7 +301,7 @@ class Keeper(LinkBase):
         self.nonces.add(hello.nonce)
         return None
 
-    def forget(self, fd: int, reason: str) -> None:
+    def forget(self, fd: int, reason: str, lost: str = "its connection closed") -> None:
         peer = self.peers.pop(fd, None)
         if peer is None:
             return
@@ -304,37 +310,16 @@ class Keeper(LinkBase):
         peer.sock.close()
         if peer.node_id is not None:
             log.log(logging.DEBUG, "elastic job: closed %s (%s)", peer.node_id, reason)
-            self.decide(mb.Closed(peer.node_id))
+            self.decide(mb.Closed(peer.node_id, lost))
 
     def send_to(self, node_id: str, message, close: bool = False) -> None:
-        """A message, or its bytes, to one launcher."""
+        """A message, or one ``Shared`` by many, to one launcher."""
         fd = self.fds.get(node_id)
         if fd is None:
             return
-        encoded = message if isinstance(message, bytes) else wire.encode(m.to_wire(message))
-        if not self.send_bytes(self.peers[fd], encoded) or close:
+        peer = self.peers[fd]
+        if not (peer.send_shared(message) if isinstance(message, Shared) else peer.send(message)) or close:
             self.forget(fd, "node 0 closed it")
-
-    def send(self, peer: _Peer, message) -> bool:
-        return self.send_bytes(peer, wire.encode(m.to_wire(message)))
-
-    @staticmethod
-    def send_bytes(peer: _Peer, encoded: bytes) -> bool:
-        """One try without waiting (a heartbeat: one system call); what the buffer did not take, within SEND_TIMEOUT."""
-        try:
-            try:
-                sent = peer.sock.send(encoded)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            if sent < len(encoded):
-                peer.sock.settimeout(SEND_TIMEOUT)
-                try:
-                    peer.sock.sendall(memoryview(encoded)[sent:])
-                finally:
-                    peer.sock.setblocking(False)
-            return True
-        except OSError:
-            return False
 
     def close_all(self, wait_for_them: bool) -> None:
         """Close every connection, after the others closed theirs (bounded by CLOSE_WAIT) when asked."""

@@ -3,9 +3,11 @@ orders in ``inbox``.
 
 A joining launcher says hello with an id of its own, its host (its end of the connection) and its
 number of workers, proving the job token (when there is one) on a nonce of its own; node 0 proves it
-back on the same nonce in its admission. Both ends then beat every ``keep_alive_interval`` (node 0
-beats every member at once, each answers), and each counts the other gone when its connection closes
-or it is silent for ``heartbeat_timeout``. Node 0's launcher leaving ends the job on every node.
+back on the same nonce and one of its own in its admission, and from then on every message both ways
+is sealed in their session (``auth.Session.elastic``): one that fails it (forged, replayed, reordered)
+counts node 0 as gone. Both ends then beat every ``keep_alive_interval`` (node 0 beats every member at
+once, each answers), and each counts the other gone when its connection closes or it is silent for
+``heartbeat_timeout``. Node 0's launcher leaving ends the job on every node.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ class MemberLink(LinkBase):
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
         self.nonce = ""
+        self.session: Optional[auth.Session] = None  # with a job token, from the admission on
         self.sock: Optional[socket.socket] = None
         self.framer = wire.Framer(wire.sized_for(spec.max_nodes))  # a round lists every member
-        self.early: list = []  # node 0's messages that came with the first round
+        self.early: list = []  # node 0's messages that came with the first round (their bodies, still sealed)
         self.heard = clock()  # when node 0 last said anything
         self.next_beat = clock()
         self.selector: Optional[selectors.BaseSelector] = None
@@ -84,10 +87,16 @@ class MemberLink(LinkBase):
             if admitted and now - self.heard > self.spec.rendezvous.heartbeat_timeout:
                 raise StartFailed(f"{self.where} went silent for {now - self.heard:.1f} s (heartbeat_timeout) before "
                                   "this launcher's round started.")
-            self._beat(now)
-            self.sock.settimeout(max(0.01, min(self.next_beat, deadline if not admitted else self.next_beat) - now))
-            messages = self._receive(admitted)
-            for i, message in enumerate(messages):
+            beating = admitted or not self.token  # with a token, its beats are sealed: from the admission on
+            if beating:
+                self._beat(now)
+            self.sock.settimeout(max(0.01, min(self.next_beat if beating else deadline,
+                                               deadline if not admitted else self.next_beat) - now))
+            bodies = self._receive(admitted)
+            for i, body in enumerate(bodies):
+                message = self._open(body)
+                if isinstance(message, StartFailed):
+                    raise message
                 if admitted and isinstance(message, m.Dropped) and message.code == 0:
                     log.info("elastic job: the job ended without this launcher: %s",
                              one_line(str(message.reason or "it finished"), 300))
@@ -95,7 +104,7 @@ class MemberLink(LinkBase):
                 if isinstance(message, (m.Refusal, m.Dropped)):
                     raise StartFailed(f"{self.where} did not take this launcher: "
                                       f"{one_line(str(message.reason or 'no reason given'), 300)}.")
-                if isinstance(message, m.Admitted):
+                if isinstance(message, m.Admitted) and not admitted:
                     self._check_admission(message)
                     admitted = True
                     if message.standby:
@@ -103,22 +112,36 @@ class MemberLink(LinkBase):
                 if isinstance(message, m.RoundStart) and None not in (message.number, message.members,
                                                                       message.world_size) \
                         and member(message, self.node_id) is not None:
-                    self.early = messages[i + 1:]  # what came with it: the link's thread takes it first
+                    self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
     def _check_admission(self, message: m.Admitted) -> None:
-        """With a job token, node 0 must prove it too: else what answers on the endpoint is not this job's."""
+        """With a job token, node 0 must prove it too (else what answers on the endpoint is not this job's); then
+        every message both ways is sealed in their session."""
         if self.token is None:
             return
-        expected = auth.admission_proof(self.token, self.nonce, self.job_id, self.node_id)
-        if not auth.proves(message.proof, expected):
+        theirs = message.keeper_nonce
+        if not (auth.fresh_nonce(theirs) and auth.proves(
+                message.proof, auth.admission_proof(self.token, self.nonce, self.job_id, self.node_id, theirs))):
             raise StartFailed(f"{self.where} did not prove the job token (LAUNCHER_JOB_TOKEN); check that the endpoint "
                               "is this job's node 0 and every node has the same token.")
+        self.session = auth.Session.elastic(self.token, theirs, self.nonce, self.job_id, self.node_id, at_keeper=False)
+
+    def _open(self, body: bytes):
+        """A body from node 0 as its message, its seal checked in their session; StartFailed naming what is wrong
+        with it (then node 0 counts as gone)."""
+        try:
+            return m.from_wire(wire.decode(self.session.open(body) if self.session is not None else body))
+        except wire.ProtocolError as e:
+            if self.session is None:
+                return StartFailed(f"{self.where} sent junk ({e}); check that the endpoint belongs to this job.")
+            return StartFailed(f"a message on the connection to {self.where} failed the job token's authentication "
+                               f"({e}); node 0 counts as gone, which ends an elastic job")
 
     def _beat(self, now: float) -> None:
         if now >= self.next_beat:
             try:
-                self.sock.sendall(wire.encode(m.to_wire(m.Beat())))
+                self.sock.sendall(wire.encode(m.to_wire(m.Beat()), self.session))
             except OSError:
                 pass  # the read sees the connection gone
             self.next_beat = now + self.spec.rendezvous.keep_alive_interval
@@ -132,7 +155,7 @@ class MemberLink(LinkBase):
         except OSError:
             data = b""
         try:
-            bodies = self.framer.feed(data) if data else None
+            bodies = self.framer.bodies(data) if data else None
         except wire.ProtocolError as e:
             raise StartFailed(f"{self.where} sent junk ({e}); check that the endpoint belongs to this job.") from None
         if bodies is None and admitted:
@@ -142,7 +165,7 @@ class MemberLink(LinkBase):
             raise StartFailed(f"{self.where.split(' at ')[-1]} closed the connection without an answer: the "
                               "endpoint is not this job's, or its job has ended.")
         self.heard = self.clock()
-        return [m.from_wire(body) for body in bodies]
+        return bodies
 
     # ------------------------------------------------------------ the event loop's side
 
@@ -151,11 +174,10 @@ class MemberLink(LinkBase):
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ)
-        for message in self.early:
-            over = self._take(message)
-            if over is not None:
-                self.inbox.put(over)
-                self.stopping = True
+        over = self._take_bodies(self.early)
+        if over is not None:
+            self.inbox.put(over)
+            self.stopping = True
         super().serve()
 
     def leave(self, code: int, reason: str) -> None:
@@ -204,7 +226,7 @@ class MemberLink(LinkBase):
     def _read(self) -> Optional[JobOver]:
         try:
             data = self.sock.recv(65536)
-            bodies = self.framer.feed(data) if data else None
+            bodies = self.framer.bodies(data) if data else None
         except BlockingIOError:
             return None
         except (OSError, wire.ProtocolError):
@@ -212,8 +234,12 @@ class MemberLink(LinkBase):
         if bodies is None:
             return JobOver(1, f"{self.where} closed the connection; node 0's launcher leaving ends an elastic job")
         self.heard = self.clock()
+        return self._take_bodies(bodies)
+
+    def _take_bodies(self, bodies: list) -> Optional[JobOver]:
         for body in bodies:
-            over = self._take(m.from_wire(body))
+            message = self._open(body)
+            over = JobOver(1, str(message)) if isinstance(message, StartFailed) else self._take(message)
             if over is not None:
                 return over
         return None
@@ -237,7 +263,7 @@ class MemberLink(LinkBase):
     def _send(self, message) -> None:
         try:
             self.sock.settimeout(SEND_TIMEOUT)
-            self.sock.sendall(wire.encode(m.to_wire(message)))
+            self.sock.sendall(wire.encode(m.to_wire(message), self.session))
         except OSError:
             pass  # the read sees the connection gone
         finally:

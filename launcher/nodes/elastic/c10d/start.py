@@ -15,7 +15,12 @@ happened here. Node 0's launcher leaving ends the job on every node (exit 1, say
 
 Messages are framed as the control channel frames them (``wire``). With a job token
 (LAUNCHER_JOB_TOKEN) both ends prove it: the hello on a nonce of the joining launcher's (a nonce
-proven once is refused again), node 0's admission on that same nonce. Every wait is bounded.
+proven once is refused again), node 0's admission on that same nonce and a fresh one of node 0's.
+From the admission on, every message both ways is sealed in a session of that member's (as the
+static channel's after its welcome: ``auth.Session.elastic``, keyed on the token, both nonces and the
+member's id): a message forged, replayed, reordered or sealed for another member loses the
+connection (node 0 counts the member lost; the member, node 0 gone). Without a token the channel
+is open, as the static one is. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
          clock: Callable[[], float] = time.monotonic) -> Link:
     """This launcher's link to the job's membership once its first round started (node 0's when it can
     listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
-    proves on a nonce of its own. Its ``first`` is that round (None: a standby whose job ended with 0)."""
+    proves on a nonce of its own, and which seals their channel from the admission on. Its ``first`` is that
+    round (None: a standby whose job ended with 0)."""
     listener = listen(spec.host, spec.port)
     if listener is None:
         return join(spec, job_id, workers, token, clock)

@@ -18,7 +18,6 @@ revokes its lease, and the last one removes the job's keys.
 
 from __future__ import annotations
 
-import math
 import selectors
 import socket
 import time
@@ -31,12 +30,11 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.elastic.link import JobOver, Leave, LinkBase, Report, StartFailed, StopOrder, own_id, place_in
 from launcher.nodes.elastic.etcd.client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
                                         put_op)
+from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say, one_line
 
-RETRY_EVERY = 0.5  # etcd unreachable at the start: tried again this often, within join_timeout
-LEAVE_WAIT = 5.0  # how long a launcher that leaves asks etcd again to revoke its lease and clear an ended job
 
 
 @dataclass(frozen=True)
@@ -57,59 +55,20 @@ class WatchEnded:
     watcher: object  # the watch that ended (an older one's end is ignored)
 
 
-def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None) -> "EtcdLink":
-    """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
-    with 0). StartFailed when the job does not take it or cannot start."""
-    if client is None:
-        from launcher.nodes.elastic.etcd.client import Etcd3gwClient
-
-        client = Etcd3gwClient(spec.etcd, request_timeout(spec))
-    link = EtcdLink(spec, job_id, workers, token, clock, client)
-    try:
-        link.start()
-        link.first = link.await_first_round()
-    except BaseException:
-        link.close()
-        raise
-    return link
-
-
-def request_timeout(spec: ElasticSpec) -> float:
-    """Seconds one etcd request may take: a third of the heartbeat timeout (the lease is renewed in time
-    through a member that answers), one second at least."""
-    return max(1.0, spec.rendezvous.heartbeat_timeout / 3)
-
-
-def lease_ttl(spec: ElasticSpec) -> int:
-    return max(1, math.ceil(spec.rendezvous.heartbeat_timeout))
-
-
-def source_address(spec: ElasticSpec) -> str:
-    """This machine's address on the way to etcd's first endpoint (how the other nodes reach it)."""
-    host, port = spec.etcd.endpoints[0]
-    try:
-        family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_UDP)[0]
-        with socket.socket(family[0], socket.SOCK_DGRAM) as s:
-            s.connect(family[4])
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostname()  # the other nodes resolve it as this machine's address
-
-
 class EtcdLink(LinkBase):
     """This launcher's node key, lease, watch and mirror of the job's keys; the keeper's record when it keeps it."""
 
     thread_name = "elastic-etcd"  # every launcher says its rounds itself (job.ElasticJob)
 
-    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue) -> None:
+    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue,
+                 host: str) -> None:
         super().__init__()
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
         self.prefix = es.job_prefix(job_id)
         self.node_id = own_id()
-        self.me = mb.Node(self.node_id, source_address(spec), workers)
-        self.lease = 0
+        self.me = mb.Node(self.node_id, host, workers)
+        self.lease = Lease(client, spec, clock, self.where)
         self.created = 0  # this launcher's node key's create revision
         self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them (``_span``)
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
@@ -120,8 +79,6 @@ class EtcdLink(LinkBase):
         self.fed: set = set()
         self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
         self.parsed: dict = {}  # Entry (a key's version) -> its value as read (_parsed)
-        self.kept = clock()  # when the lease was last renewed
-        self.next_beat = clock()
         self.given_round = self.given_stop = 0
         self.over_given = self.said_standby = self.said_unproven = self.ended = False
 
@@ -129,34 +86,16 @@ class EtcdLink(LinkBase):
 
     def start(self) -> None:
         """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
-        deadline, warned = self.clock() + self.spec.rendezvous.join_timeout, False
-        while True:
-            try:
-                self.lease = self.client.grant(lease_ttl(self.spec))
-                break
-            except Unavailable as e:
-                if self.clock() + RETRY_EVERY >= deadline:
-                    raise StartFailed(f"{self.where} did not answer within {self.spec.rendezvous.join_timeout:g} s "
-                                      f"(join_timeout; last: {one_line(str(e), 200)}); check that etcd runs and "
-                                      "--rdzv-endpoint names it.") from None
-                if not warned:
-                    log.warning("elastic job: %s does not answer (%s); trying again until join_timeout", self.where,
-                                one_line(str(e), 200))
-                    warned = True
-                time.sleep(RETRY_EVERY)
-            except Refused as e:
-                raise StartFailed(f"{self.where} refused this launcher ({one_line(str(e), 200)}); check the etcd user "
-                                  "and password, or its certificates (--rdzv-conf).") from None
-        self.kept = self.next_beat = self.clock()
+        self.lease.grant()
         key = es.node_key(self.prefix, self.node_id)
-        value = es.node_value(self.me, self.lease, self.token, self.job_id)
+        value = es.node_value(self.me, self.lease.id, self.token, self.job_id)
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
-                self.created = self.created or self.client.put(key, value, self.lease)
+                self.created = self.created or self.client.put(key, value, self.lease.id)
                 self.resync()
                 break
             except (Unavailable, Refused) as e:
-                if isinstance(e, Refused) or self.clock() - self.kept + RETRY_EVERY >= self.spec.rendezvous.heartbeat_timeout:
+                if isinstance(e, Refused) or not self.lease.may_retry():
                     raise StartFailed(f"{self.where} failed while this launcher joined ({one_line(str(e), 200)}).") from None
                 time.sleep(RETRY_EVERY)
         log.info("elastic job: joined the job %s in %s as node %s (%s); waiting for the round to start", self.job_id,
@@ -210,7 +149,7 @@ class EtcdLink(LinkBase):
             self._over(1, f"this launcher's link to {self.where} failed ({type(e).__name__})")
 
     def _wait(self) -> float:
-        times = [self.next_beat, self.clock() + 1.0]
+        times = [self.lease.next_beat, self.clock() + 1.0]
         if self.record is not None:
             times.append(mb.next_deadline(self.record.state) or times[-1])
         return max(0.0, min(times) - self.clock())
@@ -242,24 +181,9 @@ class EtcdLink(LinkBase):
         self._decide()
 
     def _renew(self) -> None:
-        now = self.clock()
-        if now >= self.next_beat:
-            self.next_beat = now + min(self.spec.rendezvous.keep_alive_interval, lease_ttl(self.spec) / 3)
-            try:
-                ttl = self.client.keepalive(self.lease)
-            except (Unavailable, Refused) as e:
-                ttl, problem = None, one_line(str(e), 200)
-            if ttl == 0:
-                self._over(1, f"this launcher's lease in {self.where} expired (it was not renewed within "
-                              f"heartbeat_timeout {self.spec.rendezvous.heartbeat_timeout:g} s): the job went on "
-                              "without this node")
-                return
-            if ttl is not None:
-                self.kept = self.clock()
-            elif self.clock() - self.kept > self.spec.rendezvous.heartbeat_timeout:
-                self._over(1, f"{self.where} did not answer for {self.clock() - self.kept:.1f} s (heartbeat_timeout "
-                              f"{self.spec.rendezvous.heartbeat_timeout:g} s; last: {problem}): this launcher lost "
-                              "its place in the job")
+        out = self.lease.renew()
+        if out is not None:
+            self._over(1, out)
 
     def resync(self) -> None:
         """The keys this launcher reads (``_span``) read afresh, and watched from there on."""
@@ -284,9 +208,9 @@ class EtcdLink(LinkBase):
             self.watcher = None
 
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
-        value = es.report_value(self.node_id, self.lease, kind, round_, code, reason, self.token, self.job_id)
+        value = es.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id)
         try:
-            self.client.put(es.report_key(self.prefix, self.node_id, kind), value, self.lease)
+            self.client.put(es.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
         except (Unavailable, Refused) as e:
             log.warning("elastic job: could not tell %s that this node's workers %s (%s)", self.where, kind,
                         one_line(str(e), 200))
@@ -447,32 +371,7 @@ class EtcdLink(LinkBase):
         self.stopping = True
 
     def _leave_etcd(self) -> None:
-        """Out of the job: the watch stopped, the lease revoked (its keys go with it); the last launcher of an
-        ended job removes the job's keys. etcd slow to answer is asked again, up to LEAVE_WAIT: a launcher that
-        left its key behind would keep the last one from seeing that it is the last."""
+        """Out of the job: the watch stopped, the lease revoked (its keys go with it), the job's keys cleared by the
+        last launcher of an ended job."""
         self._unwatch()
-        deadline = self.clock() + LEAVE_WAIT
-        try:
-            while True:
-                try:
-                    return self._revoke_and_clear()
-                except Unavailable as e:
-                    if self.clock() + RETRY_EVERY >= deadline:
-                        raise Refused(f"no answer within {LEAVE_WAIT:g} s; last: {e}") from None
-                    time.sleep(RETRY_EVERY)
-        except Refused as e:
-            log.warning("elastic job: could not leave %s cleanly (%s): this node's keys go when its lease expires, "
-                        "and a job's record left behind is replaced by the next run of the job", self.where,
-                        one_line(str(e), 200))
-        finally:
-            self.client.close()
-
-    def _revoke_and_clear(self) -> None:
-        if self.lease:
-            self.client.revoke(self.lease)
-            self.lease = 0
-        if self.ended:
-            _, left = self.client.range(self.prefix + "nodes/")
-            if not left:
-                self.client.delete_prefix(self.prefix)
-
+        self.lease.leave(self.prefix, self.ended)

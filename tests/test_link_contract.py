@@ -1,0 +1,176 @@
+"""The link contract (``launcher.nodes.elastic.link.Link``), the same tests on every backend: c10d on loopback
+sockets, etcd on the in-memory etcd (tests/memory_etcd.py), both on a fake clock (tests/link_harness.py).
+A new backend is one more entry in ``link_harness.BACKENDS``.
+
+What every backend promises the event loop: the first round with every node and dense ranks; a member
+lost, or silent past heartbeat_timeout, stops the round and the survivors form the next; a joiner below
+MAX re-forms the job; a failure spends a restart and restarts the same members; every member done ends
+the job with 0; a member that leaves is counted out; too few nodes is one sentence; close() is safe twice
+and leaves no thread running."""
+
+import threading
+
+import pytest
+
+from launcher.nodes.elastic import link as el
+from launcher.nodes.transport import messages as m
+from link_harness import BACKENDS, INTERVAL
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request):
+    made = []
+
+    def make(*args, **kwargs):
+        harness = BACKENDS[request.param](*args, **kwargs)
+        made.append(harness)
+        return harness
+    yield make
+    for harness in made:
+        harness.close()
+
+
+def formed(backend, count=3, low=2, high=3, **settings):
+    harness = backend(low, high, **settings)
+    links = harness.form(count)
+    errors = [x for x in links if isinstance(x, Exception)]
+    assert not errors, errors
+    harness.serve()
+    return harness, links
+
+
+def numbers(round_):
+    return [(s.node_rank, s.first_rank) for s in el.members(round_)]
+
+
+def ids(round_):
+    return {s.node_id for s in round_.members}
+
+
+def next_round_after_stop(harness, survivors, number, reason_has=""):
+    """Each survivor is told to stop round ``number`` and, once all said so, gets round ``number + 1``."""
+    for link in survivors:
+        stop = harness.await_item(link, el.StopOrder, lambda s: s.round == number)
+        assert reason_has in stop.reason
+    for link in survivors:
+        link.stopped(number)
+    return [harness.await_item(link, m.RoundStart, lambda r: r.number == number + 1) for link in survivors]
+
+
+def test_the_first_round_has_every_node_with_dense_ranks(backend):
+    harness, links = formed(backend)
+    firsts = [x.first for x in links]
+    assert {r.number for r in firsts} == {1} and {r.world_size for r in firsts} == {3}
+    assert numbers(firsts[0]) == [(0, 0), (1, 1), (2, 2)]
+    assert ids(firsts[0]) == {x.node_id for x in links}
+    assert sorted(el.place_in(x.first, x.node_id).node_rank for x in links) == [0, 1, 2]
+
+
+def test_a_member_lost_stops_the_round_and_the_survivors_form_the_next(backend):
+    harness, links = formed(backend)
+    lost = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 2)
+    survivors = [x for x in links if x is not lost]
+    harness.crash(lost)
+    rounds = next_round_after_stop(harness, survivors, 1)
+    assert all(ids(r) == {x.node_id for x in survivors} for r in rounds)
+    assert numbers(rounds[0]) == [(0, 0), (1, 1)] and rounds[0].world_size == 2
+
+
+def test_a_silent_member_is_lost_after_heartbeat_timeout_and_not_before(backend):
+    harness, links = formed(backend)
+    silent = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 1)
+    survivors = [x for x in links if x is not silent]
+    harness.silence(silent)
+    began = harness.clock()
+    stop = harness.await_item(survivors[0], el.StopOrder, lambda s: s.round == 1)
+    assert harness.clock() - began >= harness.rendezvous.heartbeat_timeout - INTERVAL, stop
+    for link in survivors:
+        link.stopped(1)
+    second = harness.await_item(survivors[0], m.RoundStart, lambda r: r.number == 2)
+    assert silent.node_id not in ids(second) and len(second.members) == 2
+
+
+def test_a_joiner_below_max_re_forms_the_job(backend):
+    harness, links = formed(backend, count=2, low=2, high=3)
+    assert links[0].first.world_size == 2
+    late = []
+    thread = threading.Thread(target=lambda: late.append(harness.join_late()), daemon=True)
+    thread.start()
+    for link in links:
+        harness.await_item(link, el.StopOrder, lambda s: s.round == 1)
+    for link in links:
+        link.stopped(1)
+    thread.join(120)
+    assert late and isinstance(late[0], el.LinkBase), late
+    second = harness.await_item(links[0], m.RoundStart, lambda r: r.number == 2)
+    assert late[0].first.number == 2 and ids(second) == {x.node_id for x in links + late}
+    assert numbers(second) == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_a_failure_spends_a_restart_and_restarts_the_same_members(backend):
+    harness, links = formed(backend, max_restarts=1)
+    failing = links[1]
+    failing.failed(1, 3, "rank 1 exited with code 3")
+    rounds = next_round_after_stop(harness, links, 1, "rank 1 exited with code 3")
+    assert all(r.restarts == 1 and ids(r) == {x.node_id for x in links} for r in rounds)
+
+
+def test_a_failure_with_no_restart_left_ends_the_job_with_its_code(backend):
+    harness, links = formed(backend)
+    links[2].failed(1, 3, "rank 2 exited with code 3")
+    for link in links:
+        over = harness.await_item(link, el.JobOver)
+        assert over.code == 3 and "rank 2 exited with code 3" in over.reason
+
+
+def test_every_member_done_ends_the_job_with_0(backend):
+    harness, links = formed(backend)
+    for link in links:
+        link.done(1)
+    for link in links:
+        assert harness.await_item(link, el.JobOver).code == 0
+
+
+def test_a_member_that_leaves_is_counted_out(backend):
+    harness, links = formed(backend)
+    leaving = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 2)
+    survivors = [x for x in links if x is not leaving]
+    leaving.leave(130, "node 2 received SIGINT: this node leaves the job")
+    harness.quiet.add(id(leaving))
+    leaving.close()
+    rounds = next_round_after_stop(harness, survivors, 1)
+    assert all(leaving.node_id not in ids(r) for r in rounds)
+
+
+def test_too_few_nodes_within_join_timeout_is_one_sentence(backend):
+    harness = backend(2, 2, join_timeout=5.0)
+    (outcome,) = harness.form(1)
+    assert isinstance(outcome, el.StartFailed), outcome
+    text = str(outcome)
+    assert "\n" not in text and text.endswith(".") and "join_timeout" in text, text
+
+
+def test_close_is_safe_twice_and_leaves_no_thread(backend):
+    harness, links = formed(backend)
+    for link in links:
+        link.close()
+        link.close()
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("elastic-") and
+             any(t is x.thread for x in links)]
+    assert not alive
+    for link in links:
+        link.stopped(1)  # after close: queued for nobody, never raises
+        link.leave(1, "late")
+
+
+def test_the_keepers_loss_ends_the_job_or_another_launcher_keeps_it(backend):
+    harness, links = formed(backend)
+    keeper = next(x for x in links if el.place_in(x.first, x.node_id).node_0)
+    others = [x for x in links if x is not keeper]
+    harness.crash(keeper)
+    if harness.keeper_loss_ends_the_job:
+        for link in others:
+            assert harness.await_item(link, el.JobOver).code == 1
+    else:
+        rounds = next_round_after_stop(harness, others, 1)
+        assert all(keeper.node_id not in ids(r) and len(r.members) == 2 for r in rounds)
