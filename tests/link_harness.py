@@ -237,16 +237,11 @@ class Etcd(Harness):
 
     def form_link(self, i: int, workers: int):
         from launcher.nodes.elastic.etcd.link import EtcdLink
+        from launcher.nodes.elastic.etcd.start import first_round
 
         link = EtcdLink(self.spec, JOB, workers, self.token, self.clock, self.store.client(), f"127.0.0.{i + 1}")
         self.links.append(link)
-        try:
-            link.start()
-            link.first = link.await_first_round()
-        except BaseException:
-            link.close()
-            raise
-        return link
+        return first_round(link)
 
     def settle(self) -> None:
         """Every live link renewed its lease at this time (etcd drops the leases that lapsed meanwhile)."""

@@ -7,7 +7,8 @@ gateway's compare dicts, as ``launcher.nodes.elastic.etcd.client`` writes them).
 Each launcher gets a client of its own (``client()``), which a test can cut off (``Unavailable`` on every
 call) or close. Events are delivered in the calling thread, in revision order, before the call returns,
 so a history replays the same way every time. tests/integration/test_etcd.py::test_the_memory_double_behaves_like_etcd
-runs the same operations on a real etcd 3.4 and on this, and compares what they answer.
+runs the same operations on a real etcd 3.4 and on this, and compares what they answer. ``end_watches`` is
+etcd ending every watch (a compaction they were behind, a member's restart).
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ class MemoryEtcd:
             for watch in list(self.watches):
                 if watch.next_revision < self.compacted:
                     self._end(watch, "etcd canceled the watch (compacted)")
+
+    def end_watches(self, reason: str = "etcd canceled the watch (compacted)") -> None:
+        """etcd ends every watch: a member restarted, or each watch was behind the history etcd compacted."""
+        with self.lock:
+            for watch in list(self.watches):
+                self._end(watch, reason)
 
     # ------------------------------------------------------------ the operations, under the lock
 

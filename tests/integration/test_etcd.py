@@ -355,3 +355,76 @@ def test_without_the_etcd_extra_an_etcd_line_is_one_sentence_that_says_how_to_in
     assert done.stderr.startswith("launcher: error: an etcd rendezvous needs the etcd client") and \
         "pip install 'launcher[etcd]'" in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not list(tmp_path.glob("ready.*"))
+
+
+# ---------------------------------------------------------------- the in-memory etcd of the contract suite
+
+
+def _transcript(client, prefix: str) -> list:
+    """Every operation the etcd link uses, on ``client``: what each answered, revisions counted from the first
+    put's, leases as whether there is one (ids differ)."""
+    import threading as _threading
+
+    from launcher.nodes.elastic.etcd.client import Refused, compare_created, compare_modified, put_op
+
+    out, events, got = [], [], _threading.Event()
+
+    def seen(batch):
+        events.extend(batch)
+        if any(e.deleted for e in batch):
+            got.set()
+
+    lease = client.grant(30)
+    base = client.put(prefix + "a", "1", lease)
+    rel = lambda revision: revision - base  # noqa: E731
+
+    def shown(entries):
+        return [(e.key[len(prefix):], e.value, rel(e.create_revision), rel(e.mod_revision), bool(e.lease))
+                for e in entries]
+    watch = client.watch(prefix, base, seen, lambda reason: None)
+    out.append(("put", rel(client.put(prefix + "b", "2"))))
+    out.append(("put again", rel(client.put(prefix + "a", "3", lease))))
+    revision, entries = client.range(prefix)
+    out.append(("range", rel(revision), shown(entries)))
+    out.append(("range to", shown(client.range(prefix + "a", prefix + "b")[1])))
+    created = [compare_created(prefix + "c", 0)]
+    ok, revision = client.txn(created, [put_op(prefix + "c", "4", lease)])
+    out.append(("txn create", ok, rel(revision)))
+    ok, revision = client.txn(created, [put_op(prefix + "c", "5")])
+    out.append(("txn create again", ok, rel(revision)))
+    ok, revision = client.txn([compare_modified(prefix + "c", base + 3)], [put_op(prefix + "c", "6", lease)])
+    out.append(("txn guarded by mod", ok, rel(revision)))
+    ok, revision = client.txn([compare_modified(prefix + "c", base)], [put_op(prefix + "c", "7")])
+    out.append(("txn stale guard", ok, rel(revision)))
+    out.append(("keepalive", client.keepalive(lease)))
+    client.revoke(lease)
+    assert got.wait(30), "no delete event came"
+    out.append(("after revoke", shown(client.range(prefix)[1]), client.keepalive(lease)))
+    try:
+        client.put(prefix + "d", "8", lease)
+        out.append(("put on a revoked lease", "taken"))
+    except Refused:
+        out.append(("put on a revoked lease", "refused"))
+    client.delete_prefix(prefix)
+    out.append(("after delete", client.range(prefix)[1]))
+    watch.stop()
+    out.append(("watched", sorted((e.key[len(prefix):], e.deleted, rel(e.mod_revision)) for e in events)))
+    return out
+
+
+def test_the_memory_double_behaves_like_etcd(etcd):
+    """tests/memory_etcd.py, which the link contract suite runs the etcd link on, answers every operation the
+    link uses as etcd 3.4 does."""
+    import time as _time
+
+    from launcher.nodes.elastic.etcd.client import Etcd3gwClient
+    from launcher.plan.etcd import EtcdSpec, parse_endpoints
+    from memory_etcd import MemoryEtcd
+
+    real = Etcd3gwClient(EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]), 5.0)
+    try:
+        theirs = _transcript(real, f"/double-{os.getpid()}/")
+    finally:
+        real.close()
+    ours = _transcript(MemoryEtcd(_time.monotonic).client(), f"/double-{os.getpid()}/")
+    assert ours == theirs

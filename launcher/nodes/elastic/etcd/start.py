@@ -20,7 +20,11 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
         from launcher.nodes.elastic.etcd.client import Etcd3gwClient
 
         client = Etcd3gwClient(spec.etcd, request_timeout(spec))
-    link = EtcdLink(spec, job_id, workers, token, clock, client, source_address(spec))
+    return first_round(EtcdLink(spec, job_id, workers, token, clock, client, source_address(spec)))
+
+
+def first_round(link: EtcdLink) -> EtcdLink:
+    """``link`` once it joined and its first round started (closed again if that fails)."""
     try:
         link.start()
         link.first = link.await_first_round()
