@@ -15,8 +15,9 @@ def test_the_gpu_check_runs_without_a_gpu_and_writes_its_report(tmp_path):
     fake = bin_dir / "nvidia-smi"
     fake.write_text('#!/bin/sh\necho "0, Fake GPU, 555.42, 143771 MiB"\n')
     fake.chmod(0o755)
-    py = bin_dir / "python3"
-    py.symlink_to(sys.executable)  # the script's python3 is this one
+    py = bin_dir / "python3"  # the script's python3 is this one; a symlink to a venv's python would lose the venv
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     r = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], capture_output=True, text=True, env=env,
