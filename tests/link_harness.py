@@ -208,14 +208,14 @@ class C10d(Harness):
             return
         now = self.clock()
         wait_until(lambda: keeper.next_beat > now or keeper.stopping or keeper.over, "node 0 beat")
-        members = [x for x in self.live() if x is not keeper]
-
-        def heard(node_id: str) -> float:
-            return max(keeper.heard.get(node_id, -1.0), keeper.state.heard.get(node_id, -1.0))
+        # the members whose first round started and whose thread answers; node 0's state is never read from here (its containers are for
+        # the keeper's thread alone): what it heard since its last beat is the plain dict ``heard``, filled until
+        # its next beat, which only the next step brings
+        members = [x for x in self.live() if x is not keeper and x.first is not None and x.thread is not None]
 
         def heard_all() -> bool:
             return keeper.stopping or keeper.over or all(
-                keeper.state.known(x.node_id) is None or heard(x.node_id) >= now - INTERVAL for x in members)
+                keeper.heard.get(x.node_id, -1.0) >= now - INTERVAL for x in members)
         wait_until(heard_all, "every live member was heard by node 0")
 
     def crash(self, link) -> None:
