@@ -47,3 +47,13 @@ def test_wait_returns_the_dumps_once_they_stop_growing_and_gives_up_at_its_bound
 
     assert flight.wait({0: str(done), 1: str(missing)}, timeout=1.0, clock=clock, sleep=sleep) == {0: str(done)}
     assert t[0] >= 1.0
+
+
+def test_the_wait_is_torchs_own_where_the_user_set_it():
+    """torch waits TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC for a dump (15 s by default); so does a stop.
+    One dump took 6 s on an H200 with torch 2.11, so 5 s lost it (bench/gpu_check.sh)."""
+    assert flight.wait_seconds({}) == flight.WAIT_SECONDS == 15.0
+    assert flight.wait_seconds({"TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": "30000"}) == 30.0
+    assert flight.wait_seconds({"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "2500"}) == 2.5
+    for odd in ("", "0", "-1", "soon", "1.5"):
+        assert flight.wait_seconds({"TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": odd}) == 15.0

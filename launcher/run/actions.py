@@ -22,7 +22,7 @@ def carry_out(group: WorkerGroup, actions) -> None:
         elif isinstance(action, policy.TakeStacks):
             dumps = _ask_flight_recorders(group)
             _show_stacks(group)
-            _report_flight_records(dumps)
+            _report_flight_records(dumps, flight.wait_seconds(group.plan.base_env))
         elif isinstance(action, policy.Send):
             group.send(action.sig, action.leftovers)
         elif isinstance(action, policy.Kill):
@@ -36,12 +36,12 @@ def _ask_flight_recorders(group: WorkerGroup) -> dict:
     return {rank: path for spec in alive for rank, path in flight.request([spec.rank], {**base, **spec.env}).items()}
 
 
-def _report_flight_records(dumps: dict) -> None:
+def _report_flight_records(dumps: dict, timeout: float) -> None:
     if dumps:
-        written = flight.wait(dumps)
+        written = flight.wait(dumps, timeout)
         for rank in sorted(dumps):
             log.info("rank %d: NCCL flight recorder %s", rank,
-                     f"dump: {written[rank]}" if rank in written else f"wrote no dump within {flight.WAIT_SECONDS:g} s")
+                     f"dump: {written[rank]}" if rank in written else f"wrote no dump within {timeout:g} s")
 
 
 def _show_stacks(group: WorkerGroup) -> None:

@@ -17,7 +17,10 @@ from typing import Callable, Iterable, Mapping
 
 PIPE_VARIABLE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_VARIABLE = "TORCH_FR_DUMP_TEMP_FILE"
-WAIT_SECONDS = 5.0  # how long a stop waits for the dumps it asked for
+# How long a stop waits for the dumps it asked for, as torch's own wait for a dump
+# (TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC, 15 s by default): one dump took 6 s on an H200 with torch 2.11.
+WAIT_SECONDS = 15.0
+WAIT_VARIABLES = ("TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")
 POLL_SECONDS = 0.1
 
 
@@ -31,6 +34,15 @@ def request(ranks: Iterable[int], env: Mapping[str, str]) -> dict:
         if _poke(f"{stem}{rank}.pipe"):
             asked[rank] = f"{dump}{rank}"
     return asked
+
+
+def wait_seconds(env: Mapping[str, str]) -> float:
+    """torch's wait for a dump where the user set it (in milliseconds), else ``WAIT_SECONDS``."""
+    for name in WAIT_VARIABLES:
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value) / 1000
+    return WAIT_SECONDS
 
 
 def wait(dumps: Mapping[int, str], timeout: float = WAIT_SECONDS,
