@@ -7,6 +7,8 @@ import inspect
 from types import SimpleNamespace
 from typing import Optional
 
+import signal
+
 import pytest
 
 from launcher.nodes.static import coordinator
@@ -93,7 +95,7 @@ def plan(node_rank: int, nodes: int = 2, max_restarts: int = 0, servers=(), trai
     """``servers``, ``trainers``: parameter-server mode, the node of each server and of each trainer."""
     ips = tuple(f"10.0.0.{n + 1}" for n in range(nodes))
     return SimpleNamespace(node_rank=node_rank, node_ip=ips[node_rank], node_ips=ips, max_restarts=max_restarts,
-                           shutdown_timeout=10.0, control=SimpleNamespace(job_id="job1"),
+                           shutdown_timeout=10.0, control=SimpleNamespace(job_id="job1", heartbeat_timeout=3.0),
                            servers=tuple(f"{ips[n]}:6170" for n in servers),
                            trainers=tuple(f"{ips[n]}:{6171 + i}" for i, n in enumerate(trainers)),
                            parameter_server=bool(servers))
@@ -105,7 +107,7 @@ def leader(nodes: int = 2, max_restarts: int = 0, joined=None, servers=(), train
 
 
 def follower(node: int = 1, nodes: int = 2, max_restarts: int = 0, welcomed: bool = True) -> Follower:
-    return Follower(plan(node, nodes, max_restarts), FakeSpoke(welcomed))
+    return Follower(plan(node, nodes, max_restarts), FakeSpoke(welcomed), FakeClock())
 
 
 def failure(node: int, code: int = 3) -> Cause:
@@ -302,9 +304,30 @@ def test_a_node_that_never_joined_stops_the_job_when_the_join_timeout_passes():
     assert node0.channel.sent[-1] == ("all", messages.End(0, 1, Cause(2, "join", 1, reason)))
 
 
-def test_a_follower_that_node_0_never_answered_ends_with_0_once_its_workers_are_done():
+def test_a_follower_that_node_0_never_answered_ends_with_0_once_its_workers_are_done(caplog):
     node1 = follower(welcomed=False)
-    assert finish(node1) == ("end", 0)
+    assert finish(node1, [], [], clock=node1.clock, step=2.0) == ("end", 0)  # the heartbeat timeout (3 s) passed
+    assert node1.clock.now == 104.0 and node1.channel.sent == []
+    assert "node 0 (10.0.0.1) never answered within 3 s; this node's workers all finished" in caplog.text
+
+
+def test_a_follower_whose_workers_ended_before_node_0_answered_still_reports_when_it_does():
+    """A parameter-server node whose trainer finished in 0.5 s, while node 0 (busy starting) had not yet
+    answered: had it ended at once, node 0 would have taken its trainer for one that never ran."""
+    node1 = follower(welcomed=False)
+    node1.trainers_done()  # went nowhere
+
+    def welcomed() -> list:
+        node1.channel.welcomed = True
+        return [Joined(0)]
+    history = [lambda: [], welcomed, lambda: [said(0, messages.End(0, 0, None))]]
+    assert node1.finish_attempt(lambda: node1.on_events(history.pop(0)())) == ("end", 0)
+    assert node1.channel.sent == [messages.Report(0, None)]  # reported once, on joining
+
+
+def test_a_signal_while_a_follower_waits_for_node_0_to_answer_ends_it_with_the_signals_code():
+    node1 = follower(welcomed=False)
+    assert finish(node1, [policy.StopSignal(signal.SIGTERM)]) == ("end", 128 + signal.SIGTERM)
 
 
 # ---------------------------------------------------------------- node 0 lost

@@ -428,7 +428,7 @@ def test_a_node_whose_workers_finished_ends_0_at_once_when_node_0_never_answered
     port = free_ports(3)
     node = cluster.start(LOOPBACK[:2], 1, *job_args(port, 2), WORKER, "--dump", tmp_path)
     assert cluster.finish(60) == [0]  # the join timeout is 300 s
-    assert ("node 0 (127.0.0.1) never answered; this node's workers all finished, so the job ends here "
+    assert ("node 0 (127.0.0.1) never answered within 3 s; this node's workers all finished, so the job ends here "
             "with exit code 0") in node.stderr
     assert_gone(cluster.pids)
 

@@ -239,9 +239,10 @@ def _ids(role: str, ids) -> str:
 
 
 class Follower(_Peered):
-    def __init__(self, plan: Plan, channel: SpokeChannel) -> None:
+    def __init__(self, plan: Plan, channel: SpokeChannel, clock: Clock) -> None:
         super().__init__(plan)
         self.channel = channel
+        self.clock = clock
         self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
         self.order: Optional[Union[messages.Start, messages.End]] = None  # node 0's order for this attempt
         self.alone = False  # node 0 is lost or never answered
@@ -304,17 +305,20 @@ class Follower(_Peered):
             self.reporting = False
 
     def _await_order(self, turn: Turn) -> Tuple[str, int]:
-        if self.cause is None and not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
-            log.warning("%s never answered; this node's workers all finished, so the job ends here with exit code 0",
-                        self.channel.node_name(0))
-            return "end", 0
-        self._report()
+        if self.cause is None and not self.channel.welcomed:
+            stopped = self._await_welcome(turn)
+            if stopped is not None:
+                return stopped
+            if not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
+                log.warning("%s never answered within %g s; this node's workers all finished, so the job ends here "
+                            "with exit code 0", self.channel.node_name(0), self.plan.control.heartbeat_timeout)
+                return "end", 0
+        else:
+            self._report()  # (a node welcomed while it waited has reported on joining)
         while self.order is None and not self.alone:
-            for e in turn():
-                if isinstance(e, policy.StopSignal):
-                    self.local_cause(self.signal_cause(e.sig))
-                    self.root = self.root or self.cause
-                    return "end", self.cause.code
+            stopped = self._stopped_by_signal(turn())
+            if stopped is not None:
+                return stopped
         if self.order is None:  # node 0 is gone: end with what is known here
             known = self.final_cause()
             return "end", known.code if known else 1
@@ -325,6 +329,25 @@ class Follower(_Peered):
             return "restart", self.attempt
         self.root = order.cause or self.root
         return "end", order.code
+
+    def _await_welcome(self, turn: Turn) -> Optional[Tuple[str, int]]:
+        """This node's workers are done and node 0 has not answered yet: it gets the heartbeat timeout to do
+        so (a node 0 still starting on a busy machine would otherwise count this node as one that never
+        joined, and its trainers as never run). ("end", code) when a signal stops the wait."""
+        deadline = self.clock() + self.plan.control.heartbeat_timeout
+        while not self.channel.welcomed and not self.alone and self.clock() < deadline:
+            stopped = self._stopped_by_signal(turn())
+            if stopped is not None:
+                return stopped
+        return None
+
+    def _stopped_by_signal(self, events) -> Optional[Tuple[str, int]]:
+        for e in events:
+            if isinstance(e, policy.StopSignal):
+                self.local_cause(self.signal_cause(e.sig))
+                self.root = self.root or self.cause
+                return "end", self.cause.code
+        return None
 
     def final_cause(self) -> Optional[Cause]:
         return self.root or self.cause

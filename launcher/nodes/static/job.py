@@ -40,4 +40,4 @@ def for_plan(plan: Plan) -> Solo:
         return Solo(plan)
     if plan.node_rank == 0:
         return Leader(plan, open_hub(plan), time.monotonic)
-    return Follower(plan, open_spoke(plan))
+    return Follower(plan, open_spoke(plan), time.monotonic)
