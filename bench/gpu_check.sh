@@ -20,7 +20,8 @@ py="${PYTHON:-python3}"
     "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "-")' 2>&1
 } > "$out/machine.txt"
 
-env -u PYTEST_ADDOPTS timeout 330 "$py" -m pytest -q -rs -p no:cacheprovider tests/gpu > "$out/tests.txt" 2>&1  # its report, whatever PYTEST_ADDOPTS says
+# its report whatever PYTEST_ADDOPTS says, in one process (one GPU; pytest-xdist need not be there)
+env -u PYTEST_ADDOPTS timeout 330 "$py" -m pytest -o addopts= -q -rs -p no:cacheprovider tests/gpu > "$out/tests.txt" 2>&1
 tests=$?
 timeout 150 "$py" bench/gpu_timing.py > "$out/timing.json" 2> "$out/timing.err"
 timing=$?

@@ -134,9 +134,14 @@ class Harness:
     def silence(self, link) -> None:
         """Its thread stops (a frozen process): it says nothing more, and its connection stays open."""
         self.quiet.add(id(link))
+        self.freeze(link)
         link.stopping = True
         link.waker.put(None)
         link.thread.join(REAL_BOUND)
+        assert not link.thread.is_alive(), f"{link.thread_name}'s thread did not stop within {REAL_BOUND:g} s"
+
+    def freeze(self, link) -> None:
+        """What a backend's link must not do as its thread ends, for a frozen or killed process."""
 
     def crash(self, link) -> None:  # its launcher's processes all gone
         raise NotImplementedError
@@ -166,6 +171,8 @@ class Harness:
         deadline = time.monotonic() + REAL_BOUND
         while closing.is_alive() and time.monotonic() < deadline:
             self.clock.advance(INTERVAL)
+            for link in self.links:  # a keeper's wait for the others to go is on the clock: it sees the time pass
+                link.waker.put(None)
             closing.join(0.01)
 
 
@@ -218,10 +225,14 @@ class C10d(Harness):
                 keeper.heard.get(x.node_id, -1.0) >= now - INTERVAL for x in members)
         wait_until(heard_all, "every live member was heard by node 0")
 
+    def freeze(self, link) -> None:
+        if link is self.keeper:  # its thread ends without the goodbye (closing, and waiting for the others to go)
+            link.close_all = lambda wait_for_them: None
+
     def crash(self, link) -> None:
         self.silence(link)
-        if link is self.keeper:
-            link.close_all(wait_for_them=False)
+        if link is self.keeper:  # the kernel closes a killed process's sockets
+            type(link).close_all(link, wait_for_them=False)
         else:
             link.sock.close()
 

@@ -5,7 +5,8 @@
 #   bash tests/soak.sh MODULE... [--runs N] [--load K]
 #
 # MODULE: a test file or node id, as pytest takes it. N runs (default 10), each one
-# `python -m pytest -q -p no:cacheprovider -x -rfE MODULE...`, beside K busy loops (default 2),
+# `python -m pytest -q -p no:cacheprovider -n 0 -x -rfE MODULE...` (in one process: the load is the K
+# loops, not the suite's own parallel workers), beside K busy loops (default 2),
 # started before the first run and always killed at the end (also on Ctrl-C or an error).
 # Prints each run's result, then `soak: P passed, F failed of N runs (load K)` and, for each
 # failing run, its first failed test id and its output (kept in a folder from mktemp -d).
@@ -14,7 +15,7 @@
 set -u
 
 usage() {
-    sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '4,14p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -70,7 +71,7 @@ for ((run = 1; run <= runs; run++)); do
     log="$out_dir/run-$run.log"
     # in the background, so that a signal to this script is handled at once (traps wait for a
     # foreground command); it ignores SIGINT then: stop_all ends it with SIGTERM
-    "$python" -m pytest -q -p no:cacheprovider -x -rfE "${modules[@]}" >"$log" 2>&1 &
+    "$python" -m pytest -q -p no:cacheprovider -n 0 -x -rfE "${modules[@]}" >"$log" 2>&1 &
     run_pid=$!
     wait "$run_pid"
     code=$?

@@ -19,9 +19,9 @@ PAIRS = {
 }
 
 
-@pytest.mark.parametrize("options, first, then", PAIRS.values(), ids=PAIRS)
+@pytest.mark.parametrize("options, first, then", PAIRS.values(), ids=PAIRS)  # in one process, in this order
 def test_a_test_after_one_that_ran_the_launcher_in_process_sees_its_messages(options, first, then):
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
                         *options, first, then], capture_output=True, text=True, cwd=REPO, timeout=120,
                        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})  # its summary line as asked
     assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

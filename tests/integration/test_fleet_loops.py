@@ -86,7 +86,7 @@ def test_different_models_are_refused_on_every_rank_naming_the_parameter(tmp_pat
     if api == "model":
         words = words.replace("parameter 0 of the optimizer", "weight").replace("parameter 2 of the optimizer", "1.weight")
         words = words.replace("fleet.distributed_optimizer", "fleet.distributed_model")
-    r = launch(tmp_path, "fleet_mismatch.py", api, kind, timeout=60)
+    r = launch(tmp_path, "fleet_mismatch.py", api, kind)
     assert r.returncode == 1, r.stdout + r.stderr  # a Python error, not SIGABRT (134)
     for log in logs(tmp_path):
         if "ValueError" in log:  # the rank the launcher did not stop first says it as well
@@ -97,7 +97,7 @@ def test_different_models_are_refused_on_every_rank_naming_the_parameter(tmp_pat
 
 @pytest.mark.parametrize("api, name", [("optimizer", "parameter 0 of the optimizer"), ("model", "0.weight")])
 def test_a_parameter_unfrozen_after_wrapping_stops_every_rank_naming_it(tmp_path, api, name):
-    r = launch(tmp_path, "fleet_unfrozen.py", api, timeout=60)
+    r = launch(tmp_path, "fleet_unfrozen.py", api)
     assert r.returncode == 1, r.stdout + r.stderr
     for log in logs(tmp_path):
         assert "step 0 done" in log and "step 1 done" not in log, log  # stopped before the first unsynchronised step
@@ -129,7 +129,7 @@ def test_a_stuck_rank_fails_the_job_after_the_fleet_timeout(tmp_path):
 def run_short_script(count, tmp_path):
     codes = []
     for _ in range(count):
-        r = launch(tmp_path, "fleet_short.py", timeout=60)
+        r = launch(tmp_path, "fleet_short.py")
         codes.append(r.returncode)
         assert "terminate called" not in "".join(logs(tmp_path)), "".join(logs(tmp_path))
     return codes
@@ -141,7 +141,7 @@ def test_short_fleet_scripts_exit_cleanly(tmp_path):
 
 def test_the_runtime_leaves_no_gloo_or_store_thread_running_into_the_interpreters_shutdown(tmp_path):
     """torch modules imported after fleet.init hold the group as a default argument; teardown lets go of it."""
-    r = launch(tmp_path, "fleet_threads.py", tmp_path, timeout=60)
+    r = launch(tmp_path, "fleet_threads.py", tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr + "".join(logs(tmp_path))
     for rank in (0, 1):
         assert (tmp_path / f"threads.{rank}").read_text().split() == ["python"], rank

@@ -147,8 +147,8 @@ def test_with_log_dir_the_files_have_every_line_and_the_state_file_says_what_the
     logs = tmp_path / "logs"
     streams = Unread(tmp_path, "unread", "same")
     try:  # rank 0 then sleeps 600 s: stopped, not waited for
-        proc = streams.start("--nproc_per_node", 2, "--log_dir", logs, *CHATTY, "--lines", count, "--delay", 1.5,
-                             "--sleep", 600)
+        proc = streams.start("--nproc_per_node", 2, "--log_dir", logs, *CHATTY, "--lines", count, "--delay", 0.5,
+                             "--after-writer", tmp_path, "--sleep", 600)  # rank 1 fails once rank 0 wrote them all
         code = ended(proc)
     finally:
         streams.close()

@@ -10,6 +10,7 @@
 --until-full       rank 0 writes without blocking, and once it has written --lines lines, goes on
                    until its output pipe has stayed full for 0.5 s; then says on stderr how many
 --fail-rank R      rank R exits with --code after --delay seconds
+--after-writer DIR the writer marks DIR/written once its lines are out; rank R's --delay starts then
 --sleep S          every rank that does not fail then waits S seconds
 """
 
@@ -33,6 +34,7 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--code", type=int, default=1)
 p.add_argument("--delay", type=float, default=0.0)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--after-writer")
 args = p.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -77,8 +79,12 @@ elif writer:
         write(pattern * (size // len(pattern)) + pattern[:size % len(pattern)] + b"\n")
     if args.long:
         write(b"after long\n")
+if writer and args.after_writer:
+    open(os.path.join(args.after_writer, "written"), "w").close()
 
 if rank == args.fail_rank:
+    while args.after_writer and not os.path.exists(os.path.join(args.after_writer, "written")):
+        time.sleep(0.05)  # the launcher's stop, or its --hang_timeout, bounds this wait
     time.sleep(args.delay)
     sys.exit(args.code)
 time.sleep(args.sleep)
