@@ -4,7 +4,7 @@ history they were reading. Reached on purpose here, not by luck against a real e
 
 from launcher.nodes.elastic import link as el
 from launcher.nodes.transport import messages as m
-from link_harness import Etcd
+from link_harness import Etcd, wait_until
 
 
 def formed(count=3):
@@ -38,8 +38,9 @@ def test_watches_ended_by_a_compaction_are_made_again_and_the_job_goes_on():
         watchers = [x.watcher for x in links]
         harness.store.compact()
         harness.store.end_watches()  # each was behind the compacted history
-        harness.tick()
-        assert all(x.watcher is not None and x.watcher is not w for x, w in zip(links, watchers))
+        harness.tick()  # the step waits for each lease's renewal; each link then watches again in the same turn
+        wait_until(lambda: all(x.watcher is not None and x.watcher is not w for x, w in zip(links, watchers)),
+                   "every link watching again")
         lost = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 2)
         harness.crash(lost)
         survivors = [x for x in links if x is not lost]
