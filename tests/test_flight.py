@@ -55,5 +55,5 @@ def test_the_wait_is_torchs_own_where_the_user_set_it():
     assert flight.wait_seconds({}) == flight.WAIT_SECONDS == 15.0
     assert flight.wait_seconds({"TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": "30000"}) == 30.0
     assert flight.wait_seconds({"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "2500"}) == 2.5
-    for odd in ("", "0", "-1", "soon", "1.5"):
+    for odd in ("", "0", "-1", "soon", "1.5", "\u00b2", "\u0663"):  # "²" and an Arabic-Indic 3 are digits to isdigit()
         assert flight.wait_seconds({"TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": odd}) == 15.0

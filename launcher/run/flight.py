@@ -40,7 +40,7 @@ def wait_seconds(env: Mapping[str, str]) -> float:
     """torch's wait for a dump where the user set it (in milliseconds), else ``WAIT_SECONDS``."""
     for name in WAIT_VARIABLES:
         value = env.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
+        if value.isascii() and value.isdigit() and int(value) > 0:  # ascii: "²".isdigit(), but int() refuses it
             return int(value) / 1000
     return WAIT_SECONDS
 
