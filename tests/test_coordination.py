@@ -322,7 +322,24 @@ def test_a_follower_whose_workers_ended_before_node_0_answered_still_reports_whe
         return [Joined(0)]
     history = [lambda: [], welcomed, lambda: [said(0, messages.End(0, 0, None))]]
     assert node1.finish_attempt(lambda: node1.on_events(history.pop(0)())) == ("end", 0)
-    assert node1.channel.sent == [messages.Report(0, None)]  # reported once, on joining
+    # on joining, in the order it happened: its trainers are done, and its part is over (reported once)
+    assert node1.channel.sent == [messages.TrainersDone(0), messages.Report(0, None)]
+
+
+def test_node_0_stops_its_servers_when_a_node_that_joined_after_its_trainers_ended_reports():
+    """Node 1's trainer ended before node 0 answered; node 0's servers run until it hears that the
+    trainer is done: without it, both launchers waited for ever (seen in CI)."""
+    node0 = leader(servers=(0,), trainers=(0, 1))
+    assert node0.trainers_done() == []  # node 1's trainer is not known to be done
+    node1 = follower(welcomed=False)
+    node1.trainers_done()
+
+    def welcomed() -> list:
+        node1.channel.welcomed = True
+        return [Joined(0)]
+    history = [welcomed, lambda: [said(0, messages.End(0, 0, None))]]
+    assert node1.finish_attempt(lambda: node1.on_events(history.pop(0)())) == ("end", 0)
+    assert node0.on_events([said(1, m) for m in node1.channel.sent]) == [TRAINERS_DONE]
 
 
 def test_a_signal_while_a_follower_waits_for_node_0_to_answer_ends_it_with_the_signals_code():

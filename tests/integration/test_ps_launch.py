@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 
-from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher
+from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher, wait_for
 
 ROLE = str(WORKERS / "ps_role.py")
 
@@ -84,13 +84,16 @@ def test_a_failed_trainer_restarts_the_whole_job(tmp_path):
     assert records(tmp_path, "start")["server.0"]["env"]["PADDLE_RESTART_COUNT"] == "1"
 
 
-def _ps_nodes(tmp_path, servers, trainers, started, *extra, env=None):
+def _ps_nodes(tmp_path, servers, trainers, started, *extra, env=None, between=lambda: None):
     """A job whose servers and trainers are on the loopback addresses ``servers`` and ``trainers`` (one
-    per process), the launchers of ``started`` only; (exit code, stderr) of each, in that order."""
+    per process), the launchers of ``started`` only, ``between`` called after the first starts;
+    (exit code, stderr) of each, in that order."""
     port = free_ports(len(servers) + len(trainers) + 2)
     ends = [f"{ip}:{port + i}" for i, ip in enumerate(servers + trainers)]
     procs = []
     for ip in started:
+        if procs:
+            between()
         cmd = launcher_cmd("--servers", ",".join(ends[:len(servers)]), "--workers", ",".join(ends[len(servers):]),
                            "--node_ip", ip, "--shutdown_timeout", 5, "--control_port", port + len(ends) + 1, *extra,
                            ROLE, tmp_path)
@@ -160,6 +163,22 @@ def test_a_node_of_servers_only_that_never_joins_ends_the_job_with_0_once_every_
     starts = records(tmp_path, "start")
     assert set(starts) == {"server.0", "trainer.0", "trainer.1"} and set(records(tmp_path, "term")) == {"server.0"}
     assert_all_gone([s["pid"] for s in starts.values()])
+
+
+def test_a_node_whose_trainers_end_before_node_0_starts_is_counted_once_node_0_answers(tmp_path):
+    """Node 1's trainer ends before node 0's launcher has even started (a busy machine): node 1 waits
+    --heartbeat_timeout for node 0 to answer, then tells it that its trainer is done, and node 0 stops
+    its servers. (Node 1 once reported only its end, and node 0's servers ran for ever: seen in CI.)"""
+    def trainer_1_ended() -> None:
+        wait_for(lambda: (tmp_path / "trainer.1.end.json").exists(), timeout=60, what="trainer 1 to end")
+    (b_code, b_err), (a_code, a_err) = _ps_nodes(tmp_path, ["127.0.0.1"], ["127.0.0.1", "127.0.0.2"],
+                                                 ["127.0.0.2", "127.0.0.1"], "--heartbeat_timeout", 60,
+                                                 env=FOREVER, between=trainer_1_ended)
+    assert (a_code, b_code) == (0, 0), a_err + b_err
+    assert "every trainer of the job finished: stopping the 1 server(s)" in a_err
+    assert "never" not in a_err + b_err
+    assert set(records(tmp_path, "end")) == {"trainer.0", "trainer.1"} and set(records(tmp_path, "term")) == {"server.0"}
+    assert_all_gone([s["pid"] for s in records(tmp_path, "start").values()])
 
 
 def test_a_node_that_never_joins_while_trainers_run_ends_the_job_at_the_join_timeout(tmp_path):

@@ -266,13 +266,7 @@ class Follower(_Peered):
         out = []
         for e in events:
             if isinstance(e, Joined):
-                # what was said before node 0 answered went nowhere (the channel drops it): say it now
-                if self.reporting:
-                    self._report()
-                elif self.cause is not None:
-                    self.channel.send(messages.to_wire(messages.Failed(self.attempt, self.cause)))
-                elif self.trained:
-                    self.channel.send(messages.to_wire(messages.TrainersDone(self.attempt)))
+                self._say_again()
             elif isinstance(e, (Lost, NeverJoined)):
                 self.alone = True
                 cause = Cause(0, "lost" if isinstance(e, Lost) else "join", 1, e.reason)
@@ -283,6 +277,17 @@ class Follower(_Peered):
             elif isinstance(e, Received):
                 out += self._on_message(messages.from_wire(e.message))
         return out
+
+    def _say_again(self) -> None:
+        """What was said before node 0 answered went nowhere (the channel drops it): say it now, in the
+        order it happened. Node 0 counts a node's trainers done only on TrainersDone (a report does not
+        say it): a parameter-server node that left it out would keep every server of the job running."""
+        if self.trained:
+            self.channel.send(messages.to_wire(messages.TrainersDone(self.attempt)))
+        if self.reporting:
+            self._report()
+        elif self.cause is not None:
+            self.channel.send(messages.to_wire(messages.Failed(self.attempt, self.cause)))
 
     def _on_message(self, message: messages.Message) -> list:
         if isinstance(message, messages.End) or (isinstance(message, messages.Start)
