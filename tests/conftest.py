@@ -68,6 +68,15 @@ def netns_available():
 
 
 @pytest.fixture
+def elastic_workers_without_torch(request, monkeypatch):
+    """The elastic worker (integration/workers/elastic_worker.py) makes its group on the launcher's store,
+    without torch (store_group.py: 2 s of CPU less per worker start), except in a test marked
+    ``real_torch``: those, one per path, run real gloo groups."""
+    if request.node.get_closest_marker("real_torch") is None:
+        monkeypatch.setenv("ELASTIC_WORKER_GROUP", "store")
+
+
+@pytest.fixture
 def veth_namespaces():
     """Two network namespaces joined by a veth pair, each with one address that exists only in it:
     (namespaces, links, addresses). Always removed."""

@@ -1,7 +1,8 @@
 """Elastic jobs (``--nnodes MIN:MAX``) on launchers that share 127.0.0.1: the same torchrun command line on
 every node, no node rank. What is promised: the launcher that binds the rendezvous endpoint is node 0;
-MAX launchers start the job at once, MIN of them once the last call has passed; real gloo workers see
-the round's WORLD_SIZE and contiguous ranks; every node exits 0; below MIN after join_timeout every
+MAX launchers start the job at once, MIN of them once the last call has passed; the workers of each round
+form one group (real gloo in the tests marked ``real_torch``, one per path; the launcher's store, spoken as
+torch does, in the others) and see the round's WORLD_SIZE and contiguous ranks; every node exits 0; below MIN after join_timeout every
 launcher exits 1 saying how many joined. While the job runs: a node powered off (its launcher and
 workers killed at once) or gone silent (all of them stopped) is lost and the survivors re-form at
 once, spending no restart; a launcher that comes is admitted below MAX (a new round) and waits as a
@@ -22,6 +23,7 @@ from conftest import (REPO, WORKERS, assert_all_gone, finish_all, free_ports, la
 
 WORKER = str(WORKERS / "elastic_worker.py")
 HOST = "127.0.0.1"
+pytestmark = pytest.mark.usefixtures("elastic_workers_without_torch")
 
 
 def torchrun_line(port, folder, *extra, nnodes="2:3", steps=3):
@@ -57,6 +59,7 @@ def check_round(folder, world) -> None:
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
 
 
+@pytest.mark.real_torch
 def test_max_launchers_start_the_job_at_once(tmp_path):
     port = free_ports(6)
     # a last call far longer than the test: only MAX launchers joined can start it
@@ -193,6 +196,7 @@ def three_holding(folder, *extra):
     return port, procs, wait_ready(folder, 3, procs)
 
 
+@pytest.mark.real_torch
 def test_a_node_powered_off_while_the_job_runs_re_forms_the_survivors_spending_no_restart(tmp_path):
     logs = tmp_path / "logs"
     _, procs, first = three_holding(tmp_path, "--max-restarts", "0", "--log_dir", logs)
@@ -277,6 +281,16 @@ def test_a_launcher_that_joins_a_running_job_below_max_is_admitted_in_a_new_roun
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
 
 
+def add_standby(folder, line, procs):
+    """A launcher of ``line`` added to ``procs``, once it says that it waits as a standby; the file of its
+    stderr (FOLDER/standby.err: read while it runs)."""
+    err = folder / "standby.err"
+    with open(err, "w") as f:
+        procs.append(subprocess.Popen(launcher_cmd(*line, "hold"), cwd=REPO, stdout=subprocess.PIPE, stderr=f, text=True))
+    wait_for(lambda: "this launcher waits as a standby" in err.read_text(), timeout=90, what="a standby")
+    return err
+
+
 def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
     port = free_ports(6)
     line = torchrun_line(port, tmp_path, *FAST, nnodes="1:2")
@@ -284,9 +298,8 @@ def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
     time.sleep(0.3)
     procs.append(start_launcher(*line, "hold"))
     first = wait_ready(tmp_path, 2, procs)
-    procs.append(start_launcher(*line, "hold"))  # at MAX: a standby
-    time.sleep(3)  # it stays out of the running round
-    assert ready(tmp_path).keys() == {0, 1}
+    standby = add_standby(tmp_path, line, procs)  # at MAX
+    assert ready(tmp_path).keys() == {0, 1}  # it stays out of the running round
     lost = next(p for p in procs if p.pid == psutil.Process(first[1][0]).parent().pid)
     gone = power_off(lost)
     kept = [p for p in procs if p is not lost]
@@ -294,8 +307,7 @@ def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
     results = go_and_finish(tmp_path, kept)
     for code, out, err in results:
         assert code == 0, err
-    assert "takes its place" in "".join(err for _, _, err in results)
-    assert "this launcher waits as a standby" in results[-1][2]
+    assert "takes its place" in "".join(err for _, _, err in results[:-1]) + standby.read_text()
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + gone + [r["pid"] for r in records(tmp_path)])
 
@@ -305,11 +317,10 @@ def test_a_standby_whose_job_finishes_without_it_exits_0(tmp_path):
     line = torchrun_line(port, tmp_path, *FAST, nnodes="1:2")
     procs = [start_launcher(*line, "hold") for _ in range(2)]
     wait_ready(tmp_path, 2, procs)
-    procs.append(start_launcher(*line, "hold"))
-    time.sleep(2)  # admitted as a standby
+    standby = add_standby(tmp_path, line, procs)
     results = go_and_finish(tmp_path, procs)
     assert [code for code, _, _ in results] == [0, 0, 0], results
-    assert "the job ended without this launcher: every worker of round 1 finished" in results[2][2]
+    assert "the job ended without this launcher: every worker of round 1 finished" in standby.read_text()
     check_round(tmp_path, 2)
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in records(tmp_path)])
 
@@ -343,7 +354,7 @@ def test_node_0s_launcher_leaving_ends_the_job_on_every_node_saying_so(tmp_path)
     assert other.returncode == 1, err
     assert "node 0's launcher leaving ends an elastic job" in err, err
     assert_all_gone([p.pid for p in procs] + gone + [pid for pid, _ in first.values()])
-@pytest.mark.parametrize("restarts, codes", [(1, [0, 0]), (0, [3, 3])])
+@pytest.mark.parametrize("restarts, codes", [pytest.param(1, [0, 0], marks=pytest.mark.real_torch), (0, [3, 3])])
 def test_a_worker_failure_spends_one_restart_of_the_job_the_same_on_every_node(tmp_path, restarts, codes):
     port = free_ports(6)
     line = torchrun_line(port, tmp_path, *FAST, "--max-restarts", restarts)

@@ -1,5 +1,7 @@
 """Elastic jobs whose membership is in a real etcd (Debian's etcd-server, started by the fixtures on loopback):
-launchers on 127.0.0.1 with the same command line, real gloo workers. What is promised: the job runs and
+launchers on 127.0.0.1 with the same command line, workers in one group per round (real gloo in the tests
+marked ``real_torch``, a start and a re-form; the launcher's store, spoken as torch does, in the others,
+as in test_elastic.py). What is promised: the job runs and
 leaves no key behind; any node may be lost, the first one (the keeper) included, and the others re-form
 without it; a silent node is lost within the heartbeat timeout; two jobs share one etcd; a launcher that
 does not prove the job token is refused; an etcd that does not answer (at the start, or gone mid-job) is
@@ -22,6 +24,7 @@ from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, sta
 from etcd_servers import etcd, etcd_cluster, etcd_factory  # noqa: F401 - the fixtures
 
 WORKER = str(WORKERS / "elastic_worker.py")
+pytestmark = pytest.mark.usefixtures("elastic_workers_without_torch")
 FAST = "heartbeat_timeout=2,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=30"
 
 
@@ -100,6 +103,7 @@ def worker_of(proc, workers):
     return next(pid for pid in workers.values() if pid in children)
 
 
+@pytest.mark.real_torch
 def test_a_job_in_etcd_runs_and_leaves_no_key(tmp_path, etcd):
     procs = start_nodes(3, etcd_line(etcd.endpoints, tmp_path))
     results = finish_all(procs, timeout=120)
@@ -114,7 +118,7 @@ def test_a_job_in_etcd_runs_and_leaves_no_key(tmp_path, etcd):
     assert_all_gone([p.pid for p in procs] + [r["pid"] for r in done])
 
 
-@pytest.mark.parametrize("first", [True, False], ids=["the keeper", "another node"])
+@pytest.mark.parametrize("first", [pytest.param(True, marks=pytest.mark.real_torch), False], ids=["the keeper", "another node"])
 def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, etcd, first):
     with nodes(3, etcd_line(etcd.endpoints, tmp_path, hold=True)) as procs:
         workers = ready(tmp_path, 3)
