@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line onl
     from launcher.plan.etcd import EtcdSpec
 
 ETCD_HEARTBEAT_TIMEOUT = 10.0  # etcd's default: torchrun's etcd lease; it outlasts an etcd election (1-2 s)
+# A lease is gone up to this long after its TTL: etcd's leader looks for expired leases every 500 ms
+# (its lessor's run loop), then deletes their keys through Raft, and the watch brings the deletion
+ETCD_EXPIRY_LAG = 1.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,6 @@ class ElasticSpec:
     @property
     def failure_grace(self) -> float:
         """How long the membership's verdict on a worker failure waits for a loss that would explain it: a
-        backend that finds a crashed node only when its lease expires (etcd) waits that long; one that sees a
-        connection close at once (c10d) does not wait."""
-        return self.rendezvous.heartbeat_timeout if self.backend == "etcd" else 0.0
+        backend that finds a crashed node only when its lease expires (etcd) waits that long, and etcd's lag
+        in deleting an expired lease's keys; one that sees a connection close at once (c10d) does not wait."""
+        return self.rendezvous.heartbeat_timeout + ETCD_EXPIRY_LAG if self.backend == "etcd" else 0.0
