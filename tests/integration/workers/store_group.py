@@ -40,14 +40,12 @@ class StoreGroup:
         if self.world > 1:
             self.sock = socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=TIMEOUT)
             self.sock.sendall(struct.pack("<BI", VALIDATE, MAGIC))
+            self.replies = self.sock.makefile("rb")
 
     def _read(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            part = self.sock.recv(n - len(data))
-            if not part:
-                raise SystemExit("store_group: the store closed the connection")
-            data += part
+        data = self.replies.read(n)  # a buffered read: short only at the end of the stream
+        if len(data) < n:
+            raise SystemExit("store_group: the store closed the connection")
         return data
 
     def all_reduce(self, value: float) -> float:
@@ -71,6 +69,7 @@ class StoreGroup:
 
     def close(self) -> None:
         if self.sock is not None:
+            self.replies.close()
             self.sock.close()
 
 
