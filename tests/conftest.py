@@ -68,12 +68,12 @@ def netns_available():
 
 
 @pytest.fixture
-def elastic_workers_without_torch(request, monkeypatch):
-    """The elastic worker (integration/workers/elastic_worker.py) makes its group on the launcher's store,
-    without torch (store_group.py: 2 s of CPU less per worker start), except in a test marked
+def workers_without_torch(request, monkeypatch):
+    """The workers that take WORKER_GROUP (integration/workers/elastic_worker.py, allreduce_dump.py) make
+    their group without torch (store_group.py: 2 s of CPU less per worker start), except in a test marked
     ``real_torch``: those, one per path, run real gloo groups."""
     if request.node.get_closest_marker("real_torch") is None:
-        monkeypatch.setenv("ELASTIC_WORKER_GROUP", "store")
+        monkeypatch.setenv("WORKER_GROUP", "store")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from conftest import (REPO, WORKERS, assert_all_gone, finish_all, free_ports, la
 
 WORKER = str(WORKERS / "elastic_worker.py")
 HOST = "127.0.0.1"
-pytestmark = pytest.mark.usefixtures("elastic_workers_without_torch")
+pytestmark = pytest.mark.usefixtures("workers_without_torch")
 
 
 def torchrun_line(port, folder, *extra, nnodes="2:3", steps=3):

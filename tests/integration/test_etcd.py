@@ -24,7 +24,7 @@ from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, sta
 from etcd_servers import etcd, etcd_cluster, etcd_factory  # noqa: F401 - the fixtures
 
 WORKER = str(WORKERS / "elastic_worker.py")
-pytestmark = pytest.mark.usefixtures("elastic_workers_without_torch")
+pytestmark = pytest.mark.usefixtures("workers_without_torch")
 FAST = "heartbeat_timeout=2,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=30"
 
 

@@ -1,11 +1,15 @@
-"""Two nodes, one command each, a real gloo all-reduce over 4 ranks."""
+"""Two nodes, one command each, an all-reduce over 4 ranks: real gloo on loopback, a group without torch
+(workers/store_group.py) in the other tests (conftest.workers_without_torch)."""
 
 import json
 import subprocess
 
+import pytest
+
 from conftest import PROBE, REPO, WORKERS, finish_all, free_ports, launcher_cmd, read_dumps, run_launcher
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
+pytestmark = pytest.mark.usefixtures("workers_without_torch")
 
 
 def start_node(nodes, node_ip, port, out, prefix=()):
@@ -34,6 +38,7 @@ def check_world(out, nodes, port):
         assert env["PADDLE_TRAINER_ENDPOINTS"] == endpoints
 
 
+@pytest.mark.real_torch
 def test_two_nodes_on_loopback(tmp_path):
     nodes = ["127.0.0.1", "127.0.0.2"]
     port = free_ports(2)

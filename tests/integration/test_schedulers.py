@@ -1,5 +1,6 @@
 """Real schedulers on this machine: a one-node SLURM cluster (slurmctld, slurmd, munged started and
-stopped here) and Open MPI's mpirun. Skipped when their programs are not installed."""
+stopped here) and Open MPI's mpirun. Skipped when their programs are not installed. The two
+``gloo_allreduce`` tests run real gloo workers; the others a group without torch (conftest.workers_without_torch)."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import REPO, WORKERS, finish_all
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
+pytestmark = pytest.mark.usefixtures("workers_without_torch")
 NEEDED_FOR_SLURM = ("slurmctld", "slurmd", "srun", "munged", "sinfo")
 
 
@@ -127,6 +129,7 @@ def read_records(folder, count):
     return [json.loads((folder / f"allreduce.{r}.json").read_text()) for r in range(count)]
 
 
+@pytest.mark.real_torch
 def test_srun_one_node_gloo_allreduce(slurm_cluster, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -150,6 +153,7 @@ def test_srun_two_tasks_per_node_is_refused(slurm_cluster, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="needs Open MPI (apt-get install openmpi-bin)")
+@pytest.mark.real_torch
 def test_mpirun_one_rank_gloo_allreduce(tmp_path):
     r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "1", sys.executable, "-m", "launcher",
                         "--nproc_per_node", "2", ALLREDUCE, str(tmp_path)],

@@ -1,5 +1,6 @@
 """Two nodes on one host (127.0.0.1 twice), one real launcher each, as torchrun users try a multi-node
-command on one machine: torchrun's command line and ours, real gloo all-reduces across both nodes.
+command on one machine: torchrun's command line and ours, all-reduces across both nodes (real gloo in the
+test marked ``real_torch``, a group without torch in the others: conftest.workers_without_torch).
 
 What is promised: the nodes are told apart by their node rank; each takes its own worker ports (node 1
 the ones after node 0's), so that every worker sees the same endpoint list; both may share one
@@ -17,6 +18,7 @@ from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, lau
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
 NODE_WORKER = str(WORKERS / "node_worker.py")
+pytestmark = pytest.mark.usefixtures("workers_without_torch")
 HOST = "127.0.0.1"
 
 
@@ -45,7 +47,7 @@ def check_world(out, nproc: int, port: int) -> None:
         assert env["PADDLE_TRAINER_ENDPOINTS"] == endpoints
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.real_torch)])
 def test_torchruns_command_line_runs_two_nodes_on_one_host(tmp_path, nproc):
     port = free_ports(1 + 2 * nproc) + 1  # node 0's launcher listens on the one below (--master-port minus one)
 

@@ -5,7 +5,7 @@ record of its run (a line of JSON appended to FOLDER/records.jsonl).
 Usage: elastic_worker.py FOLDER STEPS [hold|fail_once]: with ``hold``, each worker writes "PID WORLD_SIZE" to
 FOLDER/ready.RANK once in the group and waits (60 s at most) for FOLDER/go before its steps; with ``fail_once``,
 the last rank exits 3 once in the group, the first time (FOLDER/failed marks it).
-With ELASTIC_WORKER_GROUP=store it imports no torch: its group is the launcher's store, spoken as torch
+With WORKER_GROUP=store it imports no torch: its group is the launcher's store, spoken as torch
 does (store_group.py), and its checkpoint is JSON; the same steps, sums and records.
 """
 
@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-if os.environ.get("ELASTIC_WORKER_GROUP") == "store":
+if os.environ.get("WORKER_GROUP") == "store":
     from store_group import group as store_group
 
     group = store_group()
