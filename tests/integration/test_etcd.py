@@ -411,6 +411,8 @@ def _transcript(client, prefix: str) -> list:
         out.append(("put on a revoked lease", "refused"))
     client.delete_prefix(prefix)
     out.append(("after delete", client.range(prefix)[1]))
+    # the watch brings the last deletion after the delete has answered: wait for it, bounded (once it was not yet there)
+    wait_for(lambda: any(e.deleted and e.key == prefix + "b" for e in list(events)), 30, what="b's deletion watched")
     watch.stop()
     out.append(("watched", sorted((e.key[len(prefix):], e.deleted, rel(e.mod_revision)) for e in events)))
     return out

@@ -38,7 +38,7 @@ class StoreGroup:
         self.calls = 0
         self.sock = None
         if self.world > 1:
-            self.sock = socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=TIMEOUT)
+            self.sock = _connect((env["MASTER_ADDR"], int(env["MASTER_PORT"])))  # torch's client retries too
             self.sock.sendall(struct.pack("<BI", VALIDATE, MAGIC))
             self.replies = self.sock.makefile("rb")
 
