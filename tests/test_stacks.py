@@ -221,6 +221,22 @@ def test_a_py_spy_that_hangs_is_killed_at_the_shared_deadline(tmp_path, monkeypa
     assert len(pids) == 3 and not any(os.path.exists(f"/proc/{p}") for p in pids)
 
 
+def test_a_main_thread_read_with_no_frame_is_read_once_more(tmp_path, monkeypatch):
+    """py-spy read rank 0 between two frames ("active+gil", no frame: seen once under load, in a hung job's
+    report): a second dump, within the same deadline, gives its place."""
+    count = tmp_path / "count"
+    fake_py_spy(tmp_path, monkeypatch, f"""echo x >> {count}
+if [ "$(wc -l < {count})" = 1 ]; then printf 'Thread 7 (active+gil): "MainThread"\\n'
+else printf 'Thread 7 (idle): "MainThread"\\n    step (/job/train.py:43)\\n'; fi""")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (stack,) = stacks.take({0: sleeper.pid})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert stack.where == "step (train.py:43)" and count.read_text().count("x") == 2
+
+
 @needs_py_spy
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 def test_ptrace_refused_says_what_to_do(tmp_path, monkeypatch):

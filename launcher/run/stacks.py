@@ -54,8 +54,18 @@ def take(workers: Mapping[int, int], timeout: float = 10.0) -> list[Stack]:
     exe = find_py_spy()
     if exe is None:
         return [Stack(rank, pid, None, NOT_INSTALLED, None) for rank, pid in sorted(workers.items())]
-    started = {rank: _start(exe, pid) for rank, pid in sorted(workers.items())}
     deadline = time.monotonic() + timeout
+    taken = _dump(exe, workers, deadline, timeout)
+    # a dump read while the main thread was between two frames shows it with none: read those once more
+    again = {s.rank: s.pid for s in taken if s.text is not None and s.where is None}
+    if not again:
+        return taken
+    better = {s.rank: s for s in _dump(exe, again, deadline, timeout) if s.where is not None}
+    return [better.get(s.rank, s) for s in taken]
+
+
+def _dump(exe: str, workers: Mapping[int, int], deadline: float, timeout: float) -> list[Stack]:
+    started = {rank: _start(exe, pid) for rank, pid in sorted(workers.items())}
     return [_finish(rank, workers[rank], run, deadline, timeout) for rank, run in started.items()]
 
 

@@ -792,9 +792,9 @@ def test_a_hung_job_shows_where_each_rank_of_each_node_was(cluster, tmp_path):
     assert cluster.finish(8 + 40) == [1, 1], leader.stderr + follower.stderr
     reduce_line, sleep_line = marked_line("# ALLREDUCE"), marked_line("# SLEEP")
     assert "launcher: where each rank of node 0 (127.0.0.1) was:" in leader.stderr, leader.stderr
-    assert f"  rank 0 (pid {pid0}): all_reduce ({HANG.name}:{reduce_line})" in leader.stderr
+    assert f"  rank 0 (pid {pid0}): all_reduce ({HANG.name}:{reduce_line})" in leader.stderr, leader.stderr
     assert "launcher: where each rank of node 1 (127.0.0.2) was:" in follower.stderr, follower.stderr
-    assert f"  rank 1 (pid {pid1}): step ({HANG.name}:{sleep_line})" in follower.stderr
+    assert f"  rank 1 (pid {pid1}): step ({HANG.name}:{sleep_line})" in follower.stderr, follower.stderr
     causes = {root_cause(node) for node in cluster.nodes}
     assert len(causes) == 1, causes  # whichever node saw it first, both name the same one
     assert causes.pop().endswith("wrote a line for 8 s (--hang_timeout); exit code 1")
