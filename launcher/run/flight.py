@@ -15,8 +15,11 @@ import stat
 import time
 from typing import Callable, Iterable, Mapping
 
-PIPE_VARIABLE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-DUMP_VARIABLE = "TORCH_FR_DUMP_TEMP_FILE"
+from launcher import envvars as ev
+from launcher.plan.parsing import DIGITS
+
+PIPE_VARIABLE = ev.FR_PIPE_FILE
+DUMP_VARIABLE = ev.FR_DUMP_TEMP_FILE
 # How long a stop waits for the dumps it asked for, as torch's own wait for a dump
 # (TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC, 15 s by default): one dump took 6 s on an H200 with torch 2.11.
 WAIT_SECONDS = 15.0
@@ -40,7 +43,7 @@ def wait_seconds(env: Mapping[str, str]) -> float:
     """torch's wait for a dump where the user set it (in milliseconds), else ``WAIT_SECONDS``."""
     for name in WAIT_VARIABLES:
         value = env.get(name, "").strip()
-        if value.isascii() and value.isdigit() and int(value) > 0:  # ascii: "²".isdigit(), but int() refuses it
+        if DIGITS.fullmatch(value) and int(value) > 0:
             return int(value) / 1000
     return WAIT_SECONDS
 
