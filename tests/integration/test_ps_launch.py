@@ -41,7 +41,8 @@ def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(
 
 
 def test_a_trainer_failure_stops_the_servers_at_once_with_its_code(tmp_path):
-    r = run_launcher("--server_num", 2, "--worker_num", 2, ROLE, tmp_path, env={"TRAINER_CODE_1": "3"}, timeout=120)
+    r = run_launcher("--server_num", 2, "--worker_num", 2, ROLE, tmp_path,
+                     env={"TRAINER_CODE_1": "3", "TRAINER_WAITS_FOR_SERVERS": "1"}, timeout=120)
     assert r.returncode == 3, r.stderr
     assert "trainer 1 failed (exit code 3); stopping the other" in r.stderr
     assert "launcher: last lines of trainer 1:" in r.stderr and "[trainer 1] trainer 1 step 2" in r.stdout
@@ -120,7 +121,7 @@ def test_two_nodes_end_together_when_every_trainer_of_the_job_is_done(tmp_path):
 
 
 def test_a_trainer_failure_on_one_node_stops_the_servers_on_the_other(tmp_path):
-    (b_code, b_err), (a_code, a_err) = _two_nodes(tmp_path, env={"TRAINER_CODE_1": "5"})
+    (b_code, b_err), (a_code, a_err) = _two_nodes(tmp_path, env={"TRAINER_CODE_1": "5", "TRAINER_WAITS_FOR_SERVERS": "1"})
     assert (a_code, b_code) == (5, 5), a_err + b_err
     assert "trainer 1 on node 1 (127.0.0.2) failed (exit code 5)" in a_err
     assert set(records(tmp_path, "term")) == {"server.0", "server.1"}

@@ -77,11 +77,11 @@ def test_redirects_tee_and_filter_route_the_streams_as_torchrun(tmp_path, args, 
 def test_a_restart_keeps_each_stream_where_it_goes(tmp_path):
     """A split route (-r 1: stdout to the file, stderr on the console) in both attempts (no spare
     interpreter takes it over: it is started afresh)."""
-    r = run_launcher("--print_config", "false", "--nproc-per-node", 2, "--max-restarts", 1, "--log-dir", tmp_path,
-                     "-r", 1, TWO_STREAMS, env={"FAIL_FIRST_ATTEMPT": "1"})
+    r = run_launcher("--print_config", "false", "--nproc-per-node", 2, "--max-restarts", 1, "--log-dir", tmp_path / "log",
+                     "-r", 1, TWO_STREAMS, env={"FAIL_FIRST_ATTEMPT": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert shown(r.stderr) == ["stderr of 0", "stderr of 0", "stderr of 1", "stderr of 1"] and shown(r.stdout) == []
-    assert in_file(tmp_path, 1) == ["stdout of 1", "stdout of 1"]
+    assert in_file(tmp_path / "log", 1) == ["stdout of 1", "stdout of 1"]
 
 
 def test_the_filter_without_a_log_dir_limits_the_console():

@@ -4,7 +4,9 @@ argv[1]: a folder for its records. Servers record their start, wait, and record 
 stops them; trainers record their variables, print a few lines and exit. Knobs (variables):
 TRAINER_SECONDS (0.3) or TRAINER_SECONDS_<id>, TRAINER_CODE_<id> (0), SERVER_KILL_<id> (seconds until it kills itself),
 SERVER_SECONDS (60: how long a server waits before it exits 0 by itself), TRAINER_FAIL_FIRST (trainer 0 exits 9 on
-the first attempt).
+the first attempt), TRAINER_WAITS_FOR_SERVERS (1: a trainer starts its steps once every server of the job has recorded
+its start, as a real trainer first connects to them; a server records its start only once it records a SIGTERM, so a
+test may then expect a "term" record from each server that the launcher stops).
 """
 
 import json
@@ -30,9 +32,18 @@ def on_term(sig, frame):
     sys.exit(0)
 
 
-record("start", env={k: v for k, v in env.items() if k.startswith(("PADDLE_", "TRAINING_", "POD_", "RANK", "MASTER_"))})
+def wait_for_servers() -> None:
+    servers = len(env["PADDLE_PSERVERS_IP_PORT_LIST"].split(","))
+    deadline = time.monotonic() + 60  # a hang guard: the test fails on the missing records
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(out, f"server.{i}.start.json")) for i in range(servers)):
+        time.sleep(0.02)
+
+
 if role == "PSERVER":
     signal.signal(signal.SIGTERM, on_term)
+record("start", env={k: v for k, v in env.items() if k.startswith(("PADDLE_", "TRAINING_", "POD_", "RANK", "MASTER_"))})
+if role == "PSERVER":
     print(f"server {me} listening on {env['PADDLE_CURRENT_ENDPOINT']}", flush=True)
     kill_after = env.get(f"SERVER_KILL_{me}")
     began = time.monotonic()
@@ -43,6 +54,8 @@ if role == "PSERVER":
             os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(0)
 
+if env.get("TRAINER_WAITS_FOR_SERVERS"):
+    wait_for_servers()
 for step in range(3):
     print(f"trainer {me} step {step}", flush=True)
     time.sleep(float(env.get(f"TRAINER_SECONDS_{me}", env.get("TRAINER_SECONDS", "0.3"))) / 3)
