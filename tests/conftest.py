@@ -1,6 +1,7 @@
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -257,7 +258,7 @@ def free_ports(count, host="127.0.0.1"):
     from that range (what binding to port 0 gives) can be taken meanwhile as the local port of any connection,
     the test's own launchers' included (a worker's port taken so: 1 run in 11 of test_elastic.py beside
     the etcd tests)."""
-    low, high = PORTS_BELOW_EPHEMERAL
+    low, high = ports_of_this_process()
     for _ in range(200):
         port = random.randrange(low, high - count)
         socks = [socket.socket() for _ in range(count)]
@@ -273,6 +274,18 @@ def free_ports(count, host="127.0.0.1"):
     raise RuntimeError(f"no {count} consecutive free ports from {low} to {high}")
 
 
+def ports_of_this_process() -> tuple:
+    """This pytest process's share of PORTS_BELOW_EPHEMERAL: with pytest-xdist, each worker its own slice, so
+    that two tests running at once never pick the same port (a test picks its ports free, but its launchers bind
+    them a moment later: another worker's test picking one meanwhile got it too)."""
+    low, high = PORTS_BELOW_EPHEMERAL
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit()):
+        return low, high
+    size = (high - low) // int(workers)
+    return low + int(worker[2:]) * size, low + (int(worker[2:]) + 1) * size
+
+
 def free_port(host="127.0.0.1") -> int:
     return free_ports(1, host)
 
@@ -284,18 +297,42 @@ def probe():
 
 def finish_all(procs, timeout=120):
     """Wait for every process (Popen with pipes) in turn, bounded; (returncode, stdout, stderr) of each.
-    Whatever still runs at the end is killed."""
+    Whatever still runs at the end is killed. When one overruns, the failure shows what every process
+    wrote (a hang of one node is most often explained by another's output)."""
     results = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=timeout)
             results.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired as late:
+        raise AssertionError(f"{shlex.join(map(str, late.cmd))} still ran after {timeout:g} s; what each process "
+                             f"wrote:\n{_outputs_of(procs, results)}") from None
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     return results
+
+
+def _outputs_of(procs, results, tail=3000) -> str:
+    """Each process (killed if it still runs): its command, exit code and the tails of its stdout and stderr;
+    ``results`` holds those of the first processes, read already."""
+    parts = []
+    for i, p in enumerate(procs):
+        if i < len(results):
+            _, out, err = results[i]
+        else:
+            if p.poll() is None:
+                p.kill()
+            try:
+                out, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a grandchild still holds its pipes
+                out, err = "", "(not readable: a child of it holds its pipes)"
+        text = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (out, err)]
+        parts.append(f"--- {shlex.join(map(str, p.args))} (exit code {p.returncode})\n"
+                     f"stdout: ...{text[0][-tail:]}\nstderr: ...{text[1][-tail:]}")
+    return "\n".join(parts)
 
 
 def pose_as_node_0(port, answer: bytes, connections=3, timeout=30.0) -> list:

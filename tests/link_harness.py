@@ -213,6 +213,8 @@ class C10d(Harness):
         keeper = self.keeper
         if keeper is None or id(keeper) in self.quiet or keeper.stopping:
             return
+        if keeper.first is not None and keeper.thread is None:  # its first round returned, its thread not yet
+            return  # started (``serve``): nothing runs its loop, so it beats only once it is served
         now = self.clock()
         wait_until(lambda: keeper.next_beat > now or keeper.stopping or keeper.over, "node 0 beat")
         # the members whose first round started and whose thread answers; node 0's state is never read from here (its containers are for
