@@ -210,11 +210,21 @@ def read_until(proc, text, timeout=20.0):
 
 
 def read_dumps(folder, count):
-    wait_for(lambda: len(list(Path(folder).glob("env.*.json"))) >= count, what=f"{count} env dumps")
+    """The workers' ``env.RANK.json`` files in ``folder`` by rank, once ``count`` of them are there and whole
+    (a worker's ``json.dump`` may be half-way through when the file is first seen)."""
     dumps = {}
-    for path in Path(folder).glob("env.*.json"):
-        record = json.loads(path.read_text())
-        dumps[int(path.name.split(".")[1])] = record
+
+    def all_whole() -> bool:
+        dumps.clear()
+        for path in Path(folder).glob("env.*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except ValueError:  # still being written: read again
+                return False
+            dumps[int(path.name.split(".")[1])] = record
+        return len(dumps) >= count
+
+    wait_for(all_whole, what=f"{count} whole env dumps")
     return dumps
 
 
