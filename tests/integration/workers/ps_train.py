@@ -3,7 +3,8 @@
     ps_train.py OUT API MODE KIND STEPS [key=value ...]
 API: fleet or transpiler; MODE: sync, async, half_async, geo, dc_asgd; KIND: ctr or mlp.
 Trainers write OUT/progress.J (steps done, resident bytes before the model was built (fleet), now) and OUT/done.J
-(the saved model's loss); trainer 0 saves OUT/model/model.pt.
+(the saved model's loss); trainer 0 saves OUT/model/model.pt. In the asynchronous modes a trainer saves only once
+every trainer has made its steps.
 Options: min_block_size=N, split=HashName, sleep=S (seconds per step), model_dir=D, update_frequency=K,
 first_step=N (train steps N..STEPS-1), rows=N and dim=N (the ctr table), merge=N (half-async's max_merge_var_num),
 fail=trainer:J:STEP:CODE (trainer J exits with CODE at STEP) or fail=server:I:SECONDS:CODE (server I exits with
@@ -75,6 +76,25 @@ def train(optimizer, trainer, trainers):
         with open(os.path.join(out, f"progress.{trainer}"), "w") as f:
             f.write(f"{step + 1} {rss_before} {psutil.Process().memory_info().rss}")
         time.sleep(float(opts.get("sleep", 0)))
+    if mode != "sync":
+        await_every_trainer(trainers)
+
+
+def await_every_trainer(trainers, bound=120.0):
+    """An asynchronous mode's model is judged (saved, its loss in OUT/done.J) once every trainer has made its
+    steps: on a busy machine one trainer could end before another began, and the loss would then measure how
+    the two interleaved, not the mode (the bound: a hang guard; the test then fails on the loss)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline and not all(steps_done(j) >= steps for j in range(trainers)):
+        time.sleep(0.05)
+
+
+def steps_done(trainer):
+    try:
+        with open(os.path.join(out, f"progress.{trainer}")) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # not written yet, or being written
+        return 0
 
 
 def with_fleet():
