@@ -5,8 +5,8 @@ stops them; trainers record their variables, print a few lines and exit. Knobs (
 TRAINER_SECONDS (0.3) or TRAINER_SECONDS_<id>, TRAINER_CODE_<id> (0), SERVER_KILL_<id> (seconds until it kills itself),
 SERVER_SECONDS (60: how long a server waits before it exits 0 by itself), TRAINER_FAIL_FIRST (trainer 0 exits 9 on
 the first attempt), TRAINER_WAITS_FOR_SERVERS (1: a trainer starts its steps once every server of the job has recorded
-its start, as a real trainer first connects to them; a server records its start only once it records a SIGTERM, so a
-test may then expect a "term" record from each server that the launcher stops).
+its start, as a real trainer first connects to them; a server records its start only once its SIGTERM handler is set,
+so a test may then expect a "term" record from each server that the launcher stops).
 """
 
 import json
