@@ -85,3 +85,8 @@ WITH_GLOO = "PADDLE_WITH_GLOO"  # 1: among trainers, 2: among all
 GLOO_RENDEZVOUS = "PADDLE_GLOO_RENDEZVOUS"  # 3: HTTP
 GLOO_HTTP_ENDPOINT = "PADDLE_GLOO_HTTP_ENDPOINT"  # ip:port of the KV store server 0 serves
 GLOO_FS_PATH = "PADDLE_GLOO_FS_PATH"
+
+# The local channel between a launcher and its own workers (launcher.local_channel): where it listens (an
+# abstract Unix socket's name, "@..."), and the key each side proves on the other's nonce
+CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"
+CONTROL_KEY = "LAUNCHER_CONTROL_KEY"

@@ -321,6 +321,7 @@ class FakeCoordinator:
     """Node 1 of two: its causes go to node 0, whose orders (``ends``) it follows."""
 
     history = ()  # a job of fixed nodes
+    reform_wait = 0.0
 
     def __init__(self, plan: Plan, channel: FakeChannel, ends, final=None) -> None:
         self.plan = plan

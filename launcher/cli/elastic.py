@@ -62,7 +62,7 @@ def run(values: dict, spec: ElasticSpec, to_options: ToOptions) -> int:
         plan = plan_for(place.hosts, place.node_rank, values, round_=link.first)
         reserved = preflight.reserve_store_port(plan)
         link.serve()
-        return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan))
+        return attempts.run(plan, tuple(reserved), coordinator=lambda p: ElasticJob(p, link, replan, spec.reform_wait))
     finally:
         link.close()
 

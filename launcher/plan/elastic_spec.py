@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line onl
 ETCD_HEARTBEAT_TIMEOUT = 10.0  # etcd's default: torchrun's etcd lease; it outlasts an etcd election (1-2 s)
 # A lease is gone up to this long after its TTL: etcd's leader looks for expired leases every 500 ms
 # (its lessor's run loop), then deletes their keys through Raft, and the watch brings the deletion
+REFORM_MARGIN = 5.0  # seconds past the loss's detection that a re-entering worker still waits for it
 ETCD_EXPIRY_LAG = 1.0
 
 
@@ -111,3 +112,10 @@ class ElasticSpec:
         backend that finds a crashed node only when its lease expires (etcd) waits that long, and etcd's lag
         in deleting an expired lease's keys; one that sees a connection close at once (c10d) does not wait."""
         return self.rendezvous.heartbeat_timeout + ETCD_EXPIRY_LAG if self.backend == "etcd" else 0.0
+
+    @property
+    def reform_wait(self) -> float:
+        """How long a worker that re-enters in place (``launcher.runtime.elastic``) waits, once a collective failed,
+        for the word that its round is over: the longest this backend takes to find a lost node, and a margin
+        for a busy machine. Past it, the failure is the worker's own, and it fails as usual."""
+        return self.rendezvous.heartbeat_timeout + self.failure_grace + REFORM_MARGIN

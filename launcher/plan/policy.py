@@ -13,12 +13,13 @@ stop signal kills at once. After SIGKILL, the supervisor waits at most ``KILL_WA
 
 from __future__ import annotations
 
-import json
-
 import logging
 import signal
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple, Union
+
+# the causes are the policy's vocabulary across nodes: re-exported for the layers above
+from launcher.plan.causes import WIRE_SUMMARY, Cause, after_attempt, never_joined, one_line, still_due  # noqa: F401
 
 TERM_FOLLOWS = 1.0  # seconds from a passed-on INT/HUP/QUIT to the SIGTERM after it (at most grace/2)
 KILL_WAIT = 5.0  # how long processes may take to vanish after SIGKILL before the launcher gives up
@@ -66,6 +67,16 @@ class StopOrdered:
 
 
 @dataclass(frozen=True)
+class RoundOver:
+    reason: str  # an elastic job's membership changed: keep the workers that re-enter in place, else stop them
+
+
+@dataclass(frozen=True)
+class OptedIn:
+    rank: int  # this worker re-enters its training in place at a new round (launcher.runtime.elastic)
+
+
+@dataclass(frozen=True)
 class TrainersDone:
     reason: str  # parameter-server mode: every trainer of the job exited 0; the servers are stopped
 
@@ -80,8 +91,8 @@ class TimePassed:
     pass  # a deadline of the state may have come
 
 
-Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, StopOrdered, TrainersDone, Hung,
-              TimePassed]
+Event = Union[WorkerExited, StopSignal, UserSignal, LeftoversRunning, StartFailed, StopOrdered, RoundOver, OptedIn,
+              TrainersDone, Hung, TimePassed]
 
 
 # ---------------------------------------------------------------- actions
@@ -104,12 +115,17 @@ class TakeStacks:
 
 
 @dataclass(frozen=True)
+class Keep:
+    ranks: frozenset  # these workers are told the round is over and kept running, for the next round
+
+
+@dataclass(frozen=True)
 class Say:
     level: int
     text: str
 
 
-Action = Union[Send, Kill, Say, TakeStacks]
+Action = Union[Send, Kill, Say, TakeStacks, Keep]
 
 
 # ---------------------------------------------------------------- state
@@ -130,6 +146,8 @@ class State:
     killed_at: Optional[float] = None
     names: Mapping[int, str] = field(default_factory=dict)  # rank -> how messages name it; "rank N" when absent
     trainers: Optional[frozenset] = None  # parameter-server mode: this node's trainers (None: collective)
+    opted_in: frozenset = frozenset()  # ranks that re-enter in place at a new round
+    kept: frozenset = frozenset()  # ranks kept running for the next round (RoundOver)
 
     @property
     def stopping(self) -> bool:
@@ -149,10 +167,11 @@ class State:
 
 
 def start(ranks, grace: float, stacks: bool = False, names: Optional[Mapping[int, str]] = None,
-          trainers=None) -> State:
-    """``names``: how messages name each rank; ``trainers``: parameter-server mode's trainers here."""
+          trainers=None, opted_in=()) -> State:
+    """``names``: how messages name each rank; ``trainers``: parameter-server mode's trainers here; ``opted_in``:
+    the workers kept from the round before, which re-enter in place."""
     return State(running=frozenset(ranks), grace=grace, stacks=stacks, names=dict(names or {}),
-                 trainers=None if trainers is None else frozenset(trainers))
+                 trainers=None if trainers is None else frozenset(trainers), opted_in=frozenset(opted_in))
 
 
 def next_deadline(state: State) -> Optional[float]:
@@ -202,6 +221,10 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
             return state, ()
         say = Say(event.level, f"{event.reason}; stopping the workers")
         return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
+    if isinstance(event, OptedIn):
+        return replace(state, opted_in=state.opted_in | {event.rank}), ()
+    if isinstance(event, RoundOver):
+        return _on_round_over(state, event, now)
     if isinstance(event, TrainersDone):
         if state.stopping or not state.running or state.trainers is None:  # collective jobs have no servers to stop
             return state, ()
@@ -237,6 +260,18 @@ def _on_exit(state: State, event: WorkerExited, now: float):
     rest = f"; stopping the other {others} {what}" if others else ""
     say = Say(logging.ERROR, f"{state.name(event.rank)} failed ({describe_exit(event.returncode)}){rest}")
     return _begin_stop(state, now, signal.SIGTERM, say)
+
+
+def _on_round_over(state: State, event: RoundOver, now: float):
+    """The membership changed: when every running worker of this node re-enters in place, they are kept (told the
+    round is over) and the round ends here; else they are all stopped, as a program that did not opt in is."""
+    if state.stopping or not state.running:
+        return state, ()
+    if state.running <= state.opted_in and state.failure is None:
+        kept = state.running
+        say = Say(logging.WARNING, f"{event.reason}; keeping the {len(kept)} worker(s) for the next round")
+        return replace(state, running=frozenset(), kept=kept), (say, Keep(kept))
+    return decide(state, StopOrdered(event.reason, level=logging.WARNING), now)
 
 
 def _server_came_first(state: State, event: WorkerExited, now: float) -> bool:
@@ -296,98 +331,3 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exit code {returncode}"
-
-
-# ---------------------------------------------------------------- across attempts and nodes
-
-
-# Encoded bytes of a cause's parts that go to the other nodes: within one control message (64 KiB) together
-WIRE_TEXT_BYTES, WIRE_SUMMARY_BYTES, WIRE_ERROR_BYTES = 4000, 36000, 20000
-WIRE_SUMMARY = 8000  # characters of a summary kept at most (fewer where they take more than one byte)
-
-
-def _json_size(text: str) -> int:
-    return len(json.dumps(text))
-
-
-def _fit(text: str, budget: int, keep_end: bool = False) -> str:
-    """``text`` cut (its start kept, or its end) to at most WIRE_SUMMARY characters and ``budget`` bytes of JSON."""
-    cut = "[...]"
-    if len(text) <= WIRE_SUMMARY and _json_size(text) <= budget:
-        return text
-    low, high = 0, min(len(text), WIRE_SUMMARY)  # the most characters that fit: bisection
-    while low < high:
-        mid = (low + high + 1) // 2
-        part = text[-mid:] if keep_end else text[:mid]
-        if _json_size(part) + len(cut) <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    if low == 0:
-        return cut
-    return cut + text[-low:] if keep_end else text[:low] + cut
-
-
-def one_line(text: str, limit: int = 1000) -> str:
-    """A peer's text as one printable line (no newline, no terminal escape), at most ``limit`` characters."""
-    return "".join(c if c.isprintable() else "?" for c in text[:limit])
-
-
-@dataclass(frozen=True)
-class Cause:
-    """Why a job (or one attempt of it) stopped, as every node reports it."""
-
-    node: int
-    kind: str  # "worker" failed, "signal" to a launcher, "start" failed, "hang", "lost" node, "join" never
-    code: int  # the exit code every launcher of the job ends with
-    text: str  # one sentence
-    summary: str = ""  # the lines to show: the failing rank, its log, its last lines
-    error: str = ""  # the failing worker's @record (its TORCHELASTIC_ERROR_FILE) as JSON text; "" without one
-
-    @property
-    def restartable(self) -> bool:
-        return self.kind in ("worker", "hang")
-
-    def as_dict(self) -> dict:
-        """For the wire: within one control message whatever the worker printed. Each part is cut to a
-        budget of encoded bytes (a character may take 12 bytes of JSON): the text's start, the summary's
-        end; the @record JSON goes whole or not at all (the other nodes then describe the cause from
-        the text and summary)."""
-        error = self.error if _json_size(self.error) <= WIRE_ERROR_BYTES else ""
-        return {"node": self.node, "kind": self.kind, "code": self.code, "text": _fit(self.text, WIRE_TEXT_BYTES),
-                "summary": _fit(self.summary, WIRE_SUMMARY_BYTES, keep_end=True), "error": error}
-
-    @classmethod
-    def from_dict(cls, d) -> Optional["Cause"]:
-        """From a peer's message; None when it is not one (each field of its type: no conversion)."""
-        if not isinstance(d, dict):
-            return None
-        node, kind, code, text, summary, error = (d.get(k) for k in ("node", "kind", "code", "text", "summary", "error"))
-        if type(node) is not int or type(code) is not int or not 0 <= code <= 255 or node < 0:
-            return None
-        if not (isinstance(kind, str) and isinstance(text, str) and isinstance(summary, (str, type(None)))
-                and isinstance(error, (str, type(None)))):
-            return None
-        return cls(node, kind, code, one_line(text), summary or "", error or "")
-
-
-def after_attempt(attempt: int, max_restarts: int, cause: Optional[Cause]) -> Tuple[str, int]:
-    """("restart", next attempt) or ("end", exit code), once every node is done with an attempt."""
-    if cause is None:
-        return "end", 0
-    if cause.restartable and attempt < max_restarts:
-        return "restart", attempt + 1
-    return "end", cause.code
-
-
-def still_due(joined, reported, gone) -> tuple:
-    """The nodes node 0 still waits for once its own part of an attempt is over: every joined node
-    that has neither reported nor been lost. A node that never joined is not waited for: when this
-    node's workers all exited 0 the job's work here is done (it ends with 0, naming that node), and
-    when they failed the job ends with that failure."""
-    return tuple(sorted(set(joined) - set(reported) - set(gone)))
-
-
-def never_joined(node_count: int, ever_joined) -> tuple:
-    """The nodes (1 to node_count - 1) that have not joined node 0 even once."""
-    return tuple(n for n in range(1, node_count) if n not in ever_joined)

@@ -27,6 +27,8 @@ def carry_out(group: WorkerGroup, actions) -> None:
             group.send(action.sig, action.leftovers)
         elif isinstance(action, policy.Kill):
             group.kill()
+        elif isinstance(action, policy.Keep):
+            group.keep(action.ranks, "the round is over")
 
 
 def _ask_flight_recorders(group: WorkerGroup) -> dict:

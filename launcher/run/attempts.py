@@ -42,6 +42,8 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
         launch.records.rounds = job.history or None
+        if job.reform_wait:
+            launch.open_worker_channel(lambda: {"reform_wait": job.reform_wait})
         launch.start_watchdog()
         while True:
             started = _run_attempt(launch, job)
@@ -53,14 +55,31 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 return code
             if job.plan is not launch.plan:  # an elastic job's next round: its own plan
                 launch.replan(job.plan)
-                launch.spares.keep_matching({spec.rank: worker_env(job.plan, spec, job.attempt)
+                launch.spares.keep_matching({spec.rank: {**worker_env(job.plan, spec, job.attempt),
+                                                         **launch.worker_channel_env()}
                                              for spec in job.plan.workers})
                 launch.records.rounds = job.history
             launch.records.record("restarting")
     finally:
-        if job is not None:
-            job.close()
-        launch.close()
+        try:
+            _stop_kept(launch)
+        finally:
+            if job is not None:
+                job.close()
+            launch.close()
+
+
+def _stop_kept(launch: Launch) -> None:
+    """Workers kept for a round that never came (the job ended between two rounds): stopped as any others are."""
+    if not launch.kept:
+        return
+    group = WorkerGroup(launch)
+    group.workers = {w.spec.rank: w for w in launch.kept.values()}
+    launch.kept.clear()
+    try:
+        stop_what_runs(group, launch.intake.received)
+    finally:
+        group.close()
 
 
 def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
@@ -73,7 +92,8 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
             group.start()
             launch.records.record_processes(group.snapshot, group.attempt)
             if job.attempt < launch.plan.max_restarts:
-                launch.spares.make(launch.plan.workers, lambda spec: worker_env(launch.plan, spec, group.attempt + 1))
+                launch.spares.make(launch.plan.workers, lambda spec: {**worker_env(launch.plan, spec, group.attempt + 1),
+                                                                      **launch.worker_channel_env()})
         except StartFailed as e:
             supervise(launch, group, job, start_failure=e)
         else:

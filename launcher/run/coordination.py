@@ -28,6 +28,7 @@ class Coordinator(Protocol):
     attempt: int  # the attempt this node runs now (0 first)
     channel: Optional[Channel]  # None: one node, nothing to serve
     history: tuple  # an elastic job: each round this node ran, in a line; else ()
+    reform_wait: float  # an elastic job: how long a worker that re-enters in place waits for a round's end; else 0
 
     def node_label(self) -> str: ...  # "node N (ip)" in a job of several nodes, else ""
 

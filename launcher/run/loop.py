@@ -48,6 +48,11 @@ class ControlTag:
 
 
 @dataclass(frozen=True, eq=False)
+class WorkerChannelTag:
+    """The local channel to the workers: its listener or one worker's connection."""
+
+
+@dataclass(frozen=True, eq=False)
 class StoreTag:
     store: AgentStore  # node 0's rendezvous store: its listener or one of its clients
 
@@ -68,6 +73,7 @@ class Loop:
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
         self.store_tag = StoreTag(launch.store)
+        self.worker_tag = WorkerChannelTag()
         self.control_tag: Optional[ControlTag] = None  # one tag for the channel: a new one would re-register every socket
         if launch.intake.fd not in self.selector.get_map():
             self.selector.register(launch.intake.fd, selectors.EVENT_READ, SignalTag())
@@ -86,6 +92,8 @@ class Loop:
                 events += self.job.on_events(tag.channel.ready(key.fd, mask, self.clock.monotonic()))
             elif isinstance(tag, StoreTag):
                 tag.store.ready(key.fd, mask, self.clock.monotonic())
+            elif isinstance(tag, WorkerChannelTag):
+                events += self._worker_said(self.launch.worker_channel.ready(key.fd, mask))
         self.launch.store.tick(self.clock.monotonic())
         if self.group is not None:
             moved = self.group.follow_logs()
@@ -93,6 +101,15 @@ class Loop:
         if self.job.channel is not None:
             events += self.job.tick(self.clock.monotonic())
         return self._signal_events() + events + self._hang_events(state)
+
+    def _worker_said(self, said) -> list:
+        """A worker that says it re-enters in place (its hello), as the policy's event; the rest is the group's."""
+        events = []
+        by_pid = {w.pid: rank for rank, w in self.group.workers.items()} if self.group is not None else {}
+        for s in said:
+            if s.message.get("t") == "hello" and s.message.get("keep") is True and s.pid in by_pid:
+                events.append(policy.OptedIn(by_pid[s.pid]))
+        return events
 
     def _signal_events(self) -> list:
         events = []
@@ -139,7 +156,11 @@ class Loop:
     def _sync_registrations(self, ended: bool) -> None:
         """Once the workers are gone (``ended``), their pipes are read whatever room the console
         has: nothing is gained by holding them, and the console holds a bounded amount (HOLD)."""
-        for fd, worker in self.pipes_open.items():
+        for fd, worker in list(self.pipes_open.items()):
+            if self.group is not None and self.group.workers.get(worker.spec.rank) is not worker:  # kept for a round
+                self._register(fd, selectors.EVENT_READ, None, False)
+                del self.pipes_open[fd]
+                continue
             self._register(fd, selectors.EVENT_READ, PipeTag(worker), ended or worker.output.wants(fd))
         for fd, events in self.launch.store.changes():
             self._watch(fd, events, self.store_tag)
@@ -151,8 +172,11 @@ class Loop:
                 self.control_tag = ControlTag(self.job.channel)
             for fd, events in self.job.channel.registrations().items():
                 wanted[fd] = (events, self.control_tag)
+        channel = self.launch.worker_channel
+        for fd, events in (channel.registrations() if channel is not None else {}).items():
+            wanted[fd] = (events, self.worker_tag)
         for key in list(self.selector.get_map().values()):
-            if isinstance(key.data, (ConsoleTag, ControlTag)) and key.fd not in wanted:
+            if isinstance(key.data, (ConsoleTag, ControlTag, WorkerChannelTag)) and key.fd not in wanted:
                 self.selector.unregister(key.fd)
         for fd, (events, data) in wanted.items():
             key = self.selector.get_map().get(fd)

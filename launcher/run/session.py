@@ -22,6 +22,7 @@ from launcher.run.spares import Spares
 from launcher.run.starter import Clock, ProcessStarter
 from launcher.run.watchdog_link import WatchdogLink
 from launcher.run.store import AgentStore
+from launcher.run.worker_channel import WorkerChannel
 
 
 class Launch:
@@ -39,6 +40,8 @@ class Launch:
         self.job_label = ""  # "node N (ip)" in a job of several nodes
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
+        self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
+        self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
         self._files_written: list = []
         self._folders_made: list = []
 
@@ -56,6 +59,14 @@ class Launch:
         self.store.listen()
         self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
+
+    def open_worker_channel(self, welcome) -> None:
+        """The local channel to the workers (``welcome()``: what it tells each worker that connects)."""
+        self.worker_channel = WorkerChannel(self.run_id, welcome)
+        self.worker_channel.listen()
+
+    def worker_channel_env(self) -> dict:
+        return self.worker_channel.env() if self.worker_channel is not None else {}
 
     def replan(self, plan: Plan) -> None:
         """The plan of an elastic job's next round (its node rank, world size and ranks may differ): what the
@@ -102,7 +113,7 @@ class Launch:
 
     def reap_orphans(self, keep) -> None:
         """Collect every child that ended, except the workers (``keep``) and the watchdog."""
-        keep = set(keep) | ({self.watchdog.pid} if self.watchdog.pid is not None else set())
+        keep = set(keep) | {w.pid for w in self.kept.values()} | ({self.watchdog.pid} if self.watchdog.pid is not None else set())
         for pid in self.starter.children():
             if pid not in keep:
                 self.starter.reap(pid, wait=False)
@@ -120,6 +131,8 @@ class Launch:
             _remove(path)
         self._remove_error_files()
         self.store.close()
+        if self.worker_channel is not None:
+            self.worker_channel.close()
         for s in self.reserved:
             s.close()
         self.selector.close()

@@ -23,7 +23,7 @@ def supervise(launch: Launch, group: WorkerGroup, job: Coordinator,
               start_failure: Optional[StartFailed] = None) -> policy.State:
     """One attempt on this node, to the end of its last process; the policy's final state."""
     state = policy.start(group.ranks, launch.plan.shutdown_timeout, stacks=launch.plan.dump_stacks,
-                         names=group.names(), trainers=group.trainers())
+                         names=group.names(), trainers=group.trainers(), opted_in=group.adopted)
     loop = Loop(launch, job, group)
     try:
         return _run_loop(state, loop, start_failure)

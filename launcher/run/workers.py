@@ -1,5 +1,6 @@
-"""The workers of one attempt on this node: start them (afresh or from spares), learn of their
-exits, signal and kill them, find what they left running, and say how they ended.
+"""The workers of one attempt on this node: start them (afresh, from spares, or kept from the round before),
+learn of their exits, signal and kill them, keep them for the next round, find what they left running, and say
+how they ended.
 
 Never touching what is not ours: a worker is its own process group leader, and the launcher does
 not reap a worker until it forgets the worker's group, so the group's id cannot be given to anyone
@@ -93,6 +94,7 @@ class WorkerGroup:
         self.started_at = self.clock.monotonic()
         self.started_wall = self.clock.time()
         self.cgroup_fd: Optional[int] = None  # the cgroup's procs file, open while workers start
+        self.adopted: set = set()  # ranks whose worker was kept from the round before
 
     @property
     def ranks(self):
@@ -124,7 +126,13 @@ class WorkerGroup:
             self._spawn(spec)
         log.debug("started %d worker(s)", len(self.workers))
 
+    def env_of(self, spec: WorkerSpec) -> dict:
+        return {**worker_env(self.plan, spec, self.attempt), **self.launch.worker_channel_env()}
+
     def _spawn(self, spec: WorkerSpec) -> None:
+        kept = self.launch.kept.pop(spec.local_rank, None)
+        if kept is not None and self._adopt(spec, kept):
+            return
         spare = self.launch.spares.pop(spec.rank)
         if spare is not None and self._wake(spec, spare):
             return
@@ -135,7 +143,7 @@ class WorkerGroup:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
         self.outputs[spec.rank] = output
         try:
-            proc = self.starter.start(spec.cmd, worker_env(self.plan, spec, self.attempt), stdout, stderr,
+            proc = self.starter.start(spec.cmd, self.env_of(spec), stdout, stderr,
                                       cgroup_fd=self.cgroup_fd)
         except OSError as e:
             if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
@@ -149,10 +157,52 @@ class WorkerGroup:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
         self.launch.watchdog.tell(f"pid {proc.pid}")
 
+    # ------------------------------------------------------------ workers kept from one round to the next
+
+    def keep(self, ranks, reason: str) -> None:
+        """Tell these workers the round is over and keep them running for the next one (``launch.kept``): they
+        leave this group (its stop, its exits, its leftovers and its close no longer concern them)."""
+        channel = self.launch.worker_channel
+        for rank in sorted(ranks):
+            w = self.workers.pop(rank, None)
+            if w is None:
+                continue
+            self.outputs.pop(rank, None)
+            if channel is not None:
+                channel.send(w.pid, {"t": "stop", "reason": reason})
+            self.launch.kept[w.spec.local_rank] = w
+
+    def _adopt(self, spec: WorkerSpec, kept: Worker) -> bool:
+        """A worker kept from the round before becomes this round's: told its new variables. False (then a
+        worker is started afresh) when it ended meanwhile or its channel closed: it is killed and reaped first."""
+        channel = self.launch.worker_channel
+        returncode = self.starter.exit_status(kept.pid)
+        if returncode is not None or channel is None or not channel.connected(kept.pid):
+            why = policy.describe_exit(returncode) if returncode is not None else "its channel closed"
+            log.warning("%s could not be kept for the next round (%s): starting it afresh", kept.spec.label, why)
+            self.drop_kept(kept)
+            return False
+        fresh = self.outputs.get(spec.rank)
+        if fresh is not None and fresh is not kept.output:
+            fresh.finish()  # the log's header for this round is written; the worker writes on where it did
+        self.outputs[spec.rank] = kept.output
+        channel.send(kept.pid, {"t": "round", "env": self.env_of(spec)})
+        self.workers[spec.rank] = Worker(spec, kept.proc, kept.output, kept.started)
+        self.adopted.add(spec.rank)
+        return True
+
+    def drop_kept(self, kept: Worker) -> None:
+        """A kept worker that cannot go on: its process group killed, its leader reaped, its output closed."""
+        if self.launch.worker_channel is not None:
+            self.launch.worker_channel.forget(kept.pid)
+        self.starter.signal_group(kept.pid, signal.SIGKILL)
+        kept.reaped = self.starter.reap(kept.pid, wait=True)
+        kept.output.finish()
+
     def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
         """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned)."""
         output = self.outputs.get(spec.rank) or spare.output
-        if not spares_module.wake(spare, spec, worker_env(self.plan, spec, self.attempt), self.cgroup_fd):
+        if not spares_module.wake(spare, spec, self.env_of(spec), self.cgroup_fd):
             return False
         if output is not spare.output and spare.output is not None:
             spare.output.finish()
@@ -186,8 +236,21 @@ class WorkerGroup:
             groups=frozenset(w.pid for w in self.workers.values() if not w.reaped),
             cgroup=self.launch.cgroup,
             exclude=frozenset({os.getpid()} | ({watchdog} if watchdog is not None else set())
-                              | self.launch.spares.pids()),
+                              | self.launch.spares.pids() | self._kept_processes()),
         )
+
+    def _kept_processes(self) -> set:
+        """The workers kept for the next round and every process under them: none is a leftover of this round."""
+        pids = {w.pid for w in self.launch.kept.values()}
+        if pids:
+            import psutil
+
+            for pid in list(pids):
+                try:
+                    pids |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+                except psutil.Error:
+                    pass
+        return pids
 
     def leftovers(self) -> list:
         """Pinned processes of the job other than the workers themselves. The caller closes them."""

@@ -13,7 +13,6 @@ A membership change spends no restart: ``TORCHELASTIC_RESTART_COUNT`` (this coor
 
 from __future__ import annotations
 
-import logging
 import signal
 from typing import Callable, Optional, Tuple
 
@@ -29,8 +28,12 @@ Replan = Callable[[m.RoundStart], Plan]  # a round -> this node's plan for it
 
 
 class ElasticJob:
-    def __init__(self, plan: Plan, link: Link, replan: Replan) -> None:
+    """``reform_wait``: how long a worker that re-enters in place waits, after a collective failed, for the word
+    that the round is over (the longest this backend takes to find a lost node), before it fails as usual."""
+
+    def __init__(self, plan: Plan, link: Link, replan: Replan, reform_wait: float = 0.0) -> None:
         self.plan = plan
+        self.reform_wait = reform_wait
         self.link = link
         self.replan = replan
         self.channel = link.inbox
@@ -76,7 +79,7 @@ class ElasticJob:
         for e in events:
             if isinstance(e, StopOrder) and e.round == self.round.number and self.stop_order is None:
                 self.stop_order = e
-                out.append(policy.StopOrdered(e.reason, level=logging.WARNING))
+                out.append(policy.RoundOver(e.reason))
             elif isinstance(e, JobOver) and self.over is None:
                 self.over = e
                 out.append(policy.StopOrdered(e.reason))

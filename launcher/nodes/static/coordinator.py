@@ -43,6 +43,7 @@ Clock = Callable[[], float]  # monotonic seconds
 
 class Solo:
     history: tuple = ()  # a job of fixed nodes has no rounds
+    reform_wait = 0.0  # nor workers kept from one round to the next
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan

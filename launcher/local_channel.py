@@ -1,0 +1,66 @@
+"""The local channel between a launcher and its own workers, shared by both programs as ``envvars`` is: where it
+is, how its messages are framed, and how each side proves the key.
+
+The launcher listens on an abstract Unix socket (``envvars.CONTROL_SOCKET``, "@name": no file, no port) and
+gives each worker its address and a key of this launch's own (``envvars.CONTROL_KEY``), in the environment
+only. A worker that connects is checked twice: the kernel names its process (SO_PEERCRED: one of this
+launcher's workers), and it proves the key on the launcher's nonce; the launcher proves it back on the worker's
+nonce before the worker takes any word from it. Messages are JSON objects, one a line, each bounded
+(``MAX_LINE``); ``decode`` returns None for anything else and never raises.
+
+    launcher -> worker: challenge {nonce}; welcome {proof, round, reform_wait}; stop {round, reason};
+                        round {round, env}
+    worker -> launcher: hello {nonce, proof, pid, keep}; parked {round}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from typing import Optional
+
+MAX_LINE = 1 << 20  # bytes of one message from a worker, its newline included (a round's env may be longer)
+CHALLENGE, HELLO, WELCOME, STOP, ROUND, PARKED = "challenge", "hello", "welcome", "stop", "round", "parked"
+
+
+def new_key() -> str:
+    return secrets.token_hex(16)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def proof(key: str, side: str, own_nonce: str, their_nonce: str) -> str:
+    """``side`` ("worker" or "launcher") proves ``key`` on both nonces: no proof is valid for the other side."""
+    message = f"{side}\0{their_nonce}\0{own_nonce}".encode()
+    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
+
+
+def proven(key: str, side: str, given: object, own_nonce: str, their_nonce: str) -> bool:
+    """Whether ``given`` is ``side``'s proof of ``key``, where ``their_nonce`` was the prover's and ``own_nonce`` ours."""
+    return isinstance(given, str) and hmac.compare_digest(given, proof(key, side, their_nonce, own_nonce))
+
+
+def encode(message: dict) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> Optional[dict]:
+    """One line off the channel as a message with a string type ``t``; None for anything else (never raises)."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+        return None
+    return message
+
+
+def address(name: str) -> str:
+    """The socket address of a channel's name as the environment gives it ("@x": the abstract name x)."""
+    return "\0" + name[1:] if name.startswith("@") else name

@@ -1,0 +1,222 @@
+"""The launcher's end of the local channel to its own workers (``launcher.local_channel``), served by the event
+loop: an abstract Unix socket (no file, no port), one connection per worker that connects, every socket
+non-blocking with buffers of its own.
+
+A connection is kept only when the kernel names its process as one of this launcher's workers (SO_PEERCRED)
+and that process proves the launch's key on the launcher's nonce; the launcher proves the key back in its
+welcome. Anything else (another process, a wrong proof, a line that is not a message, a message too long or
+out of turn) loses the connection, never the launcher: the worker is then restarted as a program that did
+not opt in would be. What a worker says reaches the event loop as ``Said`` events; the launcher's word goes
+out with ``send``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import selectors
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from launcher import envvars as ev
+from launcher import local_channel as lc
+from launcher.output.messages import log
+
+RECV_BYTES = 64 * 1024
+OUT_LIMIT = 64 << 20  # bytes waiting for one worker to read them: past this, the worker is let go
+ACCEPT_BATCH = 16
+PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+@dataclass(frozen=True)
+class Said:
+    """A worker's message, once it proved the key: ``hello`` (``keep``: it re-enters in place) or ``parked``."""
+
+    pid: int
+    message: dict
+
+
+@dataclass(eq=False)
+class Connection:
+    sock: socket.socket
+    pid: int
+    nonce: str
+    welcomed: bool = False
+    into: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
+
+
+class WorkerChannel:
+    """Only this launcher's own children may connect: its workers (their children, a data loader's, may not)."""
+
+    def __init__(self, run_id: str, welcome: Callable[[], dict]) -> None:
+        self.name = f"@launcher-{run_id}-{secrets.token_hex(8)}"
+        self.key = lc.new_key()
+        self.welcome = welcome  # what the welcome says besides its proof: the round, how long to wait for a stop
+        self.listener: Optional[socket.socket] = None
+        self.connections: dict = {}  # fd -> Connection
+        self.by_pid: dict = {}  # pid -> Connection, once welcomed
+
+    def env(self) -> dict:
+        """What each worker is given to find the channel."""
+        return {ev.CONTROL_SOCKET: self.name, ev.CONTROL_KEY: self.key} if self.listener is not None else {}
+
+    def listen(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(lc.address(self.name))
+            sock.listen(64)
+        except OSError as e:
+            sock.close()
+            log.warning("no local channel to the workers (%s): they are restarted at each round", e.strerror)
+            return
+        self.listener = sock
+
+    def registrations(self) -> dict:
+        if self.listener is None:
+            return {}
+        wanted = {self.listener.fileno(): selectors.EVENT_READ}
+        for fd, c in self.connections.items():
+            wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        return wanted
+
+    def ready(self, fd: int, mask: int) -> list:
+        if self.listener is not None and fd == self.listener.fileno():
+            self._accept()
+            return []
+        c = self.connections.get(fd)
+        if c is None:
+            return []
+        if mask & selectors.EVENT_WRITE:
+            self._flush(c)
+        if mask & selectors.EVENT_READ and fd in self.connections:
+            return self._read(c)
+        return []
+
+    def send(self, pid: int, message: dict) -> bool:
+        """Queue ``message`` for the worker ``pid``; False when it has no welcomed connection."""
+        c = self.by_pid.get(pid)
+        if c is None:
+            return False
+        c.out += lc.encode(message)
+        if len(c.out) > OUT_LIMIT:
+            self._drop(c, "it does not read what the launcher tells it")
+            return False
+        self._flush(c)
+        return pid in self.by_pid
+
+    def connected(self, pid: int) -> bool:
+        return pid in self.by_pid
+
+    def forget(self, pid: int) -> None:
+        c = self.by_pid.get(pid)
+        if c is not None:
+            self._close(c)
+
+    def close(self) -> None:
+        for c in list(self.connections.values()):
+            self._close(c)
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+
+    # ------------------------------------------------------------ inside
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.debug("local channel: cannot accept (%s)", e.strerror)
+                return
+            sock.setblocking(False)
+            pid = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[0]
+            if _parent_of(pid) != os.getpid():
+                log.debug("local channel: process %d is not a worker of this launcher; closed", pid)
+                sock.close()
+                continue
+            c = Connection(sock, pid, lc.new_nonce())
+            self.connections[sock.fileno()] = c
+            c.out += lc.encode({"t": lc.CHALLENGE, "nonce": c.nonce})
+            self._flush(c)
+
+    def _read(self, c: Connection) -> list:
+        try:
+            data = c.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self._close(c)
+            return []
+        c.into += data
+        said = []
+        while c.sock.fileno() in self.connections:
+            end = c.into.find(b"\n")
+            if end < 0:
+                if len(c.into) > lc.MAX_LINE:
+                    self._drop(c, "a message longer than the channel takes")
+                break
+            line, c.into = bytes(c.into[:end]), c.into[end + 1:]
+            message = lc.decode(line)
+            if message is None:
+                self._drop(c, "a line that is not a message")
+            elif not c.welcomed:
+                said += self._hello(c, message)
+            else:
+                said.append(Said(c.pid, message))
+        return said
+
+    def _hello(self, c: Connection, message: dict) -> list:
+        nonce = message.get("nonce")
+        if message["t"] != lc.HELLO or not isinstance(nonce, str) or len(nonce) > 128 \
+                or not lc.proven(self.key, "worker", message.get("proof"), c.nonce, nonce):
+            self._drop(c, "it did not prove the launch's key")
+            return []
+        old = self.by_pid.get(c.pid)
+        if old is not None:  # a worker connects once; a second connection replaces the first
+            self._close(old)
+        c.welcomed = True
+        self.by_pid[c.pid] = c
+        c.out += lc.encode({**self.welcome(), "t": lc.WELCOME, "proof": lc.proof(self.key, "launcher", c.nonce, nonce)})
+        self._flush(c)
+        return [Said(c.pid, message)] if c.pid in self.by_pid else []
+
+    def _flush(self, c: Connection) -> None:
+        while c.out:
+            try:
+                sent = c.sock.send(c.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(c)
+                return
+            del c.out[:sent]
+
+    def _drop(self, c: Connection, why: str) -> None:
+        log.warning("local channel: process %d let go: %s", c.pid, why)
+        self._close(c)
+
+    def _close(self, c: Connection) -> None:
+        fd = c.sock.fileno()
+        if fd >= 0:
+            self.connections.pop(fd, None)
+        if self.by_pid.get(c.pid) is c:
+            del self.by_pid[c.pid]
+        c.sock.close()
+
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

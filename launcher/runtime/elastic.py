@@ -1,0 +1,343 @@
+"""Survive a membership change in place: the training function re-entered in the same process, with the new round's
+rank and world size, and the state handed on by a survivor, not reloaded from a checkpoint.
+
+    from launcher.runtime import elastic
+
+    state = {"model": model, "optimizer": optimizer, "step": 0}   # state_dict() holders, or plain values
+
+    def train(round_):                 # round_.rank, round_.world_size, round_.device, round_.number
+        while state["step"] < steps:
+            ...                        # forward, backward, all-reduce, optimizer step
+            state["step"] += 1
+
+    elastic.run(train, state)
+
+Under an elastic launch (``--nnodes MIN:MAX``) the worker tells its launcher, over the launcher's local channel,
+that it re-enters in place. When the membership changes, the launcher tells it the round is over instead of
+stopping it: the process group is aborted at once (a collective blocked on a lost or frozen peer returns with
+an error), the worker waits for the next round's variables, builds a new process group on that round's store,
+and the state is broadcast from a rank that held it (the lowest such rank; rank 0 when none did, so the first
+round, or a job restarted whole, starts from what rank 0 loaded) to every other rank. Then ``train`` is called
+again. What a step had done when it was interrupted is lost; keep ``step`` in the state and move it with the
+optimizer step.
+
+Interrupting a blocked collective: gloo has no abort, so the sockets the process group opened are shut down
+(the group's own, found as it is built; the store's and the process's others are left alone), which makes the
+blocked call fail at once; NCCL is aborted through torch (``ProcessGroup.abort``, torch 2.7 and later, else the
+older private calls). A backend that cannot be interrupted is not kept in place: the worker says so once, and
+the launcher restarts it at each membership change, as it does any program that does not call ``run``.
+Outside such a launch, ``run`` joins the job from the environment and calls ``train`` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from launcher import envvars as ev
+from launcher import local_channel as lc
+from launcher.runtime.environment import gpu_index
+
+log = logging.getLogger("launcher.runtime.elastic")
+
+DEFAULT_TIMEOUT = timedelta(minutes=5)  # a round's rendezvous; collectives keep torch's own default
+CONNECT_TIMEOUT = 10.0  # the launcher's welcome
+
+
+@dataclass(frozen=True)
+class Round:
+    """What ``train`` is given each time it is entered."""
+
+    number: int  # 0 at this process's first round, then one more at each re-form
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    source: int  # the rank whose state every other rank took this round
+
+
+class LauncherGone(SystemExit):
+    """The launcher closed its channel while this worker waited for the next round: there is none."""
+
+
+# ---------------------------------------------------------------- the channel to the launcher
+
+
+class Channel:
+    """This worker's end of its launcher's local channel: one thread reads the launcher's word."""
+
+    def __init__(self, sock: socket.socket, reader, welcome: dict) -> None:
+        self.sock = sock
+        self.reader = reader
+        self.reform_wait = float(welcome.get("reform_wait") or 0)
+        self.stopped = threading.Event()  # the launcher said the round is over
+        self.rounds: list = []  # the next rounds' variables, in order
+        self.gone = False
+        self.changed = threading.Condition()
+        self.on_stop: Callable[[], None] = lambda: None  # aborts the process group of the round
+        self.thread = threading.Thread(target=self._read, name="launcher-channel", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def connect(cls, env, keep: bool) -> Optional["Channel"]:
+        """The launcher's channel named in ``env``, after both sides proved the key; None without one."""
+        name, key = env.get(ev.CONTROL_SOCKET), env.get(ev.CONTROL_KEY)
+        if not name or not key:
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(lc.address(name))
+            reader = sock.makefile("rb")
+            challenge = lc.decode(reader.readline(lc.MAX_LINE + 1))
+            if not challenge or challenge.get("t") != lc.CHALLENGE or not isinstance(challenge.get("nonce"), str):
+                raise OSError("no challenge from the launcher")
+            nonce = lc.new_nonce()
+            sock.sendall(lc.encode({"t": lc.HELLO, "nonce": nonce, "pid": os.getpid(), "keep": keep,
+                                    "proof": lc.proof(key, "worker", nonce, challenge["nonce"])}))
+            welcome = lc.decode(reader.readline(lc.MAX_LINE + 1))
+            if not welcome or welcome.get("t") != lc.WELCOME or \
+                    not lc.proven(key, "launcher", welcome.get("proof"), nonce, challenge["nonce"]):
+                raise OSError("the launcher did not prove the key")
+        except OSError as e:
+            sock.close()
+            log.warning("launcher.runtime.elastic: no channel to the launcher (%s): this worker is restarted at "
+                        "each membership change", e)
+            return None
+        sock.settimeout(None)
+        return cls(sock, reader, welcome)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                line = self.reader.readline(lc.MAX_LINE + 1)
+            except (OSError, ValueError):
+                line = b""
+            if not line:
+                with self.changed:
+                    self.gone = True
+                    self.changed.notify_all()
+                return
+            message = lc.decode(line)
+            if message is None:
+                continue
+            if message["t"] == lc.STOP:
+                self.stopped.set()
+                self.on_stop()
+                with self.changed:
+                    self.changed.notify_all()
+            elif message["t"] == lc.ROUND and isinstance(message.get("env"), dict):
+                with self.changed:
+                    self.rounds.append({str(k): str(v) for k, v in message["env"].items()})
+                    self.changed.notify_all()
+
+    def round_over(self, wait: float) -> bool:
+        """Whether the launcher says the round is over, waiting up to ``wait`` seconds for its word."""
+        return self.stopped.wait(wait)
+
+    def next_round(self) -> dict:
+        """The next round's variables, once the launcher gives them (``LauncherGone`` if it leaves first)."""
+        with self.changed:
+            while not self.rounds and not self.gone:
+                self.changed.wait()
+            if not self.rounds:
+                raise LauncherGone(1)
+            self.stopped.clear()
+            return self.rounds.pop(0)
+
+    def parked(self) -> None:
+        try:
+            self.sock.sendall(lc.encode({"t": lc.PARKED}))
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- one round's process group
+
+
+def _sockets() -> dict:
+    """This process's sockets: fd -> inode."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found[int(name)] = target
+    return found
+
+
+class Group:
+    """One round's store and process group, and how to interrupt them: made first (``Group()``, instant), then
+    formed (``form``, which blocks on the other ranks), so that a round that ends meanwhile interrupts the
+    forming as well as the collectives."""
+
+    def __init__(self, backend: str) -> None:
+        env = os.environ
+        self.rank, self.world_size = int(env[ev.RANK]), int(env[ev.WORLD_SIZE])
+        self.local_rank = int(env.get(ev.LOCAL_RANK, "0"))
+        self.backend = backend
+        self.store = self.pg = None
+        self.before = _sockets()  # what this process had open before the round: never touched
+        self.own: Optional[dict] = None  # the round's sockets, once formed (the train function's own are not)
+        self.interrupted = False
+        gpu = gpu_index(env.get(ev.SELECTED_GPUS))
+        self.device = (torch.device("cuda", gpu if gpu is not None else torch.cuda.current_device())
+                       if backend == "nccl" else torch.device("cpu"))
+
+    def form(self, timeout: timedelta) -> None:
+        env = os.environ
+        agent = env.get(ev.ELASTIC_USE_AGENT_STORE, "").lower() in ("1", "true")
+        self.store = dist.TCPStore(env[ev.MASTER_ADDR], int(env[ev.MASTER_PORT]), self.world_size,
+                                   is_master=self.rank == 0 and not agent, timeout=timeout, wait_for_workers=False)
+        if self.interrupted:  # the round ended while the store was reached
+            self.interrupt()
+        dist.init_process_group(self.backend, store=self.store, rank=self.rank, world_size=self.world_size)
+        self.pg = dist.group.WORLD
+        self.own = {fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
+
+    def interrupt(self) -> None:
+        """Make every call of the round, blocked now or to come, fail at once (from any thread): the sockets the
+        round opened (the store's, gloo's) shut down, and an NCCL group aborted."""
+        self.interrupted = True
+        if self.backend != "gloo" and self.pg is not None:
+            _abort(self.pg)
+            return
+        sockets = self.own if self.own is not None else {
+            fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
+        for fd, inode in sockets.items():
+            _shut_down(fd, inode)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as e:  # an aborted group may refuse to be destroyed cleanly: it is dropped all the same
+                log.debug("destroy_process_group: %s", e)
+        self.pg = None
+        self.store = None
+
+
+def _shut_down(fd: int, inode: str) -> None:
+    """Shut one connected socket of the group down, if ``fd`` is still that socket (never a listener: gloo's
+    own listener must not fail its accept)."""
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != inode:
+            return
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _abort(pg) -> None:
+    if hasattr(pg, "abort"):  # torch 2.7 and later, every backend
+        pg.abort()
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        abort(pg)
+        return
+    pg._get_backend(torch.device("cuda"))._shutdown()
+
+
+def interruptible(backend: str) -> bool:
+    """Whether a blocked collective of ``backend`` can be interrupted here."""
+    if backend == "gloo":
+        return os.path.isdir("/proc/self/fd")
+    if backend == "nccl":
+        return (hasattr(dist.ProcessGroup, "abort") or hasattr(dist.distributed_c10d, "_abort_process_group")
+                or hasattr(getattr(dist, "ProcessGroupNCCL", object), "_shutdown"))
+    return False
+
+
+# ---------------------------------------------------------------- the state
+
+
+def _state_of(state: dict) -> dict:
+    return {name: (value.state_dict() if hasattr(value, "state_dict") else value) for name, value in state.items()}
+
+
+def _load(state: dict, taken: dict) -> None:
+    for name, value in taken.items():
+        if name in state and hasattr(state[name], "load_state_dict"):
+            state[name].load_state_dict(value)
+        else:
+            state[name] = value
+
+
+def _share(state: dict, group: Group, holds: bool) -> int:
+    """Every rank's state made the source's (the lowest rank that held one, else rank 0); the source's rank."""
+    flags = torch.zeros(group.world_size, dtype=torch.int32, device=group.device)
+    flags[group.rank] = 1 if holds else 0
+    dist.all_reduce(flags)
+    holders = [r for r, f in enumerate(flags.tolist()) if f]
+    source = holders[0] if holders else 0
+    if group.world_size > 1:
+        box = [_state_of(state) if group.rank == source else None]
+        dist.broadcast_object_list(box, src=source, device=group.device)
+        if group.rank != source:
+            _load(state, box[0])
+    return source
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def run(train: Callable[[Round], Any], state: dict, backend: Optional[str] = None,
+        timeout: Optional[timedelta] = None) -> Any:
+    """Call ``train`` in each round of the job this worker is in, until it returns; what it returned.
+
+    ``state``: what a joiner takes from a survivor (``state_dict`` holders, or plain picklable values).
+    ``backend``: NCCL where CUDA is, else gloo. ``timeout``: each round's rendezvous (5 minutes)."""
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    timeout = timeout or DEFAULT_TIMEOUT
+    keep = interruptible(backend)
+    channel = Channel.connect(os.environ, keep)
+    if channel is not None and not keep:
+        log.warning("launcher.runtime.elastic: a blocked %s collective cannot be interrupted with this torch; "
+                    "this worker is restarted at each membership change", backend)
+    number, holds = 0, False
+    while True:
+        group = Group(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(group.device)
+        try:
+            if channel is not None:
+                channel.on_stop = group.interrupt
+                if channel.stopped.is_set():  # the round ended before it began here
+                    group.interrupt()
+            group.form(timeout)
+            source = _share(state, group, holds)
+            holds = True
+            result = train(Round(number, group.rank, group.world_size, group.local_rank, group.device, backend,
+                                 source))
+        except Exception:
+            if channel is None or not keep or not channel.round_over(channel.reform_wait):
+                raise
+            log.info("launcher.runtime.elastic: the round is over; waiting for the next one")
+        else:
+            group.close()
+            return result
+        channel.on_stop = lambda: None
+        group.close()
+        del group
+        channel.parked()
+        os.environ.update(channel.next_round())
+        number += 1
