@@ -5,7 +5,9 @@
                             [--repo PATH] [--rdzv-conf KEY=VALUE,...] [--bound S] [--keep DIR]
                             [--etcd HOST:PORT] [--lose other|first]
 
-Every "node" is one launcher on 127.0.0.1, each given the same line, ours (``python -m launcher``)
+Every "node" is one launcher on 127.0.0.1, each given the same line, ours (``python -m launcher``; as
+"ours", its workers restarted at each membership change, and as "inprocess", the same launcher with workers that
+re-enter in place through ``launcher.runtime.elastic``, given ``--inprocess``)
 and torchrun's (``python -m torch.distributed.run``) alike (``--rdzv-conf`` passed on when given):
 
     --nnodes=2:3 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --rdzv-id=ID
@@ -104,7 +106,9 @@ def after_loss(job: Job, when: float, lost: harness.Run) -> Figure:
     before = job.workers(survivors)
     at, why = job.wait(first_step(2, after=when), job.bound, survivors)
     if at is not None:
-        return Figure(at - when, detail=f"lost {job.name(lost)}")
+        started = len(job.workers_seen - before)
+        return Figure(at - when, detail=f"lost {job.name(lost)}; "
+                                        + (f"{started} new worker(s)" if started else "the survivors' processes kept"))
     detail = f"lost {job.name(lost)}; {job.codes(survivors)}"
     if why == "ended":
         return Figure(verdict="lost", detail=detail, said=said(survivors))
@@ -248,7 +252,9 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--bound", type=float, default=EVENT_BOUND_S,
                         help=f"seconds to wait for a figure after its event (default {EVENT_BOUND_S:.0f})")
     parser.add_argument("--rdzv-conf", help="passed on to both launchers as --rdzv-conf")
-    parser.add_argument("--sides", default="ours,torchrun", help="the launchers measured (default both)")
+    parser.add_argument("--sides", default="ours,inprocess,torchrun",
+                        help="the launchers measured: ours (workers restarted), inprocess (ours, workers kept: "
+                             "launcher.runtime.elastic), torchrun (default all three)")
     parser.add_argument("--etcd", metavar="HOST:PORT", help="the membership in this etcd (started with --enable-v2 "
                         "for torchrun's etcd-v2, which needs python-etcd): ours --rdzv-backend=etcd, torchrun's etcd-v2")
     parser.add_argument("--lose", choices=("other", "first"), default="other",
@@ -262,8 +268,8 @@ def parse_args(argv: list) -> argparse.Namespace:
         parser.error(f"--repo {args.repo} holds no launcher/ package; give the repository's root folder")
     if args.keep and args.keep.exists() and any(args.keep.iterdir()):
         parser.error(f"--keep {args.keep} is not empty; give a new or empty folder")
-    if set(args.sides.split(",")) - {"ours", "torchrun"}:
-        parser.error(f"--sides takes ours, torchrun or both, not {args.sides}")
+    if set(args.sides.split(",")) - {"ours", "inprocess", "torchrun"}:
+        parser.error(f"--sides takes ours, inprocess and torchrun, comma-separated, not {args.sides}")
     return args
 
 
@@ -294,7 +300,7 @@ def main(argv: Optional[list] = None) -> int:
         args.keep.mkdir(parents=True, exist_ok=True)
     with nullcontext(args.keep) if args.keep else harness.temp_root() as root:
         results, loads = measure(args, root)
-    text = table(results, [s for s in ("ours", "torchrun") if s in args.sides.split(",")], loads)
+    text = table(results, [s for s in ("ours", "inprocess", "torchrun") if s in args.sides.split(",")], loads)
     print(f"{text}\n\n{leftovers_note(results)}", flush=True)
     if args.json:
         runs = {sc: {name: [asdict(r) for r in rs] for name, rs in by_side.items()} for sc, by_side in results.items()}

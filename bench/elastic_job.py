@@ -42,6 +42,7 @@ class Side:
     name: str
     module: str
     env: dict
+    worker_flags: tuple = ()  # given to every worker (``--inprocess``)
 
     def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list,
                 etcd: Optional[str] = None) -> list:
@@ -55,18 +56,21 @@ class Side:
         else:
             rendezvous = ["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={etcd}"]
         return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", *rendezvous,
-                f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(SCRIPT), *map(str, worker)]
+                f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(SCRIPT), *map(str, worker),
+                *self.worker_flags]
 
 
 def sides(repo: Path) -> list:
-    """Ours with ``repo`` first on PYTHONPATH; torchrun with the caller's PYTHONPATH."""
+    """Ours with ``repo`` first on PYTHONPATH (its workers restarted at a membership change, and "inprocess": kept,
+    ``launcher.runtime.elastic``); torchrun with the caller's PYTHONPATH."""
     base = harness.bench_env()
     outer = os.environ.get("PYTHONPATH")
     ours = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), outer]))}
     theirs = {k: v for k, v in base.items() if k != "PYTHONPATH"}
     if outer:
         theirs["PYTHONPATH"] = outer
-    return [Side("ours", "launcher", ours), Side("torchrun", "torch.distributed.run", theirs)]
+    return [Side("ours", "launcher", ours), Side("inprocess", "launcher", ours, ("--inprocess",)),
+            Side("torchrun", "torch.distributed.run", theirs)]
 
 
 # ---------------------------------------------------------------- one run's job and its steps

@@ -21,7 +21,7 @@ import json
 import secrets
 from typing import Optional
 
-MAX_LINE = 1 << 20  # bytes of one message from a worker, its newline included (a round's env may be longer)
+MAX_LINE = 1 << 20  # bytes of one message before the key is proven, or from a worker (a round's env may be longer)
 CHALLENGE, HELLO, WELCOME, STOP, ROUND, PARKED = "challenge", "hello", "welcome", "stop", "round", "parked"
 
 
@@ -34,23 +34,26 @@ def new_nonce() -> str:
 
 
 def proof(key: str, side: str, own_nonce: str, their_nonce: str) -> str:
-    """``side`` ("worker" or "launcher") proves ``key`` on both nonces: no proof is valid for the other side."""
-    message = f"{side}\0{their_nonce}\0{own_nonce}".encode()
-    return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
+    """``side`` ("worker" or "launcher") proves ``key`` on both nonces: no proof is valid for the other side. Never
+    raises, whatever the nonces hold (a peer's nonce may be any string JSON can carry)."""
+    message = f"{side}\0{their_nonce}\0{own_nonce}".encode("utf-8", "surrogatepass")
+    return hmac.new(key.encode("utf-8", "surrogatepass"), message, hashlib.sha256).hexdigest()
 
 
 def proven(key: str, side: str, given: object, own_nonce: str, their_nonce: str) -> bool:
     """Whether ``given`` is ``side``'s proof of ``key``, where ``their_nonce`` was the prover's and ``own_nonce`` ours."""
-    return isinstance(given, str) and hmac.compare_digest(given, proof(key, side, their_nonce, own_nonce))
+    return (isinstance(given, str) and given.isascii()
+            and hmac.compare_digest(given, proof(key, side, their_nonce, own_nonce)))
 
 
 def encode(message: dict) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes) -> Optional[dict]:
-    """One line off the channel as a message with a string type ``t``; None for anything else (never raises)."""
-    if len(line) > MAX_LINE:
+def decode(line: bytes, limit: Optional[int] = MAX_LINE) -> Optional[dict]:
+    """One line off the channel as a message with a string type ``t``; None for anything else (never raises).
+    ``limit``: the longest line taken (None: any, for the launcher's word once it proved the key)."""
+    if limit is not None and len(line) > limit:
         return None
     try:
         message = json.loads(line)

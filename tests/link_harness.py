@@ -252,7 +252,7 @@ class Etcd(Harness):
         from launcher.nodes.elastic.etcd.link import EtcdLink
         from launcher.nodes.elastic.etcd.start import first_round
 
-        link = EtcdLink(self.spec, JOB, workers, self.token, self.clock, self.store.client(), f"127.0.0.{i + 1}")
+        link = EtcdLink(self.spec, JOB, workers, self.token, self.clock, self.store.client(), f"127.0.0.{i + 1}", ring=False)
         self.links.append(link)
         return first_round(link)
 

@@ -25,6 +25,8 @@ from launcher.run.stop import stop_what_runs
 from launcher.run.supervise import supervise
 from launcher.run.workers import StartFailed, WorkerGroup, worker_env
 
+PARK_WAIT = 5.0  # seconds a worker kept for the next round has to leave its round
+
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
         clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None) -> int:
@@ -47,6 +49,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         launch.start_watchdog()
         while True:
             started = _run_attempt(launch, job)
+            _await_kept(launch, job)
             what, code = job.finish_attempt(Loop(launch, job).turn)
             if what == "end":
                 _tell_the_end(job, code, started, launch.clock)
@@ -67,6 +70,25 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             if job is not None:
                 job.close()
             launch.close()
+
+
+def _await_kept(launch: Launch, job: Coordinator) -> None:
+    """The workers kept for the next round leave their round (each says so) before this node says its workers of the
+    round are gone; one that does not within PARK_WAIT (a collective that could not be interrupted) is killed, and
+    started afresh in the next round, where it takes the state from a survivor."""
+    deadline = launch.clock.monotonic() + PARK_WAIT
+    group = WorkerGroup(launch)
+    loop = Loop(launch, job)
+    while group.unparked() and launch.clock.monotonic() < deadline:
+        for event in loop.turn_until(deadline):
+            if isinstance(event, policy.StopSignal):
+                job.local_cause(job.signal_cause(event.sig))
+                deadline = 0.0
+    for kept in group.unparked():
+        log.warning("%s did not leave its round within %g s (blocked in a collective that could not be interrupted): "
+                    "it is started afresh", kept.spec.label, PARK_WAIT)
+        group.drop_kept(kept)
+        del launch.kept[kept.spec.local_rank]
 
 
 def _stop_kept(launch: Launch) -> None:

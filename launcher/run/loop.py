@@ -70,6 +70,7 @@ class Loop:
         self.quiet_since: Optional[float] = None  # when the last process of the job was gone
         self.helpers_since: Optional[float] = None  # when only multiprocessing helpers were left
         self.abandoned = False
+        self.wake_by: Optional[float] = None  # a deadline of the caller's (turn_until)
         workers = group.workers.values() if group else ()
         self.pipes_open = {fd: w for w in workers for fd in w.output.pipes()}
         self.store_tag = StoreTag(launch.store)
@@ -102,6 +103,14 @@ class Loop:
             events += self.job.tick(self.clock.monotonic())
         return self._signal_events() + events + self._hang_events(state)
 
+    def turn_until(self, deadline: float) -> list:
+        """One turn between two attempts that waits at most until ``deadline`` (monotonic)."""
+        self.wake_by = deadline
+        try:
+            return self.turn()
+        finally:
+            self.wake_by = None
+
     def _worker_said(self, said) -> list:
         """A worker that says it re-enters in place (its hello), as the policy's event; the rest is the group's."""
         events = []
@@ -109,6 +118,8 @@ class Loop:
         for s in said:
             if s.message.get("t") == "hello" and s.message.get("keep") is True and s.pid in by_pid:
                 events.append(policy.OptedIn(by_pid[s.pid]))
+            elif s.message.get("t") == "parked":
+                self.launch.parked.add(s.pid)
         return events
 
     def _signal_events(self) -> list:
@@ -151,6 +162,8 @@ class Loop:
                 waits.append(max(0.0, t - now))
         if self.launch.plan.hang_timeout is not None and self.group is not None:
             waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
+        if self.wake_by is not None:
+            waits.append(max(0.0, self.wake_by - now))
         return min(waits) if waits else None
 
     def _sync_registrations(self, ended: bool) -> None:

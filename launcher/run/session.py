@@ -42,6 +42,8 @@ class Launch:
         self.records = Records(plan, self.run_id, clock)
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
+        self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
+        self.worker_pids: set = set()  # every worker started and not yet reaped (the local channel takes no other)
         self._files_written: list = []
         self._folders_made: list = []
 
@@ -62,7 +64,7 @@ class Launch:
 
     def open_worker_channel(self, welcome) -> None:
         """The local channel to the workers (``welcome()``: what it tells each worker that connects)."""
-        self.worker_channel = WorkerChannel(self.run_id, welcome)
+        self.worker_channel = WorkerChannel(self.run_id, welcome, lambda pid: pid in self.worker_pids)
         self.worker_channel.listen()
 
     def worker_channel_env(self) -> dict:

@@ -12,6 +12,7 @@ out with ``send``.
 
 from __future__ import annotations
 
+import array
 import errno
 import os
 import secrets
@@ -50,11 +51,13 @@ class Connection:
 
 
 class WorkerChannel:
-    """Only this launcher's own children may connect: its workers (their children, a data loader's, may not)."""
+    """Only this launcher's workers may connect (``is_worker(pid)``, and the launcher their parent): not their
+    children, a data loader's, even once the launcher adopted them as orphans."""
 
-    def __init__(self, run_id: str, welcome: Callable[[], dict]) -> None:
+    def __init__(self, run_id: str, welcome: Callable[[], dict], is_worker: Callable[[int], bool]) -> None:
         self.name = f"@launcher-{run_id}-{secrets.token_hex(8)}"
         self.key = lc.new_key()
+        self.is_worker = is_worker
         self.welcome = welcome  # what the welcome says besides its proof: the round, how long to wait for a stop
         self.listener: Optional[socket.socket] = None
         self.connections: dict = {}  # fd -> Connection
@@ -96,12 +99,25 @@ class WorkerChannel:
             return self._read(c)
         return []
 
-    def send(self, pid: int, message: dict) -> bool:
-        """Queue ``message`` for the worker ``pid``; False when it has no welcomed connection."""
+    def send(self, pid: int, message: dict, fds: tuple = ()) -> bool:
+        """Queue ``message`` for the worker ``pid``; False when it has no welcomed connection. ``fds``: descriptors
+        passed with it (SCM_RIGHTS, on its first byte), only when nothing else waits to go to that worker."""
         c = self.by_pid.get(pid)
         if c is None:
             return False
-        c.out += lc.encode(message)
+        data = lc.encode(message)
+        if fds:
+            if c.out:
+                return False
+            try:
+                sent = c.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                self._close(c)
+                return False
+            data = data[sent:]
+        c.out += data
         if len(c.out) > OUT_LIMIT:
             self._drop(c, "it does not read what the launcher tells it")
             return False
@@ -110,6 +126,11 @@ class WorkerChannel:
 
     def connected(self, pid: int) -> bool:
         return pid in self.by_pid
+
+    def can_pass(self, pid: int) -> bool:
+        """Whether descriptors can go to the worker ``pid`` now (``send(..., fds)``): connected, nothing waiting."""
+        c = self.by_pid.get(pid)
+        return c is not None and not c.out
 
     def forget(self, pid: int) -> None:
         c = self.by_pid.get(pid)
@@ -137,10 +158,12 @@ class WorkerChannel:
                 return
             sock.setblocking(False)
             pid = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[0]
-            if _parent_of(pid) != os.getpid():
+            if _parent_of(pid) != os.getpid() or not self.is_worker(pid):
                 log.debug("local channel: process %d is not a worker of this launcher; closed", pid)
                 sock.close()
                 continue
+            for older in [o for o in self.connections.values() if o.pid == pid and not o.welcomed]:
+                self._close(older)  # one connection waiting for its hello per worker: the newest
             c = Connection(sock, pid, lc.new_nonce())
             self.connections[sock.fileno()] = c
             c.out += lc.encode({"t": lc.CHALLENGE, "nonce": c.nonce})

@@ -156,6 +156,7 @@ class WorkerGroup:
     def _add(self, spec: WorkerSpec, proc: Process, output) -> None:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
         self.launch.watchdog.tell(f"pid {proc.pid}")
+        self.launch.worker_pids.add(proc.pid)
 
     # ------------------------------------------------------------ workers kept from one round to the next
 
@@ -168,6 +169,7 @@ class WorkerGroup:
             if w is None:
                 continue
             self.outputs.pop(rank, None)
+            self.launch.parked.discard(w.pid)
             if channel is not None:
                 channel.send(w.pid, {"t": "stop", "reason": reason})
             self.launch.kept[w.spec.local_rank] = w
@@ -177,19 +179,32 @@ class WorkerGroup:
         worker is started afresh) when it ended meanwhile or its channel closed: it is killed and reaped first."""
         channel = self.launch.worker_channel
         returncode = self.starter.exit_status(kept.pid)
-        if returncode is not None or channel is None or not channel.connected(kept.pid):
-            why = policy.describe_exit(returncode) if returncode is not None else "its channel closed"
+        if returncode is not None or channel is None or not channel.can_pass(kept.pid):
+            why = policy.describe_exit(returncode) if returncode is not None else "its channel closed or is busy"
             log.warning("%s could not be kept for the next round (%s): starting it afresh", kept.spec.label, why)
             self.drop_kept(kept)
             return False
-        fresh = self.outputs.get(spec.rank)
-        if fresh is not None and fresh is not kept.output:
-            fresh.finish()  # the log's header for this round is written; the worker writes on where it did
-        self.outputs[spec.rank] = kept.output
-        channel.send(kept.pid, {"t": "round", "env": self.env_of(spec)})
-        self.workers[spec.rank] = Worker(spec, kept.proc, kept.output, kept.started)
+        try:  # this round's output, as a new worker's: its log file (by its new rank) or pipes (with its new label)
+            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
+            fds = output.child_fds()
+        except OSError as e:
+            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
+        self.launch.parked.discard(kept.pid)
+        told = channel.send(kept.pid, {"t": "round", "env": self.env_of(spec), "fds": len(fds)}, fds=fds)
+        output.spawned()
+        self.outputs[spec.rank] = output
+        if not told:  # its channel failed just now: this round cannot start as planned here
+            self.drop_kept(kept)
+            raise StartFailed(spec, "its channel to the launcher failed as it was given the new round")
+        kept.output.finish()  # what it wrote in the round before, read to its end
+        kept.output = output
+        self.workers[spec.rank] = Worker(spec, kept.proc, output, kept.started)
         self.adopted.add(spec.rank)
         return True
+
+    def unparked(self) -> list:
+        """The kept workers that have not yet said they left their round."""
+        return [w for w in self.launch.kept.values() if w.pid not in self.launch.parked]
 
     def drop_kept(self, kept: Worker) -> None:
         """A kept worker that cannot go on: its process group killed, its leader reaped, its output closed."""
@@ -197,6 +212,7 @@ class WorkerGroup:
             self.launch.worker_channel.forget(kept.pid)
         self.starter.signal_group(kept.pid, signal.SIGKILL)
         kept.reaped = self.starter.reap(kept.pid, wait=True)
+        self.launch.worker_pids.discard(kept.pid)
         kept.output.finish()
 
     def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
@@ -334,6 +350,8 @@ class WorkerGroup:
             w.output.finish()
             if not w.reaped:
                 w.reaped = self.starter.reap(w.pid, wait=not w.alive)
+            if w.reaped:
+                self.launch.worker_pids.discard(w.pid)
             w.proc.returncode = w.returncode  # Popen must not wait for it again
         for rank, output in self.outputs.items():
             if rank not in self.workers:  # opened, but its worker never started

@@ -31,6 +31,7 @@ Outside such a launch, ``run`` joins the job from the environment and calls ``tr
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import socket
@@ -43,13 +44,13 @@ import torch
 import torch.distributed as dist
 
 from launcher import envvars as ev
-from launcher import local_channel as lc
+from launcher.runtime.channel import Channel
 from launcher.runtime.environment import gpu_index
 
 log = logging.getLogger("launcher.runtime.elastic")
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)  # a round's rendezvous; collectives keep torch's own default
-CONNECT_TIMEOUT = 10.0  # the launcher's welcome
+SETTLE = 0.5  # seconds the training thread has to leave a round by itself before its collectives are broken
 
 
 @dataclass(frozen=True)
@@ -65,100 +66,8 @@ class Round:
     source: int  # the rank whose state every other rank took this round
 
 
-class LauncherGone(SystemExit):
-    """The launcher closed its channel while this worker waited for the next round: there is none."""
-
-
-# ---------------------------------------------------------------- the channel to the launcher
-
-
-class Channel:
-    """This worker's end of its launcher's local channel: one thread reads the launcher's word."""
-
-    def __init__(self, sock: socket.socket, reader, welcome: dict) -> None:
-        self.sock = sock
-        self.reader = reader
-        self.reform_wait = float(welcome.get("reform_wait") or 0)
-        self.stopped = threading.Event()  # the launcher said the round is over
-        self.rounds: list = []  # the next rounds' variables, in order
-        self.gone = False
-        self.changed = threading.Condition()
-        self.on_stop: Callable[[], None] = lambda: None  # aborts the process group of the round
-        self.thread = threading.Thread(target=self._read, name="launcher-channel", daemon=True)
-        self.thread.start()
-
-    @classmethod
-    def connect(cls, env, keep: bool) -> Optional["Channel"]:
-        """The launcher's channel named in ``env``, after both sides proved the key; None without one."""
-        name, key = env.get(ev.CONTROL_SOCKET), env.get(ev.CONTROL_KEY)
-        if not name or not key:
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(CONNECT_TIMEOUT)
-        try:
-            sock.connect(lc.address(name))
-            reader = sock.makefile("rb")
-            challenge = lc.decode(reader.readline(lc.MAX_LINE + 1))
-            if not challenge or challenge.get("t") != lc.CHALLENGE or not isinstance(challenge.get("nonce"), str):
-                raise OSError("no challenge from the launcher")
-            nonce = lc.new_nonce()
-            sock.sendall(lc.encode({"t": lc.HELLO, "nonce": nonce, "pid": os.getpid(), "keep": keep,
-                                    "proof": lc.proof(key, "worker", nonce, challenge["nonce"])}))
-            welcome = lc.decode(reader.readline(lc.MAX_LINE + 1))
-            if not welcome or welcome.get("t") != lc.WELCOME or \
-                    not lc.proven(key, "launcher", welcome.get("proof"), nonce, challenge["nonce"]):
-                raise OSError("the launcher did not prove the key")
-        except OSError as e:
-            sock.close()
-            log.warning("launcher.runtime.elastic: no channel to the launcher (%s): this worker is restarted at "
-                        "each membership change", e)
-            return None
-        sock.settimeout(None)
-        return cls(sock, reader, welcome)
-
-    def _read(self) -> None:
-        while True:
-            try:
-                line = self.reader.readline(lc.MAX_LINE + 1)
-            except (OSError, ValueError):
-                line = b""
-            if not line:
-                with self.changed:
-                    self.gone = True
-                    self.changed.notify_all()
-                return
-            message = lc.decode(line)
-            if message is None:
-                continue
-            if message["t"] == lc.STOP:
-                self.stopped.set()
-                self.on_stop()
-                with self.changed:
-                    self.changed.notify_all()
-            elif message["t"] == lc.ROUND and isinstance(message.get("env"), dict):
-                with self.changed:
-                    self.rounds.append({str(k): str(v) for k, v in message["env"].items()})
-                    self.changed.notify_all()
-
-    def round_over(self, wait: float) -> bool:
-        """Whether the launcher says the round is over, waiting up to ``wait`` seconds for its word."""
-        return self.stopped.wait(wait)
-
-    def next_round(self) -> dict:
-        """The next round's variables, once the launcher gives them (``LauncherGone`` if it leaves first)."""
-        with self.changed:
-            while not self.rounds and not self.gone:
-                self.changed.wait()
-            if not self.rounds:
-                raise LauncherGone(1)
-            self.stopped.clear()
-            return self.rounds.pop(0)
-
-    def parked(self) -> None:
-        try:
-            self.sock.sendall(lc.encode({"t": lc.PARKED}))
-        except OSError:
-            pass
+class RoundOver(Exception):
+    """Raised in the training thread when the launcher says the round is over (caught by ``run``)."""
 
 
 # ---------------------------------------------------------------- one round's process group
@@ -191,6 +100,9 @@ class Group:
         self.before = _sockets()  # what this process had open before the round: never touched
         self.own: Optional[dict] = None  # the round's sockets, once formed (the train function's own are not)
         self.interrupted = False
+        self.trainer = threading.get_ident()  # the thread that forms the group and trains in it
+        self.left = threading.Event()  # the training thread left the round (``run`` caught its end)
+        self.lock = threading.Lock()  # an interrupt and the training thread's leaving: one before the other
         gpu = gpu_index(env.get(ev.SELECTED_GPUS))
         self.device = (torch.device("cuda", gpu if gpu is not None else torch.cuda.current_device())
                        if backend == "nccl" else torch.device("cpu"))
@@ -207,9 +119,27 @@ class Group:
         self.own = {fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
 
     def interrupt(self) -> None:
-        """Make every call of the round, blocked now or to come, fail at once (from any thread): the sockets the
-        round opened (the store's, gloo's) shut down, and an NCCL group aborted."""
-        self.interrupted = True
+        """End the round in the training thread, from any thread: ``RoundOver`` raised there as soon as it runs Python
+        (between two collectives, or at once in a world of one, where no collective blocks); where it is blocked in a
+        collective, after SETTLE, every call of the round is made to fail: the sockets the round opened (the store's,
+        gloo's) shut down, and an NCCL group aborted. The order matters for gloo: a send it queued on a socket shut
+        down under it is never failed (only its timeout ends it), so its sockets are shut only where it waits."""
+        with self.lock:
+            if self.interrupted or self.left.is_set():
+                return
+            self.interrupted = True
+            _raise_in(self.trainer, RoundOver)
+        threading.Thread(target=self._break_blocked, name="launcher-round-over", daemon=True).start()
+
+    def leave(self) -> None:
+        """The training thread left the round: no ``RoundOver`` is raised in it from now on (one pending is dropped)."""
+        with self.lock:
+            self.left.set()
+            _raise_in(self.trainer, None)
+
+    def _break_blocked(self) -> None:
+        if self.left.wait(SETTLE):
+            return
         if self.backend != "gloo" and self.pg is not None:
             _abort(self.pg)
             return
@@ -244,6 +174,12 @@ def _shut_down(fd: int, inode: str) -> None:
         pass
     finally:
         sock.close()
+
+
+def _raise_in(thread_id: int, exc: Optional[type]) -> None:
+    """``exc`` raised in the thread ``thread_id`` the next time it runs Python code (None: the one pending dropped)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               ctypes.py_object(exc) if exc is not None else None)
 
 
 def _abort(pg) -> None:
@@ -313,31 +249,50 @@ def run(train: Callable[[Round], Any], state: dict, backend: Optional[str] = Non
     if channel is not None and not keep:
         log.warning("launcher.runtime.elastic: a blocked %s collective cannot be interrupted with this torch; "
                     "this worker is restarted at each membership change", backend)
-    number, holds = 0, False
+    progress = _Progress()
     while True:
         group = Group(backend)
         if backend == "nccl":
             torch.cuda.set_device(group.device)
         try:
-            if channel is not None:
-                channel.on_stop = group.interrupt
-                if channel.stopped.is_set():  # the round ended before it began here
-                    group.interrupt()
-            group.form(timeout)
-            source = _share(state, group, holds)
-            holds = True
-            result = train(Round(number, group.rank, group.world_size, group.local_rank, group.device, backend,
-                                 source))
-        except Exception:
-            if channel is None or not keep or not channel.round_over(channel.reform_wait):
-                raise
-            log.info("launcher.runtime.elastic: the round is over; waiting for the next one")
-        else:
-            group.close()
-            return result
-        channel.on_stop = lambda: None
+            done, result = _one_round(train, state, group, channel, progress, timeout, keep)
+        except RoundOver:  # the round's end came between the training's own end and the runtime taking it
+            done, result = False, None
+        group.leave()
         group.close()
+        if done:
+            return result
         del group
+        channel.on_stop = lambda: None
         channel.parked()
         os.environ.update(channel.next_round())
-        number += 1
+        progress.number += 1
+
+
+@dataclass
+class _Progress:
+    number: int = 0  # rounds this process entered before
+    holds: bool = False  # whether it holds the state (it had it sent, or sent it)
+
+
+def _one_round(train, state: dict, group: Group, channel: Optional[Channel], progress: _Progress, timeout, keep: bool):
+    """(True, what ``train`` returned) when it returned; (False, None) when the round ended under it (it raised, and
+    the launcher said the round is over within its ``reform_wait``); else what it raised, raised."""
+    try:
+        if channel is not None:
+            channel.on_stop = group.interrupt
+            if channel.stopped.is_set():  # the round ended before it began here
+                group.interrupt()
+        group.form(timeout)
+        source = _share(state, group, progress.holds)
+        progress.holds = True
+        result = train(Round(progress.number, group.rank, group.world_size, group.local_rank, group.device,
+                             group.backend, source))
+    except Exception:
+        group.leave()
+        if channel is None or not keep or not channel.round_over(channel.reform_wait):
+            raise
+        log.info("launcher.runtime.elastic: the round is over; waiting for the next one")
+        return False, None
+    group.leave()
+    return True, result

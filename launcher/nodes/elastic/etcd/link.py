@@ -31,10 +31,10 @@ from launcher.nodes.elastic.link import JobOver, Leave, LinkBase, Report, StartF
 from launcher.nodes.elastic.etcd.client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
                                         put_op)
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
+from launcher.nodes.elastic.etcd.ring import Peer, Ring, successor
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say, one_line
-
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class EtcdLink(LinkBase):
     thread_name = "elastic-etcd"  # every launcher says its rounds itself (job.ElasticJob)
 
     def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue,
-                 host: str) -> None:
+                 host: str, ring: bool = True) -> None:
         super().__init__()
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
@@ -69,6 +69,7 @@ class EtcdLink(LinkBase):
         self.node_id = own_id()
         self.me = mb.Node(self.node_id, host, workers)
         self.lease = Lease(client, spec, clock, self.where)
+        self.ring = Ring() if ring else None  # finds a launcher whose process is gone before its lease expires
         self.created = 0  # this launcher's node key's create revision
         self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them (``_span``)
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
@@ -88,7 +89,8 @@ class EtcdLink(LinkBase):
         """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
         self.lease.grant()
         key = es.node_key(self.prefix, self.node_id)
-        value = es.node_value(self.me, self.lease.id, self.token, self.job_id)
+        ring = self.ring.listen(self.me.host) if self.ring is not None else None
+        value = es.node_value(self.me, self.lease.id, self.token, self.job_id, ring)
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
                 self.created = self.created or self.client.put(key, value, self.lease.id)
@@ -133,6 +135,8 @@ class EtcdLink(LinkBase):
         pass  # the thread runs from start()
 
     def release(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
         self._leave_etcd()
 
     # ------------------------------------------------------------ the link's thread
@@ -142,11 +146,26 @@ class EtcdLink(LinkBase):
             with selectors.DefaultSelector() as selector:
                 selector.register(self.waker.read_fd, selectors.EVENT_READ)
                 while not self.stopping:
-                    selector.select(self._wait())
+                    if self.ring is not None:
+                        self.ring.watch_with(selector, self.waker.read_fd)
+                    gone = [peer for key, mask in selector.select(self._wait()) if key.fd != self.waker.read_fd
+                            for peer in self.ring.ready(key.fd, mask)]  # only the ring's are registered besides
+                    self._revoke(gone)
                     self._turn()
         except Exception as e:  # a bug here must not leave the job running without its link, silently
             log.error("elastic job: this launcher's link to %s failed (%s: %s)", self.where, type(e).__name__, e)
             self._over(1, f"this launcher's link to {self.where} failed ({type(e).__name__})")
+
+    def _revoke(self, gone: list) -> None:
+        """Launchers whose process is gone (the ring found it): their leases revoked, their keys gone for every watch."""
+        for peer in gone:
+            joiner = self._alive().get(peer.node_id)
+            if joiner is not None and joiner.lease == peer.lease:
+                log.warning("elastic job: node %s (%s) is gone (its connection closed)", peer.node_id, joiner.node.host)
+                try:
+                    self.client.revoke(peer.lease)
+                except (Unavailable, Refused) as e:
+                    log.debug("elastic job: could not revoke %s's lease (%s)", peer.node_id, one_line(str(e), 200))
 
     def _wait(self) -> float:
         times = [self.lease.next_beat, self.clock() + 1.0]
@@ -238,6 +257,9 @@ class EtcdLink(LinkBase):
 
     def _decide(self) -> None:
         alive = self._alive()
+        if self.ring is not None:  # the next proven launcher by its key's age
+            ring = sorted((j for j in alive.values() if j.proven and j.ring), key=lambda j: j.created)
+            self.ring.follow(successor([Peer(j.node.node_id, j.lease, j.ring) for j in ring], self.node_id))
         entry = self.mirror.get(es.record_key(self.prefix))
         theirs = self._read(entry)
         if entry is not None and theirs is None:  # not this job's: never obeyed, never overwritten

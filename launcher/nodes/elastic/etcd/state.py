@@ -69,9 +69,11 @@ def read_node_id(key: str, prefix: str) -> str:
 # ---------------------------------------------------------------- what a launcher writes
 
 
-def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str) -> str:
+def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str, ring: Optional[tuple] = None) -> str:
+    """``ring``: where this launcher's liveness ring listens (``etcd.ring``), (host, port)."""
     proof = auth.proof(token, f"lease {lease}", job_id, node.node_id) if token else None
-    return json.dumps({"id": node.node_id, "host": node.host, "workers": node.workers, "proof": proof})
+    return json.dumps({"id": node.node_id, "host": node.host, "workers": node.workers, "proof": proof,
+                       "ring": list(ring) if ring else None})
 
 
 def report_value(node_id: str, lease: int, kind: str, round_: int, code: int = 0, reason: str = "",
@@ -90,6 +92,7 @@ class Joiner:
     lease: int
     created: int
     proven: bool  # it proves the job token (or the job has none and it proves none)
+    ring: Optional[tuple] = None  # where its liveness ring listens (host, port), if it has one
 
 
 def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str) -> Optional[Joiner]:
@@ -98,7 +101,16 @@ def read_node(value: str, lease: int, created: int, token: Optional[str], job_id
     if data is None or not isinstance(data.get("id"), str) or not data["id"]:
         return None
     node = mb.Node(data["id"], data.get("host") if isinstance(data.get("host"), str) else "", data.get("workers"))
-    return Joiner(node, lease, created, _proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id))
+    return Joiner(node, lease, created, _proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id),
+                  _ring_address(data.get("ring")))
+
+
+def _ring_address(value) -> Optional[tuple]:
+    """A node key's ring address, (host, port), if it is one."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and 0 < len(value[0]) <= 255
+            and type(value[1]) is int and 0 < value[1] < 65536):
+        return None
+    return value[0], value[1]
 
 
 def read_report(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):

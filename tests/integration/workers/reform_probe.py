@@ -1,0 +1,66 @@
+"""A worker of ``launcher.runtime.elastic.run`` for tests/test_runtime_elastic.py: a tiny model trained with
+all-reduces, forever (until the process is stopped), in every round the launcher gives it.
+
+At each entry into ``train`` it appends one JSON line to argv[1] ("event": "enter"): the round, rank, world
+size, pid, step, its open descriptors, Python threads, OS threads, RSS and a digest of the parameters. Every
+PROGRESS steps it appends a line with "event": "step". REFORM_RAISE_AT=N: ``train`` raises at step N.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from launcher.runtime import elastic
+
+OUT = sys.argv[1]
+PROGRESS = 25
+RAISE_AT = int(os.environ.get("REFORM_RAISE_AT", "-1"))
+
+torch.manual_seed(os.getpid())  # every process starts from a model of its own: only the broadcast makes them equal
+model = torch.nn.Linear(8, 4)
+state = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01), "step": 0}
+
+
+def note(event, round_=None, **more):
+    record = {"event": event, "pid": os.getpid(), "step": state["step"], **more}
+    if round_ is not None:
+        record.update(round=round_.number, rank=round_.rank, world_size=round_.world_size, source=round_.source)
+    with open(OUT, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def digest():
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(round_):
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    note("enter", round_, fds=len(os.listdir("/proc/self/fd")), threads=threading.active_count(),
+         tasks=len(os.listdir("/proc/self/task")), rss=rss, digest=digest())
+    while True:
+        if state["step"] == RAISE_AT:
+            raise RuntimeError(f"reform_probe: raised at step {RAISE_AT}")
+        loss = model(torch.randn(16, 8)).square().mean()
+        state["optimizer"].zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= round_.world_size
+        state["optimizer"].step()
+        state["step"] += 1
+        if state["step"] % PROGRESS == 0:
+            note("step", round_)
+        time.sleep(0.01)
+
+
+elastic.run(train, state, backend="gloo")
