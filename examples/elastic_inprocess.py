@@ -46,6 +46,13 @@ def digest(model) -> str:
     return h.hexdigest()
 
 
+def device_of_worker() -> torch.device:
+    """The worker's GPU where there is one (NCCL), else the CPU (gloo): what ``elastic.run`` picks too."""
+    if torch.cuda.is_available() and "FLAGS_selected_gpus" in os.environ:
+        return torch.device("cuda", int(os.environ["FLAGS_selected_gpus"].split(",")[0]))
+    return torch.device("cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
@@ -53,14 +60,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    device = device_of_worker()
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     state = {"model": model, "optimizer": optimizer, "step": 0}
 
     def train(round_: elastic.Round) -> None:
         first = True
         while state["step"] < args.steps:
-            x, y = batch_of(state["step"])
+            x, y = (t.to(device) for t in batch_of(state["step"]))
             share = slice(round_.rank * BATCH // round_.world_size, (round_.rank + 1) * BATCH // round_.world_size)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[share]), y[share])
@@ -80,7 +88,7 @@ def main() -> None:
                   f"pid={os.getpid()} loss={loss.item():.4f} round={round_.number} source={round_.source}", flush=True)
             time.sleep(0.04)
 
-    elastic.run(train, state)
+    elastic.run(train, state, backend="nccl" if device.type == "cuda" else "gloo")
 
 
 if __name__ == "__main__":

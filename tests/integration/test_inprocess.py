@@ -34,6 +34,7 @@ class Job:
         self.folder, self.backend, self.endpoint, self.nnodes = folder, backend, endpoint, nnodes
         self.procs: list = []
         self.job_id = "inprocess"
+        self.started_port = free_ports(4) if backend == "etcd" else None  # every node's: rank 0's store is there
 
     def line(self, node: int) -> tuple:
         common = ("--nnodes", self.nnodes, "--nproc-per-node", 1, "--rdzv-id", self.job_id,
@@ -42,7 +43,7 @@ class Job:
             return (*common, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{self.endpoint}",
                     "--rdzv-conf", C10D_CONF, WORKER, self.folder)
         return (*common, "--rdzv-backend", "etcd", "--rdzv-endpoint", self.endpoint, "--rdzv-conf", ETCD_CONF,
-                "--started_port", free_ports(4), WORKER, self.folder)
+                "--started_port", self.started_port, WORKER, self.folder)
 
     def start(self, count: int) -> list:
         started = []

@@ -4,6 +4,7 @@ all-reduces, forever (until the process is stopped), in every round the launcher
 At each entry into ``train`` it appends one JSON line to argv[1] ("event": "enter"): the round, rank, world
 size, pid, step, its open descriptors, Python threads, OS threads, RSS and a digest of the parameters. Every
 PROGRESS steps it appends a line with "event": "step". REFORM_RAISE_AT=N: ``train`` raises at step N.
+REFORM_BACKEND=nccl: the model and its all-reduces on the GPU LOCAL_RANK (tests/gpu), else gloo on the CPU.
 """
 
 import hashlib
@@ -21,9 +22,11 @@ from launcher.runtime import elastic
 OUT = sys.argv[1]
 PROGRESS = 25
 RAISE_AT = int(os.environ.get("REFORM_RAISE_AT", "-1"))
+BACKEND = os.environ.get("REFORM_BACKEND", "gloo")
+DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if BACKEND == "nccl" else torch.device("cpu")
 
 torch.manual_seed(os.getpid())  # every process starts from a model of its own: only the broadcast makes them equal
-model = torch.nn.Linear(8, 4)
+model = torch.nn.Linear(8, 4).to(DEVICE)
 state = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01), "step": 0}
 
 
@@ -38,7 +41,7 @@ def note(event, round_=None, **more):
 def digest():
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -50,7 +53,7 @@ def train(round_):
     while True:
         if state["step"] == RAISE_AT:
             raise RuntimeError(f"reform_probe: raised at step {RAISE_AT}")
-        loss = model(torch.randn(16, 8)).square().mean()
+        loss = model(torch.randn(16, 8, device=DEVICE)).square().mean()
         state["optimizer"].zero_grad()
         loss.backward()
         for p in model.parameters():
@@ -63,4 +66,4 @@ def train(round_):
         time.sleep(0.01)
 
 
-elastic.run(train, state, backend="gloo")
+elastic.run(train, state, backend=BACKEND)
