@@ -296,3 +296,37 @@ def test_a_cause_of_characters_that_take_12_bytes_of_json_still_fits_one_control
     assert back.code == 7 and back.summary.endswith("  | the end") and back.error == ""  # too big: sent without it
     small = p.Cause(1, "worker", 7, "rank 1 failed", "summary", error='{"message": "ValueError"}')
     assert p.Cause.from_dict(small.as_dict()) == small
+
+
+# ---------------------------------------------------------------- a round's end (in-process re-form)
+
+
+def test_a_round_over_keeps_workers_that_all_re_enter_in_place():
+    state, seen = run([(0, p.OptedIn(0)), (0, p.OptedIn(1)), (0, p.OptedIn(2)), (1, p.RoundOver("node x lost"))])
+    assert [a for _, a in seen if isinstance(a, p.Keep)] == [p.Keep(frozenset({0, 1, 2}))]
+    assert sends(seen) == [(1, "Keep", None)]
+    assert not state.running and state.kept == {0, 1, 2} and not state.stopping and state.failure is None
+    assert "keeping the 3 worker(s) for the next round" in seen[0][1].text
+
+
+def test_a_round_over_stops_them_all_when_one_does_not_re_enter_in_place():
+    state, seen = run([(0, p.OptedIn(0)), (0, p.OptedIn(1)), (1, p.RoundOver("node x lost"))])
+    assert sends(seen) == [(1, "Send", signal.SIGTERM)] and not state.kept and state.stopping
+
+
+def test_a_round_over_after_a_failure_here_is_the_stop_already_under_way():
+    events = [(0, p.OptedIn(r)) for r in (0, 1, 2)] + [(1, p.WorkerExited(1, 3)), (2, p.RoundOver("restart"))]
+    state, seen = run(events)
+    assert sends(seen) == [(1, "Send", signal.SIGTERM)] and not state.kept and state.failure == (1, 3)
+
+
+def test_workers_kept_from_the_round_before_have_opted_in_already():
+    state = p.start((0, 1), GRACE, opted_in=(0, 1))
+    state, actions = p.decide(state, p.RoundOver("joined"), 0)
+    assert p.Keep(frozenset({0, 1})) in actions and not state.running
+
+
+def test_workers_that_finished_are_not_kept_the_others_are():
+    state, seen = run([(0, p.OptedIn(0)), (0, p.OptedIn(1)), (0, p.WorkerExited(0, 0)), (1, p.RoundOver("lost"))],
+                      ranks=(0, 1))
+    assert [a for _, a in seen if isinstance(a, p.Keep)] == [p.Keep(frozenset({1}))]
