@@ -138,15 +138,20 @@ class Group:
             _raise_in(self.trainer, None)
 
     def _break_blocked(self) -> None:
+        """Under the lock ``leave`` takes: once the training thread left (it may be forming the next round, whose
+        sockets are new too), nothing of this round is touched any more."""
         if self.left.wait(SETTLE):
             return
-        if self.backend != "gloo" and self.pg is not None:
-            _abort(self.pg)
-            return
-        sockets = self.own if self.own is not None else {
-            fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
-        for fd, inode in sockets.items():
-            _shut_down(fd, inode)
+        with self.lock:
+            if self.left.is_set():
+                return
+            if self.backend != "gloo" and self.pg is not None:
+                _abort(self.pg)
+                return
+            sockets = self.own if self.own is not None else {
+                fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
+            for fd, inode in sockets.items():
+                _shut_down(fd, inode)
 
     def close(self) -> None:
         if dist.is_initialized():

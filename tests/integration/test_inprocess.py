@@ -73,7 +73,8 @@ class Job:
             wait_for(made, WAIT, f"a step of world {world} on nodes {nodes}")
         except AssertionError:
             stop_all(self.procs)
-            raise AssertionError(f"no step of world {world} on nodes {nodes}:\n{self.said()}") from None
+            launchers = "\n".join(f"--- launcher of node {n}:\n{p.stderr.read()[-3000:]}" for n, p in enumerate(self.procs))
+            raise AssertionError(f"no step of world {world} on nodes {nodes}:\n{self.said()}\n{launchers}") from None
         return {n: self.steps(n) for n in nodes}
 
     def digests(self) -> list:
