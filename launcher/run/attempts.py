@@ -50,9 +50,6 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         while True:
             started = _run_attempt(launch, job)
             _await_kept(launch, job)
-            # node 0's store emptied before this node says its workers are gone: the next round's (kept workers,
-            # told of it at once, may come before node 0's launcher begins it) find an empty store, not a reset
-            launch.store.begin_attempt()
             what, code = job.finish_attempt(Loop(launch, job).turn)
             if what == "end":
                 _tell_the_end(job, code, started, launch.clock)
@@ -113,8 +110,7 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
     try:
         group.open_logs()
         try:
-            if not launch.store.serving:  # the first attempt (each later one's store was emptied as the one before ended)
-                launch.store.begin_attempt()
+            launch.store.begin_attempt()
             group.start()
             launch.records.record_processes(group.snapshot, group.attempt)
             if job.attempt < launch.plan.max_restarts:

@@ -88,8 +88,7 @@ class AgentStore:
         self.max_clients = limits.store_connections(self.expected, self.keep_free)
 
     def begin_attempt(self) -> None:
-        """An empty store for the next attempt; the clients of the one before let go (called before the first attempt,
-        and as each one ends, before this node says so: no client of the next one can have come yet)."""
+        """An empty store for the attempt about to start; the clients of the one before let go."""
         if self.listener is None:
             return
         for client in list(self.clients.values()):

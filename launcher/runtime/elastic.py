@@ -36,6 +36,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -50,6 +51,8 @@ from launcher.runtime.environment import gpu_index
 log = logging.getLogger("launcher.runtime.elastic")
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)  # a round's rendezvous; collectives keep torch's own default
+RETRY_FORM = 0.2  # seconds between two tries of a round's store and group
+NETWORK_ERRORS = tuple(e for e in (getattr(dist, "DistNetworkError", None),) if e is not None)
 SETTLE = 0.5  # seconds the training thread has to leave a round by itself before its collectives are broken
 
 
@@ -108,12 +111,24 @@ class Group:
                        if backend == "nccl" else torch.device("cpu"))
 
     def form(self, timeout: timedelta) -> None:
+        """The round's store and process group. A store connection reset before the group formed is tried again
+        (within ``timeout``): a worker kept in place is told of a round at once, and may reach node 0's store
+        before node 0's launcher begins that round, which lets the round before's clients go."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            try:
+                return self._form_once(timeout)
+            except NETWORK_ERRORS:
+                if self.interrupted or time.monotonic() >= deadline:
+                    raise
+                self.close()
+                time.sleep(RETRY_FORM)
+
+    def _form_once(self, timeout: timedelta) -> None:
         env = os.environ
         agent = env.get(ev.ELASTIC_USE_AGENT_STORE, "").lower() in ("1", "true")
         self.store = dist.TCPStore(env[ev.MASTER_ADDR], int(env[ev.MASTER_PORT]), self.world_size,
                                    is_master=self.rank == 0 and not agent, timeout=timeout, wait_for_workers=False)
-        if self.interrupted:  # the round ended while the store was reached
-            self.interrupt()
         dist.init_process_group(self.backend, store=self.store, rank=self.rank, world_size=self.world_size)
         self.pg = dist.group.WORLD
         self.own = {fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
