@@ -14,6 +14,9 @@ with the survivors' parameters. One line per step and rank:
 
 ``--check FILE``: each rank writes, at each round's first step, a digest of its parameters there (one JSON
 line), so that a test can check that every rank of a round holds the same ones, bit for bit.
+
+``--fleet``: the same program written with Fleet's API (``fleet.elastic_run`` instead of ``fleet.init``, and
+``fleet.distributed_optimizer`` averaging the gradients, wrapped again in each round).
 """
 
 import argparse
@@ -25,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from launcher import fleet
 from launcher.runtime import elastic
 
 BATCH = 256
@@ -57,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--check", default=None, help="a file each rank appends its parameters' digest to")
+    parser.add_argument("--fleet", action="store_true", help="Fleet's API: fleet.elastic_run, fleet.distributed_optimizer")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -67,28 +72,31 @@ def main() -> None:
 
     def train(round_: elastic.Round) -> None:
         first = True
+        step = fleet.distributed_optimizer(optimizer) if args.fleet else optimizer  # Fleet: the gradients averaged
         while state["step"] < args.steps:
             x, y = (t.to(device) for t in batch_of(state["step"]))
             share = slice(round_.rank * BATCH // round_.world_size, (round_.rank + 1) * BATCH // round_.world_size)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x[share]), y[share])
             loss.backward()
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad /= round_.world_size
+            if not args.fleet:
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= round_.world_size
             if first and args.check:
                 with open(args.check, "a") as f:
                     f.write(json.dumps({"world": round_.world_size,
                                         "step": state["step"], "rank": round_.rank, "pid": os.getpid(),
                                         "digest": digest(model)}) + "\n")
                 first = False
-            optimizer.step()
+            step.step()
             state["step"] += 1
             print(f"time={time.time():.3f} step={state['step']} world={round_.world_size} rank={round_.rank} "
                   f"pid={os.getpid()} loss={loss.item():.4f} round={round_.number} source={round_.source}", flush=True)
             time.sleep(0.04)
 
-    elastic.run(train, state, backend="nccl" if device.type == "cuda" else "gloo")
+    run = fleet.elastic_run if args.fleet else elastic.run
+    run(train, state, backend="nccl" if device.type == "cuda" else "gloo")
 
 
 if __name__ == "__main__":

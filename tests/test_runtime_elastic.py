@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, free_port
 from launcher.run.worker_channel import WorkerChannel
 
@@ -124,22 +126,30 @@ def test_fifty_reforms_in_one_process_leak_nothing(tmp_path):
         assert (r0["digest"], r0["step"]) == (r1["digest"], r1["step"])
 
 
-def test_a_collective_blocked_on_a_frozen_peer_is_interrupted(tmp_path):
-    port = free_port()
+@pytest.mark.parametrize("env", [{}, {"REFORM_FLEET": "optimizer", "REFORM_COMM_NUM": "2"}], ids=["plain", "fleet"])
+def test_a_collective_blocked_on_a_frozen_peer_is_interrupted(tmp_path, env):
+    """fleet with nccl_comm_num=2: the all-reduce blocks in a process group fleet made in the round, not the round's."""
     with Launcher(tmp_path) as launcher:
-        rank0, rank1 = (launcher.start(rank, 2, port) for rank in range(2))
-        launcher.serve(lambda: all(any(r["event"] == "step" for r in lines(w)) for w in (rank0, rank1)),
-                       "steps of both ranks")
-        launcher.may_end.add(rank1.pid)
-        os.kill(rank1.pid, signal.SIGSTOP)
-        time.sleep(0.5)  # rank 0 reaches its next all-reduce and blocks there
-        launcher.stop([rank0])
-        rank1.kill()
-        launcher.go({rank0: env_of(0, 1, port)})
-        last = entries(rank0)[-1]
-        assert (last["round"], last["rank"], last["world_size"], last["pid"]) == (1, 0, 1, rank0.pid)
-        steps = last["step"]
+        rank0 = go_on_past_a_frozen_peer(launcher, env)
+        steps = entries(rank0)[-1]["step"]
         launcher.serve(lambda: lines(rank0)[-1]["step"] > steps, "rank 0's steps alone")
+
+
+def go_on_past_a_frozen_peer(launcher, env) -> subprocess.Popen:
+    """Two ranks step; rank 1 is frozen (SIGSTOP) while rank 0 waits in an all-reduce, the round is over for rank 0,
+    rank 1 is killed: rank 0 enters the next round alone, in the same process. Rank 0."""
+    port = free_port()
+    rank0, rank1 = (launcher.start(rank, 2, port, **env) for rank in range(2))
+    launcher.serve(lambda: all(any(r["event"] == "step" for r in lines(w)) for w in (rank0, rank1)), "steps of both ranks")
+    launcher.may_end.add(rank1.pid)
+    os.kill(rank1.pid, signal.SIGSTOP)
+    time.sleep(0.5)  # rank 0 reaches its next all-reduce and blocks there
+    launcher.stop([rank0])
+    rank1.kill()
+    launcher.go({rank0: env_of(0, 1, port)})
+    last = entries(rank0)[-1]
+    assert (last["round"], last["rank"], last["world_size"], last["pid"]) == (1, 0, 1, rank0.pid)
+    return rank0
 
 
 def test_an_exception_without_a_stop_is_raised_after_reform_wait(tmp_path):
@@ -167,3 +177,45 @@ def test_a_joiner_takes_the_state_of_the_survivor(tmp_path):
     assert survivor["source"] == joiner["source"] == 0
     assert survivor["step"] > 0
     assert (joiner["digest"], joiner["step"]) == (survivor["digest"], survivor["step"])
+
+
+@pytest.mark.parametrize("wrapper, comm_num", [("optimizer", 2), ("model", 1), ("model", 2)])
+def test_a_fleet_program_wraps_its_model_again_in_each_round(tmp_path, wrapper, comm_num):
+    """fleet.elastic_run: after each re-form (the same two ranks, then one rank alone, then a joiner) the gradients
+    are averaged once, over the round's world, by that round's wrappers only (the last round's hooks are off)."""
+    port = free_port()
+    fleet = {"REFORM_FLEET": wrapper, "REFORM_COMM_NUM": str(comm_num)}
+    with Launcher(tmp_path) as launcher:
+        rank0, rank1 = (launcher.start(rank, 2, port, **fleet) for rank in range(2))
+        for _ in range(3):
+            steps_in(launcher, (rank0, rank1))
+            launcher.stop([rank0, rank1])
+            launcher.go({w: env_of(rank, 2, port) for rank, w in enumerate((rank0, rank1))})
+        steps_in(launcher, (rank0, rank1))
+        launcher.may_end.add(rank1.pid)
+        launcher.stop([rank0])
+        rank1.kill()
+        launcher.go({rank0: env_of(0, 1, port)})
+        steps_in(launcher, (rank0,))
+        launcher.stop([rank0])
+        joiner = launcher.start(1, 2, port, **fleet)
+        launcher.go({rank0: env_of(0, 2, port)})
+        steps_in(launcher, (rank0, joiner))
+
+    checked = [r for w in (rank0, rank1, joiner) for r in lines(w) if r["event"] == "step"]
+    assert {(r["round"], r["world_size"]) for r in lines(rank0) if r["event"] == "step"} == {
+        (0, 2), (1, 2), (2, 2), (3, 2), (4, 1), (5, 2)}
+    assert max(r["grad_error"] for r in checked) < 1e-5, checked
+    assert {r["hooks"] for r in checked} == {2 if wrapper == "optimizer" else 0}  # Linear: weight and bias
+    same_world = entries(rank0)[:4]  # rounds 0-3, two ranks: each round's communicators gone with it
+    assert len({(r["fds"], r["threads"]) for r in same_world}) == 1, same_world
+    survivor, new = entries(rank0)[-1], entries(joiner)[-1]
+    assert (new["digest"], new["step"], new["source"]) == (survivor["digest"], survivor["step"], 0)
+
+
+def steps_in(launcher, workers) -> None:
+    """Wait until each of ``workers`` made a checked step in the round it is in now."""
+    def stepped(w):
+        now = entries(w)[-1]["round"] if entries(w) else None
+        return any(r["event"] == "step" and r["round"] == now for r in lines(w))
+    launcher.serve(lambda: all(stepped(w) for w in workers), "a checked step of each worker")

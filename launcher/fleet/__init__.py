@@ -6,6 +6,9 @@
     optimizer = fleet.distributed_optimizer(optimizer, strategy)      # 3. wrap the optimizer
     fleet.save_persistables(model_path, model, optimizer)             # 4. distributed save
 
+An elastic job whose workers keep their processes at a membership change: ``fleet.elastic_run(train, state)``
+instead of ``fleet.init`` (launcher.fleet.elastic).
+
 Parameter-server mode (docs/parameter-servers.md):
 
     fleet.init(fleet.role_maker.PaddleCloudRoleMaker(is_collective=False))
@@ -30,6 +33,7 @@ from launcher.fleet import ps_mode as _ps
 from launcher.fleet import state as _st
 from launcher.fleet import checkpoint as _checkpoint
 from launcher.fleet.checkpoint import load_persistables, save_inference_model
+from launcher.fleet.elastic import elastic_run
 from launcher.fleet.model import distributed_model
 from launcher.fleet import optimizer as _collective
 from launcher.fleet.optimizer import DistributedOptimizer
@@ -49,6 +53,10 @@ def init(role_maker: Optional[RoleMakerBase] = None, is_collective: bool = True,
     (bounded by FLAGS_rpc_deadline).
     """
     role = role_maker or PaddleCloudRoleMaker(is_collective=is_collective)
+    in_round = _st.round_in_force()
+    if in_round is not None and role.is_collective:  # under fleet.elastic_run, which joined the round
+        in_round.strategy = strategy or in_round.strategy
+        return in_round.penv
     if not role.is_collective:
         return _ps.init(role, strategy)
     penv = init_parallel_env(timeout=timeout, env=role.worker_env())
@@ -192,6 +200,7 @@ __all__ = [
     "barrier_worker",
     "distributed_model",
     "distributed_optimizer",
+    "elastic_run",
     "init",
     "init_server",
     "init_worker",

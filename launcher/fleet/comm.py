@@ -104,6 +104,14 @@ def make_channels(comm_num: int, hierarchical: bool, inter_nranks: int) -> list:
     return channels
 
 
+def groups_of(channels: list) -> list:
+    """The process groups ``channels`` made (not the default one)."""
+    found = []
+    for c in channels:
+        found.extend(g for g in ((c.group,) if isinstance(c, FlatChannel) else (c.intra, c.inter)) if g is not None)
+    return found
+
+
 def is_default(channels: list) -> bool:
     """Only the default group, flat: what DistributedDataParallel does by itself."""
     return len(channels) == 1 and isinstance(channels[0], FlatChannel) and channels[0].group is None
@@ -132,9 +140,14 @@ class GradientSync:
         self._pending = []  # (bucket index, filled, flat, work) of the buckets sent, in bucket order
         self._ready = [0] * len(self.buckets)
         self._buffers = [None] * len(self.buckets)  # one flat tensor per bucket, kept: no allocation per step
-        for index, bucket in enumerate(self.buckets):
-            for p in bucket:
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
+                       for index, bucket in enumerate(self.buckets) for p in bucket]
+
+    def detach(self) -> None:
+        """Take this sync's hooks off the parameters: their gradients are left alone from now on."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     @contextlib.contextmanager
     def paused(self):

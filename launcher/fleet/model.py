@@ -63,7 +63,17 @@ def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStra
     for p in model.parameters():
         p._fleet_model_strategy = strategy  # tells fleet.distributed_optimizer that DDP all-reduces this one
     state.model = model
+    if state.in_round:
+        st.on_round_end(lambda: _unwrap(ddp))
     return ddp
+
+
+def _unwrap(ddp: DistributedDataParallel) -> None:
+    """The round is over: the reducer's hooks and fleet's marks off the model's parameters (the next round wraps
+    the model again, in its own process group)."""
+    ddp._remove_autograd_hooks()
+    for p in ddp.module.parameters():
+        p.__dict__.pop("_fleet_model_strategy", None)
 
 
 def _no_buffer_sync() -> dict:

@@ -187,4 +187,13 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, strategy: Optional[D
     sync = GradientSync([p for _, p in named], limits, st.channels_for(strategy), flags.sync_allreduce)
     wrapped = DistributedOptimizer(optimizer, strategy, sync)
     st.current().optimizer = wrapped
+    if st.current().in_round:
+        st.on_round_end(lambda: _unwrap(wrapped))
     return wrapped
+
+
+def _unwrap(wrapped: DistributedOptimizer) -> None:
+    """The round is over: ``wrapped``'s hooks and marks off the optimizer's parameters (the next round wraps it again)."""
+    wrapped._sync.detach()
+    for p in wrapped._params():
+        p.__dict__.pop("_fleet_averaged", None)

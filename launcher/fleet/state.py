@@ -9,9 +9,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from launcher.fleet.comm import BucketLimits, make_channels
+from launcher.fleet.comm import BucketLimits, groups_of, make_channels
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime import ParallelEnv
+from launcher.runtime import elastic
 from launcher.runtime import flags as fl
 from launcher.runtime import parallel
 from launcher.runtime.flags import Flags, warn_once
@@ -27,6 +28,8 @@ class FleetState:
     optimizer: Optional[torch.optim.Optimizer] = None  # the last distributed_optimizer
     saves: dict = field(default_factory=dict)  # file path -> how many times this rank saved it
     transpiled: object = None  # the GradientSync of the model an nccl2 transpile made data-parallel
+    in_round: bool = False  # made by fleet.elastic_run for one round: fleet.init in it joins nothing more
+    undo: list = field(default_factory=list)  # what the round's wrappers hooked onto the user's tensors, undone at its end
 
 
 _state: Optional[FleetState] = None
@@ -44,13 +47,22 @@ def current() -> FleetState:
     return _state
 
 
+def initialised() -> bool:
+    return _state is not None
+
+
 def set_current(state: Optional[FleetState]) -> None:
     global _state
     _state = state
 
 
-def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy]) -> FleetState:
-    return FleetState(penv, strategy or DistributedStrategy())
+def make_state(penv: ParallelEnv, strategy: Optional[DistributedStrategy], in_round: bool = False) -> FleetState:
+    return FleetState(penv, strategy or DistributedStrategy(), in_round=in_round)
+
+
+def round_in_force() -> Optional[FleetState]:
+    """The fleet of the round fleet.elastic_run is in, or None."""
+    return _state if _state is not None and _state.in_round else None
 
 
 def ps_session():
@@ -112,5 +124,22 @@ def channels_for(strategy: DistributedStrategy) -> list:
     inner = strategy.inter_nranks(state.penv.local_world_size) if strategy.use_hierarchical_allreduce else 0
     key = (strategy.nccl_comm_num, strategy.use_hierarchical_allreduce, inner)
     if key not in state.channels:
-        state.channels[key] = make_channels(*key)
+        with elastic.round_owns() as made:  # interrupted with the round, under fleet.elastic_run
+            state.channels[key] = make_channels(*key)
+            made.extend(groups_of(state.channels[key]))
     return state.channels[key]
+
+
+def on_round_end(undo) -> None:
+    """``undo()`` is called when the round ends, under fleet.elastic_run (at once, in the round's last act)."""
+    current().undo.append(undo)
+
+
+def end_round() -> None:
+    """Undo what the round's wrappers hooked onto the model's tensors (the next round wraps them again), forget the
+    fleet: the next round starts with none."""
+    state = _state
+    set_current(None)
+    if state is not None:
+        for undo in reversed(state.undo):
+            undo()

@@ -31,7 +31,9 @@ Outside such a launch, ``run`` joins the job from the environment and calls ``tr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import logging
 import os
 import socket
@@ -102,6 +104,7 @@ class Group:
         self.store = self.pg = None
         self.before = _sockets()  # what this process had open before the round: never touched
         self.own: Optional[dict] = None  # the round's sockets, once formed (the train function's own are not)
+        self.groups: list = []  # process groups made in the round (``round_owns``), aborted with its world
         self.interrupted = False
         self.trainer = threading.get_ident()  # the thread that forms the group and trains in it
         self.left = threading.Event()  # the training thread left the round (``run`` caught its end)
@@ -161,14 +164,23 @@ class Group:
             if self.left.is_set():
                 return
             if self.backend != "gloo" and self.pg is not None:
-                _abort(self.pg)
+                for pg in (*self.groups, self.pg):
+                    _abort(pg)
                 return
             sockets = self.own if self.own is not None else {
                 fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
             for fd, inode in sockets.items():
                 _shut_down(fd, inode)
 
+    def adopt(self, sockets: dict, groups: list) -> None:
+        """``sockets`` and process groups made in the round after it formed are the round's: interrupted with it."""
+        with self.lock:
+            if self.own is not None:
+                self.own.update(sockets)
+            self.groups.extend(groups)
+
     def close(self) -> None:
+        self.groups = []
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
@@ -176,6 +188,26 @@ class Group:
                 log.debug("destroy_process_group: %s", e)
         self.pg = None
         self.store = None
+
+
+_current: Optional[Group] = None  # the round this process is in, while ``run`` runs one
+
+
+@contextlib.contextmanager
+def round_owns():
+    """Process groups made in the block (the caller adds them to the list it is given) are the current round's:
+    when the round ends under a collective blocked in one, it is interrupted as the round's own group is (gloo:
+    the sockets made in the block are shut down; NCCL: the groups aborted). Outside ``run``, nothing is done.
+
+        with elastic.round_owns() as made:
+            made.append(dist.new_group(ranks))
+    """
+    group, before, made = _current, _sockets(), []
+    try:
+        yield made
+    finally:
+        if group is not None:
+            group.adopt({fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode}, made)
 
 
 def _shut_down(fd: int, inode: str) -> None:
@@ -269,20 +301,24 @@ def run(train: Callable[[Round], Any], state: dict, backend: Optional[str] = Non
     if channel is not None and not keep:
         log.warning("launcher.runtime.elastic: a blocked %s collective cannot be interrupted with this torch; "
                     "this worker is restarted at each membership change", backend)
+    global _current
     progress = _Progress()
     while True:
-        group = Group(backend)
+        group = _current = Group(backend)
         if backend == "nccl":
             torch.cuda.set_device(group.device)
         try:
             done, result = _one_round(train, state, group, channel, progress, timeout, keep)
         except RoundOver:  # the round's end came between the training's own end and the runtime taking it
             done, result = False, None
+        finally:
+            _current = None
         group.leave()
         group.close()
         if done:
             return result
         del group
+        gc.collect()  # what the round made and a cycle holds (a wrapper of the model): its store must not outlive it
         channel.on_stop = lambda: None
         channel.parked()
         os.environ.update(channel.next_round())

@@ -178,21 +178,7 @@ def test_nccl_round_over_in_a_world_of_one_keeps_the_process(tmp_path):
 def test_nccl_collective_blocked_on_a_frozen_peer_is_aborted(tmp_path):
     """Rank 1 frozen (SIGSTOP) while rank 0 waits in an NCCL all-reduce: the round's end aborts rank 0's communicator,
     and rank 0 goes on alone in the same process."""
-    import signal
-    import time
+    from test_runtime_elastic import Launcher, go_on_past_a_frozen_peer
 
-    from test_runtime_elastic import Launcher, entries, env_of, lines
-    from conftest import free_port
-
-    port = free_port()
     with Launcher(tmp_path) as launcher:
-        rank0, rank1 = (launcher.start(rank, 2, port, REFORM_BACKEND="nccl") for rank in range(2))
-        launcher.serve(lambda: all(any(r["event"] == "step" for r in lines(w)) for w in (rank0, rank1)), "steps")
-        launcher.may_end.add(rank1.pid)
-        os.kill(rank1.pid, signal.SIGSTOP)
-        time.sleep(0.5)  # rank 0 reaches its next all-reduce and waits there
-        launcher.stop([rank0])
-        rank1.kill()
-        launcher.go({rank0: env_of(0, 1, port)})
-        last = entries(rank0)[-1]
-        assert (last["round"], last["pid"], last["world_size"]) == (1, rank0.pid, 1)
+        go_on_past_a_frozen_peer(launcher, {"REFORM_BACKEND": "nccl"})

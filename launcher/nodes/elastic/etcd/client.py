@@ -173,7 +173,8 @@ class Etcd3gwClient:
         client = self.clients[self.current]
         body = {"create_request": {"key": b64(prefix), "range_end": range_end(prefix, end),
                                    "start_revision": str(start_revision)}}
-        return StreamWatch(client.session, client.get_url("/watch"), body, self.headers(), self.timeout,
+        # a session of its own: a stream stopped mid-response must never hand its connection back to the calls' pool
+        return StreamWatch(_session(self.spec), client.get_url("/watch"), body, self.headers(), self.timeout,
                            on_events, on_end)
 
     def close(self) -> None:
@@ -257,7 +258,8 @@ def _detail(e: Exception) -> str:
 
 
 class StreamWatch:
-    """One watch stream, read in a thread of its own: ``on_events`` for each batch, ``on_end`` once at its end."""
+    """One watch stream, read in a thread of its own over a session of its own (closed at the end):
+    ``on_events`` for each batch, ``on_end`` once at its end."""
 
     def __init__(self, session, url: str, body: dict, headers: dict, timeout: float, on_events, on_end) -> None:
         self.session, self.url, self.body, self.headers, self.timeout = session, url, body, headers, timeout
@@ -308,6 +310,7 @@ class StreamWatch:
         except Exception as e:  # the connection dropped, the member went away: the link watches again
             reason = f"the watch stream broke ({type(e).__name__})"
         finally:
+            self.session.close()
             if not self.stopped:
                 self.on_end(reason)
 
