@@ -334,6 +334,9 @@ class FakeCoordinator:
     def node_label(self) -> str:
         return "node 1 (127.0.0.2)"
 
+    def round_events(self) -> list:
+        return []
+
     def local_cause(self, cause) -> None:
         self.causes.append(cause)
 

@@ -6,6 +6,8 @@ socket, no clock: each test runs in milliseconds."""
 import logging
 from dataclasses import replace
 
+import pytest
+
 from launcher.nodes.elastic import membership as m
 from launcher.nodes.elastic.etcd import state as es
 from launcher.nodes.elastic.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
@@ -543,3 +545,18 @@ def test_a_keeper_that_took_over_is_never_dropped_for_its_own_silence():
     [second] = started(h.stopped(1.5, N1))
     assert ranks(second) == [("n1", 0, 0)]
     assert h.at(100.0, TimePassed()) == [] and m.next_deadline(h.state) is None
+
+
+@pytest.mark.parametrize("reason, kind", [
+    ("its connection closed", "lost"),
+    ("its key in etcd is gone (its lease expired, or it left)", "lost"),
+    ("no heartbeat for 3.2 s (heartbeat_timeout 3 s)", "silent"),
+    ("rank 2 failed (exit code 3); it leaves the job (--elastic_level 0)", "left"),
+    ("its workers did not stop within 30 s (close_timeout)", "lost"),
+])
+def test_each_way_a_member_goes_has_its_kind_in_the_round_s_changes(reason, kind):
+    from launcher.nodes.elastic.model import Round, round_start
+    from launcher.nodes.transport.messages import Change
+
+    round_ = Round(3, (), 2, "lost", joined=(N1,), left=((N2, reason),))
+    assert round_start(round_).changes == (Change(N2.node_id, N2.host, kind, reason), Change(N1.node_id, N1.host, "joined", ""))

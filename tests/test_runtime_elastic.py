@@ -193,10 +193,12 @@ def test_a_fleet_program_wraps_its_model_again_in_each_round(tmp_path, wrapper, 
             launcher.go({w: env_of(rank, 2, port) for rank, w in enumerate((rank0, rank1))})
         steps_in(launcher, (rank0, rank1))
         launcher.may_end.add(rank1.pid)
-        launcher.stop([rank0])
-        rank1.kill()
+        launcher.stop([rank0])  # rank 1 is not told: its next all-reduce must fail, never pass as done
         launcher.go({rank0: env_of(0, 1, port)})
         steps_in(launcher, (rank0,))
+        alone = entries(rank0)[-1]["step"]
+        launcher.serve(lambda: lines(rank0)[-1]["step"] >= alone + 50, "rank 0's steps alone")
+        rank1.kill()
         launcher.stop([rank0])
         joiner = launcher.start(1, 2, port, **fleet)
         launcher.go({rank0: env_of(0, 2, port)})

@@ -222,3 +222,15 @@ def test_nnodes_is_paddles_check_when_paddles_options_name_the_nodes():
     with pytest.raises(LaunchError, match="--master-addr \\(torchrun's\\) and Paddle's node options both name the nodes"):
         ours(nnodes="2", master_addr="127.0.0.1", given=("ips",))
     assert ours(nnodes="2", node_rank=1)["nnodes"] == 2  # no Paddle option: torchrun's
+
+
+def test_every_variable_torchrun_reads_is_one_of_ours():
+    """The real torchrun's parser (torch.distributed.run): each option it reads from PET_* is one we read too."""
+    torch_run = pytest.importorskip("torch.distributed.run")
+    from torch.distributed.argparse_util import check_env, env
+
+    from launcher.cli import pet
+
+    read = {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, (env, check_env))}
+    assert read == set(pet.VALUES) | set(pet.FLAGS)
+    assert {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, check_env)} == set(pet.FLAGS)

@@ -15,6 +15,7 @@ from launcher.output import reports
 from launcher.output import standard_streams as streams
 from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
+from launcher.cli import pet
 from launcher.cli import torchrun as torchrun_cli
 from launcher.cli.options import launch_options
 from launcher.errors import LaunchError
@@ -63,6 +64,8 @@ def launch(ctx: click.Context, **values) -> int:
     trainers instead, and stops the servers once every trainer has finished.
     """
     values, from_file = _with_config(ctx, values)
+    from_pet, pet_names = pet.values_from(os.environ, ctx, lambda name: name in from_file or _given(ctx, name))
+    values, from_file = {**values, **from_pet}, from_file | pet_names  # torchrun's PET_* variables, as given
     given = lambda name: name in from_file or _given(ctx, name)  # noqa: E731
     values = torchrun_cli.to_ours(values, given, os.environ)
     setup_messages(values["log_level"])
@@ -164,7 +167,10 @@ def status_command(log_dir: str) -> int:
 @click.option("--ranks", default=None, metavar="0,3,s0",
               help="Only these logs: N for workerlog.N, sN for serverlog.N.")
 @click.option("--grep", default=None, metavar="REGEX", help="Only the lines that match REGEX (Python syntax).")
-def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
+@click.option("--events", is_flag=True, default=False,
+              help="The job's event log instead (events.jsonl: starts, rounds, members lost or joined, exits, the stop "
+                   "and its cause, the end), an event a line.")
+def logs_command(log_dir: str, follow: bool, ranks, grep, events: bool) -> int:
     """Show every workerlog.N and serverlog.N of LOG_DIR merged, each line prefixed with its
     process ([rank 0], [server 1]).
 
@@ -177,6 +183,14 @@ def logs_command(log_dir: str, follow: bool, ranks, grep) -> int:
     from launcher.tools import logs as log_tool
 
     setup_messages(logging.WARNING)
+    if events:
+        from launcher.tools import events as event_tool
+
+        if ranks is not None:
+            raise LaunchError("--ranks chooses logs, not events; use --grep 'rank 3' with --events.")
+        event_tool.show(log_dir, follow, log_tool.compile_grep(grep), lambda data, flush: streams.show(data, flush=flush),
+                        lambda: follow_tool.job_running(log_dir))
+        return 0
     if follow and not follow_tool.job_running(log_dir):
         follow = False  # a job that has ended: a dump, as without -f
     write = follow_tool.Paced(log_dir, streams.to_console, lambda: console.has_room(1), console.wait) if follow \

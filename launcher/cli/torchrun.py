@@ -73,6 +73,17 @@ TORCHRUN_OPTIONS = (
                    "torchrun: accepted, no effect: exits are seen as they happen."),
     TorchrunOption("start_method", {"type": click.Choice(START_METHODS), "default": None},
                    "torchrun: accepted, no effect: every worker is a fresh process."),
+    TorchrunOption("event_log_handler", {"default": None, "metavar": "NAME"},
+                   "torchrun: accepted, no effect: the launcher's events go to LOG_DIR/events.jsonl."),
+    TorchrunOption("signals_to_handle", {"default": None, "metavar": "SIG,..."},
+                   "torchrun: accepted, no effect: the launcher handles SIGTERM, SIGINT, SIGHUP and SIGQUIT, and passes "
+                   "SIGUSR1 and SIGUSR2 on to the workers (docs/logs.md)."),
+    TorchrunOption("duplicate_stdout_filters", {"default": None, "metavar": "TEXT,..."},
+                   "torchrun: accepted, no effect: find lines with launcher logs --grep."),
+    TorchrunOption("duplicate_stderr_filters", {"default": None, "metavar": "TEXT,..."},
+                   "torchrun: accepted, no effect: find lines with launcher logs --grep."),
+    TorchrunOption("virtual_local_rank", {"is_flag": True, "default": False},
+                   "torchrun: refused: every worker sees its own LOCAL_RANK and FLAGS_selected_gpus here."),
 )
 NAMES = tuple(o.name for o in TORCHRUN_OPTIONS)
 PADDLE_NODE_OPTIONS = ("ips", "master", "rank", "host", "cluster_node_ips", "use_paddlecloud")
@@ -99,6 +110,9 @@ def to_ours(values: dict, given, env=None) -> dict:
     ours = {k: v for k, v in values.items() if k not in NAMES}
     ours["role"] = values["role"]
     _check_monitor_interval(values["monitor_interval"])
+    if values["virtual_local_rank"]:
+        raise LaunchError("--virtual-local-rank (every worker seeing LOCAL_RANK=0) is not supported: each worker sees "
+                          "its own LOCAL_RANK and its GPU in FLAGS_selected_gpus; leave the option (or PET_VIRTUAL_LOCAL_RANK) out.")
     ours.update(_streams(values, given))
     if values["local_addr"]:
         ours["node_ip"] = values["local_addr"]

@@ -27,11 +27,18 @@ def channel_hook(state: ChannelHookState, bucket: dist.GradBucket) -> torch.futu
     flat = bucket.buffer()
     work = state.channels[bucket.index() % len(state.channels)].start(flat)
     if work is not None and not state.wait_each:
-        return work.get_future().then(lambda _: flat)
+        return work.get_future().then(lambda sent: _result(sent, flat))
     wait(work, flat)
     done = torch.futures.Future()
     done.set_result(flat)
     return done
+
+
+def _result(sent: torch.futures.Future, flat: torch.Tensor) -> torch.Tensor:
+    """The averaged bucket, once its all-reduce is done; the all-reduce's error, raised (a peer gone: never a bucket
+    taken as averaged when it was not)."""
+    sent.value()
+    return flat
 
 
 def distributed_model(model: torch.nn.Module, strategy: Optional[DistributedStrategy] = None, **ddp_options) -> DistributedDataParallel:

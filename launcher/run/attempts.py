@@ -44,6 +44,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
         launch.records.rounds = job.history or None
+        _note_start(launch, job)
         if job.reform_wait:
             launch.open_worker_channel(lambda: {"reform_wait": job.reform_wait})
         launch.start_watchdog()
@@ -53,11 +54,18 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             what, code = job.finish_attempt(Loop(launch, job).turn)
             if what == "end":
                 _tell_the_end(job, code, started, launch.clock)
+                cause = job.final_cause()
+                launch.events.write("job_ended", code=code, cause=cause.text if cause is not None else None)
                 console.finish()  # bounded: a console nobody reads never holds the end
                 launch.records.record("ended", code, console=console.note)
                 return code
             if job.plan is not launch.plan:  # an elastic job's next round: its own plan
                 launch.replan(job.plan)
+                _note_round(launch, job)
+            else:
+                cause = job.final_cause()
+                launch.events.write("restart", attempt=job.attempt, max_restarts=launch.plan.max_restarts,
+                                    cause=cause.text if cause is not None else None)
                 launch.spares.keep_matching({spec.rank: {**worker_env(job.plan, spec, job.attempt),
                                                          **launch.worker_channel_env()}
                                              for spec in job.plan.workers})
@@ -70,6 +78,20 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             if job is not None:
                 job.close()
             launch.close()
+
+
+def _note_start(launch: Launch, job: Coordinator) -> None:
+    plan = launch.plan
+    launch.events.write("job_started", nodes=len(plan.node_ips), world_size=plan.world_size, workers=len(plan.workers),
+                        run_id=launch.run_id, max_restarts=plan.max_restarts)
+    _note_round(launch, job)
+
+
+def _note_round(launch: Launch, job: Coordinator) -> None:
+    """An elastic job's round begun here: the round, then each change of the membership it follows."""
+    for event in job.round_events():
+        launch.events.round = event.get("round", launch.events.round)
+        launch.events.write(**event)
 
 
 def _await_kept(launch: Launch, job: Coordinator) -> None:

@@ -48,4 +48,6 @@ class Coordinator(Protocol):
 
     def final_cause(self) -> Optional[Cause]: ...  # the root cause every node shows at the end
 
+    def round_events(self) -> list: ...  # an elastic job: the event log's events of the round begun last; else []
+
     def close(self) -> None: ...

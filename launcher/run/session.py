@@ -12,6 +12,7 @@ from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.output import error_file
 from launcher.output import log_files
+from launcher.output.event_log import EventLog
 from launcher.output.messages import log
 from launcher.plan.model import Plan
 from launcher.run import processes
@@ -40,6 +41,7 @@ class Launch:
         self.job_label = ""  # "node N (ip)" in a job of several nodes
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
+        self.events = EventLog(plan.log_dir, plan.node_rank, clock.time)  # LOG_DIR/events.jsonl (--log_dir only)
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
         self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
@@ -75,6 +77,7 @@ class Launch:
         launch set up stays (the store, the watchdog, the state file)."""
         self.plan = plan
         self.records.plan = plan
+        self.events.node = plan.node_rank
         self.store.expected = plan.world_size
 
     @property
@@ -123,6 +126,7 @@ class Launch:
 
     def close(self) -> None:
         self.records.close()
+        self.events.close()
         self.spares.drop()
         self.watchdog.stop()
         self.reap_orphans(keep=())

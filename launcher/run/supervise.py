@@ -74,12 +74,29 @@ def _step(state: policy.State, event, loop: Loop) -> policy.State:
         loop.abandon()  # a stop signal on top of a stop: the console is not waited for either
     after, actions = policy.decide(state, event, loop.clock.monotonic())
     carry_out(loop.group, actions)
+    _note(event, loop)
     cause = _new_cause(state, after, loop)
+    if cause is not None:
+        loop.launch.events.write("stop", kind=cause.kind, cause=cause.text, code=cause.code,
+                                 rank=after.failure[0] if cause.kind == "worker" and after.failure else None)
     if cause is not None and cause.kind == "worker" and state.failure is not None:
         loop.job.revise_cause(cause)  # a server's failure came first (policy.SERVER_FIRST)
     elif cause is not None:
         loop.job.local_cause(cause)
     return after
+
+
+def _note(event, loop: Loop) -> None:
+    """The event log's line for a worker's exit, or a stop ordered from elsewhere (a cause found here is noted with it)."""
+    events = loop.launch.events
+    if isinstance(event, policy.WorkerExited):
+        worker = loop.group.workers.get(event.rank)
+        events.write("worker_exited", rank=event.rank, pid=worker.pid if worker is not None else None,
+                     code=event.returncode, exit=policy.describe_exit(event.returncode))
+    elif isinstance(event, policy.StopOrdered):
+        events.write("stop", kind="elsewhere", cause=event.reason)
+    elif isinstance(event, policy.RoundOver):
+        events.write("stop", kind="membership", cause=event.reason)
 
 
 def _new_cause(before: policy.State, after: policy.State, loop: Loop) -> Optional[policy.Cause]:

@@ -157,6 +157,8 @@ class WorkerGroup:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
         self.launch.watchdog.tell(f"pid {proc.pid}")
         self.launch.worker_pids.add(proc.pid)
+        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
+                                 pid=proc.pid, attempt=self.attempt)
 
     # ------------------------------------------------------------ workers kept from one round to the next
 
@@ -200,6 +202,8 @@ class WorkerGroup:
         kept.output = output
         self.workers[spec.rank] = Worker(spec, kept.proc, output, kept.started)
         self.adopted.add(spec.rank)
+        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
+                                 pid=kept.pid, attempt=self.attempt, kept=True)
         return True
 
     def unparked(self) -> list:

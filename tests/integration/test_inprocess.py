@@ -269,3 +269,15 @@ def test_the_example_goes_on_after_a_loss_as_the_docs_show(tmp_path, options):
     finally:
         stop_all(job.procs)
     assert_all_gone(gone)
+    check_event_log(tmp_path / "node1")
+
+
+def check_event_log(log_dir) -> None:
+    """A survivor's events.jsonl: the rounds, node 2 lost then a node joined, its worker kept, never started again."""
+    events = [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
+    rounds = [(e["round"], e["why"], e["nodes"]) for e in events if e["event"] == "round"]
+    assert [(why, nodes) for _, why, nodes in rounds[-2:]] == [("lost", 2), ("joined", 3)], rounds
+    changes = [(e["event"], e["round"]) for e in events if e["event"].startswith("member_")]
+    assert changes[-2:] == [("member_lost", rounds[-2][0]), ("member_joined", rounds[-1][0])], changes
+    started = [e for e in events if e["event"] == "worker_started"]
+    assert len({e["pid"] for e in started}) == 1 and all(e.get("kept") for e in started[1:]), started

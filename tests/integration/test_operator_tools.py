@@ -55,9 +55,12 @@ def job(tmp_path_factory):
         seen["status"] = tool("status", log_dir)
         follower = subprocess.Popen(launcher_cmd("logs", log_dir, "-f", "--grep", "bye|hello"),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        events = subprocess.Popen(launcher_cmd("logs", log_dir, "-f", "--events"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         time.sleep(0.5)
         stop.touch()
         seen["follow"] = follower.communicate(timeout=20) + (follower.returncode,)
+        seen["events"] = events.communicate(timeout=20) + (events.returncode,)
         launcher.communicate(timeout=30)
     finally:
         stop.touch()
@@ -96,6 +99,40 @@ def test_logs_follow_shows_new_lines_and_ends_with_the_job(job):
     out, err, code = seen["follow"]
     assert code == 0, err
     assert out.splitlines() == ["[rank 0] hello 0", "[rank 1] hello 1", "[rank 1] bye 1"]
+
+
+def test_the_event_log_tells_the_job_in_order(job):
+    """events.jsonl: the start, each worker's start and exit, the stop and its cause, the end; each line whole."""
+    log_dir, seen = job
+    events = [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
+    kinds = [(e["event"], e.get("rank")) for e in events]
+    assert kinds[:3] == [("job_started", None), ("worker_started", 0), ("worker_started", 1)], kinds
+    assert kinds[3:] == [("worker_exited", 1), ("stop", 1), ("worker_exited", 0), ("job_ended", None)], kinds
+    started, _, _, exited, stop, killed, ended = events
+    assert (started["workers"], started["world_size"], started["nodes"]) == (2, 2, 1)
+    assert [e["pid"] for e in events[1:3]] == seen["pids"] and exited["pid"] == seen["pids"][1]
+    assert (exited["code"], exited["exit"], killed["code"]) == (3, "exit code 3", -15)
+    assert (stop["kind"], stop["code"], ended["code"]) == ("worker", 3, 3) and "rank 1" in stop["cause"]
+    assert all(e["node"] == 0 for e in events)
+    assert [e["time"] for e in events] == sorted(e["time"] for e in events)
+
+
+def test_logs_events_shows_an_event_a_line_and_follows_to_the_end(job):
+    log_dir, seen = job
+    r = tool("logs", log_dir, "--events")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 7
+    assert lines[0].endswith("node 0: job started: 2 worker(s) here, world size 2, 1 node(s)")
+    assert lines[3].endswith(f"node 0 rank 1: pid {seen['pids'][1]} exited: exit code 3")
+    assert lines[-1].endswith("node 0: job ended: exit code 3")
+    out, err, code = seen["events"]
+    assert code == 0, err
+    assert out.splitlines() == lines
+    r = tool("logs", log_dir, "--events", "--grep", "rank 1")
+    assert [line.split(": ", 1)[1] for line in r.stdout.splitlines()] == [
+        f"started pid {seen['pids'][1]}", f"pid {seen['pids'][1]} exited: exit code 3",
+        "stopping the job (worker): rank 1 failed (exit code 3)"]
 
 
 def test_logs_merge_with_ranks_and_grep(job):

@@ -108,3 +108,45 @@ def test_tee_without_a_log_dir_writes_a_fresh_folder_as_torchrun():
 def test_bad_stream_and_agent_values_exit_2_with_one_sentence(tmp_path, args, message):
     r = run_launcher("--nproc-per-node", 2, *args, TWO_STREAMS)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ---------------------------------------------------------------- torchrun's PET_* variables
+
+
+def kubeflow_elastic_env(port) -> dict:
+    """What Kubeflow's Training Operator (v1.9, an elastic PyTorchJob: elasticPolicy) sets in each pod: no
+    PET_NODE_RANK without a Master replica; c10d by default."""
+    return {"PET_NNODES": "1:2", "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ID": "pytorchjob-1", "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3",
+            "PET_RDZV_CONF": "last_call_timeout=60"}  # the two start together: one round of two
+
+
+def test_an_elastic_pytorchjob_runs_from_kubeflow_s_variables_alone(tmp_path):
+    port = free_ports(3)
+    env = kubeflow_elastic_env(port)
+    nodes = [start_launcher(ENV_DUMP, tmp_path, env=env), start_launcher(ENV_DUMP, tmp_path, env=env)]
+    results = finish_all(nodes)
+    assert [code for code, _, _ in results] == [0, 0], results
+    dumps = read_dumps(tmp_path, 2)
+    assert {dumps[r]["WORLD_SIZE"] for r in (0, 1)} == {"2"}
+    assert {dumps[r]["TORCHELASTIC_RUN_ID"] for r in (0, 1)} == {"pytorchjob-1"}
+    assert {dumps[r]["TORCHELASTIC_MAX_RESTARTS"] for r in (0, 1)} == {"3"}
+
+
+def test_the_command_line_wins_over_a_pet_variable(tmp_path):
+    r = run_launcher("--nproc-per-node", 1, "--max-restarts", 0, ENV_DUMP, tmp_path,
+                     env={"PET_MAX_RESTARTS": "many", "PET_NPROC_PER_NODE": "lots", "PET_ROLE": "reader"})
+    assert r.returncode == 0, r.stderr
+    assert read_dumps(tmp_path, 1)[0]["ROLE_NAME"] == "reader"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PET_MAX_RESTARTS": "many"}, "PET_MAX_RESTARTS=many: "),
+    ({"PET_STANDALONE": "yes"}, "PET_STANDALONE=yes is not a flag's value; torchrun reads 1 (on) or 0 (off)."),
+    ({"PET_VIRTUAL_LOCAL_RANK": "1"}, "--virtual-local-rank (every worker seeing LOCAL_RANK=0) is not supported"),
+    ({"PET_NNODES": "1:2", "PET_RDZV_ENDPOINT": "127.0.0.1:29400", "PET_RDZV_BACKEND": "zookeeper"},
+     "PET_RDZV_BACKEND=zookeeper: "),
+])
+def test_a_bad_pet_variable_exits_2_naming_it(env, message):
+    r = run_launcher("--nproc-per-node", 1, ENV_DUMP, "/nonexistent", env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr

@@ -132,6 +132,16 @@ class ElasticJob:
                      self.plan.node_rank)
         return self.attempt
 
+    def round_events(self) -> list:
+        """The round begun last, then each change of the membership since the round before (``event_log``'s)."""
+        r = self.round
+        events = [{"event": "round", "round": r.number, "nodes": len(r.members or ()), "world_size": r.world_size,
+                   "restarts": r.restarts, "why": r.why, "text": r.text}]
+        for change in r.changes or ():
+            events.append({"event": f"member_{change.kind}", "member": f"node {change.node_id} ({change.host})",
+                           "reason": change.reason or None})
+        return events
+
     def final_cause(self) -> Optional[Cause]:
         if self.over is not None:
             if self.over.code == 0:

@@ -43,8 +43,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
-from launcher.nodes.elastic.model import (Action, Admit, Closed, Drop, EndJob, Event, Heartbeat, JobEnded,  # noqa: F401
-                                          JoinAsked, Member, Node, PMap, PSet, Refuse, Round, RoundDone, Row,
+from launcher.nodes.elastic.model import (LEAVES, SILENT, Action, Admit, Closed, Drop, EndJob, Event,  # noqa: F401
+                                          Heartbeat, JobEnded, JoinAsked, Member, Node, PMap, PSet, Refuse, Round, RoundDone, Row,
                                           StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped, describe)
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
@@ -257,7 +257,7 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     if state.phase != RUNNING or event.round != current.number or current.member(event.node_id) is None:
         return state, ()
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
-        state, actions = _lose(state, event.node_id, f"{event.reason}; it leaves the job (--elastic_level 0)", now)
+        state, actions = _lose(state, event.node_id, f"{event.reason}; {LEAVES} (--elastic_level 0)", now)
         return state, (Drop(event.node_id, event.code, event.reason),) + actions
     if state.spec.failure_grace:  # the backend finds some losses late: one may yet explain this failure
         return _reform(replace(state, failure=(event, now)), "restart", f"{event.reason}: stopping the round", now)
@@ -337,7 +337,7 @@ def _on_time(state: State, now: float):
     rendezvous, actions = state.spec.rendezvous, ()
     for node_id, at in sorted(state.heard.where(lambda at: now >= at + rendezvous.heartbeat_timeout)):
         if state.phase != ENDED:
-            reason = f"no heartbeat for {now - at:.1f} s (heartbeat_timeout {rendezvous.heartbeat_timeout:g} s)"
+            reason = f"{SILENT} {now - at:.1f} s (heartbeat_timeout {rendezvous.heartbeat_timeout:g} s)"
             state, more = _lose(state, node_id, reason, now, start=False)
             actions += (Drop(node_id, 1, reason),) + more
     if state.unstopped and now >= state.stop_began + rendezvous.close_timeout and state.phase != ENDED:

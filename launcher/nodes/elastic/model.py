@@ -178,7 +178,21 @@ def round_start(round_: Round) -> m.RoundStart:
     """The round as the message every member gets (the same from every backend)."""
     seats = tuple(m.Seat(x.node.node_id, x.node.host, x.node.workers, x.node_rank, x.first_rank)
                   for x in round_.members)
-    return m.RoundStart(round_.number, seats, round_.world_size, round_.restarts, describe(round_))
+    changes = tuple(m.Change(node.node_id, node.host, change_kind(reason), reason) for node, reason in round_.left)
+    if round_.number > 1:
+        changes += tuple(m.Change(node.node_id, node.host, "joined", "") for node in round_.joined)
+    return m.RoundStart(round_.number, seats, round_.world_size, round_.restarts, describe(round_), changes, round_.why)
+
+
+SILENT = "no heartbeat for"  # how the rules begin the reason of a member lost by its silence
+LEAVES = "it leaves the job"  # and end that of a member that left (--elastic_level 0)
+
+
+def change_kind(reason: str) -> str:
+    """How a member went, from the reason the rules gave: "silent", "left", else "lost"."""
+    if reason.startswith(SILENT):
+        return "silent"
+    return "left" if LEAVES in reason else "lost"
 
 
 # ---------------------------------------------------------------- persistent containers

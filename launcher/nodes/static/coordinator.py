@@ -54,6 +54,9 @@ class Solo:
     def node_label(self) -> str:
         return ""
 
+    def round_events(self) -> list:
+        return []
+
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
             self.cause = cause

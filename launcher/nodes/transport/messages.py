@@ -179,6 +179,23 @@ class Seat:
 
 
 @dataclass(frozen=True)
+class Change:
+    """A change of the membership since the round before (on the wire: a list of the four): a node ``joined``, or was
+    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), or ``left`` (it said it leaves)."""
+
+    node_id: str
+    host: str
+    kind: str
+    reason: str
+
+    def as_list(self) -> list:
+        return [self.node_id, self.host, self.kind, self.reason]
+
+
+CHANGE_KINDS = ("joined", "lost", "silent", "left")
+
+
+@dataclass(frozen=True)
 class RoundStart:
     """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
     seats)."""
@@ -189,6 +206,8 @@ class RoundStart:
     world_size: Optional[int]
     restarts: Optional[int]
     text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
+    changes: Optional[tuple] = None  # Change: the membership's since the round before (the event log's)
+    why: Optional[str] = None  # what ended the round before: "start", "lost", "joined", "restart"
 
 
 @dataclass(frozen=True)
@@ -268,7 +287,7 @@ class Unknown:
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
                 Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Dropped, Join, NodeList, Unknown]
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:
@@ -280,7 +299,7 @@ def to_wire(message: Message) -> dict:
             continue
         if isinstance(value, Cause):
             value = value.as_dict()
-        elif isinstance(value, tuple) and all(isinstance(item, Seat) for item in value):
+        elif isinstance(value, tuple) and all(isinstance(item, (Seat, Change)) for item in value):
             value = [item.as_list() for item in value]
         wire[f.name] = value
     return wire
@@ -330,6 +349,17 @@ def as_members(value) -> Optional[tuple]:
     return tuple(Seat(*item) for item in value)
 
 
+def as_changes(value) -> Optional[tuple]:
+    """A round's changes: a list of [id, host, kind, reason] (four texts, the kind one of CHANGE_KINDS)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(x, str) for x in item)
+                and item[2] in CHANGE_KINDS):
+            return None
+    return tuple(Change(*item) for item in value)
+
+
 def _hello(m: dict) -> Hello:
     identity = m.get("identity")
     return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
@@ -352,7 +382,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
     "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
                                   as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
-                                  as_text(m.get("text"))),
+                                  as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),
     "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round")), as_text(m.get("reason"))),
     "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
     "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),

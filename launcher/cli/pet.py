@@ -1,0 +1,66 @@
+"""torchrun's ``PET_*`` variables: every option torchrun reads from the environment (``PET_`` and the option's name in
+capitals, as torch's argparse_util reads them), taken as if it were on the command line, unless the command line or
+--config gives that option. A value is checked as the option's is (a bad one: exit 2, naming the variable); a flag
+is on for a whole number other than 0, as torchrun reads it.
+
+Kubeflow's Training Operator starts a PyTorchJob's pods with them (an elastic one: ``PET_NNODES=MIN:MAX``,
+``PET_RDZV_ENDPOINT``, ``PET_RDZV_BACKEND``, ...), and so do users who set them by hand. In a job of fixed size the
+node variables (``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NPROC_PER_NODE``)
+stay the Kubeflow cluster source's (``launcher.plan.clusters.kubeflow``), which names every pod; an elastic range,
+or a rendezvous backend with its endpoint, makes them this launcher's elastic options.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Tuple
+
+import click
+
+from launcher.errors import LaunchError
+
+# torch/distributed/run.py's options read with argparse_util.env / check_env, by their dest
+VALUES = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "max_restarts",
+          "monitor_interval", "start_method", "role", "log_dir", "redirects", "tee", "local_ranks_filter", "node_rank",
+          "master_addr", "master_port", "local_addr", "event_log_handler", "signals_to_handle", "shutdown_timeout",
+          "duplicate_stdout_filters", "duplicate_stderr_filters")
+FLAGS = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+NODE_VARIABLES = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_node")  # a fixed job's: Kubeflow's source
+
+
+def variable(name: str) -> str:
+    return f"PET_{name.upper()}"
+
+
+def values_from(env: Mapping[str, str], ctx: click.Context, given: Callable[[str], bool]) -> Tuple[dict, set]:
+    """(the options the PET_* variables of ``env`` give, and their names): each one the command line does not."""
+    params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)}
+    names = [n for n in (*VALUES, *FLAGS) if variable(n) in env and not given(n) and n in params]
+    if not _elastic(env):
+        names = [n for n in names if n not in NODE_VARIABLES]
+    found = {n: (_flag(env, n) if n in FLAGS else _value(env, n, params[n], ctx)) for n in names}
+    return found, set(found)
+
+
+def _elastic(env: Mapping[str, str]) -> bool:
+    """An elastic range of nodes, or a rendezvous backend other than static with its endpoint."""
+    low, colon, high = env.get(variable("nnodes"), "").partition(":")
+    backend = env.get(variable("rdzv_backend"), "").strip().lower()
+    return (bool(colon) and low.strip() != high.strip()) or (
+        backend not in ("", "static") and bool(env.get(variable("rdzv_endpoint"), "").strip()))
+
+
+def _value(env: Mapping[str, str], name: str, param: click.Option, ctx: click.Context):
+    raw = env[variable(name)]
+    try:
+        return param.type_cast_value(ctx, raw)
+    except click.BadParameter as e:
+        raise LaunchError(f"{variable(name)}={raw}: {e.message.rstrip('.')}; fix the variable, or give "
+                          f"--{name.replace('_', '-')} on the command line (which wins over it).") from None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env[variable(name)]
+    try:
+        return int(raw) != 0
+    except ValueError:
+        raise LaunchError(f"{variable(name)}={raw} is not a flag's value; torchrun reads 1 (on) or 0 (off).") from None
