@@ -90,3 +90,4 @@ GLOO_FS_PATH = "PADDLE_GLOO_FS_PATH"
 # abstract Unix socket's name, "@..."), and the key each side proves on the other's nonce
 CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"
 CONTROL_KEY = "LAUNCHER_CONTROL_KEY"
+PROGRESS_FD = "LAUNCHER_PROGRESS_FD"  # the worker's progress page (launcher.progress_page), an inherited descriptor

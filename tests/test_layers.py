@@ -22,7 +22,7 @@ MAX_LINES = 400
 # layer: rank (an import must point to a lower or equal rank; equal only within the same layer)
 LAUNCHER_LAYERS = {"cli": 7, "tools": 6, "run": 5, "nodes": 4, "host": 3, "output": 2, "plan": 1, "base": 0}
 WORKER_LAYERS = ("runtime", "fleet", "ps", "transpiler")
-BASE = ("envvars", "errors", "local_channel")
+BASE = ("envvars", "errors", "local_channel", "progress_page")
 # rooms inside nodes: module prefix -> rank (an import points to a lower rank, or stays in its own room)
 NODES_ROOMS = {"launcher.nodes.transport": 0, "launcher.nodes.static": 1, "launcher.nodes.elastic": 1,
                "launcher.nodes.elastic.c10d": 2, "launcher.nodes.elastic.etcd": 2, "launcher.nodes.elastic.backends": 3}
@@ -117,7 +117,7 @@ def allowed(importer: str, imported: str) -> bool:
     if a == "top" or (imported == "launcher" and a != "worker"):  # the package itself: its version
         return True
     if a == "worker":
-        return b == "worker" or imported in ("launcher.envvars", "launcher.local_channel")
+        return b == "worker" or imported in ("launcher.envvars", "launcher.local_channel", "launcher.progress_page")
     if b in ("worker", "top"):
         return False
     return a == b or LAUNCHER_LAYERS[a] > LAUNCHER_LAYERS[b]

@@ -330,3 +330,15 @@ def test_workers_that_finished_are_not_kept_the_others_are():
     state, seen = run([(0, p.OptedIn(0)), (0, p.OptedIn(1)), (0, p.WorkerExited(0, 0)), (1, p.RoundOver("lost"))],
                       ranks=(0, 1))
     assert [a for _, a in seen if isinstance(a, p.Keep)] == [p.Keep(frozenset({1}))]
+
+
+def test_with_dump_stacks_the_stacks_are_taken_again_before_a_sigkill():
+    """A worker that let SIGTERM pass: where it was when the grace ran out (--dump_stacks true)."""
+    state = p.start((0, 1), GRACE, stacks=True)
+    state, first = p.decide(state, p.StopSignal(signal.SIGTERM), 0.0)
+    state, late = p.decide(state, p.TimePassed(), GRACE)
+    assert [type(a).__name__ for a in late] == ["Say", "TakeStacks", "Kill"]
+    plain = p.start((0, 1), GRACE)
+    plain, _ = p.decide(plain, p.StopSignal(signal.SIGTERM), 0.0)
+    _, late = p.decide(plain, p.TimePassed(), GRACE)
+    assert [type(a).__name__ for a in late] == ["Say", "Kill"]

@@ -164,12 +164,13 @@ def launch_options(command):
                     "nodes, ports and command. Set LAUNCHER_JOB_TOKEN to make nodes prove they belong."),
         option("dump_stacks", type=click.BOOL, default=False, show_default=True, metavar="BOOL",
                help="Before stopping the workers after a failure or a signal, show where each one was "
-                    "(its Python stack, with py-spy). Costs up to a few seconds of teardown; always done "
-                    "for --hang_timeout."),
+                    "(its Python stack, with py-spy), and again before the SIGKILL of a worker that let SIGTERM "
+                    "pass. Costs up to a few seconds of teardown; always done for --hang_timeout."),
         option("hang_timeout", type=Seconds(1.0, "; leave the option out to never stop a quiet job"), default=None,
                metavar="SECONDS",
                help="Stop the job (showing every worker's stack) when no worker has written "
-                    "a line for this long. Default: never."),
+                    "a line for this long, or a worker that reports its steps (launcher.runtime.report) has "
+                    "reported none for this long. Default: never."),
         option("agent_store", type=click.Choice(AGENT_STORE_CHOICES), default="auto", show_default=True,
                help="Who hosts the workers' rendezvous store (MASTER_PORT): node 0's launcher, as torchrun's agent "
                     "does, so that every rank connects as a client and a late rank 0 costs no wait (on; "

@@ -83,7 +83,9 @@ class TrainersDone:
 
 @dataclass(frozen=True)
 class Hung:
-    seconds: float  # no worker wrote a line for this long (--hang_timeout)
+    seconds: float  # no worker wrote a line for this long (--hang_timeout), or, with ``rank``, reported progress
+    rank: Optional[int] = None  # the worker whose progress reports (launcher.runtime.report) stopped this long
+    step: Optional[int] = None  # the last step that worker reported
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ class State:
     failure: Optional[Tuple[int, int]] = None  # (rank, returncode) of the first failure
     stop_signal: Optional[int] = None  # the signal that stopped the job
     start_failure: Optional[str] = None  # why the workers could not all be started
-    hung: Optional[float] = None  # stopped because no worker wrote for this many seconds
+    hung: Optional[float] = None  # stopped because no worker wrote (or one made no progress) for this many seconds
+    stalled: Optional[Tuple[int, Optional[int]]] = None  # (rank, last step reported): the worker that made no progress
     stop_began: Optional[float] = None
     term_at: Optional[float] = None  # a SIGTERM still to follow a passed-on signal
     kill_at: Optional[float] = None
@@ -233,8 +236,9 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if isinstance(event, Hung):
         if state.stopping:
             return state, ()
-        state = replace(state, hung=event.seconds)
-        say = Say(logging.ERROR, f"no worker wrote a line for {event.seconds:g} s (--hang_timeout): stopping the job")
+        stalled = (event.rank, event.step) if event.rank is not None else None
+        state = replace(state, hung=event.seconds, stalled=stalled)
+        say = Say(logging.ERROR, f"{hang_text(state)} (--hang_timeout): stopping the job")
         return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, LeftoversRunning):
         if state.stopping:
@@ -318,9 +322,20 @@ def _on_time(state: State, now: float):
                else "processes the workers left")
         actions.append(Say(logging.WARNING, f"{who} still running {now - state.stop_began:.1f} s "
                                             f"after the stop began: sending SIGKILL"))
+        if state.stacks and state.running:  # --dump_stacks: where a worker that let SIGTERM pass was
+            actions.append(TakeStacks())
         actions.append(Kill())
         state = replace(state, killed_at=now, term_at=None)
     return state, tuple(actions)
+
+
+def hang_text(state: State, on: str = "") -> str:
+    """What the hang was: no line from any worker (``on``: "on node N"), or a rank's progress stopped."""
+    if state.stalled is None:
+        return f"no worker{on} wrote a line for {state.hung:g} s"
+    rank, step = state.stalled
+    last = f" (its last report: step {step})" if step is not None else ""
+    return f"{state.name(rank)}{on} made no progress for {state.hung:g} s{last}"
 
 
 def describe_exit(returncode: int) -> str:

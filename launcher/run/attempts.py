@@ -67,7 +67,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 launch.events.write("restart", attempt=job.attempt, max_restarts=launch.plan.max_restarts,
                                     cause=cause.text if cause is not None else None)
                 launch.spares.keep_matching({spec.rank: {**worker_env(job.plan, spec, job.attempt),
-                                                         **launch.worker_channel_env()}
+                                                         **launch.channels_env(spec)}
                                              for spec in job.plan.workers})
                 launch.records.rounds = job.history
             launch.records.record("restarting")
@@ -137,7 +137,8 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
             launch.records.record_processes(group.snapshot, group.attempt)
             if job.attempt < launch.plan.max_restarts:
                 launch.spares.make(launch.plan.workers, lambda spec: {**worker_env(launch.plan, spec, group.attempt + 1),
-                                                                      **launch.worker_channel_env()})
+                                                                      **launch.channels_env(spec)},
+                                   lambda spec: launch.progress.fds(spec.local_rank))
         except StartFailed as e:
             supervise(launch, group, job, start_failure=e)
         else:

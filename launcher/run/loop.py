@@ -96,6 +96,7 @@ class Loop:
             elif isinstance(tag, WorkerChannelTag):
                 events += self._worker_said(self.launch.worker_channel.ready(key.fd, mask))
         self.launch.store.tick(self.clock.monotonic())
+        self.launch.progress.poll(self.clock.monotonic())
         if self.group is not None:
             moved = self.group.follow_logs()
             self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
@@ -144,7 +145,14 @@ class Loop:
         if limit is None or self.group is None or state is None or state.stopping or not state.running:
             return []
         quiet = self.clock.time() - self.group.last_output()
-        return [policy.Hung(limit)] if quiet >= limit else []
+        if quiet >= limit:
+            return [policy.Hung(limit)]
+        by_local = {w.spec.local_rank: rank for rank, w in self.group.workers.items() if rank in state.running}
+        stalled = self.launch.progress.stalled(by_local, limit, self.clock.monotonic())
+        if stalled is None:
+            return []
+        local_rank, report = stalled
+        return [policy.Hung(limit, by_local[local_rank], report["step"])]
 
     def _timeout(self, state) -> Optional[float]:
         now = self.clock.monotonic()

@@ -17,6 +17,7 @@ from launcher.output.messages import log
 from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
+from launcher.run.progress import ProgressPages
 from launcher.run.records import Records
 from launcher.run.signals import SignalIntake
 from launcher.run.spares import Spares
@@ -42,6 +43,7 @@ class Launch:
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
         self.events = EventLog(plan.log_dir, plan.node_rank, clock.time)  # LOG_DIR/events.jsonl (--log_dir only)
+        self.progress = ProgressPages(wanted=plan.hang_timeout is not None)  # what launcher.runtime.report says
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
         self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
@@ -71,6 +73,10 @@ class Launch:
 
     def worker_channel_env(self) -> dict:
         return self.worker_channel.env() if self.worker_channel is not None else {}
+
+    def channels_env(self, spec) -> dict:
+        """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
+        return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
 
     def replan(self, plan: Plan) -> None:
         """The plan of an elastic job's next round (its node rank, world size and ranks may differ): what the
@@ -127,6 +133,7 @@ class Launch:
     def close(self) -> None:
         self.records.close()
         self.events.close()
+        self.progress.close()
         self.spares.drop()
         self.watchdog.stop()
         self.reap_orphans(keep=())

@@ -37,16 +37,17 @@ class Spares:
         self.starter = starter
         self.by_rank: dict = {}  # rank -> Spare
 
-    def make(self, specs, env_for: Callable[[WorkerSpec], dict]) -> None:
+    def make(self, specs, env_for: Callable[[WorkerSpec], dict], fds_for: Callable[[WorkerSpec], tuple] = lambda spec: ()) -> None:
         """With restarts left, start each Python worker of the next attempt up to the end of its
-        interpreter's start-up, so that a restart does not wait for that."""
+        interpreter's start-up, so that a restart does not wait for that (``fds_for``: the descriptors it inherits
+        beside its output, as the worker would)."""
         for spec in specs:
             if spec.rank in self.by_rank or not spare_module.can_wait(spec.cmd):
                 continue
             if spec.route is not None and not spec.route.one_place:
                 continue  # its streams go to different places: the restart starts it afresh
             try:
-                self.by_rank[spec.rank] = start_spare(self.starter, spec, env_for(spec))
+                self.by_rank[spec.rank] = start_spare(self.starter, spec, env_for(spec), fds_for(spec))
             except OSError as e:
                 log.debug("no spare interpreter for rank %d: %s", spec.rank, e)
                 return
@@ -73,7 +74,7 @@ class Spares:
         self.by_rank.clear()
 
 
-def start_spare(starter: ProcessStarter, spec: WorkerSpec, env: dict) -> Spare:
+def start_spare(starter: ProcessStarter, spec: WorkerSpec, env: dict, fds: tuple = ()) -> Spare:
     """The worker's own command, started with the environment it will have: outside the job's
     cgroup until it is woken (``wake``), its output where the worker's goes."""
     output = None if spec.log_file else sinks.PipeOutput(spec.label)
@@ -83,7 +84,7 @@ def start_spare(starter: ProcessStarter, spec: WorkerSpec, env: dict) -> Spare:
         out = os.open(spec.log_file, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY) if spec.log_file else None
         log_id = file_id(os.fstat(out)) if out is not None else None
         stdout, stderr = output.child_fds() if output else (out, out)
-        proc = starter.start(spec.cmd, spare_module.waiting_env(env, r), stdout, stderr, pass_fds=(r,))
+        proc = starter.start(spec.cmd, spare_module.waiting_env(env, r), stdout, stderr, pass_fds=(r, *fds))
     except OSError:
         os.close(w)
         if output:

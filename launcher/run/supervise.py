@@ -114,5 +114,5 @@ def _new_cause(before: policy.State, after: policy.State, loop: Loop) -> Optiona
     if after.start_failure is not None and before.start_failure is None:
         return policy.Cause(node, "start", 1, f"{after.start_failure}{on}")
     if after.hung is not None and before.hung is None:
-        return policy.Cause(node, "hang", 1, f"no worker{on} wrote a line for {after.hung:g} s (--hang_timeout)")
+        return policy.Cause(node, "hang", 1, f"{policy.hang_text(after, on)} (--hang_timeout)")
     return None

@@ -127,7 +127,7 @@ class WorkerGroup:
         log.debug("started %d worker(s)", len(self.workers))
 
     def env_of(self, spec: WorkerSpec) -> dict:
-        return {**worker_env(self.plan, spec, self.attempt), **self.launch.worker_channel_env()}
+        return {**worker_env(self.plan, spec, self.attempt), **self.launch.channels_env(spec)}
 
     def _spawn(self, spec: WorkerSpec) -> None:
         kept = self.launch.kept.pop(spec.local_rank, None)
@@ -142,9 +142,10 @@ class WorkerGroup:
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
         self.outputs[spec.rank] = output
+        self.launch.progress.started(spec.local_rank, self.clock.monotonic())
         try:
             proc = self.starter.start(spec.cmd, self.env_of(spec), stdout, stderr,
-                                      cgroup_fd=self.cgroup_fd)
+                                      cgroup_fd=self.cgroup_fd, pass_fds=self.launch.progress.fds(spec.local_rank))
         except OSError as e:
             if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
                 raise LaunchError(f"cannot start {spec.label} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
@@ -202,6 +203,7 @@ class WorkerGroup:
         kept.output = output
         self.workers[spec.rank] = Worker(spec, kept.proc, output, kept.started)
         self.adopted.add(spec.rank)
+        self.launch.progress.started(spec.local_rank, self.clock.monotonic(), fresh=False)
         self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
                                  pid=kept.pid, attempt=self.attempt, kept=True)
         return True
@@ -222,6 +224,7 @@ class WorkerGroup:
     def _wake(self, spec: WorkerSpec, spare: Spare) -> bool:
         """Make a spare this attempt's worker; False if it cannot be (then the worker is spawned)."""
         output = self.outputs.get(spec.rank) or spare.output
+        self.launch.progress.started(spec.local_rank, self.clock.monotonic())
         if not spares_module.wake(spare, spec, self.env_of(spec), self.cgroup_fd):
             return False
         if output is not spare.output and spare.output is not None:

@@ -86,3 +86,19 @@ def test_without_py_spy_each_rank_gets_the_install_note(monkeypatch, tmp_path):
     taken = stacks.take({0: os.getpid(), 1: os.getppid()})
     assert [(s.rank, s.text, s.note) for s in taken] == [(0, None, "py-spy is not installed: pip install py-spy"),
                                                          (1, None, "py-spy is not installed: pip install py-spy")]
+
+
+@needs_py_spy
+def test_with_dump_stacks_a_worker_that_lets_sigterm_pass_is_shown_before_its_sigkill(tmp_path):
+    """stubborn.py: rank 1 exits 3, rank 0 ignores SIGTERM and sleeps: its stack is taken at the stop, and again when
+    the grace has run out, just before SIGKILL."""
+    from conftest import run_launcher
+
+    stubborn = WORKERS / "stubborn.py"
+    sleep_line = next(i for i, line in enumerate(stubborn.read_text().splitlines(), 1) if "time.sleep(60)" in line)
+    r = run_launcher("--nproc_per_node", 2, "--dump_stacks", "true", "--shutdown_timeout", 2, stubborn, tmp_path,
+                     timeout=120)
+    assert r.returncode == 3, r.stderr
+    err = r.stderr
+    killed = err.index("after the stop began: sending SIGKILL")
+    assert err.count(f"rank 0 (pid ") >= 2 and f"<module> (stubborn.py:{sleep_line})" in err[killed:], err

@@ -1,0 +1,26 @@
+"""A worker that reports its progress (launcher.runtime.report) and prints a line per step, for 100 s at most.
+
+    reporter.py FOLDER
+
+With FOLDER/stall.RANK present, that rank stops reporting (but goes on printing) from step 5 on; with
+FOLDER/fail.RANK present, that rank exits 3 at step 3 of its first attempt (TORCHELASTIC_RESTART_COUNT 0).
+FOLDER/fd.RANK: the descriptor number it was given for its progress page (or "none")."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from launcher.runtime import report
+
+folder = Path(sys.argv[1])
+rank = os.environ["RANK"]
+(folder / f"fd.{rank}").write_text(os.environ.get("LAUNCHER_PROGRESS_FD", "none"))
+first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+for step in range(500):
+    if step == 3 and first and (folder / f"fail.{rank}").exists():
+        sys.exit(3)
+    if not (step >= 5 and (folder / f"stall.{rank}").exists()):
+        report(step=step, loss=1.0 / (step + 1), lr=0.1)
+    print(f"step {step}", flush=True)
+    time.sleep(0.2)
