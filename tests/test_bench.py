@@ -379,3 +379,15 @@ def test_follow_idle_measures_a_small_log_dir(tmp_path):
     assert "idle CPU (fraction of a core)" in r.stdout and result["files"] == 50
     assert result["new_file_s"] is not None and result["truncated_s"] is not None
     assert result["lines_shown_twice_or_unexpected"] == [] and result["stderr"] == ""
+
+
+def test_monitor_cost_measures_both_sides_and_every_line(tmp_path):
+    """bench/monitor_cost.py, small: the launcher's CPU and RSS without and with --monitor_port, each probe line seen."""
+    pytest.importorskip("prometheus_client")
+    out = tmp_path / "monitor.json"
+    r = subprocess.run([sys.executable, "bench/monitor_cost.py", "--idle", "0.5", "--probes", "2", "--scrape", "0.2",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    assert set(result) == {"off", "on"} and all(result[s]["rss_mib"] > 0 for s in result)
+    assert len(result["on"]["line_seconds"]) == 2 and max(result["on"]["line_seconds"]) < float("inf")

@@ -146,7 +146,9 @@ TOOL_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 @click.command(context_settings=TOOL_CONTEXT)
 @click.argument("log_dir", required=False, default=".")
-def status_command(log_dir: str) -> int:
+@click.option("--json", "as_json", is_flag=True, default=False,
+              help="The same as a JSON document, {\"nodes\": [...]}: what the monitor's /status.json serves.")
+def status_command(log_dir: str, as_json: bool) -> int:
     """Show each process of the job whose --log_dir is LOG_DIR (default: the current folder):
     node, rank (or server/trainer), pid, state (running, exited N, killed by SIG, stopped),
     run time, restarts, and the last line of its log.
@@ -156,7 +158,7 @@ def status_command(log_dir: str) -> int:
     """
     from launcher.tools import status
 
-    streams.show(status.status(log_dir).encode(), flush=True)
+    streams.show(status.status(log_dir, as_json).encode(), flush=True)
     return 0
 
 

@@ -171,6 +171,12 @@ def launch_options(command):
                help="Stop the job (showing every worker's stack) when no worker has written "
                     "a line for this long, or a worker that reports its steps (launcher.runtime.report) has "
                     "reported none for this long. Default: never."),
+        option("monitor_port", type=click.IntRange(0, 65535), default=None, metavar="PORT", envvar="LAUNCHER_MONITOR_PORT",
+               help="Serve this node's view of the job over HTTP: /metrics (Prometheus), /healthz, /status.json and "
+                    "a live page at /; 0 picks a free port and prints it. Needs pip install 'launcher[monitor]'. "
+                    "Also LAUNCHER_MONITOR_PORT. Default: off."),
+        option("monitor_host", default=None, metavar="HOST",
+               help="The address the monitor listens on (default: this node's own; 0.0.0.0 for every interface)."),
         option("agent_store", type=click.Choice(AGENT_STORE_CHOICES), default="auto", show_default=True,
                help="Who hosts the workers' rendezvous store (MASTER_PORT): node 0's launcher, as torchrun's agent "
                     "does, so that every rank connects as a client and a late rank 0 costs no wait (on; "

@@ -177,6 +177,26 @@ def check(plan: Plan, opts: LaunchOptions, host: HostFacts) -> None:
     check_node_ip(plan.node_ip, host)
     for port in plan.ports:
         _check_port(plan.node_ip, port)
+    if plan.monitor is not None:
+        check_monitor(*plan.monitor)
+
+
+def check_monitor(host: str, port: int) -> None:
+    """--monitor_port can be served: prometheus_client is there, and the port is free on ``host``."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise LaunchError("--monitor_port needs prometheus_client: pip install 'launcher[monitor]' "
+                          "(or pip install prometheus_client).") from None
+    s = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as e:
+        raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
+                          "or 0 for any.") from None
+    finally:
+        s.close()
 
 
 ELF_MAGIC = b"\x7fELF"

@@ -12,6 +12,7 @@ and never raises on what is in it; ``describe`` shows an event in one line (``la
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -22,6 +23,7 @@ from launcher.output.messages import log
 NAME = "events.jsonl"
 TEXT_LIMIT = 2000  # characters of one text field (a cause's), the rest cut
 READ_LIMIT = 64 << 20  # bytes of the file ``read`` takes (the last ones)
+RECENT = 20  # events kept in memory
 
 
 def path_in(log_dir: str) -> str:
@@ -38,15 +40,19 @@ class EventLog:
         self.now = now
         self.fd: Optional[int] = None
         self.failed = False
+        self.counts: dict = {}  # event -> how many were written (also without a log dir: the monitor's counters)
+        self.recent: collections.deque = collections.deque(maxlen=RECENT)  # the last events, for the live page
 
     def write(self, event: str, **fields) -> None:
         """One line for ``event``; fields of None left out. Never raises."""
-        if self.path is None or self.failed:
-            return
         record = {"time": round(self.now(), 3), "event": event, "node": self.node}
         if self.round is not None:
             record["round"] = self.round
         record.update((k, _bounded(v)) for k, v in fields.items() if v is not None)
+        self.counts[event] = self.counts.get(event, 0) + 1
+        self.recent.append(record)
+        if self.path is None or self.failed:
+            return
         line = (json.dumps(record, ensure_ascii=True, default=str) + "\n").encode()
         try:
             if self.fd is None:

@@ -89,3 +89,6 @@ class RoutedOutput:
     def last_lines(self, n: int = TAIL_LINES) -> list:
         lines = [line for part in self._parts() for line in part.last_lines(n)]
         return lines[-n:]
+
+    def bytes_written(self) -> int:
+        return sum(part.bytes_written() for part in self._parts())

@@ -55,6 +55,9 @@ class WorkerOutput(Protocol):
     def last_lines(self, n: int = TAIL_LINES) -> list:
         """The worker's last lines of this run, for the failure summary."""
 
+    def bytes_written(self) -> int:
+        """How many bytes the worker wrote in this run (the monitor's launcher_log_bytes_total)."""
+
 
 class FileOutput:
     """--log_dir: the worker writes its log file itself; the launcher may follow it onto the console."""
@@ -92,6 +95,12 @@ class FileOutput:
         except OSError:
             return None
         return st.st_mtime if st.st_size > self.start else None
+
+    def bytes_written(self) -> int:
+        try:
+            return max(0, os.stat(self.path).st_size - self.start)
+        except OSError:
+            return 0
 
     def wants(self, fd: int) -> bool:
         return False
@@ -201,6 +210,7 @@ class PipeOutput:
         self._streams = {self._out_r: (1, LineBuffer()), self._err_r: (2, LineBuffer())}
         self._tail = collections.deque(maxlen=TAIL_LINES)
         self._last_read: Optional[float] = None
+        self._bytes = 0
 
     follows = False
 
@@ -224,6 +234,7 @@ class PipeOutput:
         """Relay what is waiting on ``fd``; False at end of file."""
         data = os.read(fd, CHUNK)
         self._last_read = time.time()
+        self._bytes += len(data)
         dest, lines = self._streams[fd]
         if not data:
             self._emit(dest, lines, lines.rest())
@@ -254,6 +265,9 @@ class PipeOutput:
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         return list(self._tail)[-n:]
+
+    def bytes_written(self) -> int:
+        return self._bytes
 
 
 def _left_in(fd: int) -> bytes:

@@ -71,6 +71,15 @@ def to_json(state: NodeState) -> bytes:
     return f'{json.dumps(head)[:-1]}, "processes": [\n  {procs}\n]}}\n'.encode()
 
 
+def document(state: NodeState, status: str) -> dict:
+    """A node's state as ``launcher status --json`` and the monitor's /status.json show it: the state file's fields,
+    and what is known of its launcher (``launcher_status``)."""
+    doc = {**vars(state), "status": status}
+    doc["processes"] = [vars(p) for p in state.processes]
+    doc["rounds"] = list(state.rounds) if state.rounds else None
+    return doc
+
+
 def from_json(text: bytes) -> NodeState:
     """The state in ``text``; ValueError saying what is wrong with it. The file is untrusted: a
     value of the wrong type (``"attempt": "one"``, ``nan``, a time of 1e300) is None, shown as unknown."""

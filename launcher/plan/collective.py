@@ -15,7 +15,7 @@ from launcher.errors import LaunchError
 from launcher.plan import agent_store
 from launcher.plan.clusters import registry
 from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
-                                  interface_of, python_of)
+                                  interface_of, monitor_address, python_of)
 from launcher.plan.devices import select_gpus
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan import node_ports
@@ -168,6 +168,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         control=control,
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
+        monitor=monitor_address(opts, cluster.node_ips[cluster.node_rank]),
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,
         agent_store=agent_store.served_store(use_agent_store, cluster.node_rank, cluster.node_ips[0], first[0]),

@@ -109,3 +109,11 @@ def command(opts: LaunchOptions, python: str) -> tuple:
     if opts.module:
         return (python, "-u", "-m", opts.training_script, *args)
     return (python, "-u", opts.training_script, *args)
+
+
+def monitor_address(opts: LaunchOptions, node_ip: str) -> Optional[tuple]:
+    """(host, port) of --monitor_port: on --monitor_host, else on this node's own address (never every interface
+    unless asked, with --monitor_host 0.0.0.0); None without it."""
+    if opts.monitor_port is None:
+        return None
+    return (opts.monitor_host or node_ip, opts.monitor_port)

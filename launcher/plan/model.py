@@ -45,6 +45,8 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    monitor_port: Optional[int] = None  # --monitor_port: serve /metrics, /healthz, /status.json and the live page
+    monitor_host: Optional[str] = None  # where it listens (default: this node's address)
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
     agent_store: str = "auto"  # who hosts the rendezvous store: node 0's launcher (on), rank 0 (off), auto (launcher.plan.agent_store)
     # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
@@ -144,6 +146,7 @@ class Plan:
     control: Optional[ControlSpec] = None  # None: one node, no channel
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    monitor: Optional[tuple] = None  # (host, port) the monitor listens on (port 0: a free one)
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
     trainers: tuple = ()
     cluster: str = ""  # where the nodes came from: "slurm (SLURM_STEP_NODELIST, SLURM_NODEID, SLURM_JOB_ID)"

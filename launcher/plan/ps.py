@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
-                                  interface_of, python_of)
+                                  interface_of, monitor_address, python_of)
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan.parsing import first_duplicate, host_part, is_valid_host, parse_endpoint, port_range
 from launcher.plan.roles import SERVER, TRAINER, Role
@@ -227,6 +227,7 @@ def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layo
         control=control_spec(opts, base_env, layout.node_ips, node0, cmd),
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
+        monitor=monitor_address(opts, layout.node_ips[layout.node_rank]),
         servers=tuple(map(str, layout.servers)),
         trainers=tuple(map(str, layout.trainers)),
         error_file=base_env.get(ev.ERROR_FILE) or None,

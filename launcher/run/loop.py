@@ -15,6 +15,7 @@ from launcher.output.console import console
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
+from launcher.run.monitor import PUBLISH_EVERY
 from launcher.run.session import Launch
 from launcher.run.signals import PASSED_ON_SIGNALS
 from launcher.run.store import AgentStore
@@ -102,6 +103,7 @@ class Loop:
             self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
         if self.job.channel is not None:
             events += self.job.tick(self.clock.monotonic())
+        self.launch.publish_view(self.job, self.group, state)
         return self._signal_events() + events + self._hang_events(state)
 
     def turn_until(self, deadline: float) -> list:
@@ -172,6 +174,8 @@ class Loop:
             waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
         if self.wake_by is not None:
             waits.append(max(0.0, self.wake_by - now))
+        if self.launch.monitor is not None:
+            waits.append(PUBLISH_EVERY)
         return min(waits) if waits else None
 
     def _sync_registrations(self, ended: bool) -> None:

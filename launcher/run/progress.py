@@ -22,6 +22,7 @@ class Seen:
     sequence: int
     report: Optional[dict]  # the last whole report of this worker; None: none yet
     changed: float  # monotonic
+    step_seconds: Optional[float] = None  # seconds per step between its last two reports of different steps
 
 
 class ProgressPages:
@@ -60,6 +61,7 @@ class ProgressPages:
             report = progress_page.decode(body)
             seen.sequence, seen.changed = sequence, now
             if report is not None:
+                seen.step_seconds = _per_step(seen.report, report) or seen.step_seconds
                 seen.report = report
 
     def stalled(self, local_ranks: Iterable[int], limit: float, now: float) -> Optional[tuple]:
@@ -73,6 +75,10 @@ class ProgressPages:
     def last(self, local_rank: int) -> Optional[dict]:
         seen = self.seen.get(local_rank)
         return seen.report if seen is not None else None
+
+    def pace(self, local_rank: int) -> Optional[float]:
+        seen = self.seen.get(local_rank)
+        return seen.step_seconds if seen is not None else None
 
     def close(self) -> None:
         for fd, memory in self.pages.values():
@@ -96,3 +102,11 @@ class ProgressPages:
                 log.warning("no progress page for the workers (%s): their reports are not read", e)
                 return None
         return self.pages[local_rank]
+
+
+def _per_step(before: Optional[dict], after: dict) -> Optional[float]:
+    """Seconds per step from two reports (by the worker's clock), when both name a step and the step moved on."""
+    if before is None or before["step"] is None or after["step"] is None or after["step"] <= before["step"]:
+        return None
+    seconds = (after["t"] - before["t"]) / (after["step"] - before["step"])
+    return seconds if seconds >= 0 else None

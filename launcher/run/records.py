@@ -25,11 +25,14 @@ class Records:
         self.rounds: Optional[tuple] = None  # an elastic job's rounds on this node, in a line each
         self._phase = ""
         self._recorded = 0.0  # when the state file was last written (clock.monotonic())
-        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.state else None
+        self.kept_in_memory = plan.monitor is not None  # the monitor's /status.json, without a state file
+        self._exit_code: Optional[int] = None
+        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) \
+            if self.state or self.kept_in_memory else None
 
     def record_processes(self, snapshot: Callable[[], tuple], attempt: int) -> None:
         """The state file shows the processes ``snapshot()`` gives (``WorkerGroup.snapshot``) as they are now."""
-        if self.state is not None:
+        if self.state is not None or self.kept_in_memory:
             self._processes = snapshot()
             self.record("running", attempt=attempt)
 
@@ -37,19 +40,25 @@ class Records:
                console: Optional[str] = None) -> None:
         """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails.
         ``console``: what the console dropped unread, in a sentence (``Console.note``)."""
-        if self.state is None:
+        if self.state is None and not self.kept_in_memory:
             return
         self._attempt = self._attempt if attempt is None else attempt
         self._phase = phase
+        self._exit_code = exit_code
         self._recorded = self.clock.monotonic()
+        if self.state is not None:
+            self.state.write(self.current(console))
+
+    def current(self, console: Optional[str] = None) -> state_file.NodeState:
+        """The node's state as the state file shows it (also without --log_dir, with ``kept_in_memory``)."""
         plan = self.plan
         host, pid, start = self._me
-        self.state.write(state_file.NodeState(
+        return state_file.NodeState(
             node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), host=host,
             run_id=self.run_id, launcher_pid=pid, launcher_start=start,
-            attempt=self._attempt, max_restarts=plan.max_restarts, phase=phase, exit_code=exit_code,
-            started=self.started_wall, updated=self.clock.time(), processes=self._processes, console=console,
-            rounds=self.rounds[-state_file.ROUNDS_KEPT:] if self.rounds else None))
+            attempt=self._attempt, max_restarts=plan.max_restarts, phase=self._phase or "running",
+            exit_code=self._exit_code, started=self.started_wall, updated=self.clock.time(), processes=self._processes,
+            console=console, rounds=self.rounds[-state_file.ROUNDS_KEPT:] if self.rounds else None)
 
     def due(self) -> bool:
         return self.clock.monotonic() - self._recorded >= STATE_INTERVAL

@@ -17,6 +17,8 @@ from launcher.output.messages import log
 from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
+from launcher.run import node_view
+from launcher.run.monitor import Monitor
 from launcher.run.progress import ProgressPages
 from launcher.run.records import Records
 from launcher.run.signals import SignalIntake
@@ -43,7 +45,9 @@ class Launch:
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
         self.events = EventLog(plan.log_dir, plan.node_rank, clock.time)  # LOG_DIR/events.jsonl (--log_dir only)
-        self.progress = ProgressPages(wanted=plan.hang_timeout is not None)  # what launcher.runtime.report says
+        self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None)
+        self.monitor: Optional[Monitor] = None  # --monitor_port's server
+        self.last_views: dict = {}  # rank -> its worker's last view (the monitor's, between two attempts)
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
         self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
@@ -63,6 +67,10 @@ class Launch:
         self._write_files()
         self._make_error_folders()
         self.store.listen()
+        if self.plan.monitor is not None:
+            self.monitor = Monitor(*self.plan.monitor)
+            self.monitor.start()
+            log.info("monitor: %s (metrics at %smetrics)", self.monitor.url, self.monitor.url)
         self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
@@ -77,6 +85,12 @@ class Launch:
     def channels_env(self, spec) -> dict:
         """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
         return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
+
+    def publish_view(self, job, group=None, state=None) -> None:
+        """The monitor's view of this node, made anew at most every monitor.PUBLISH_EVERY seconds."""
+        now = self.clock.monotonic()
+        if self.monitor is not None and self.monitor.due(now):
+            self.monitor.publish(node_view.build(self, job, group, state), now)
 
     def replan(self, plan: Plan) -> None:
         """The plan of an elastic job's next round (its node rank, world size and ranks may differ): what the
@@ -133,6 +147,8 @@ class Launch:
     def close(self) -> None:
         self.records.close()
         self.events.close()
+        if self.monitor is not None:
+            self.monitor.close()
         self.progress.close()
         self.spares.drop()
         self.watchdog.stop()

@@ -3,6 +3,7 @@ from the job's log dir alone (its state files and logs); no worker is signalled 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,8 +19,8 @@ LAST_LINE_WIDTH = 60
 UNKNOWN = "?"  # a value the state file does not hold, or holds with the wrong type
 
 
-def status(log_dir: str) -> str:
-    """The text of ``launcher status LOG_DIR``."""
+def status(log_dir: str, as_json: bool = False) -> str:
+    """The text of ``launcher status LOG_DIR`` (``as_json``: the document of ``--json``, {"nodes": [...]})."""
     states = read_states(log_dir)
     if not states:
         where = "the current folder" if log_dir == "." else log_dir
@@ -28,6 +29,9 @@ def status(log_dir: str) -> str:
                           f"--log_dir keeps none).")
     host = state.this_host()
     liveness = [state.launcher_status(s, host) for s in states]
+    if as_json:
+        return json.dumps({"nodes": [state.document(s, alive) for s, alive in zip(states, liveness)]},
+                          default=str, ensure_ascii=True) + "\n"
     tails = [[_tail(log_dir, p.log) for p in s.processes] for s in states]
     return format_status(states, liveness, tails, time.time())
 

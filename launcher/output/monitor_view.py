@@ -1,0 +1,152 @@
+"""What the monitor (``--monitor_port``) serves, from a view of this node (``NodeView``, made by the event loop, and each
+worker's live part, read when asked): Prometheus's text (/metrics, written with prometheus_client), the health
+(/healthz), the status document (/status.json, the one ``launcher status --json`` prints) and the live page (/), which
+follows /view.json's stream (/events, server-sent events). No socket here: ``launcher.run.monitor`` serves them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+STATES = ("starting", "running", "succeeded", "failed", "stopping")
+CHANGES = ("lost", "silent", "joined", "left")
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    rank: int
+    local_rank: int
+    label: str
+    pid: Optional[int]
+    state: str  # one of STATES
+    restarts: int
+    step: Optional[int] = None  # its last report (launcher.runtime.report)
+    step_seconds: Optional[float] = None  # between its last two reports, per step
+    scalars: dict = field(default_factory=dict)
+    last_line: str = ""
+    log_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    node: int
+    node_ip: str
+    nodes: int
+    world_size: int
+    run_id: str
+    phase: str  # "running", "restarting", "ended"
+    restarts: int  # restarts spent (every worker of the node restarts together)
+    max_restarts: int
+    round: Optional[int] = None  # an elastic job's
+    changes: dict = field(default_factory=dict)  # kind (CHANGES) -> how many this node saw
+    reason: str = ""  # why the workers are not running (a failure, the stop, the end)
+    workers: tuple = ()  # WorkerView
+    events: tuple = ()  # the last events (launcher.output.event_log's), oldest first
+    status: dict = field(default_factory=dict)  # the status document
+
+
+def health(view: NodeView) -> tuple:
+    """(HTTP status, one line): 200 while every worker of this node is starting or running, else 503 and why."""
+    if view.phase == "running" and view.workers and all(w.state in ("starting", "running") for w in view.workers):
+        return 200, f"ok: {len(view.workers)} worker(s) running"
+    if view.reason:
+        return 503, view.reason
+    return 503, {"restarting": "between two attempts (or rounds)", "ended": "the job has ended"}.get(
+        view.phase, "no worker is running")
+
+
+def view_json(view: NodeView) -> bytes:
+    doc = asdict(view)
+    doc.pop("status")
+    doc["health"] = health(view)[1]
+    return json.dumps(doc, default=str, ensure_ascii=True).encode()
+
+
+def metrics(view: NodeView) -> bytes:
+    """The node's metrics in Prometheus's text format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self):
+            workers = GaugeMetricFamily("launcher_workers", "Workers of this node by state", labels=["state"])
+            for state in STATES:
+                workers.add_metric([state], sum(1 for w in view.workers if w.state == state))
+            yield workers
+            yield CounterMetricFamily("launcher_worker_restarts", "Restarts of this node's workers", value=view.restarts)
+            if view.round is not None:
+                yield GaugeMetricFamily("launcher_round", "The elastic job's current round", value=view.round)
+            yield GaugeMetricFamily("launcher_nodes", "Nodes in the job (the current round's)", value=view.nodes)
+            changes = CounterMetricFamily("launcher_membership_changes", "Membership changes seen by this node",
+                                          labels=["cause"])
+            for kind in CHANGES:
+                changes.add_metric([kind], view.changes.get(kind, 0))
+            yield changes
+            log_bytes = CounterMetricFamily("launcher_log_bytes", "Bytes each worker wrote", labels=["rank"])
+            step = GaugeMetricFamily("launcher_worker_step", "The last step each worker reported", labels=["rank"])
+            seconds = GaugeMetricFamily("launcher_worker_step_seconds", "Seconds per step, between a worker's last two "
+                                        "reports", labels=["rank"])
+            for w in view.workers:
+                log_bytes.add_metric([str(w.rank)], w.log_bytes)
+                if w.step is not None:
+                    step.add_metric([str(w.rank)], w.step)
+                if w.step_seconds is not None:
+                    seconds.add_metric([str(w.rank)], w.step_seconds)
+            yield from (log_bytes, step, seconds)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return generate_latest(registry)
+
+
+PAGE = b"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>launcher</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.2em;margin:0 0 .3em}
+#summary{color:#555;margin-bottom:1em}
+table{border-collapse:collapse;width:100%}
+th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #ddd;font-variant-numeric:tabular-nums}
+td.line{font-family:ui-monospace,monospace;white-space:pre;max-width:50em;overflow:hidden;text-overflow:ellipsis}
+tr.failed td{background:#fde2e2} tr.stopping td{background:#fff4d6} tr.succeeded td{color:#2a7a2a}
+#events{font-family:ui-monospace,monospace;font-size:12px;color:#444;margin-top:1em;white-space:pre}
+#health.bad{color:#b00}
+</style></head><body>
+<h1>launcher: <span id="job"></span></h1>
+<div id="summary"><span id="health"></span> <span id="membership"></span></div>
+<table><thead><tr><th>rank</th><th>node</th><th>state</th><th>pid</th><th>restarts</th><th>step</th>
+<th>s/step</th><th>last line</th></tr></thead><tbody id="rows"></tbody></table>
+<div id="events"></div>
+<script>
+"use strict";
+function cell(row, text, cls) { const td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; row.appendChild(td); }
+function show(v) {
+  document.getElementById("job").textContent = "node " + v.node + " (" + v.node_ip + ") of " + v.nodes + ", run " + v.run_id;
+  const h = document.getElementById("health");
+  h.textContent = v.health; h.className = v.phase === "running" && v.health.startsWith("ok") ? "" : "bad";
+  document.getElementById("membership").textContent = v.round === null ? "" :
+    "round " + v.round + ", world size " + v.world_size + "; lost " + (v.changes.lost || 0) + ", silent " +
+    (v.changes.silent || 0) + ", joined " + (v.changes.joined || 0) + ", left " + (v.changes.left || 0);
+  const rows = document.getElementById("rows");
+  const fresh = document.createElement("tbody"); fresh.id = "rows";
+  for (const w of v.workers) {
+    const tr = document.createElement("tr"); tr.className = w.state; tr.dataset.rank = w.rank;
+    cell(tr, w.label); cell(tr, v.node); cell(tr, w.state, "state"); cell(tr, w.pid === null ? "" : w.pid);
+    cell(tr, w.restarts); cell(tr, w.step === null ? "" : w.step);
+    cell(tr, w.step_seconds === null ? "" : w.step_seconds.toFixed(3)); cell(tr, w.last_line, "line");
+    fresh.appendChild(tr);
+  }
+  rows.replaceWith(fresh);
+  document.getElementById("events").textContent = v.events.map(e =>
+    new Date(e.time * 1000).toISOString() + " " + e.event + (e.rank !== undefined ? " rank " + e.rank : "") +
+    (e.member ? " " + e.member : "") + (e.cause ? ": " + e.cause : "") + (e.reason ? ": " + e.reason : "")).join("\\n");
+}
+function poll() { fetch("view.json").then(r => r.json()).then(show).catch(() => {}).finally(() => setTimeout(poll, 1000)); }
+if (window.EventSource) {
+  const source = new EventSource("events");
+  source.onmessage = m => show(JSON.parse(m.data));
+  source.onerror = () => { if (source.readyState === EventSource.CLOSED) poll(); };
+} else { poll(); }
+</script></body></html>
+"""

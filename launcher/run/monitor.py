@@ -1,0 +1,253 @@
+"""``--monitor_port``: this node's view of the job over HTTP, served by one thread of its own that never touches the
+launch: the event loop publishes a ``NodeView`` (immutable) about twice a second, the thread serves the last one.
+
+What a client can do to it is bounded: at most MAX_CLIENTS connections (one more is closed at once), a request's
+head at most HEAD_LIMIT bytes, the whole exchange REQUEST_WAIT seconds (the rest of a huge request is never read),
+and at most SEND_LIMIT bytes waiting for a stream's client that does not read (then it is dropped). No client can stall the launcher,
+its logs or the other clients. Paths: /metrics, /healthz, /status.json, /view.json, /events (server-sent events of
+/view.json), / (the live page)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from launcher.errors import LaunchError
+from launcher.output import monitor_view
+from launcher.output.messages import log
+
+MAX_CLIENTS = 64
+HEAD_LIMIT = 8192
+REQUEST_WAIT = 10.0  # seconds a client has to send its request's head and take the answer
+SEND_LIMIT = 1 << 20  # bytes waiting for one client before it is dropped
+KEEP_ALIVE = 15.0  # seconds between two comments on an idle event stream (proxies close silent ones)
+PUBLISH_EVERY = 0.5  # seconds between two views the event loop publishes
+
+
+@dataclass
+class Client:
+    sock: socket.socket
+    since: float
+    head: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
+    streaming: bool = False  # /events: the next views are sent as they come
+    closing: bool = False  # close once ``out`` is sent
+    sent_at: float = 0.0
+
+
+class Monitor:
+    def __init__(self, host: str, port: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # prometheus_client is there: launcher.host.preflight.check_monitor said so
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((host, port))
+            self.listener.listen(128)
+        except OSError as e:
+            raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
+                              "or 0 for any.") from None
+        self.host, self.port = host, self.listener.getsockname()[1]
+        self.view: Optional[monitor_view.NodeView] = None
+        self.published = float("-inf")
+        self.clients: dict = {}  # fd -> Client
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.stopped = False
+        self.selector = selectors.DefaultSelector()
+        self.thread = threading.Thread(target=self._serve, name="launcher-monitor", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def due(self, now: float) -> bool:
+        return now - self.published >= PUBLISH_EVERY
+
+    def publish(self, view: monitor_view.NodeView, now: float) -> None:
+        """The view served from now on (from the event loop's thread); streams get it at once."""
+        self.view, self.published = view, now
+        self._wake()
+
+    def close(self) -> None:
+        self.stopped = True
+        self._wake()
+        self.thread.join(timeout=5)
+        for client in list(self.clients.values()):
+            client.sock.close()
+        self.listener.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:  # full: it wakes anyway
+            pass
+
+    # ------------------------------------------------------------ the thread
+
+    def _serve(self) -> None:
+        self.selector.register(self.listener, selectors.EVENT_READ, "listener")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        sent_view = None
+        while not self.stopped:
+            for key, mask in self.selector.select(self._timeout()):
+                if key.data == "listener":
+                    self._accept()
+                elif key.data == "wake":
+                    _drain(self.wake_r)
+                else:
+                    self._ready(key.data, mask)
+            now = self.clock()
+            view = self.view
+            for client in list(self.clients.values()):
+                if client.streaming and (view is not sent_view or now - client.sent_at >= KEEP_ALIVE):
+                    self._send(client, _event(view) if view is not sent_view else b": still here\n\n", now)
+                elif not client.streaming and now - client.since > REQUEST_WAIT:
+                    self._drop(client)
+            sent_view = view
+        self.selector.close()
+
+    def _timeout(self) -> float:
+        return 1.0 if self.clients else 60.0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors: the next one is tried when one is freed
+                log.debug("monitor: accept failed: %s", e)
+                return
+            if len(self.clients) >= MAX_CLIENTS:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            client = Client(sock, self.clock())
+            self.clients[sock.fileno()] = client
+            self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _ready(self, client: Client, mask: int) -> None:
+        if mask & selectors.EVENT_READ and not client.closing and not client.streaming:
+            try:
+                data = client.sock.recv(HEAD_LIMIT + 1 - len(client.head))
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                return self._drop(client)
+            if data == b"":
+                return self._drop(client)
+            if data:
+                client.head += data
+                self._maybe_answer(client)
+        elif mask & selectors.EVENT_READ:  # a streaming client said more, or left
+            try:
+                if client.sock.recv(4096) == b"":
+                    return self._drop(client)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                return self._drop(client)
+        if mask & selectors.EVENT_WRITE and client.sock.fileno() in self.clients:
+            self._flush(client)
+
+    def _maybe_answer(self, client: Client) -> None:
+        end = client.head.find(b"\r\n\r\n")
+        if end < 0 and len(client.head) <= HEAD_LIMIT:
+            return
+        if end < 0:
+            return self._answer(client, 431, b"request head over 8 KiB\n", "text/plain")
+        line = bytes(client.head[:client.head.find(b"\r\n")]).split(b" ")
+        if len(line) != 3 or line[0] not in (b"GET", b"HEAD"):
+            return self._answer(client, 405, b"GET only\n", "text/plain")
+        path = line[1].split(b"?", 1)[0].decode("ascii", "replace")
+        view = self.view
+        if path == "/events":  # the views as they come (the first one at once, once there is one)
+            client.streaming = True
+            client.out += (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+                           b"Connection: keep-alive\r\n\r\n")
+            return self._send(client, _event(view) if view is not None else b": starting\n\n", self.clock())
+        if view is None and path not in ("/", "/favicon.ico"):
+            return self._answer(client, 503, b"starting\n", "text/plain")
+        routes = {
+            "/metrics": lambda: (200, monitor_view.metrics(view), "text/plain; version=0.0.4; charset=utf-8"),
+            "/healthz": lambda: _health(view),
+            "/status.json": lambda: (200, _json(view.status), "application/json"),
+            "/view.json": lambda: (200, monitor_view.view_json(view), "application/json"),
+            "/": lambda: (200, monitor_view.PAGE, "text/html; charset=utf-8"),
+            "/favicon.ico": lambda: (204, b"", "image/x-icon"),
+        }
+        if path not in routes:
+            return self._answer(client, 404, b"no such page: /, /metrics, /healthz, /status.json, /view.json, /events\n",
+                                "text/plain")
+        code, body, kind = routes[path]()
+        self._answer(client, code, body if line[0] == b"GET" else b"", kind, len(body))
+
+    def _answer(self, client: Client, code: int, body: bytes, kind: str, length: Optional[int] = None) -> None:
+        reason = {200: "OK", 204: "No Content", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large",
+                  503: "Service Unavailable"}[code]
+        client.out += (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {kind}\r\nContent-Length: "
+                       f"{len(body) if length is None else length}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+                       ).encode() + body
+        client.closing = True
+        self._flush(client)
+
+    def _send(self, client: Client, data: bytes, now: float) -> None:
+        if len(client.out) + len(data) > SEND_LIMIT:
+            return self._drop(client)  # it does not read: its stream ends, the others go on
+        client.out += data
+        client.sent_at = now
+        self._flush(client)
+
+    def _flush(self, client: Client) -> None:
+        try:
+            while client.out:
+                sent = client.sock.send(client.out)
+                del client.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            return self._drop(client)
+        if not client.out and client.closing:
+            return self._drop(client)
+        wanted = (0 if client.closing else selectors.EVENT_READ) | (selectors.EVENT_WRITE if client.out else 0)
+        self.selector.modify(client.sock, wanted, client)
+
+    def _drop(self, client: Client) -> None:
+        fd = client.sock.fileno()
+        if self.clients.pop(fd, None) is not None:
+            self.selector.unregister(client.sock)
+        client.sock.close()
+
+
+def _event(view) -> bytes:
+    return b"data: " + monitor_view.view_json(view) + b"\n\n"
+
+
+def _health(view) -> tuple:
+    code, text = monitor_view.health(view)
+    return code, (text + "\n").encode(), "text/plain; charset=utf-8"
+
+
+def _json(doc) -> bytes:
+    import json
+
+    return json.dumps(doc, default=str, ensure_ascii=True).encode()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass

@@ -1,0 +1,65 @@
+"""What the monitor serves (launcher.output.monitor_view), from views made by hand: the health's one line, the metrics
+as Prometheus's own parser reads them, the view's JSON."""
+
+import json
+
+import pytest
+
+from launcher.output.monitor_view import NodeView, WorkerView, health, metrics, view_json
+
+pytest.importorskip("prometheus_client")
+
+
+def view(*states, phase="running", reason="", **more) -> NodeView:
+    workers = tuple(WorkerView(r, r, f"rank {r}", 100 + r, s, 0) for r, s in enumerate(states))
+    return NodeView(0, "127.0.0.1", 1, len(states), "run", phase, 0, 0, workers=workers, reason=reason, **more)
+
+
+@pytest.mark.parametrize("made, expected", [
+    (view("running", "starting"), (200, "ok: 2 worker(s) running")),
+    (view("running", "failed", reason="stopping: rank 1 failed (exit code 3)"), (503, "stopping: rank 1 failed (exit code 3)")),
+    (view("stopping", "stopping"), (503, "no worker is running")),
+    (view("succeeded", phase="ended"), (503, "the job has ended")),
+    (view(phase="restarting"), (503, "between two attempts (or rounds)")),
+    (view(), (503, "no worker is running")),
+])
+def test_health_is_200_only_while_every_worker_starts_or_runs(made, expected):
+    assert health(made) == expected
+
+
+def test_the_metrics_read_back_with_prometheus_s_parser():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    made = view("running", "failed", round=3, changes={"lost": 2, "joined": 1})
+    made = NodeView(**{**made.__dict__, "workers": (WorkerView(0, 0, "rank 0", 1, "running", 0, step=7, step_seconds=0.5,
+                                                               log_bytes=10),)})
+    samples = {(s.name, tuple(s.labels.values())): s.value
+               for f in text_string_to_metric_families(metrics(made).decode()) for s in f.samples}
+    assert samples[("launcher_round", ())] == 3
+    assert samples[("launcher_membership_changes_total", ("lost",))] == 2
+    assert samples[("launcher_membership_changes_total", ("silent",))] == 0
+    assert samples[("launcher_worker_step", ("0",))] == 7 and samples[("launcher_worker_step_seconds", ("0",))] == 0.5
+    assert samples[("launcher_log_bytes_total", ("0",))] == 10
+
+
+def test_the_view_is_plain_json_with_its_health():
+    made = view("running", round=None, events=({"time": 1.0, "event": "job_started", "node": 0},))
+    doc = json.loads(view_json(made))
+    assert doc["health"] == "ok: 1 worker(s) running" and "status" not in doc and doc["events"][0]["event"] == "job_started"
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_one_the_launcher_exports():
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    dashboard = json.loads((Path(__file__).parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queries.append(dashboard["templating"]["list"][1]["query"])
+    named = {m for q in queries for m in re.findall(r"\blauncher_[a-z_]+", q)}
+    made = view("running", round=2)
+    made = NodeView(**{**made.__dict__, "workers": (WorkerView(0, 0, "rank 0", 1, "running", 0, step=1, step_seconds=0.1),)})
+    exported = {s.name for f in text_string_to_metric_families(metrics(made).decode()) for s in f.samples}
+    assert named and named <= exported, named - exported
+    assert {p["type"] for p in dashboard["panels"]} <= {"timeseries", "stat"}
