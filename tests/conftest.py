@@ -370,3 +370,12 @@ def pose_as_node_0(port, answer: bytes, connections=3, timeout=30.0) -> list:
                 except OSError:
                     pass
     return said
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts connections on host:port (one probe connection, closed at once)."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False

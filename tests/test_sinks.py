@@ -8,7 +8,7 @@ import pytest
 from launcher.output import log_files, routes, sinks
 
 MEMBERS = ("follows", "child_fds", "spawned", "pipes", "wants", "read_pipe", "follow", "last_written",
-           "finish", "last_lines")
+           "finish", "last_lines", "bytes_written")
 
 
 @pytest.fixture
@@ -54,6 +54,7 @@ def test_a_new_sink_is_a_class_with_these_members_and_nothing_else():
         def last_written(self): return None
         def finish(self): pass
         def last_lines(self, n=20): return []
+        def bytes_written(self): return 0
 
     class Incomplete:
         def child_fds(self):

@@ -128,7 +128,7 @@ WHAT = {  # event -> how it reads, from its fields
     "member_joined": lambda e: f"member {e.get('member', '?')} joined",
     "worker_started": lambda e: f"started pid {e.get('pid', '?')}" + (" (kept from the round before)" if e.get("kept") else ""),
     "worker_exited": lambda e: f"pid {e.get('pid', '?')} exited: {e.get('exit', '?')}",
-    "restart": lambda e: f"restart {e.get('attempt', '?')} of {e.get('max_restarts', '?')}: {e.get('cause', '')}",
+    "restart": lambda e: f"restart {e.get('attempt', '?')} of {e.get('max_restarts', '?')}",
     "stop": lambda e: f"stopping the job ({e.get('kind', '?')}): {e.get('cause', '')}",
     "job_ended": lambda e: f"job ended: exit code {e.get('code', '?')}",
 }

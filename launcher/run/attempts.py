@@ -62,14 +62,12 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             if job.plan is not launch.plan:  # an elastic job's next round: its own plan
                 launch.replan(job.plan)
                 _note_round(launch, job)
-            else:
-                cause = job.final_cause()
-                launch.events.write("restart", attempt=job.attempt, max_restarts=launch.plan.max_restarts,
-                                    cause=cause.text if cause is not None else None)
                 launch.spares.keep_matching({spec.rank: {**worker_env(job.plan, spec, job.attempt),
                                                          **launch.channels_env(spec)}
                                              for spec in job.plan.workers})
                 launch.records.rounds = job.history
+            else:  # the cause is the stop's, just before
+                launch.events.write("restart", attempt=job.attempt, max_restarts=launch.plan.max_restarts)
             launch.records.record("restarting")
     finally:
         try:

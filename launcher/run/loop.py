@@ -174,7 +174,7 @@ class Loop:
             waits.append(max(0.05, self.launch.plan.hang_timeout / 4))
         if self.wake_by is not None:
             waits.append(max(0.0, self.wake_by - now))
-        if self.launch.monitor is not None:
+        if self.launch.watched:
             waits.append(PUBLISH_EVERY)
         return min(waits) if waits else None
 

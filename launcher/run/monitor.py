@@ -69,9 +69,6 @@ class Monitor:
     def start(self) -> None:
         self.thread.start()
 
-    def due(self, now: float) -> bool:
-        return now - self.published >= PUBLISH_EVERY
-
     def publish(self, view: monitor_view.NodeView, now: float) -> None:
         """The view served from now on (from the event loop's thread); streams get it at once."""
         self.view, self.published = view, now

@@ -18,12 +18,14 @@ from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
 from launcher.run import node_view
-from launcher.run.monitor import Monitor
+from launcher.run.monitor import PUBLISH_EVERY, Monitor
+from launcher.run import trainer_status
 from launcher.run.progress import ProgressPages
 from launcher.run.records import Records
 from launcher.run.signals import SignalIntake
 from launcher.run.spares import Spares
 from launcher.run.starter import Clock, ProcessStarter
+from launcher.run.trainer_status import TrainerStatusPush
 from launcher.run.watchdog_link import WatchdogLink
 from launcher.run.store import AgentStore
 from launcher.run.worker_channel import WorkerChannel
@@ -45,9 +47,13 @@ class Launch:
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
         self.events = EventLog(plan.log_dir, plan.node_rank, clock.time)  # LOG_DIR/events.jsonl (--log_dir only)
-        self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None)
+        self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
+            else None  # Kubeflow Trainer's TrainJob status, posted by node 0
+        self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
+                                      or self.trainer_status is not None)
         self.monitor: Optional[Monitor] = None  # --monitor_port's server
         self.last_views: dict = {}  # rank -> its worker's last view (the monitor's, between two attempts)
+        self.view_published = float("-inf")
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
         self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
@@ -71,6 +77,8 @@ class Launch:
             self.monitor = Monitor(*self.plan.monitor)
             self.monitor.start()
             log.info("monitor: %s (metrics at %smetrics)", self.monitor.url, self.monitor.url)
+        if self.trainer_status is not None:
+            self.trainer_status.start()
         self.cgroup = self.starter.make_cgroup(self.run_id, self.plan.base_env)
         log.debug("job cgroup: %s", self.cgroup.path if self.cgroup else "none (sweep by process group and run id)")
 
@@ -86,11 +94,22 @@ class Launch:
         """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
         return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
 
+    @property
+    def watched(self) -> bool:
+        """Whether anything takes this node's view (the monitor, the TrainJob status)."""
+        return self.monitor is not None or self.trainer_status is not None
+
     def publish_view(self, job, group=None, state=None) -> None:
-        """The monitor's view of this node, made anew at most every monitor.PUBLISH_EVERY seconds."""
+        """This node's view for the monitor and the TrainJob status, made anew at most every PUBLISH_EVERY seconds."""
         now = self.clock.monotonic()
-        if self.monitor is not None and self.monitor.due(now):
-            self.monitor.publish(node_view.build(self, job, group, state), now)
+        if not self.watched or now - self.view_published < PUBLISH_EVERY:
+            return
+        self.view_published = now
+        view = node_view.build(self, job, group, state)
+        if self.monitor is not None:
+            self.monitor.publish(view, now)
+        if self.trainer_status is not None:
+            self.trainer_status.publish(view)
 
     def replan(self, plan: Plan) -> None:
         """The plan of an elastic job's next round (its node rank, world size and ranks may differ): what the
@@ -149,6 +168,8 @@ class Launch:
         self.events.close()
         if self.monitor is not None:
             self.monitor.close()
+        if self.trainer_status is not None:
+            self.trainer_status.close()
         self.progress.close()
         self.spares.drop()
         self.watchdog.stop()

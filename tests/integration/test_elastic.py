@@ -18,8 +18,8 @@ import time
 import psutil
 import pytest
 
-from conftest import (REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, run_launcher, start_launcher,
-                      wait_for)
+from conftest import (REPO, WORKERS, assert_all_gone, finish_all, free_ports, launcher_cmd, listening, run_launcher,
+                      start_launcher, wait_for)
 
 WORKER = str(WORKERS / "elastic_worker.py")
 HOST = "127.0.0.1"
@@ -192,7 +192,8 @@ def three_holding(folder, *extra):
     procs = []
     for _ in range(3):
         procs.append(start_launcher(*torchrun_line(port, folder, *ALL_THREE, *extra), "hold"))
-        time.sleep(0.3)  # the first one binds the endpoint: node 0
+        if len(procs) == 1:  # the first one binds the endpoint: node 0, however busy the machine
+            wait_for(lambda: listening(HOST, port), 60, "node 0's launcher on the endpoint")
     return port, procs, wait_ready(folder, 3, procs)
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, start_launcher, wait_for
+from conftest import REPO, WORKERS, assert_all_gone, finish_all, free_ports, listening, start_launcher, wait_for
 from etcd_servers import etcd  # noqa: F401 - the fixture
 from test_elastic import family, power_off, stop_all
 
@@ -55,7 +55,10 @@ class Job:
             node = len(self.procs)
             self.procs.append(start_launcher(*self.line(node)))
             started.append(node)
-            time.sleep(0.5)  # the first one binds the endpoint (c10d: node 0); with etcd, the oldest key is node 0
+            if node == 0 and self.backend == "c10d":  # the first one binds the endpoint: node 0, however busy the machine
+                wait_for(lambda: listening(HOST, self.endpoint), WAIT, "node 0's launcher on the endpoint")
+            else:
+                time.sleep(0.5)  # with etcd, the oldest key is node 0
         return started
 
     def steps(self, node: int) -> list:

@@ -29,7 +29,8 @@ def test_when_every_trainer_exits_0_the_servers_are_stopped_and_the_job_exits_0(
     # the servers (60 s) were stopped by the launcher (a "term" record each), not waited for; how fast:
     # bench/ps_teardown.py (docs/parameter-servers.md)
     logs = {p.name: p.read_text() for p in (tmp_path / "log").iterdir()}
-    assert sorted(logs) == ["launcher.node0.json", "serverlog.0", "serverlog.1", "workerlog.0", "workerlog.1"]  # and the state file
+    assert sorted(logs) == ["events.jsonl", "launcher.node0.json", "serverlog.0", "serverlog.1", "workerlog.0",
+                            "workerlog.1"]  # and the state file, and the event log
     assert "launcher: server 1 starts" in logs["serverlog.1"] and f"server 1 listening on 127.0.0.1:{port + 1}" in logs["serverlog.1"]
     assert "launcher: trainer 0 starts" in logs["workerlog.0"] and "trainer 0 step 2" in logs["workerlog.0"]
     assert "trainer 0 step 2" in r.stdout  # the first trainer is echoed on the console

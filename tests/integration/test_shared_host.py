@@ -75,7 +75,8 @@ def test_our_command_line_runs_two_nodes_on_one_host_with_one_log_dir(tmp_path, 
         assert code == 0, err
     check_world(tmp_path, nproc, port)
     names = sorted(p.name for p in logs.iterdir())
-    assert names == sorted(["launcher.node0.json", "launcher.node1.json"] + [f"workerlog.{r}" for r in range(2 * nproc)])
+    assert names == sorted(["events.jsonl", "launcher.node0.json", "launcher.node1.json"] +
+                           [f"workerlog.{r}" for r in range(2 * nproc)])  # both nodes' events in one log, by line
     for rank in range(2 * nproc):
         assert f"rank {rank}/{2 * nproc}: sum" in (logs / f"workerlog.{rank}").read_text()
     status = run_launcher("status", logs)

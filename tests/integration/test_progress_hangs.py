@@ -1,6 +1,8 @@
 """Hangs seen by progress: a worker that reports its steps (launcher.runtime.report) and then makes none for
 --hang_timeout is found, however many lines it writes; also in a restarted attempt (whose workers may be spares)."""
 
+import json
+
 from conftest import WORKERS, run_launcher
 
 REPORTER = WORKERS / "reporter.py"
@@ -23,7 +25,9 @@ def test_a_restarted_worker_reports_too(tmp_path):
                      REPORTER, tmp_path, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "rank 1 made no progress for 2 s (its last report: step 4)" in r.stderr
-    assert "restart" in r.stderr
+    events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    kinds = [(e["event"], e.get("kind") or e.get("attempt")) for e in events if e["event"] in ("stop", "restart")]
+    assert kinds == [("stop", "worker"), ("restart", 1), ("stop", "hang")], kinds
 
 
 def test_without_hang_timeout_no_page_is_given_and_report_does_nothing(tmp_path):
