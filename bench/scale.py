@@ -3,7 +3,7 @@
 
     python bench/scale.py [--nodes 128] [--backends fixed,c10d,etcd] [--etcd HOST:PORT] [--idle S]
                           [--only up,idle,fail,silent] [--side ours|torchrun] [--up-bound S] [--json FILE]
-                          [--keep DIR]
+                          [--keep DIR] [--monitor]
 
 Backends (every launcher given the same line but its address):
 
@@ -66,8 +66,9 @@ class Nodes:
     """N launchers of one job and the workers they started."""
 
     def __init__(self, side: str, backend: str, count: int, folder: Path, etcd: Optional[str], ports,
-                 heartbeat: float = 30.0) -> None:
+                 heartbeat: float = 30.0, monitor: bool = False) -> None:
         self.side, self.backend, self.count, self.folder, self.heartbeat = side, backend, count, folder, heartbeat
+        self.monitor = ["--monitor_port", "0"] if monitor and side == "ours" else []  # every launcher serves its view
         self.ready_dir = folder / "ready"
         self.ready_dir.mkdir(parents=True)
         block = ports.reserve_block(2 * count + 8)
@@ -88,12 +89,12 @@ class Nodes:
         if self.backend == "fixed":
             ips = ",".join(harness.node_ips(self.count))
             return [sys.executable, "-m", "launcher", "--cluster_node_ips", ips, "--node_ip", f"127.0.0.{index + 1}",
-                    "--started_port", str(self.port + 1), "--nproc_per_node", "1", *worker]
+                    "--started_port", str(self.port + 1), "--nproc_per_node", "1", *self.monitor, *worker]
         endpoint = f"127.0.0.1:{self.port}" if self.backend == "c10d" else self.etcd
         return [sys.executable, "-m", "launcher", f"--nnodes={self.count - 1}:{self.count}", "--nproc-per-node=1",
                 f"--rdzv-backend={self.backend}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={self.job_id}",
                 f"--rdzv-conf={LAST_CALL},heartbeat_timeout={self.heartbeat:g},keep_alive_interval=1",
-                f"--started_port={self.port + 1}", "--max-restarts=0", *worker]
+                f"--started_port={self.port + 1}", "--max-restarts=0", *self.monitor, *worker]
 
     def start(self) -> float:
         began = time.time()
@@ -243,7 +244,8 @@ def run_backend(backend: str, args, root: Path) -> dict:
         for name, job in (("a", job_a), ("b", job_b)):
             if name == "a" and not ({"up", "idle", "fail"} & set(args.only)) or name == "b" and "silent" not in args.only:
                 continue
-            nodes = Nodes(args.side, backend, args.nodes, root / f"{backend}-{name}", args.etcd, ports, args.heartbeat)
+            nodes = Nodes(args.side, backend, args.nodes, root / f"{backend}-{name}", args.etcd, ports, args.heartbeat,
+                          args.monitor)
             try:
                 result.update(job(nodes, args))
             except harness.BenchError as e:
@@ -266,6 +268,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--only", default="up,idle,fail,silent")
     p.add_argument("--up-bound", type=float, default=UP_BOUND_S, help="seconds the N workers may take to be up")
     p.add_argument("--side", choices=("ours", "torchrun"), default="ours")
+    p.add_argument("--monitor", action="store_true", help="every launcher with --monitor_port 0 (ours only)")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None)
     args = p.parse_args(argv)
