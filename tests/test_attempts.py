@@ -337,6 +337,9 @@ class FakeCoordinator:
     def round_events(self) -> list:
         return []
 
+    def heartbeat_ages(self) -> dict:
+        return {}
+
     def local_cause(self, cause) -> None:
         self.causes.append(cause)
 

@@ -32,6 +32,9 @@ class FakeLink:
 
     says_rounds = False  # another node's link: the coordinator says each round
 
+    def heartbeat_ages(self) -> dict:
+        return {}
+
     def __init__(self, clock: FakeClock, first: m.RoundStart, react) -> None:
         self.inbox, self.node_id, self.first, self.clock = Inbox(), "me", first, clock
         self.react = react

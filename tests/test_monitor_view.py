@@ -58,7 +58,7 @@ def test_every_metric_the_grafana_dashboard_queries_is_one_the_launcher_exports(
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     queries.append(dashboard["templating"]["list"][1]["query"])
     named = {m for q in queries for m in re.findall(r"\blauncher_[a-z_]+", q)}
-    made = view("running", round=2)
+    made = view("running", round=2, heartbeats={"n1": 0.4})
     made = NodeView(**{**made.__dict__, "workers": (WorkerView(0, 0, "rank 0", 1, "running", 0, step=1, step_seconds=0.1),)})
     exported = {s.name for f in text_string_to_metric_families(metrics(made).decode()) for s in f.samples}
     assert named and named <= exported, named - exported

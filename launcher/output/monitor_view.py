@@ -43,6 +43,7 @@ class NodeView:
     reason: str = ""  # why the workers are not running (a failure, the stop, the end)
     workers: tuple = ()  # WorkerView
     events: tuple = ()  # the last events (launcher.output.event_log's), oldest first
+    heartbeats: dict = field(default_factory=dict)  # node -> seconds since heard (on the node that keeps them)
     status: dict = field(default_factory=dict)  # the status document
 
 
@@ -94,6 +95,11 @@ def metrics(view: NodeView) -> bytes:
                 if w.step_seconds is not None:
                     seconds.add_metric([str(w.rank)], w.step_seconds)
             yield from (log_bytes, step, seconds)
+            ages = GaugeMetricFamily("launcher_node_heartbeat_age_seconds", "Seconds since the node keeping the "
+                                     "membership last heard each member", labels=["node"])
+            for node, age in sorted(view.heartbeats.items()):
+                ages.add_metric([node], age)
+            yield ages
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())

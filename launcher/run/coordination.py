@@ -50,4 +50,6 @@ class Coordinator(Protocol):
 
     def round_events(self) -> list: ...  # an elastic job: the event log's events of the round begun last; else []
 
+    def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard, where this node keeps the heartbeats
+
     def close(self) -> None: ...

@@ -25,6 +25,7 @@ def build(launch, job, group=None, state: Optional[policy.State] = None) -> Node
         round=events.round, changes={kind: events.counts.get(f"member_{kind}", 0) for kind in ("lost", "silent",
                                                                                             "joined", "left")},
         reason=_reason(last_stop, workers), workers=workers, events=tuple(events.recent),
+        heartbeats=job.heartbeat_ages(),
         status={"nodes": [state_file.document(record, "running, this launcher")]})
 
 

@@ -169,3 +169,41 @@ def test_without_prometheus_client_it_says_what_to_install(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == (
         "launcher: error: --monitor_port needs prometheus_client: pip install 'launcher[monitor]' "
         "(or pip install prometheus_client).")
+
+
+def test_node_0_of_a_c10d_job_tells_each_member_s_heartbeat_age(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from conftest import free_ports, listening
+
+    port = free_ports(6)
+    line = ("--nnodes", "1:2", "--nproc-per-node", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", "monitored", "--rdzv-conf", "last_call_timeout=60")
+    node0 = Job.__new__(Job)
+    node0.folder, node0.err = tmp_path, b""
+    node0.proc = start_launcher(*line, "--monitor_port", 0, REPORTER, tmp_path)
+    node1 = None
+    try:
+        wait_for(lambda: listening("127.0.0.1", port), WAIT, "node 0 on the endpoint")
+        node1 = start_launcher(*line, REPORTER, tmp_path)
+        out = node0.proc.stderr.readline()
+        while out and "monitor: http://" not in out:
+            out = node0.proc.stderr.readline()
+        url = out.split("monitor: ", 1)[1].split(" ", 1)[0]
+
+        def ages():
+            code, text = get(url + "metrics")
+            return [s for f in text_string_to_metric_families(text.decode()) for s in f.samples
+                    if s.name == "launcher_node_heartbeat_age_seconds"] if code == 200 else []
+        wait_for(lambda: ages(), WAIT, "node 1's heartbeat age on node 0")
+        (sample,) = ages()
+        assert sample.labels["node"] and 0 <= sample.value < 60
+    finally:
+        (tmp_path / "stop").touch()
+        for proc in (node0.proc, node1):
+            if proc is not None:
+                try:
+                    proc.communicate(timeout=WAIT)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()

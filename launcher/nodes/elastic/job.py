@@ -132,6 +132,9 @@ class ElasticJob:
                      self.plan.node_rank)
         return self.attempt
 
+    def heartbeat_ages(self) -> dict:
+        return self.link.heartbeat_ages()
+
     def round_events(self) -> list:
         """The round begun last, then each change of the membership since the round before (``event_log``'s)."""
         r = self.round

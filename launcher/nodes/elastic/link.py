@@ -148,6 +148,8 @@ class Link(Protocol):
 
     def serve(self) -> None: ...  # start the link's thread (after the first round)
 
+    def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard, on the c10d keeper; else {}
+
     def stopped(self, round_: int) -> None: ...  # this node's workers of the round are gone
 
     def done(self, round_: int) -> None: ...  # this node's workers of the round all finished
@@ -179,6 +181,11 @@ class LinkBase:
         if self.thread is None:
             self.thread = threading.Thread(target=self.run, name=self.thread_name, daemon=True)
             self.thread.start()
+
+    def heartbeat_ages(self) -> dict:
+        """node id -> seconds since each member was last heard, on the launcher that keeps the heartbeats (the c10d
+        keeper overrides this); {} elsewhere."""
+        return {}
 
     def stopped(self, round_: int) -> None:
         self.waker.put(Report(STOPPED, round_))

@@ -57,6 +57,9 @@ class Solo:
     def round_events(self) -> list:
         return []
 
+    def heartbeat_ages(self) -> dict:
+        return {}
+
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
             self.cause = cause

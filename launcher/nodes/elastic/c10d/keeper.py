@@ -52,6 +52,7 @@ class Keeper(LinkBase):
         self.peers: dict = {}  # fd -> Peer
         self.fds: dict = {}  # node id -> fd, for the peers that said hello
         self.heard: dict = {}  # node id -> when it was last heard, since the membership was last told
+        self.last_heard: dict = {}  # node id -> when each connected member was last heard (a new dict at each beat)
         self.deadline: Optional[float] = None  # the membership's next deadline (None: to compute afresh)
         self.stalled = False  # the last turn took longer than a heartbeat interval
         self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
@@ -61,6 +62,11 @@ class Keeper(LinkBase):
         self.carry_out(actions)
 
     # ------------------------------------------------------------ the event loop's side
+
+    def heartbeat_ages(self) -> dict:
+        """node id -> seconds since each connected member was last heard (from any thread: a dict replaced whole)."""
+        now = self.clock()
+        return {node_id: max(0.0, now - at) for node_id, at in self.last_heard.items()}
 
     def first_round(self) -> Optional[m.RoundStart]:
         """Serve until round 1 starts (its RoundStart) or cannot (None; ``failed_start`` says why)."""
@@ -152,6 +158,7 @@ class Keeper(LinkBase):
     def decide(self, event) -> None:
         if self.heard and isinstance(event, mb.TimePassed):  # the silences it judges: every node heard so far
             heard, self.heard = self.heard, {}
+            self.last_heard = {n: t for n, t in {**self.last_heard, **heard}.items() if n in self.fds}
             self.state, actions = mb.decide(self.state, mb.Heartbeat(at=heard), self.clock())
             self.carry_out(actions)
         self.state, actions = mb.decide(self.state, event, self.clock())
