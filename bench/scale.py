@@ -3,7 +3,7 @@
 
     python bench/scale.py [--nodes 128] [--backends fixed,c10d,etcd] [--etcd HOST:PORT] [--idle S]
                           [--only up,idle,fail,silent] [--side ours|torchrun] [--up-bound S] [--json FILE]
-                          [--keep DIR] [--monitor]
+                          [--keep DIR] [--monitor [--scrape S]]
 
 Backends (every launcher given the same line but its address):
 
@@ -18,6 +18,9 @@ that comes after; and a round's start is N launchers and N workers starting at o
 seconds of CPU), during which a launcher that waits for the CPU longer than a heartbeat timeout of 3 s
 counts as lost. On a cluster each launcher has a machine of its own.
 
+``--monitor``: every launcher with ``--monitor_port 0``, and (``--scrape S``, 5) a thread that reads every launcher's
+/metrics every S seconds from the moment all are up to the end of the job (the ``scraped`` figures: answers and
+failures: a launcher that had ended by then counts as one), as a Prometheus would while the job idles and stops.
 ``--side torchrun`` runs torchrun's agents instead, for c10d (``--rdzv-backend c10d``) and etcd (``etcd-v2``).
 The first launcher starts 0.5 s before the others (it binds the endpoint; with etcd its key is the oldest).
 
@@ -40,12 +43,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Optional
 
@@ -189,10 +195,49 @@ def usage(pid: int, seconds: float) -> tuple:
     return (after.user + after.system - before.user - before.system) / seconds, proc.memory_info().rss
 
 
+class Scraper:
+    """With --monitor: GET every launcher's /metrics every ``every`` seconds (as a Prometheus would), in a thread,
+    until ``stop``; how many answers came, and how many failed."""
+
+    def __init__(self, nodes: Nodes, every: float) -> None:
+        self.urls = [u for u in (monitor_url(r.stderr_path) for r in nodes.runs) if u]
+        self.every, self.ok, self.failed = every, 0, 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            began = time.monotonic()
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url + "metrics", timeout=5) as answer:
+                        answer.read()
+                    self.ok += 1
+                except OSError:
+                    self.failed += 1
+            self.stopping.wait(max(0.0, self.every - (time.monotonic() - began)))
+
+    def stop(self) -> dict:
+        self.stopping.set()
+        self.thread.join(timeout=60)
+        return {"nodes": len(self.urls), "ok": self.ok, "failed": self.failed}
+
+
+def monitor_url(stderr_path: Path) -> Optional[str]:
+    try:
+        text = stderr_path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"monitor: (http://\S+/) ", text)
+    return found.group(1) if found else None
+
+
 def job_a(nodes: Nodes, args) -> dict:
     began = nodes.start()
     up_at, workers = nodes.wait_ready(nodes.count, args.up_bound)
     out = {"up_s": round(up_at - began, 2)}
+    scraper = Scraper(nodes, args.scrape) if nodes.monitor and args.scrape else None
     if "idle" in args.only:
         time.sleep(SETTLE_S)
         zero = nodes.runs[0].proc.pid
@@ -214,6 +259,8 @@ def job_a(nodes: Nodes, args) -> dict:
         os.kill(victim, signal.SIGKILL)
         gone = exits(rest, EVENT_BOUND_S + nodes.heartbeat)
         out["fail"] = {**spread(list(gone.values()), killed), "stopped": len(gone), "of": len(rest)}
+    if scraper is not None:
+        out["scraped"] = scraper.stop()
     return out
 
 
@@ -269,6 +316,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--up-bound", type=float, default=UP_BOUND_S, help="seconds the N workers may take to be up")
     p.add_argument("--side", choices=("ours", "torchrun"), default="ours")
     p.add_argument("--monitor", action="store_true", help="every launcher with --monitor_port 0 (ours only)")
+    p.add_argument("--scrape", type=float, default=5.0, help="with --monitor: every launcher's /metrics read every S s")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None)
     args = p.parse_args(argv)

@@ -34,6 +34,17 @@ def test_a_job_of_4_nodes_is_measured_whole(tmp_path, backend):
         assert isinstance(result["silent"]["reformed"], float), result
 
 
+def test_with_the_monitor_every_node_is_scraped_and_the_job_stops_whole(tmp_path):
+    pytest.importorskip("prometheus_client")
+    out = tmp_path / "scale.json"
+    run("bench/scale.py", "--nodes", "4", "--backends", "c10d", "--only", "up,idle,fail", "--idle", "1", "--heartbeat", "3",
+        "--monitor", "--scrape", "0.2", "--json", str(out))
+    result = json.loads(out.read_text())["c10d"]
+    assert not [k for k in result if k.startswith(("error", "leftovers"))], result
+    assert result["fail"]["stopped"] == result["fail"]["of"] == 3, result
+    assert result["scraped"]["nodes"] == 4 and result["scraped"]["ok"] >= 4, result
+
+
 def test_a_job_of_4_nodes_with_its_membership_in_etcd_is_measured_whole(tmp_path, etcd):  # noqa: F811
     out = tmp_path / "scale.json"
     run("bench/scale.py", "--nodes", "4", "--backends", "etcd", "--etcd", etcd.endpoints, "--idle", "1",
