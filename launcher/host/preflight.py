@@ -188,15 +188,22 @@ def check_monitor(host: str, port: int) -> None:
     except ImportError:
         raise LaunchError("--monitor_port needs prometheus_client: pip install 'launcher[monitor]' "
                           "(or pip install prometheus_client).") from None
-    s = socket.socket(_family(host), socket.SOCK_STREAM)
+    monitor_listener(host, port).close()
+
+
+def monitor_listener(host: str, port: int) -> socket.socket:
+    """The monitor's listening socket on ``host``:``port`` (non-blocking); LaunchError in one sentence when it cannot be
+    had. The check above takes one and lets it go; the monitor takes the one it serves on."""
+    s = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, port))
+        s.listen(128)
     except OSError as e:
+        s.close()
         raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
                           "or 0 for any.") from None
-    finally:
-        s.close()
+    return s
 
 
 ELF_MAGIC = b"\x7fELF"

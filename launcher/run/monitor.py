@@ -9,6 +9,7 @@ its logs or the other clients. Paths: /metrics, /healthz, /status.json, /view.js
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import socket
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from launcher.errors import LaunchError
+from launcher.host.preflight import monitor_listener
 from launcher.output import monitor_view
 from launcher.output.messages import log
 
@@ -43,15 +44,7 @@ class Client:
 class Monitor:
     def __init__(self, host: str, port: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock  # prometheus_client is there: launcher.host.preflight.check_monitor said so
-        try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self.listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listener.bind((host, port))
-            self.listener.listen(128)
-        except OSError as e:
-            raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
-                              "or 0 for any.") from None
+        self.listener = monitor_listener(host, port)
         self.host, self.port = host, self.listener.getsockname()[1]
         self.view: Optional[monitor_view.NodeView] = None
         self.published = float("-inf")
@@ -237,8 +230,6 @@ def _health(view) -> tuple:
 
 
 def _json(doc) -> bytes:
-    import json
-
     return json.dumps(doc, default=str, ensure_ascii=True).encode()
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 import urllib.request
 from typing import Mapping, Optional
 
@@ -55,12 +56,10 @@ def status_of(view, now: float) -> Optional[dict]:
 
 
 class TrainerStatusPush:
-    def __init__(self, env: Mapping[str, str], wall=None) -> None:
-        import time
-
+    def __init__(self, env: Mapping[str, str], wall=time.time) -> None:
         self.url = _first(env, URL_VARS)
         self.ca, self.token = _first(env, CA_VARS), _first(env, TOKEN_VARS)
-        self.wall = wall or time.time
+        self.wall = wall
         self.view = None
         self.sent: Optional[dict] = None  # the last status sent (its metrics and progress)
         self.failed = False
