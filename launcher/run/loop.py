@@ -15,8 +15,7 @@ from launcher.output.console import console
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
-from launcher.run.monitor import PUBLISH_EVERY
-from launcher.run.session import Launch
+from launcher.run.session import PUBLISH_EVERY, Launch
 from launcher.run.signals import PASSED_ON_SIGNALS
 from launcher.run.store import AgentStore
 from launcher.run.workers import Worker, WorkerGroup

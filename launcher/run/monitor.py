@@ -27,7 +27,6 @@ HEAD_LIMIT = 8192
 REQUEST_WAIT = 10.0  # seconds a client has to send its request's head and take the answer
 SEND_LIMIT = 1 << 20  # bytes waiting for one client before it is dropped
 KEEP_ALIVE = 15.0  # seconds between two comments on an idle event stream (proxies close silent ones)
-PUBLISH_EVERY = 0.5  # seconds between two views the event loop publishes
 
 
 @dataclass

@@ -17,8 +17,6 @@ from launcher.output.messages import log
 from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
-from launcher.run import node_view
-from launcher.run.monitor import PUBLISH_EVERY, Monitor
 from launcher.run import trainer_status
 from launcher.run.progress import ProgressPages
 from launcher.run.records import Records
@@ -29,6 +27,9 @@ from launcher.run.trainer_status import TrainerStatusPush
 from launcher.run.watchdog_link import WatchdogLink
 from launcher.run.store import AgentStore
 from launcher.run.worker_channel import WorkerChannel
+
+
+PUBLISH_EVERY = 0.5  # seconds between two views of the node made for the monitor and the TrainJob status
 
 
 class Launch:
@@ -51,7 +52,7 @@ class Launch:
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
                                       or self.trainer_status is not None)
-        self.monitor: Optional[Monitor] = None  # --monitor_port's server
+        self.monitor = None  # --monitor_port's server (launcher.run.monitor.Monitor)
         self.last_views: dict = {}  # rank -> its worker's last view (the monitor's, between two attempts)
         self.view_published = float("-inf")
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
@@ -74,6 +75,8 @@ class Launch:
         self._make_error_folders()
         self.store.listen()
         if self.plan.monitor is not None:
+            from launcher.run.monitor import Monitor  # imported by the jobs that serve one, not by every job
+
             self.monitor = Monitor(*self.plan.monitor)
             self.monitor.start()
             log.info("monitor: %s (metrics at %smetrics)", self.monitor.url, self.monitor.url)
@@ -105,6 +108,8 @@ class Launch:
         if not self.watched or now - self.view_published < PUBLISH_EVERY:
             return
         self.view_published = now
+        from launcher.run import node_view  # imported by the watched jobs only
+
         view = node_view.build(self, job, group, state)
         if self.monitor is not None:
             self.monitor.publish(view, now)

@@ -9,10 +9,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import ssl
 import threading
 import time
-import urllib.request
 from typing import Mapping, Optional
 
 from launcher.output.messages import log
@@ -108,6 +106,9 @@ class TrainerStatusPush:
             self.failed = True
 
     def _post(self, body: dict) -> None:
+        import ssl  # here, not at the module's import: every job's launcher imports this module, few post
+        import urllib.request
+
         headers = {"Content-Type": "application/json"}
         if self.token:
             with open(self.token) as f:  # a projected token is rotated: read at each push
