@@ -25,14 +25,13 @@ class Records:
         self.rounds: Optional[tuple] = None  # an elastic job's rounds on this node, in a line each
         self._phase = ""
         self._recorded = 0.0  # when the state file was last written (clock.monotonic())
-        self.kept_in_memory = plan.monitor is not None  # the monitor's /status.json, without a state file
+        self.kept = self.state is not None or plan.monitor is not None  # the state file, or the monitor's /status.json
         self._exit_code: Optional[int] = None
-        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) \
-            if self.state or self.kept_in_memory else None
+        self._me = (state_file.this_host(), os.getpid(), state_file.process_start(os.getpid())) if self.kept else None
 
     def record_processes(self, snapshot: Callable[[], tuple], attempt: int) -> None:
         """The state file shows the processes ``snapshot()`` gives (``WorkerGroup.snapshot``) as they are now."""
-        if self.state is not None or self.kept_in_memory:
+        if self.kept:
             self._processes = snapshot()
             self.record("running", attempt=attempt)
 
@@ -40,7 +39,7 @@ class Records:
                console: Optional[str] = None) -> None:
         """Rewrite the state file (--log_dir only): "running", "restarting" or "ended"; never fails.
         ``console``: what the console dropped unread, in a sentence (``Console.note``)."""
-        if self.state is None and not self.kept_in_memory:
+        if not self.kept:
             return
         self._attempt = self._attempt if attempt is None else attempt
         self._phase = phase
@@ -50,7 +49,7 @@ class Records:
             self.state.write(self.current(console))
 
     def current(self, console: Optional[str] = None) -> state_file.NodeState:
-        """The node's state as the state file shows it (also without --log_dir, with ``kept_in_memory``)."""
+        """The node's state as the state file shows it (also without --log_dir, when ``kept`` for the monitor)."""
         plan = self.plan
         host, pid, start = self._me
         return state_file.NodeState(

@@ -158,8 +158,7 @@ class WorkerGroup:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
         self.launch.watchdog.tell(f"pid {proc.pid}")
         self.launch.worker_pids.add(proc.pid)
-        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
-                                 pid=proc.pid, attempt=self.attempt)
+        self._note_started(spec, proc.pid)
 
     # ------------------------------------------------------------ workers kept from one round to the next
 
@@ -204,9 +203,12 @@ class WorkerGroup:
         self.workers[spec.rank] = Worker(spec, kept.proc, output, kept.started)
         self.adopted.add(spec.rank)
         self.launch.progress.started(spec.local_rank, self.clock.monotonic(), fresh=False)
-        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
-                                 pid=kept.pid, attempt=self.attempt, kept=True)
+        self._note_started(spec, kept.pid, kept=True)
         return True
+
+    def _note_started(self, spec: WorkerSpec, pid: int, kept: Optional[bool] = None) -> None:
+        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
+                                 pid=pid, attempt=self.attempt, kept=kept)
 
     def unparked(self) -> list:
         """The kept workers that have not yet said they left their round."""
