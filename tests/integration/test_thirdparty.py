@@ -21,15 +21,22 @@ RUNNERS = {"launcher": [sys.executable, "-m", "launcher", "--print_config", "fal
            "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
 
 
+# torch's own C++ abort, under either runner: a thread torch left joinable at exit. test_sync.py's scheduler test
+# hit it 1 run in 6 under plain torchrun beside two busy processes, on both of its tries in one CI run.
+TORCH_ABORT = "terminate called without an active exception"
+TRIES_PAST_TORCH_ABORT = 4
+
+
 def run_both(*args, env=None, timeout=300):
-    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other."""
+    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other.
+    A run that ends in TORCH_ABORT is run again (up to TRIES_PAST_TORCH_ABORT in all); any other failure stands."""
     results = {}
     for name, cmd in RUNNERS.items():
-        for _ in range(1 if name == "launcher" else 2):  # the peer gets a second try: torchrun failed this script once here (not ours to fix)
+        for _ in range(TRIES_PAST_TORCH_ABORT):
             results[name] = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--tee", "3", *map(str, args)],
                                            capture_output=True, text=True, timeout=timeout, cwd=REPO,
                                            env={**os.environ, **(env or {})})
-            if results[name].returncode == 0:
+            if results[name].returncode == 0 or TORCH_ABORT not in results[name].stdout + results[name].stderr:
                 break
     return results
 
