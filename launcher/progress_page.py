@@ -46,7 +46,7 @@ def read(page) -> tuple:
 def encode(step: Optional[int], wall: float, scalars: dict) -> bytes:
     """A report: the step (a whole number, or None), the worker's clock, its finite numbers by name."""
     kept = {str(k)[:MAX_NAME]: float(v) for k, v in list(scalars.items())[:MAX_SCALARS]
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)}
     return json.dumps({"step": step, "t": wall, "scalars": kept}, separators=(",", ":")).encode()
 
 
@@ -61,9 +61,17 @@ def decode(body: bytes) -> Optional[dict]:
     step, wall, scalars = report.get("step"), report.get("t"), report.get("scalars")
     if step is not None and (type(step) is not int or not 0 <= step < 2**63):
         return None
-    if type(wall) not in (int, float) or not math.isfinite(wall) or not isinstance(scalars, dict):
+    if type(wall) not in (int, float) or not _finite(wall) or not isinstance(scalars, dict):
         return None
     kept = {k: float(v) for k, v in list(scalars.items())[:MAX_SCALARS]
             if isinstance(k, str) and len(k) <= MAX_NAME and k.isprintable()
-            and type(v) in (int, float) and math.isfinite(v)}
+            and type(v) in (int, float) and _finite(v)}
     return {"step": step, "t": float(wall), "scalars": kept}
+
+
+def _finite(number) -> bool:
+    """Whether a number is a finite float (an int past a float's range is not: float() of it raises)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False

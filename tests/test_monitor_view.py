@@ -63,3 +63,45 @@ def test_every_metric_the_grafana_dashboard_queries_is_one_the_launcher_exports(
     exported = {s.name for f in text_string_to_metric_families(metrics(made).decode()) for s in f.samples}
     assert named and named <= exported, named - exported
     assert {p["type"] for p in dashboard["panels"]} <= {"timeseries", "stat"}
+
+
+# ---------------------------------------------------------------- another node's view, as the network gives it
+
+from launcher.output.monitor_view import peer_view  # noqa: E402
+
+
+def test_a_peer_s_view_reads_back_as_its_rows():
+    made = view("running", "failed")
+    made = NodeView(**{**made.__dict__, "node": 1, "workers": (WorkerView(2, 0, "rank 2", 9, "running", 1, step=5,
+                                                                         step_seconds=0.25, last_line="step 5"),)})
+    row = peer_view(view_json(made), 1, "127.0.0.2")
+    assert row["error"] == "" and row["node_ip"] == "127.0.0.2" and row["health"].startswith("ok")
+    assert row["workers"] == [{"rank": 2, "label": "rank 2", "state": "running", "pid": 9, "restarts": 1, "step": 5,
+                               "step_seconds": 0.25, "last_line": "step 5"}]
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"", "not JSON"), (b"\xff\xfe", "not JSON"), (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+    (b'{"node": 1, "workers": [], "x": ' + b"9" * 5000 + b"}", "not JSON"),  # past int's digits
+    (b"[]", "not a node's view"), (b'{"node": 1, "workers": {}}', "not a node's view"),
+    (b'{"node": 0, "workers": []}', "another node"), (b'{"node": true, "workers": []}', "another node"),
+    (b'{"node": "1", "workers": []}', "another node"),
+])
+def test_what_a_peer_sends_that_is_not_its_view_is_a_row_saying_so(body, why):
+    row = peer_view(body, 1, "127.0.0.2")
+    assert why in row["error"] and row["workers"] == []
+    json.dumps(row, allow_nan=False)
+
+
+def test_a_peer_s_workers_are_kept_field_by_field():
+    workers = [{"rank": 0, "state": "running", "step_seconds": float("inf"), "last_line": "\x1b[2Jx" + "y" * 1000,
+                "label": ["no"], "pid": 2 ** 70, "restarts": "3", "step": 1.5},
+               {"rank": True}, {"rank": "1"}, "junk", None, {"rank": 1, "state": "<script>", "step_seconds": 2}]
+    text = json.dumps({"node": 1, "workers": workers + [{"rank": r} for r in range(2, 5000)]})
+    row = peer_view(text.encode(), 1, "h")
+    first, second = row["workers"][:2]
+    assert first == {"rank": 0, "label": "rank 0", "state": "running", "pid": None, "restarts": 0, "step": None,
+                     "step_seconds": None, "last_line": " [2Jx" + "y" * 295}
+    assert second["rank"] == 1 and second["state"] == "unknown" and second["step_seconds"] == 2.0
+    assert len(row["workers"]) <= 1024
+    json.dumps(row, allow_nan=False)  # what the page gets parses in a browser (no Infinity, no NaN)

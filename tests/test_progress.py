@@ -41,16 +41,19 @@ def test_half_a_report_is_never_taken():
     b'{"step": -1, "t": 1, "scalars": {}}', b'{"step": 1e3, "t": 1, "scalars": {}}', b'{"step": true, "t": 1, "scalars": {}}',
     b'{"step": 99999999999999999999999, "t": 1, "scalars": {}}', b'{"step": 1, "t": NaN, "scalars": {}}',
     b'{"step": 1, "t": "now", "scalars": {}}', b'{"step": 1, "t": 1, "scalars": []}', b"\xff\xfe",
+    b'{"step": 1, "t": 1' + b"0" * 400 + b', "scalars": {}}',  # an int past a float's range: float() of it raises
 ])
 def test_what_is_not_a_report_is_none(body):
     assert pp.decode(body) is None
 
 
 def test_scalars_are_kept_only_when_plain_and_bounded():
-    scalars = {"ok": 1.0, "\x1b[2J": 1.0, "x" * 65: 1.0, "inf": 1e999, "list": [1], "nested": {"a": 1}, "true": True}
+    scalars = {"ok": 1.0, "\x1b[2J": 1.0, "x" * 65: 1.0, "inf": 1e999, "list": [1], "nested": {"a": 1}, "true": True,
+               "huge": 10 ** 400}
     scalars.update({f"s{i}": i for i in range(100)})
     report = pp.decode(json.dumps({"step": None, "t": 0, "scalars": scalars}).encode())
-    assert report["step"] is None and report["scalars"]["ok"] == 1.0
+    assert report["step"] is None and report["scalars"]["ok"] == 1.0 and "huge" not in report["scalars"]
+    assert "huge" not in pp.decode(pp.encode(1, 0.0, scalars))["scalars"]  # the worker's side leaves it out too
     assert len(report["scalars"]) <= pp.MAX_SCALARS and all(k.isprintable() and len(k) <= pp.MAX_NAME for k in report["scalars"])
 
 

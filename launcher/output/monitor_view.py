@@ -6,6 +6,7 @@ follows /view.json's stream (/events, server-sent events). No socket here: ``lau
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -44,6 +45,7 @@ class NodeView:
     workers: tuple = ()  # WorkerView
     events: tuple = ()  # the last events (launcher.output.event_log's), oldest first
     heartbeats: dict = field(default_factory=dict)  # node -> seconds since heard (on the node that keeps them)
+    node_ips: tuple = ()  # every node's address, by node rank (the current round's, in an elastic job)
     status: dict = field(default_factory=dict)  # the status document
 
 
@@ -57,11 +59,63 @@ def health(view: NodeView) -> tuple:
         view.phase, "no worker is running")
 
 
-def view_json(view: NodeView) -> bytes:
+def view_json(view: NodeView, peers: Optional[tuple] = None) -> bytes:
+    """This node's view as JSON (what other nodes fetch); with ``peers``, the other nodes' rows too (the page's)."""
     doc = asdict(view)
     doc.pop("status")
     doc["health"] = health(view)[1]
-    return json.dumps(doc, default=str, ensure_ascii=True).encode()
+    if peers is not None:
+        doc["peers"] = list(peers)
+    return json.dumps(doc, default=str, ensure_ascii=True, allow_nan=False).encode()
+
+
+# ---------------------------------------------------------------- another node's view, as it came over the network
+
+PEER_WORKERS = 1024  # workers kept of one peer's view
+TEXT_WIDTH = 300  # characters kept of one of its texts
+
+
+def unreachable(node: int, host: str, why: str) -> dict:
+    """The row of a node whose view could not be had."""
+    return {"node": node, "node_ip": host, "phase": "", "health": "", "round": None, "workers": [],
+            "error": printable(why) or "no answer"}
+
+
+def peer_view(body: bytes, node: int, host: str) -> dict:
+    """What node ``node`` at ``host`` sent for its /view.json, kept where well formed: its phase, health, round and
+    workers (each worker's fields checked one by one). Never raises: junk is a row that says so."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, nested past the parser, a number past int's digits
+        return unreachable(node, host, "it sent what is not JSON")
+    if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+        return unreachable(node, host, "it sent what is not a node's view")
+    if _int(doc.get("node")) != node:
+        return unreachable(node, host, f"it answers as another node, not as node {node}")
+    workers = [w for w in map(_peer_worker, doc["workers"][:PEER_WORKERS]) if w is not None]
+    return {"node": node, "node_ip": host, "phase": printable(doc.get("phase")), "health": printable(doc.get("health")),
+            "round": _int(doc.get("round")), "workers": workers, "error": ""}
+
+
+def _peer_worker(doc) -> Optional[dict]:
+    if not isinstance(doc, dict) or _int(doc.get("rank")) is None:
+        return None
+    state = doc.get("state")
+    seconds = doc.get("step_seconds")
+    return {"rank": _int(doc["rank"]), "label": printable(doc.get("label")) or f"rank {_int(doc['rank'])}",
+            "state": state if state in STATES else "unknown", "pid": _int(doc.get("pid")),
+            "restarts": _int(doc.get("restarts")) or 0, "step": _int(doc.get("step")),
+            "step_seconds": float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            and math.isfinite(seconds) else None, "last_line": printable(doc.get("last_line"))}
+
+
+def _int(value) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63 else None
+
+
+def printable(value) -> str:
+    """A text cut to TEXT_WIDTH characters, each one not printable a space ("" for what is not a text)."""
+    return "".join(c if c.isprintable() else " " for c in value[:TEXT_WIDTH]) if isinstance(value, str) else ""
 
 
 def metrics(view: NodeView) -> bytes:
@@ -115,7 +169,7 @@ h1{font-size:1.2em;margin:0 0 .3em}
 table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #ddd;font-variant-numeric:tabular-nums}
 td.line{font-family:ui-monospace,monospace;white-space:pre;max-width:50em;overflow:hidden;text-overflow:ellipsis}
-tr.failed td{background:#fde2e2} tr.stopping td{background:#fff4d6} tr.succeeded td{color:#2a7a2a}
+tr.failed td,tr.unreachable td{background:#fde2e2} tr.stopping td{background:#fff4d6} tr.succeeded td{color:#2a7a2a}
 #events{font-family:ui-monospace,monospace;font-size:12px;color:#444;margin-top:1em;white-space:pre}
 #health.bad{color:#b00}
 </style></head><body>
@@ -136,19 +190,31 @@ function show(v) {
     (v.changes.silent || 0) + ", joined " + (v.changes.joined || 0) + ", left " + (v.changes.left || 0);
   const rows = document.getElementById("rows");
   const fresh = document.createElement("tbody"); fresh.id = "rows";
-  for (const w of v.workers) {
-    const tr = document.createElement("tr"); tr.className = w.state; tr.dataset.rank = w.rank;
-    cell(tr, w.label); cell(tr, v.node); cell(tr, w.state, "state"); cell(tr, w.pid === null ? "" : w.pid);
+  const all = v.workers.map(w => [v.node, w]);
+  const silent = [];
+  for (const p of v.peers || []) {
+    if (p.error) silent.push(p); else for (const w of p.workers) all.push([p.node, w]);
+  }
+  all.sort((a, b) => a[1].rank - b[1].rank);
+  for (const [node, w] of all) {
+    const tr = document.createElement("tr"); tr.className = w.state; tr.dataset.rank = w.rank; tr.dataset.node = node;
+    cell(tr, w.label); cell(tr, node); cell(tr, w.state, "state"); cell(tr, w.pid === null ? "" : w.pid);
     cell(tr, w.restarts); cell(tr, w.step === null ? "" : w.step);
     cell(tr, w.step_seconds === null ? "" : w.step_seconds.toFixed(3)); cell(tr, w.last_line, "line");
     fresh.appendChild(tr);
+  }
+  for (const p of silent) {
+    const tr = document.createElement("tr"); tr.className = "unreachable"; tr.dataset.node = p.node;
+    cell(tr, "node " + p.node); cell(tr, p.node + " (" + p.node_ip + ")"); cell(tr, "unreachable", "state");
+    for (let i = 0; i < 4; i++) cell(tr, "");
+    cell(tr, p.error, "line"); fresh.appendChild(tr);
   }
   rows.replaceWith(fresh);
   document.getElementById("events").textContent = v.events.map(e =>
     new Date(e.time * 1000).toISOString() + " " + e.event + (e.rank !== undefined ? " rank " + e.rank : "") +
     (e.member ? " " + e.member : "") + (e.cause ? ": " + e.cause : "") + (e.reason ? ": " + e.reason : "")).join("\\n");
 }
-function poll() { fetch("view.json").then(r => r.json()).then(show).catch(() => {}).finally(() => setTimeout(poll, 1000)); }
+function poll() { fetch("job.json").then(r => r.json()).then(show).catch(() => {}).finally(() => setTimeout(poll, 1000)); }
 if (window.EventSource) {
   const source = new EventSource("events");
   source.onmessage = m => show(JSON.parse(m.data));

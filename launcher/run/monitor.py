@@ -4,8 +4,8 @@ launch: the event loop publishes a ``NodeView`` (immutable) about twice a second
 What a client can do to it is bounded: at most MAX_CLIENTS connections (one more is closed at once), a request's
 head at most HEAD_LIMIT bytes, the whole exchange REQUEST_WAIT seconds (the rest of a huge request is never read),
 and at most SEND_LIMIT bytes waiting for a stream's client that does not read (then it is dropped). No client can stall the launcher,
-its logs or the other clients. Paths: /metrics, /healthz, /status.json, /view.json, /events (server-sent events of
-/view.json), / (the live page)."""
+its logs or the other clients. Paths: /metrics, /healthz, /status.json, /view.json, /job.json (this node's view and
+the other nodes' rows: ``launcher.run.job_view``), /events (server-sent events of /job.json), / (the live page)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from launcher.host.preflight import monitor_listener
 from launcher.output import monitor_view
 from launcher.output.messages import log
+from launcher.run.job_view import JobViews
 
 MAX_CLIENTS = 64
 HEAD_LIMIT = 8192
@@ -45,6 +46,8 @@ class Monitor:
         self.clock = clock  # prometheus_client is there: launcher.host.preflight.check_monitor said so
         self.listener = monitor_listener(host, port)
         self.host, self.port = host, self.listener.getsockname()[1]
+        # the other nodes serve at the same port: known when it was given, not when each node picked a free one
+        self.job_views = JobViews(port, self._wake) if port else None
         self.view: Optional[monitor_view.NodeView] = None
         self.published = float("-inf")
         self.clients: dict = {}  # fd -> Client
@@ -69,7 +72,10 @@ class Monitor:
     def close(self) -> None:
         self.stopped = True
         self._wake()
-        self.thread.join(timeout=5)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout=5)
+        if self.job_views is not None:
+            self.job_views.close()
         for client in list(self.clients.values()):
             client.sock.close()
         self.listener.close()
@@ -87,7 +93,7 @@ class Monitor:
     def _serve(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ, "listener")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
-        sent_view = None
+        sent_view = sent_peers = None
         while not self.stopped:
             for key, mask in self.selector.select(self._timeout()):
                 if key.data == "listener":
@@ -98,13 +104,29 @@ class Monitor:
                     self._ready(key.data, mask)
             now = self.clock()
             view = self.view
+            streaming = any(c.streaming for c in self.clients.values())
+            peers = self._peers(view, watched=streaming)
+            fresh = view is not sent_view or peers != sent_peers
             for client in list(self.clients.values()):
-                if client.streaming and (view is not sent_view or now - client.sent_at >= KEEP_ALIVE):
-                    self._send(client, _event(view) if view is not sent_view else b": still here\n\n", now)
+                if client.streaming and (fresh or now - client.sent_at >= KEEP_ALIVE):
+                    self._send(client, _event(view, peers) if fresh else b": still here\n\n", now)
                 elif not client.streaming and now - client.since > REQUEST_WAIT:
                     self._drop(client)
-            sent_view = view
+            sent_view, sent_peers = view, peers
         self.selector.close()
+
+    def _peers(self, view, watched: bool) -> Optional[tuple]:
+        """The other nodes' rows (fetched while ``watched``: a page or a /job.json client is there)."""
+        if view is None:
+            return None
+        others = [(node, ip) for node, ip in enumerate(view.node_ips) if node != view.node]
+        if self.job_views is None:
+            return tuple(monitor_view.unreachable(node, ip, "the job's page needs the same fixed --monitor_port on "
+                                                  "every node (this one picked a free port)") for node, ip in others)
+        if watched and others:
+            self.job_views.want(others)
+        rows = {row["node"]: row for row in self.job_views.latest()}
+        return tuple(rows.get(node) or monitor_view.unreachable(node, ip, "not heard from yet") for node, ip in others)
 
     def _timeout(self) -> float:
         return 1.0 if self.clients else 60.0
@@ -165,7 +187,8 @@ class Monitor:
             client.streaming = True
             client.out += (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
                            b"Connection: keep-alive\r\n\r\n")
-            return self._send(client, _event(view) if view is not None else b": starting\n\n", self.clock())
+            return self._send(client, _event(view, self._peers(view, watched=True)) if view is not None
+                              else b": starting\n\n", self.clock())
         if view is None and path not in ("/", "/favicon.ico"):
             return self._answer(client, 503, b"starting\n", "text/plain")
         routes = {
@@ -173,11 +196,12 @@ class Monitor:
             "/healthz": lambda: _health(view),
             "/status.json": lambda: (200, _json(view.status), "application/json"),
             "/view.json": lambda: (200, monitor_view.view_json(view), "application/json"),
+            "/job.json": lambda: (200, monitor_view.view_json(view, self._peers(view, watched=True)), "application/json"),
             "/": lambda: (200, monitor_view.PAGE, "text/html; charset=utf-8"),
             "/favicon.ico": lambda: (204, b"", "image/x-icon"),
         }
         if path not in routes:
-            return self._answer(client, 404, b"no such page: /, /metrics, /healthz, /status.json, /view.json, /events\n",
+            return self._answer(client, 404, b"no such page: /, /metrics, /healthz, /status.json, /view.json, /job.json, /events\n",
                                 "text/plain")
         code, body, kind = routes[path]()
         self._answer(client, code, body if line[0] == b"GET" else b"", kind, len(body))
@@ -219,8 +243,8 @@ class Monitor:
         client.sock.close()
 
 
-def _event(view) -> bytes:
-    return b"data: " + monitor_view.view_json(view) + b"\n\n"
+def _event(view, peers) -> bytes:
+    return b"data: " + monitor_view.view_json(view, peers) + b"\n\n"
 
 
 def _health(view) -> tuple:

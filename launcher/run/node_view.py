@@ -7,10 +7,8 @@ from __future__ import annotations
 from typing import Optional
 
 from launcher.output import state_file
-from launcher.output.monitor_view import NodeView, WorkerView
+from launcher.output.monitor_view import NodeView, WorkerView, printable
 from launcher.plan import policy
-
-LINE_WIDTH = 300  # characters of a worker's last line on the page
 
 
 def build(launch, job, group=None, state: Optional[policy.State] = None) -> NodeView:
@@ -25,7 +23,7 @@ def build(launch, job, group=None, state: Optional[policy.State] = None) -> Node
         round=events.round, changes={kind: events.counts.get(f"member_{kind}", 0) for kind in ("lost", "silent",
                                                                                             "joined", "left")},
         reason=_reason(last_stop, workers), workers=workers, events=tuple(events.recent),
-        heartbeats=job.heartbeat_ages(),
+        heartbeats=job.heartbeat_ages(), node_ips=tuple(plan.node_ips),
         status={"nodes": [state_file.document(record, "running, this launcher")]})
 
 
@@ -61,7 +59,7 @@ def _last_line(output) -> str:
         return ""
     text = lines[-1] if lines else ""
     text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
-    return "".join(c if c.isprintable() else " " for c in text)[:LINE_WIDTH]
+    return printable(text)
 
 
 def _reason(last_stop: Optional[dict], workers: tuple) -> str:

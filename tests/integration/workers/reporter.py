@@ -3,7 +3,8 @@
     reporter.py FOLDER
 
 With REPORTER_TOTAL_STEPS=N its reports carry total_steps=N. It ends at FOLDER/stop; with REPORTER_SLOW_STOP=1, 20 s after SIGTERM. With FOLDER/stall.RANK present, that rank stops reporting (but goes on printing) from step 5 on; with
-FOLDER/fail.RANK present, that rank exits 3 at step 3 of its first attempt (TORCHELASTIC_RESTART_COUNT 0).
+FOLDER/fail.RANK present, that rank exits 3 at step 3 of its first attempt (TORCHELASTIC_RESTART_COUNT 0), or at the step
+after, when the file comes later.
 FOLDER/fd.RANK: the descriptor number it was given for its progress page (or "none")."""
 
 import os
@@ -24,7 +25,7 @@ if os.environ.get("REPORTER_SLOW_STOP"):  # a stop takes it 20 s: the page shows
 for step in range(500):
     if (folder / "stop").exists():
         break
-    if step == 3 and first and (folder / f"fail.{rank}").exists():
+    if step >= 3 and first and (folder / f"fail.{rank}").exists():
         sys.exit(3)
     if not (step >= 5 and (folder / f"stall.{rank}").exists()):
         report(step=step, loss=1.0 / (step + 1), lr=0.1, **totals)
