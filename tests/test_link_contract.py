@@ -174,3 +174,21 @@ def test_the_keepers_loss_ends_the_job_or_another_launcher_keeps_it(backend):
     else:
         rounds = next_round_after_stop(harness, others, 1)
         assert all(keeper.node_id not in ids(r) and len(r.members) == 2 for r in rounds)
+
+
+def test_a_c10d_member_that_leaves_is_counted_as_left_not_lost():
+    """A member's launcher that ends (a stop signal) tells node 0 before its connection closes, so the next round
+    names it as left. (etcd cannot tell a revoked lease from an expired one: there, it is lost.)"""
+    harness = BACKENDS["c10d"](2, 3)
+    try:
+        links = harness.form(3)
+        harness.serve()
+        leaving = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 2)
+        survivors = [x for x in links if x is not leaving]
+        leaving.leave(143, "node 2 received SIGTERM: this node leaves the job")
+        harness.quiet.add(id(leaving))
+        leaving.close()
+        (change,) = next_round_after_stop(harness, survivors, 1)[0].changes
+        assert (change.node_id, change.kind) == (leaving.node_id, "left") and "SIGTERM" in change.reason
+    finally:
+        harness.close()

@@ -215,7 +215,7 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
         standbys = Row(n for n in state.standbys if n != node)
         state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard)
         return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
-    text = f"{node.label} lost: {reason}"
+    text = f"{node.label} {'left' if LEAVES in reason else 'lost'}: {reason}"
     if state.standbys:
         substitute, standbys = state.standbys[0], Row(state.standbys[1:])
         members = Row(substitute if n == node else n for n in state.members)

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, Optional, Union
 
+from launcher.nodes.transport.values import as_attempt, as_code, as_flag, as_strict_int, as_text, as_texts
 from launcher.plan.policy import Cause
 
 LISTED_NODES = 256  # a job of more nodes names them in its hello by their digest
@@ -246,6 +247,14 @@ class RoundFailed:
 
 
 @dataclass(frozen=True)
+class Leaving:
+    """A member to node 0: its launcher ends (a stop signal): it left the job, it is not lost."""
+
+    type: ClassVar[str] = "leaving"
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
 class Dropped:
     """Node 0 to a launcher it counts out of the job: end with ``code``, saying ``reason``."""
 
@@ -285,7 +294,8 @@ class Unknown:
 
 
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Dropped, Join, NodeList, Unknown]
+                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Join, NodeList,
+                Unknown]
 
 OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
@@ -305,37 +315,8 @@ def to_wire(message: Message) -> dict:
     return wire
 
 
-def as_attempt(value) -> Optional[int]:
-    """An attempt number as node 0 compares it (1.0 and True are 1); None for anything else."""
-    if isinstance(value, bool) or type(value) is int:
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def as_strict_int(value) -> Optional[int]:
-    return value if type(value) is int else None
-
-
-def as_text(value) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def as_code(value) -> int:
-    return value if type(value) is int and 0 <= value <= 255 else 1
-
-
 def as_cause(value) -> Optional[Cause]:
     return Cause.from_dict(value) if value else None
-
-
-def as_texts(value) -> Optional[list]:
-    return value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
-
-
-def as_flag(value) -> Optional[bool]:
-    return value if isinstance(value, bool) else None
 
 
 def as_members(value) -> Optional[tuple]:
@@ -387,6 +368,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
     "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),
     "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
+    "leaving": lambda m: Leaving(as_text(m.get("reason"))),
     "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
     "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
                            as_text(m.get("nonce")), as_text(m.get("proof"))),

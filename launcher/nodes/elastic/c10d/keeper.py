@@ -27,6 +27,7 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, StopOrder
 from launcher.nodes.transport.connection import pending_cap
+from launcher.plan.policy import one_line
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
@@ -269,6 +270,8 @@ class Keeper(LinkBase):
             self.decide(mb.RoundDone(node_id, message.round))
         elif isinstance(message, m.RoundFailed) and message.round is not None:
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
+        elif isinstance(message, m.Leaving):  # counted out now, as left (not lost), before its connection closes
+            self.forget(fd, "it left", lost=f"{one_line(message.reason or 'its launcher ends', 200)}; {mb.LEAVES}")
 
     def on_hello(self, fd: int, peer: Peer, message) -> None:
         if self.over or not isinstance(message, m.Hello) or message.node_id is None:

@@ -18,8 +18,8 @@ import socket
 import time
 from typing import Optional
 
-from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, LinkBase, Report, StartFailed, StopOrder,
-                                         member, own_id, place_in)
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, StartFailed,
+                                         StopOrder, member, own_id, place_in)
 from launcher.nodes.transport import auth, messages as m, wire
 from launcher.nodes.transport.connection import RETRY_EVERY
 from launcher.output.messages import log
@@ -181,8 +181,7 @@ class MemberLink(LinkBase):
         super().serve()
 
     def leave(self, code: int, reason: str) -> None:
-        self.stopping = True  # its connection closes: node 0 counts this node out
-        super().leave(code, reason)
+        super().leave(code, reason)  # the link's thread tells node 0 (Leaving), then closes the connection
 
     def release(self) -> None:
         if self.selector is not None:
@@ -200,6 +199,8 @@ class MemberLink(LinkBase):
             over = JobOver(1, f"this launcher's link to node 0 failed ({type(e).__name__}: {e})")
         if over is not None:
             self.inbox.put(over)
+        for item in self.waker.take():  # a leave asked as the thread stopped: node 0 still hears of it
+            self._waked(item)
 
     def _serve_once(self) -> Optional[JobOver]:
         now = self.clock()
@@ -215,13 +216,21 @@ class MemberLink(LinkBase):
         for key, _ in self.selector.select(min(wait, 1.0)):
             if key.fileobj == self.waker.read_fd:
                 for item in self.waker.take():
-                    if isinstance(item, Report):
-                        self._send(REPORTS[item.kind](item))
+                    self._waked(item)
                 continue
             over = self._read()
             if over is not None:
                 return over
         return None
+
+    def _waked(self, item) -> None:
+        """What the event loop asked of the link's thread: a report to send, or to leave (node 0 counts this node
+        as left, not lost; the connection closes once the thread ends)."""
+        if isinstance(item, Report):
+            self._send(REPORTS[item.kind](item))
+        elif isinstance(item, Leave) and self.sock.fileno() >= 0:
+            self._send(m.Leaving(item.reason))
+            self.stopping = True
 
     def _read(self) -> Optional[JobOver]:
         try:
