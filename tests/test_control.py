@@ -137,6 +137,20 @@ def test_a_wrong_token_is_refused_and_the_right_one_joins():
         right.close()
 
 
+def test_the_hub_tells_how_long_ago_each_node_was_heard():
+    port = free_port()
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=30, join_timeout=10, token=None)
+    spoke = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=30, join_timeout=10, token=None)
+    try:
+        assert hub.heard_ages(time.monotonic()) == {}
+        pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
+        heard = hub.connections[hub.peers[1]].heard + hub.away  # the hub's clock, at its last word from node 1
+        assert hub.heard_ages(heard + 2.5) == {1: 2.5}
+    finally:
+        hub.close()
+        spoke.close()
+
+
 def test_silence_is_a_lost_node_after_the_heartbeat_timeout():
     port = free_port()
     hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=1, join_timeout=10, token=None)

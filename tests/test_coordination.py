@@ -78,6 +78,9 @@ class FakeHub(FakeChannel):
     def joined(self) -> set:
         return set(self.peers)
 
+    def heard_ages(self, now: float) -> dict:
+        return {node: 1.5 for node in self.peers}
+
 
 class FakeSpoke(FakeChannel):
     """Another node's end (a channel.SpokeChannel); ``sent`` holds what went to node 0."""
@@ -529,3 +532,8 @@ def test_the_real_channel_ends_and_the_fakes_offer_what_the_protocols_name(proto
         assert all(hasattr(spoke, name) for name in data)
     else:
         assert "self.ever_joined" in inspect.getsource(Hub.__init__)
+
+
+def test_node_0_tells_each_joined_node_s_heartbeat_age_by_its_index():
+    node0 = Leader(plan(0, 3), FakeHub([1, 2]), FakeClock())
+    assert node0.heartbeat_ages() == {"1": 1.5, "2": 1.5}

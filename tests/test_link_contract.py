@@ -192,3 +192,14 @@ def test_a_c10d_member_that_leaves_is_counted_as_left_not_lost():
         assert (change.node_id, change.kind) == (leaving.node_id, "left") and "SIGTERM" in change.reason
     finally:
         harness.close()
+
+
+def test_heartbeat_ages_are_the_keeper_s_with_c10d_and_each_launcher_s_own_with_etcd(backend):
+    harness, links = formed(backend)
+    harness.tick(3)  # a few beats
+    ages = [link.heartbeat_ages() for link in links]
+    if isinstance(harness, BACKENDS["etcd"]):  # etcd keeps the leases: each launcher tells how long since its own renewal
+        assert all(set(a) == {link.node_id} and a[link.node_id] >= 0 for a, link in zip(ages, links))
+    else:  # node 0 hears the members' beats: it tells theirs, the others none
+        (keeper,) = [a for a in ages if a]
+        assert len(keeper) == 2 and all(age >= 0 for age in keeper.values())

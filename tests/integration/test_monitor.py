@@ -207,3 +207,40 @@ def test_node_0_of_a_c10d_job_tells_each_member_s_heartbeat_age(tmp_path):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.communicate()
+
+
+def test_node_0_of_a_fixed_job_tells_node_1_s_heartbeat_age_and_shows_its_ranks(tmp_path):
+    """Two launchers (127.0.0.1, 127.0.0.2) with the same --monitor_port: node 0's /metrics has node 1's heartbeat
+    age, and its /job.json node 1's rows (fetched by node 0's launcher from node 1's monitor)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from conftest import listening
+
+    port, monitor = free_ports(3), free_ports(1)
+    procs = [start_launcher("--cluster_node_ips", "127.0.0.1,127.0.0.2", "--node_ip", ip, "--started_port", port,
+                            "--nproc_per_node", 2, "--monitor_port", monitor, REPORTER, tmp_path)
+             for ip in ("127.0.0.2", "127.0.0.1")]
+    url = f"http://127.0.0.1:{monitor}/"
+    try:
+        wait_for(lambda: listening("127.0.0.1", monitor), WAIT, "node 0's monitor")
+
+        def ages():
+            code, text = get(url + "metrics")
+            return {s.labels["node"]: s.value for f in text_string_to_metric_families(text.decode()) for s in f.samples
+                    if s.name == "launcher_node_heartbeat_age_seconds"} if code == 200 else {}
+        wait_for(lambda: "1" in ages(), WAIT, "node 1's heartbeat age on node 0")
+        assert set(ages()) == {"1"} and 0 <= ages()["1"] < 60
+
+        def peer_ranks():
+            code, body = get(url + "job.json")
+            peers = json.loads(body).get("peers", []) if code == 200 else []
+            return [w["rank"] for p in peers for w in p["workers"]]
+        wait_for(lambda: peer_ranks() == [2, 3], WAIT, "node 1's ranks in node 0's /job.json")
+    finally:
+        (tmp_path / "stop").touch()
+        for proc in procs:
+            try:
+                proc.communicate(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()

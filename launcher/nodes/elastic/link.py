@@ -148,7 +148,7 @@ class Link(Protocol):
 
     def serve(self) -> None: ...  # start the link's thread (after the first round)
 
-    def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard, on the c10d keeper; else {}
+    def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard: the c10d keeper's; etcd: its own
 
     def stopped(self, round_: int) -> None: ...  # this node's workers of the round are gone
 

@@ -93,6 +93,9 @@ class HubChannel(Channel, Protocol):
     def joined(self) -> set:
         """The nodes joined now."""
 
+    def heard_ages(self, now: float) -> dict:
+        """node -> seconds since it was last heard, at ``now``."""
+
 
 class SpokeChannel(Channel, Protocol):
     """Every other node's end: its one connection to node 0."""

@@ -125,6 +125,10 @@ class Leader(_Peered):
         self.finished = False  # parameter-server mode: every node was told to stop its servers (Finish)
         self.held = held_by(plan) if plan.parameter_server else ()  # per node: (its server ids, its trainer ids)
 
+    def heartbeat_ages(self) -> dict:
+        """Node 0 keeps the heartbeats: seconds since each joined node was last heard, by its node index."""
+        return {str(node): age for node, age in sorted(self.channel.heard_ages(self.clock()).items())}
+
     def local_cause(self, cause: Cause) -> None:
         self._root(cause)
 

@@ -165,6 +165,13 @@ class Hub(Endpoint):
     def joined(self) -> set:
         return set(self.peers)
 
+    def heard_ages(self, now: float) -> dict:
+        """node -> seconds since it was last heard, at ``now`` on this node's clock of attention (its loop's lag
+        left out)."""
+        awake = now - self.away
+        return {node: max(0.0, awake - self.connections[fd].heard) for node, fd in self.peers.items()
+                if fd in self.connections}
+
     def close(self) -> None:
         super().close()
         self.listener.close()

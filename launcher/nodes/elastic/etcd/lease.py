@@ -58,6 +58,10 @@ class Lease:
                                   "and password, or its certificates (--rdzv-conf).") from None
         self.kept = self.next_beat = self.clock()
 
+    def age(self) -> float:
+        """Seconds since etcd last renewed the lease."""
+        return max(0.0, self.clock() - self.kept)
+
     def may_retry(self) -> bool:
         """Whether a request that failed may be tried again before the lease would lapse."""
         return self.clock() - self.kept + RETRY_EVERY < self.spec.rendezvous.heartbeat_timeout

@@ -1,19 +1,17 @@
-"""Every launcher's link to an elastic job whose membership is in etcd (``--rdzv-backend etcd``): no
-launcher is special, so any node, the first included, may be lost and the others go on.
+"""Every launcher's link to an elastic job whose membership is in etcd (``--rdzv-backend etcd``): no launcher is special,
+so any node, the first included, may be lost and the others go on.
 
-Each launcher puts its node key under a lease of its own (its heartbeat: kept alive every
-``keep_alive_interval``, TTL ``heartbeat_timeout``), watches the job's prefix, and keeps a mirror of
-its keys. The live launcher whose key is the oldest is the keeper: it runs the membership's rules
-(``etcd_state.reconcile`` over ``membership.decide``) on what the keys say and writes the record,
-in a transaction guarded by the record's last revision and its own key; when it is lost (its lease
-expires, or it leaves), the next oldest takes the record over and goes on. Every launcher reads its
-orders from the record (``etcd_state.view``) and passes them to its event loop's ``Inbox``, as the
-other backend's links do: a round to start, a round's workers to stop, the job's end.
+Each launcher puts its node key under a lease of its own (its heartbeat: kept alive every ``keep_alive_interval``, TTL
+``heartbeat_timeout``), watches the job's prefix, and keeps a mirror of its keys. The live launcher whose key is the
+oldest is the keeper: it runs the membership's rules (``etcd_state.reconcile`` over ``membership.decide``) on what the
+keys say and writes the record, in a transaction guarded by the record's last revision and its own key; when it is
+lost (its lease expires, or it leaves), the next oldest takes the record over and goes on. Every launcher reads its
+orders from the record (``etcd_state.view``) and passes them to its event loop's ``Inbox``, as the other backend's
+links do: a round to start, a round's workers to stop, the job's end.
 
-A launcher that cannot renew its lease for ``heartbeat_timeout`` (etcd does not answer, answers
-too slowly, has no leader) or finds its lease expired is out of the job: its workers are stopped
-and it exits 1, saying so; the others have re-formed without it. At the job's end each launcher
-revokes its lease, and the last one removes the job's keys.
+A launcher that cannot renew its lease for ``heartbeat_timeout`` (etcd does not answer, answers too slowly, has no
+leader) or finds its lease expired is out of the job: its workers are stopped and it exits 1, saying so; the others
+have re-formed without it. At the job's end each launcher revokes its lease, and the last one removes the job's keys.
 """
 
 from __future__ import annotations
@@ -133,6 +131,9 @@ class EtcdLink(LinkBase):
 
     def serve(self) -> None:
         pass  # the thread runs from start()
+
+    def heartbeat_ages(self) -> dict:  # etcd keeps the heartbeats (the leases): each launcher tells its own
+        return {self.node_id: self.lease.age()}
 
     def release(self) -> None:
         if self.ring is not None:
