@@ -3,7 +3,7 @@
 
     python bench/scale.py [--nodes 128] [--backends fixed,c10d,etcd] [--etcd HOST:PORT] [--idle S]
                           [--only up,idle,fail,silent] [--side ours|torchrun] [--up-bound S] [--json FILE]
-                          [--keep DIR] [--monitor [--scrape S]]
+                          [--keep DIR] [--monitor [--scrape S]] [--watch]
 
 Backends (every launcher given the same line but its address):
 
@@ -20,7 +20,11 @@ counts as lost. On a cluster each launcher has a machine of its own.
 
 ``--monitor``: every launcher with ``--monitor_port 0``, and (``--scrape S``, 5) a thread that reads every launcher's
 /metrics every S seconds from the moment all are up to the end of the job (the ``scraped`` figures: answers and
-failures: a launcher that had ended by then counts as one), as a Prometheus would while the job idles and stops.
+failures: a launcher that had ended by then counts as one), as a Prometheus would while the job idles and stops. ``--watch``: every launcher with the same fixed
+``--monitor_port`` instead, and node 0's job page watched from the moment all are up to the end (its /events stream
+read, as a browser would): node 0's launcher then fetches every other launcher's view every 2 s (the ``watched``
+figures: events read, and how many of the other nodes' rows in the last one came without an error). The fixed backend
+only: the elastic ones' launchers share the address 127.0.0.1 here, so they cannot share a port.
 ``--side torchrun`` runs torchrun's agents instead, for c10d (``--rdzv-backend c10d``) and etcd (``etcd-v2``).
 The first launcher starts 0.5 s before the others (it binds the endpoint; with etcd its key is the oldest).
 
@@ -41,6 +45,7 @@ Every wait is bounded; after each job every launcher gets SIGTERM, then whatever
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -72,13 +77,15 @@ class Nodes:
     """N launchers of one job and the workers they started."""
 
     def __init__(self, side: str, backend: str, count: int, folder: Path, etcd: Optional[str], ports,
-                 heartbeat: float = 30.0, monitor: bool = False) -> None:
+                 heartbeat: float = 30.0, monitor: bool = False, watch: bool = False) -> None:
         self.side, self.backend, self.count, self.folder, self.heartbeat = side, backend, count, folder, heartbeat
-        self.monitor = ["--monitor_port", "0"] if monitor and side == "ours" else []  # every launcher serves its view
         self.ready_dir = folder / "ready"
         self.ready_dir.mkdir(parents=True)
         block = ports.reserve_block(2 * count + 8)
         self.port = block + 1
+        self.watch_port = block + 2 * count + 6 if watch and backend == "fixed" else None  # every launcher's monitor
+        self.monitor = [] if side != "ours" else ["--monitor_port", str(self.watch_port)] if self.watch_port else \
+            ["--monitor_port", "0"] if monitor else []  # every launcher serves its view
         self.etcd = etcd
         self.job_id = f"scale-{os.getpid()}-{time.monotonic_ns()}"
         self.runs: list = []
@@ -224,6 +231,33 @@ class Scraper:
         return {"nodes": len(self.urls), "ok": self.ok, "failed": self.failed}
 
 
+class Watcher:
+    """With --watch: node 0's /events read in a thread (as its page in a browser would), until ``stop``; the events
+    read, and how many of the other nodes' rows in the last one came without an error."""
+
+    def __init__(self, nodes: Nodes) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", nodes.watch_port, timeout=30)
+        self.events, self.last = 0, None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.connection.request("GET", "/events")
+            answer = self.connection.getresponse()
+            for line in answer:
+                if line.startswith(b"data: "):
+                    self.events, self.last = self.events + 1, line
+        except (OSError, http.client.HTTPException):
+            pass
+
+    def stop(self) -> dict:
+        self.connection.close()
+        self.thread.join(timeout=60)
+        peers = json.loads(self.last[6:]).get("peers", []) if self.last else []
+        return {"events": self.events, "peers_answering": sum(1 for p in peers if not p["error"]), "of": len(peers)}
+
+
 def monitor_url(stderr_path: Path) -> Optional[str]:
     try:
         text = stderr_path.read_text(errors="replace")
@@ -237,7 +271,8 @@ def job_a(nodes: Nodes, args) -> dict:
     began = nodes.start()
     up_at, workers = nodes.wait_ready(nodes.count, args.up_bound)
     out = {"up_s": round(up_at - began, 2)}
-    scraper = Scraper(nodes, args.scrape) if nodes.monitor and args.scrape else None
+    scraper = Scraper(nodes, args.scrape) if nodes.monitor and args.scrape and not nodes.watch_port else None
+    watcher = Watcher(nodes) if nodes.watch_port and nodes.monitor else None
     if "idle" in args.only:
         time.sleep(SETTLE_S)
         zero = nodes.runs[0].proc.pid
@@ -261,6 +296,8 @@ def job_a(nodes: Nodes, args) -> dict:
         out["fail"] = {**spread(list(gone.values()), killed), "stopped": len(gone), "of": len(rest)}
     if scraper is not None:
         out["scraped"] = scraper.stop()
+    if watcher is not None:
+        out["watched"] = watcher.stop()
     return out
 
 
@@ -292,7 +329,7 @@ def run_backend(backend: str, args, root: Path) -> dict:
             if name == "a" and not ({"up", "idle", "fail"} & set(args.only)) or name == "b" and "silent" not in args.only:
                 continue
             nodes = Nodes(args.side, backend, args.nodes, root / f"{backend}-{name}", args.etcd, ports, args.heartbeat,
-                          args.monitor)
+                          args.monitor, args.watch)
             try:
                 result.update(job(nodes, args))
             except harness.BenchError as e:
@@ -317,6 +354,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--side", choices=("ours", "torchrun"), default="ours")
     p.add_argument("--monitor", action="store_true", help="every launcher with --monitor_port 0 (ours only)")
     p.add_argument("--scrape", type=float, default=5.0, help="with --monitor: every launcher's /metrics read every S s")
+    p.add_argument("--watch", action="store_true", help="every launcher with one fixed --monitor_port, node 0's page "
+                   "watched (ours only)")
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None)
     args = p.parse_args(argv)

@@ -130,7 +130,8 @@ def test_a_node_powered_off_leaves_the_others_running_even_the_keeper(tmp_path, 
     for code, out, err in results:
         assert code == 0, err
         assert "round 2 (lost): 2 node(s), world size 2" in err
-        assert "its key in etcd is gone" in err  # how soon (the lease's expiry): bench/elastic.py --etcd, power-off
+        # found by the liveness ring, not by its lease's expiry (how soon: bench/elastic.py --etcd, power-off)
+        assert "lost: its launcher is gone (its connection in the liveness ring closed)" in err
     second = [r for r in records(tmp_path) if r["world"] == 2]
     assert sorted(r["rank"] for r in second) == [0, 1]
     if first:
@@ -161,7 +162,24 @@ def test_a_silent_node_is_lost_within_the_heartbeat_timeout(tmp_path, etcd):
     for code, out, err in results:
         assert code == 0, everything
         assert "round 2 (lost): 2 node(s), world size 2" in err
+        assert "lost: no heartbeat for 2 s: its lease in etcd expired" in err
     assert_all_gone(stopped + [p.pid for p in procs])
+
+
+def test_a_node_that_leaves_on_sigterm_is_counted_as_left(tmp_path, etcd):
+    """The launcher tells why before its lease is revoked (``departures``): every event log names it as left."""
+    with nodes(3, etcd_line(etcd.endpoints, tmp_path, "--log_dir", tmp_path / "logs", hold=True)) as procs:
+        workers = ready(tmp_path, 3)
+        leaving = next(p for p in procs if worker_of(p, workers) == workers[2])
+        leaving.terminate()
+        leaving.communicate(timeout=60)
+        (tmp_path / "go").touch()
+        results = finish_all([p for p in procs if p is not leaving], timeout=120)
+    for code, out, err in results:
+        assert code == 0, err
+        assert "left: " in err and "; it leaves the job" in err, err
+    events = [json.loads(line) for line in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"].startswith("member_")] == ["member_left"] * 2
 
 
 def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):

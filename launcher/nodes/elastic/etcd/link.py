@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import departures, state as es
+from launcher.nodes.elastic.etcd.mirror import Mirror
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
 from launcher.nodes.elastic.link import JobOver, Leave, LinkBase, Report, StartFailed, StopOrder, own_id, place_in
@@ -69,7 +70,7 @@ class EtcdLink(LinkBase):
         self.lease = Lease(client, spec, clock, self.where)
         self.ring = Ring() if ring else None  # finds a launcher whose process is gone before its lease expires
         self.created = 0  # this launcher's node key's create revision
-        self.mirror: dict = {}  # key -> Entry: the job's keys as this launcher last heard them (``_span``)
+        self.mirror = Mirror(self.prefix, token, job_id)  # the job's keys as this launcher last heard them (``_span``)
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
         self.watcher = None
         self.record: Optional[es.Record] = None  # the keeper's (this launcher's while it keeps the membership)
@@ -77,7 +78,6 @@ class EtcdLink(LinkBase):
         self.encoded = ""  # the orders in the record as this keeper wrote it last (es.orders)
         self.fed: set = set()
         self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
-        self.parsed: dict = {}  # Entry (a key's version) -> its value as read (_parsed)
         self.given_round = self.given_stop = 0
         self.over_given = self.said_standby = self.said_unproven = self.ended = False
 
@@ -136,9 +136,9 @@ class EtcdLink(LinkBase):
         return {self.node_id: self.lease.age()}
 
     def release(self) -> None:
+        self._leave_etcd()  # first: the launcher before it in the ring finds its key gone, not its ring closed
         if self.ring is not None:
             self.ring.close()
-        self._leave_etcd()
 
     # ------------------------------------------------------------ the link's thread
 
@@ -160,9 +160,13 @@ class EtcdLink(LinkBase):
     def _revoke(self, gone: list) -> None:
         """Launchers whose process is gone (the ring found it): their leases revoked, their keys gone for every watch."""
         for peer in gone:
-            joiner = self._alive().get(peer.node_id)
+            joiner = self.mirror.alive().get(peer.node_id)
             if joiner is not None and joiner.lease == peer.lease:
                 log.warning("elastic job: node %s (%s) is gone (its connection closed)", peer.node_id, joiner.node.host)
+                try:  # why, first: a keeper that sees its key gone has seen this too
+                    self._mark_gone(peer.node_id, departures.LOST, "its connection in the liveness ring closed")
+                except (Unavailable, Refused):
+                    pass  # its key goes all the same: a loss, told as a silence
                 try:
                     self.client.revoke(peer.lease)
                 except (Unavailable, Refused) as e:
@@ -178,15 +182,15 @@ class EtcdLink(LinkBase):
         for item in self.waker.take():
             if isinstance(item, Report):
                 self._report(item.kind, item.round, item.code, item.reason)
-            elif isinstance(item, Leave):
+            elif isinstance(item, Leave):  # why, first: the lease is revoked as the thread ends (``release``)
                 self.stopping = True
+                try:
+                    self._mark_gone(self.node_id, departures.LEFT, item.reason)
+                except (Unavailable, Refused) as e:
+                    log.debug("elastic job: could not tell %s why this node leaves (%s)", self.where, one_line(str(e), 200))
                 return
             elif isinstance(item, WatchEvents):
-                for e in item.events:
-                    if e.deleted:
-                        self.mirror.pop(e.key, None)
-                    else:
-                        self.mirror[e.key] = e
+                self.mirror.apply(item.events)
             elif isinstance(item, WatchEnded) and item.watcher is self.watcher:
                 log.debug("elastic job: the watch of %s ended (%s); watching again", self.where, item.reason)
                 self.watcher = None
@@ -210,7 +214,7 @@ class EtcdLink(LinkBase):
         self._unwatch()
         start, end = self._span()
         revision, entries = self.client.range(start, end)
-        self.mirror = {e.key: e for e in entries}
+        self.mirror.reset(entries)
         holder: list = []
         watcher = self.client.watch(start, revision + 1, lambda events: self.waker.put(WatchEvents(events)),
                                     lambda reason: self.waker.put(WatchEnded(reason, holder[0] if holder else None)),
@@ -227,6 +231,12 @@ class EtcdLink(LinkBase):
             self.watcher.stop()
             self.watcher = None
 
+    def _mark_gone(self, node_id: str, kind: str, reason: str) -> None:
+        """Why ``node_id`` is gone, for the keeper; the launcher's own word (left) stands over its ring's (lost)."""
+        key = departures.gone_key(self.prefix, node_id)
+        value = departures.gone_value(kind, reason, self.node_id, self.token, self.job_id)
+        self.client.txn([] if kind == departures.LEFT else [compare_created(key, 0)], [put_op(key, value)])
+
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
         value = es.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id)
         try:
@@ -237,27 +247,8 @@ class EtcdLink(LinkBase):
 
     # ------------------------------------------------------------ the keeper, and every launcher's orders
 
-    def _alive(self) -> es.Alive:
-        alive = {}
-        for key, e in self.mirror.items():
-            if key.startswith(self.prefix + "nodes/"):
-                joiner = self._parsed(e, lambda: es.read_node(e.value, e.lease, e.create_revision, self.token,
-                                                               self.job_id))
-                if joiner is not None:
-                    alive[joiner.node.node_id] = joiner
-        return alive
-
-    def _parsed(self, key, read):
-        """``read()`` (a key's value parsed and its proof checked) once per version of the key: every turn reads
-        every key of the mirror, which would otherwise parse them all again."""
-        if key not in self.parsed:
-            if len(self.parsed) > 4 * len(self.mirror) + 64:  # versions long gone
-                self.parsed.clear()
-            self.parsed[key] = read()
-        return self.parsed[key]
-
     def _decide(self) -> None:
-        alive = self._alive()
+        alive = self.mirror.alive()
         if self.ring is not None:  # the next proven launcher by its key's age
             ring = sorted((j for j in alive.values() if j.proven and j.ring), key=lambda j: j.created)
             self.ring.follow(successor([Peer(j.node.node_id, j.lease, j.ring) for j in ring], self.node_id))
@@ -302,26 +293,13 @@ class EtcdLink(LinkBase):
             if before is not None and before != self.node_id:
                 log.info("elastic job: this launcher keeps the membership now (node %s before it is gone)", before)
             self._say(actions)
-        reports = self._reports(alive)
-        self.record, actions, self.fed = es.reconcile(self.record, alive, reports, self.fed, now)
+        self.record, actions, self.fed = es.reconcile(self.record, alive, self.mirror.reports(alive), self.fed, now,
+                                                      self.mirror.why_gone(self.spec.rendezvous.heartbeat_timeout))
         self._say(actions)
         orders = es.encode(es.orders(self.record), None, self.job_id)
         if orders != self.encoded:
             self._write(es.encode(self.record, self.token, self.job_id), orders)
         return self.record
-
-    def _reports(self, alive: es.Alive) -> es.Reports:
-        reports = []
-        for key, e in self.mirror.items():
-            if not key.startswith(self.prefix + "report/"):
-                continue
-            node = alive.get(es.read_node_id(key, self.prefix))
-            node_lease = node.lease if node else -1
-            event = self._parsed((e, node_lease), lambda: es.read_report(e.value, e.lease, node_lease, self.token,
-                                                                          self.job_id))
-            if event is not None:
-                reports.append(((key, e.mod_revision), event))
-        return reports
 
     def _write(self, text: str, orders: str) -> None:
         key = es.record_key(self.prefix)
@@ -337,8 +315,8 @@ class EtcdLink(LinkBase):
             self._unwatch()
             return
         self.written, self.encoded = revision, orders
-        self.mirror[key] = Entry(key, text, self.mirror[key].create_revision if key in self.mirror else revision,
-                                 revision)
+        before = self.mirror.get(key)
+        self.mirror.put(Entry(key, text, before.create_revision if before else revision, revision))
 
     def _guard_record(self, key: str) -> dict:
         return compare_modified(key, self.written) if self.written > 0 else compare_created(key, 0)

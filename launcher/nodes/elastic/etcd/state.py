@@ -9,6 +9,7 @@ another's prefix):
   the membership (it is the *keeper*), so that when the keeper is lost the next one takes over.
 - ``report/NODE/KIND``: what a launcher tells the keeper, under its lease: its workers of a round
   ``stopped``, all ``done``, or one ``failed`` (the last of each kind; a later round's replaces it).
+- ``gone/NODE``: why a launcher left, under no lease (``departures``): read by the keeper only.
 - ``record``: the membership as the keeper decided it (``membership.State``) and its orders: the
   round to run, the stop of a round, the launchers refused or dropped, the job's end. Written only
   in a transaction guarded by its own last revision and the keeper's node key, so no two keepers
@@ -25,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from urllib.parse import quote, unquote
 
 from launcher.nodes.transport import auth
@@ -247,9 +248,10 @@ def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: 
 
 
 def reconcile(record: Record, alive: Mapping[str, Joiner], reports: List[Tuple[int, object]], fed: set,
-              now: float) -> Tuple[Record, tuple, set]:
+              now: float, why_gone: Callable[[str], str] = lambda _: "its key in etcd is gone (its lease expired, or "
+                                                                       "it left)") -> Tuple[Record, tuple, set]:
     """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
-    launcher that left (its key gone: ``Closed``), each that came (``JoinAsked``, in the order they came),
+    launcher that left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came),
     each report not fed before (``fed``: their (key, revision)), then the time. Returns the record, the
     actions to carry out, and the reports fed."""
     state, actions = record.state, []
@@ -262,7 +264,7 @@ def reconcile(record: Record, alive: Mapping[str, Joiner], reports: List[Tuple[i
 
     for node in state.members + state.standbys:
         if node.node_id not in alive and node.node_id != state.keeper:
-            feed(mb.Closed(node.node_id, "its key in etcd is gone (its lease expired, or it left)"))
+            feed(mb.Closed(node.node_id, why_gone(node.node_id)))
     state = replace(state, heard={k: now for k in state.heard if k in alive})
     record = replace(record, state=state)
     for joiner in sorted(alive.values(), key=lambda j: j.created):
