@@ -115,13 +115,18 @@ def test_the_torch_version_is_read_from_its_metadata_without_importing_it():
 # ---------------------------------------------------------------- the socket side (launcher.run.store)
 
 
-@contextmanager
-def served(limit_s=60.0, **attrs):
-    """An AgentStore on a free loopback port, served by a loop like the launcher's in a thread: its port."""
+def new_store():
+    """An AgentStore on a free loopback port, and the socket that holds the port."""
     held = socket.socket()
     held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     held.bind(("127.0.0.1", 0))
-    agent = store.AgentStore(agent_store.StoreSpec("127.0.0.1", held.getsockname()[1]), [held])
+    return store.AgentStore(agent_store.StoreSpec("127.0.0.1", held.getsockname()[1]), [held]), held
+
+
+@contextmanager
+def served(limit_s=60.0, **attrs):
+    """An AgentStore on a free loopback port, served by a loop like the launcher's in a thread: its port."""
+    agent, held = new_store()
     for name, value in attrs.items():
         setattr(agent, name, value)
     agent.listen()
@@ -300,10 +305,7 @@ def test_a_client_that_never_validates_is_let_go_after_a_while():
     has not validated is let go VALIDATE_SECONDS after it came, not before; a validated one never is."""
     import select
 
-    held = socket.socket()
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    held.bind(("127.0.0.1", 0))
-    agent = store.AgentStore(agent_store.StoreSpec("127.0.0.1", held.getsockname()[1]), [held])
+    agent, held = new_store()
     agent.listen()
     agent.begin_attempt()
     selector = selectors.DefaultSelector()
@@ -459,3 +461,47 @@ def test_a_waiter_is_woken_by_another_client_and_a_client_gone_is_forgotten():
         assert waiter.recv_exactly(1) == protocol.STOP_WAITING
         waiter.close()
         setter.close()
+
+
+def accepted_client(agent, port):
+    """A connection to the store, accepted by it (as a worker of another node holds one)."""
+    client = socket.create_connection(("127.0.0.1", port))
+    for _ in range(200):
+        agent.ready(agent.listener.fileno(), selectors.EVENT_READ, time.monotonic())
+        if agent.clients:
+            return client
+        time.sleep(0.01)
+    raise AssertionError("the store accepted no connection")
+
+
+@contextmanager
+def listening_store():
+    agent, held = new_store()
+    agent.listen()
+    agent.begin_attempt()
+    try:
+        yield agent, held.getsockname()[1]
+    finally:
+        agent.close()
+        held.close()
+
+
+def test_a_job_that_ended_well_serves_the_connections_still_open_until_they_close():
+    """Node 0 ends without waiting for a node not yet joined, whose workers may still use its store (a launcher slow
+    to reach node 0): the store serves them until they let go."""
+    with listening_store() as (agent, port):
+        client = accepted_client(agent, port)
+        threading.Timer(0.3, client.close).start()  # the worker ends
+        agent.drain(120)  # returns once it closed: the bound is far
+        assert not agent.clients
+
+
+def test_the_drain_is_bounded_and_needs_nothing_when_no_one_is_connected():
+    store.AgentStore(None, ()).drain(1e9)  # no store: nothing to wait for
+    with listening_store() as (agent, port):
+        agent.drain(1e9)  # nobody connected
+        client = accepted_client(agent, port)
+        ticks = iter(range(0, 10_000))
+        agent.drain(5, clock=lambda: next(ticks))  # a client that never lets go: served up to the bound only
+        assert agent.clients
+        client.close()

@@ -26,6 +26,7 @@ from launcher.run.supervise import supervise
 from launcher.run.workers import StartFailed, WorkerGroup, worker_env
 
 PARK_WAIT = 5.0  # seconds a worker kept for the next round has to leave its round
+STORE_DRAIN = 60.0  # seconds node 0's store serves the workers of a node not yet joined, after a job that ended well
 
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
@@ -58,6 +59,8 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 launch.events.write("job_ended", code=code, cause=cause.text if cause is not None else None)
                 console.finish()  # bounded: a console nobody reads never holds the end
                 launch.records.record("ended", code, console=console.note)
+                if code == 0 and launch.plan.control is not None:
+                    launch.store.drain(min(launch.plan.control.join_timeout, STORE_DRAIN))
                 return code
             if job.plan is not launch.plan:  # an elastic job's next round: its own plan
                 launch.replan(job.plan)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from launcher.errors import LaunchError
 from launcher.host import preflight
@@ -140,6 +141,27 @@ class AgentStore:
             self._read(client)
         if client is not None and client.alive:
             self._update(client)
+
+    def drain(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """The job ended well here: workers still connected (another node's, whose launcher had not yet reached this
+        one's: it ends without waiting for them) are served until they let go, up to ``seconds``. Those of a node
+        that joined are gone by now, and so are this node's: their connections end at the first read."""
+        if self.listener is None or not self.clients:
+            return
+        deadline, said = clock() + seconds, False
+        with selectors.DefaultSelector() as selector:
+            while self.clients and clock() < deadline:
+                for client in self.clients.values():
+                    selector.register(client.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0))
+                for key, mask in selector.select(min(0.5, max(0.0, deadline - clock()))):
+                    self.ready(key.fd, mask, clock())
+                for key in list(selector.get_map().values()):
+                    selector.unregister(key.fileobj)
+                if self.clients and not said:
+                    log.info("rendezvous store: %d connection(s) of workers of other nodes still open; serving them "
+                             "up to %g s", len(self.clients), seconds)
+                    said = True
+                self.changes()  # the sockets let go of, closed
 
     def close(self) -> None:
         for client in list(self.clients.values()):
