@@ -148,3 +148,21 @@ def test_a_monitor_on_a_free_port_says_how_to_see_the_other_nodes():
         assert monitor.job_views is None
     finally:
         monitor.close()
+
+
+def test_asking_again_while_the_fetches_go_on_does_not_hasten_them(monkeypatch):
+    """The monitor asks at each of its turns, and each round of fetches wakes it: a round per ask would fetch
+    without pause (it did)."""
+    monkeypatch.setattr(job_view, "GATHER_EVERY", 3600.0)  # the next round only by the clock: never, here
+    asked, rounds = [], threading.Event()
+    views = JobViews(1, rounds.set, fetch=lambda host, port: asked.append(host) or node_view(1))
+    try:
+        views.want([(1, "h")])
+        assert rounds.wait(WAIT), "no first round"
+        rounds.clear()
+        for _ in range(50):
+            views.want([(1, "h")])
+        assert not rounds.wait(1.0), "a round per ask"  # a bound on what must not come, not a timing
+    finally:
+        views.close()
+    assert asked == ["h"]

@@ -73,13 +73,16 @@ class JobViews:
         self.thread: Optional[threading.Thread] = None
 
     def want(self, peers: Sequence[Peer]) -> None:
+        """Someone watches (the monitor asks at each of its turns): the fetches go on every GATHER_EVERY seconds, the
+        first at once when nobody watched before; a call while they go on does not hasten them."""
         with self.lock:
-            self.peers = tuple(peers)
-            self.wanted_until = self.clock() + WATCH_LINGER
-            if self.thread is None and self.peers and not self.stopped:
+            now = self.clock()
+            idle, self.peers, self.wanted_until = now >= self.wanted_until, tuple(peers), now + WATCH_LINGER
+            if self.thread is None and self.peers and not self.stopped:  # its first round at once
                 self.thread = threading.Thread(target=self._run, name="launcher-job-view", daemon=True)
                 self.thread.start()
-        self.wake.set()
+            elif idle:
+                self.wake.set()
 
     def latest(self) -> Tuple[dict, ...]:
         return self.rows
@@ -93,12 +96,12 @@ class JobViews:
     def _run(self) -> None:
         with ThreadPoolExecutor(max_workers=FETCHERS, thread_name_prefix="launcher-job-view") as pool:
             while not self.stopped:
+                self.wake.clear()  # before the round: a wake-up during it is not lost
                 with self.lock:
                     peers, wanted = self.peers, self.clock() < self.wanted_until
                 if wanted and peers:
                     self.rows = tuple(pool.map(self._row, peers))
                     self.on_change()
-                self.wake.clear()
                 self.wake.wait(GATHER_EVERY if wanted else 60.0)
 
     def _row(self, peer: Peer) -> dict:
