@@ -173,7 +173,7 @@ def launch_options(command):
                     "reported none for this long. Default: never."),
         option("monitor_port", type=click.IntRange(0, 65535), default=None, metavar="PORT", envvar="LAUNCHER_MONITOR_PORT",
                help="Serve this node's view of the job over HTTP: /metrics (Prometheus), /healthz, /status.json and "
-                    "a live page at /; 0 picks a free port and prints it. Needs pip install 'launcher[monitor]'. "
+                    "a live page of the whole job at / (give every node the same port); 0 picks a free port and prints it. Needs pip install 'launcher[monitor]'. "
                     "Also LAUNCHER_MONITOR_PORT. Default: off."),
         option("monitor_host", default=None, metavar="HOST",
                help="The address the monitor listens on (default: this node's own; 0.0.0.0 for every interface)."),
