@@ -105,7 +105,7 @@ class Monitor:
             now = self.clock()
             view = self.view
             streaming = any(c.streaming for c in self.clients.values())
-            peers = self._peers(view, watched=streaming)
+            peers = self._peers(view, watched=True) if streaming else None  # no page open: no other node's row
             fresh = view is not sent_view or peers != sent_peers
             for client in list(self.clients.values()):
                 if client.streaming and (fresh or now - client.sent_at >= KEEP_ALIVE):
