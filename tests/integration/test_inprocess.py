@@ -72,13 +72,17 @@ class Job:
         """Each of ``nodes``'s step lines once it made a step in a world of ``world``: node -> its lines."""
         def made():
             return all(any(s["world"] == str(world) and int(s["step"]) > after for s in self.steps(n)) for n in nodes)
+        self.wait(made, f"a step of world {world} on nodes {nodes}")
+        return {n: self.steps(n) for n in nodes}
+
+    def wait(self, predicate, what: str) -> None:
+        """``wait_for``, and on a timeout the workers' logs and the launchers' last words in the failure."""
         try:
-            wait_for(made, WAIT, f"a step of world {world} on nodes {nodes}")
+            wait_for(predicate, WAIT, what)
         except AssertionError:
             stop_all(self.procs)
             launchers = "\n".join(f"--- launcher of node {n}:\n{p.stderr.read()[-3000:]}" for n, p in enumerate(self.procs))
-            raise AssertionError(f"no step of world {world} on nodes {nodes}:\n{self.said()}\n{launchers}") from None
-        return {n: self.steps(n) for n in nodes}
+            raise AssertionError(f"timed out waiting for {what}:\n{self.said()}\n{launchers}") from None
 
     def digests(self) -> list:
         path = self.folder / "digests.jsonl"
@@ -196,7 +200,7 @@ def test_a_joiner_lost_while_the_state_is_sent_costs_one_more_re_form(job):
     job.wait_world([0, 1], 2)
     (job.folder / "armed").touch()
     job.start(1)
-    wait_for(lambda: list(job.folder.glob("sending.*")), WAIT, "the state to be sent")
+    job.wait(lambda: list(job.folder.glob("sending.*")), "the state to be sent")
     power_off(job.procs[2])
     (job.folder / "armed").unlink()
     (job.folder / "open").touch()
@@ -217,7 +221,7 @@ def test_the_sender_lost_while_the_state_is_sent_leaves_a_holder_to_send_it(tmp_
         job.wait_world([0, 1], 2)
         (job.folder / "armed").touch()
         job.start(1)
-        wait_for(lambda: list(job.folder.glob("sending.*")), WAIT, "the state to be sent")
+        job.wait(lambda: list(job.folder.glob("sending.*")), "the state to be sent")
         sender = int(next(job.folder.glob("sending.*")).suffix[1:])
         (lost,) = [n for n, p in enumerate(job.procs) if sender in {q.pid for q in family(p.pid)}]
         assert lost != 2, "the joiner holds no state: it cannot be the sender"
