@@ -24,19 +24,20 @@ RUNNERS = {"launcher": [sys.executable, "-m", "launcher", "--print_config", "fal
 # torch's own C++ abort, under either runner: a thread torch left joinable at exit. test_sync.py's scheduler test
 # hit it 1 run in 6 under plain torchrun beside two busy processes, on both of its tries in one CI run.
 TORCH_ABORT = "terminate called without an active exception"
-TRIES_PAST_TORCH_ABORT = 4
+TRIES = 4
 
 
 def run_both(*args, env=None, timeout=300):
-    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other.
-    A run that ends in TORCH_ABORT is run again (up to TRIES_PAST_TORCH_ABORT in all); any other failure stands."""
+    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other, each up
+    to TRIES times: ours again only past TORCH_ABORT (any other failure stands); torchrun, the reference, past any
+    failure (it also failed here in gloo's connectFullMesh, a peer's connection closed, once in a full test run)."""
     results = {}
     for name, cmd in RUNNERS.items():
-        for _ in range(TRIES_PAST_TORCH_ABORT):
-            results[name] = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--tee", "3", *map(str, args)],
-                                           capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                                           env={**os.environ, **(env or {})})
-            if results[name].returncode == 0 or TORCH_ABORT not in results[name].stdout + results[name].stderr:
+        for _ in range(TRIES):
+            r = results[name] = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--tee", "3",
+                                                *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                                               cwd=REPO, env={**os.environ, **(env or {})})
+            if r.returncode == 0 or (name == "launcher" and TORCH_ABORT not in r.stdout + r.stderr):
                 break
     return results
 
