@@ -38,6 +38,7 @@ RUN_ID = "LAUNCHER_RUN_ID"
 RESTART_COUNT = "PADDLE_RESTART_COUNT"
 ELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 JOB_ID = "LAUNCHER_JOB_ID"
+ELASTIC_ROUND = "LAUNCHER_ELASTIC_ROUND"  # an elastic job's round, in a line: the same on every node, new each round
 JOB_TOKEN = "LAUNCHER_JOB_TOKEN"
 
 # What torchrun's agent gives each worker besides the torch names above

@@ -77,7 +77,10 @@ def exit_code(returncode: int) -> int:
 
 
 def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
-    return {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
+    env = {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
+    if plan.elastic_round is not None:
+        env[ev.ELASTIC_ROUND] = plan.elastic_round
+    return env
 
 
 class WorkerGroup:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import gc
 import logging
 import os
@@ -132,9 +133,23 @@ class Group:
         agent = env.get(ev.ELASTIC_USE_AGENT_STORE, "").lower() in ("1", "true")
         self.store = dist.TCPStore(env[ev.MASTER_ADDR], int(env[ev.MASTER_PORT]), self.world_size,
                                    is_master=self.rank == 0 and not agent, timeout=timeout, wait_for_workers=False)
+        self._this_rounds_store(env.get(ev.ELASTIC_ROUND))
         dist.init_process_group(self.backend, store=self.store, rank=self.rank, world_size=self.world_size)
         self.pg = dist.group.WORLD
         self.own = {fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
+
+    def _this_rounds_store(self, round_: Optional[str]) -> None:
+        """Connected to this round's store, not the round before's: rank 0's store of that round may still take a
+        connection as it closes, whose reset inside the group's forming would leave the others waiting for ever.
+        Rank 0 marks its round in the store, the others wait for the mark: one reached the old store is reset
+        here, before any group forms, and tries again (``form``)."""
+        if round_ is None:
+            return
+        key = "launcher/round/" + hashlib.sha1(round_.encode()).hexdigest()
+        if self.rank == 0:
+            self.store.set(key, b"1")
+        else:
+            self.store.wait([key])
 
     def interrupt(self) -> None:
         """End the round in the training thread, from any thread: ``RoundOver`` raised there as soon as it runs Python
