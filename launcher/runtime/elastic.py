@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import gc
+import hashlib
 import logging
 import os
 import socket
