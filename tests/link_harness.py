@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 
 from conftest import free_ports
 from launcher.nodes.elastic import link as el
+from launcher.plan import elastic_backends as eb
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 from launcher.plan.etcd import EtcdSpec
 from memory_etcd import MemoryEtcd
@@ -50,8 +51,17 @@ def wait_until(condition: Callable[[], bool], what: str, bound: float = REAL_BOU
 class Harness:
     """What the contract suite asks of a backend; ``C10d`` and ``Etcd`` below give it."""
 
-    name = ""
-    keeper_loss_ends_the_job = False
+    row: eb.Backend  # the backend's row: its name, whether it has a node 0
+    crash_seen_as = "lost"  # how the survivors' round names a crashed member (lost: its connection closed)
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def keeper_loss_ends_the_job(self) -> bool:
+        """Node 0 keeps the membership: losing it ends the job."""
+        return self.row.has_node_0
 
     def __init__(self, low: int = 3, high: int = 3, token: Optional[str] = "secret", max_restarts: int = 0,
                  **settings) -> None:
@@ -177,12 +187,11 @@ class Harness:
 
 
 class C10d(Harness):
-    name = "c10d"
-    keeper_loss_ends_the_job = True
+    row = eb.C10D
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.spec = ElasticSpec(self.low, self.high, "c10d", host=HOST, port=free_ports(1),
+        self.spec = ElasticSpec(self.low, self.high, self.row.name, host=HOST, port=free_ports(1),
                                 rendezvous=self.rendezvous, max_restarts=self.max_restarts)
         self.keeper = None
         self.lock = threading.Lock()
@@ -240,12 +249,13 @@ class C10d(Harness):
 
 
 class Etcd(Harness):
-    name = "etcd"
+    row = eb.ETCD
+    crash_seen_as = "silent"  # the in-memory etcd has no liveness ring: only its lease's expiry tells
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.store = MemoryEtcd(self.clock)
-        self.spec = ElasticSpec(self.low, self.high, "etcd", rendezvous=self.rendezvous, max_restarts=self.max_restarts,
+        self.spec = ElasticSpec(self.low, self.high, self.row.name, rendezvous=self.rendezvous, max_restarts=self.max_restarts,
                                 etcd=EtcdSpec((("memory", 2379),)))
 
     def form_link(self, i: int, workers: int):
@@ -268,5 +278,3 @@ class Etcd(Harness):
         self.silence(link)
         link.client.cut = True  # its lease lapses: nobody renews it
 
-
-BACKENDS = {"c10d": C10d, "etcd": Etcd}

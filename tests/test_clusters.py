@@ -34,9 +34,9 @@ def refused(env, host=GPU4, **opts) -> str:
 
 
 def test_registry_names_match_the_command_line_choices():
-    from launcher.cli.options import CLUSTER_ENVS
+    from launcher.cli.table import ROW
 
-    assert registry.names() == CLUSTER_ENVS
+    assert registry.names() == tuple(ROW["cluster_env"].click["type"].choices)
     assert list(registry.SOURCES) == ["cli", "torchrun", "paddlecloud", "kubeflow", "slurm", "volcano", "mpi", "lsf"]
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.main import _options, _with_config, launch
+from launcher.cli.main import launch, request_of
 from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, Interface
 from launcher.plan.planner import make_plan
@@ -15,8 +15,7 @@ CPU_HOST = HostFacts(gpu_count=None, cpu_count=4)
 
 
 def plan_from(args, host, env=None):
-    ctx = launch.make_context("launcher", list(args))
-    opts = _options(_with_config(ctx, ctx.params)[0])
+    opts = request_of(list(args), env or {}).options
     return make_plan(opts, env or {}, host, lambda ip, n: tuple(range(30000, 30000 + n)))
 
 

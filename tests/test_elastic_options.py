@@ -123,9 +123,9 @@ def test_a_short_paddle2_ttl_beats_three_times_within_it():
 
 
 @pytest.mark.parametrize("text, sentence", [
-    ("3:2", "--nnodes 3:2 has its minimum above its maximum; give MIN:MAX with MIN at most MAX, such as --nnodes 2:3."),
-    ("0:2", "--nnodes 0:2 has a minimum of 0 nodes; give 1 or more, such as --nnodes 1:2."),
-    ("0", "--nnodes 0 has a minimum of 0 nodes; give 1 or more, such as --nnodes 1:1."),
+    ("3:2", "--nnodes 3:2 has its minimum above its maximum; give MIN:MAX with MIN at most MAX, such as 2:3."),
+    ("0:2", "--nnodes 0:2 has a minimum of 0 nodes; give 1 or more, such as 1:2."),
+    ("0", "--nnodes 0 is not a number of nodes; give 1 or more."),
     ("2:x", "--nnodes 2:x is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
     (":", "--nnodes : is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
     ("1:2:3", "--nnodes 1:2:3 is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),

@@ -15,6 +15,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 from conftest import REPO
+from launcher.plan import elastic_backends
 
 PACKAGE = REPO / "launcher"
 MAX_LINES = 400
@@ -24,8 +25,10 @@ LAUNCHER_LAYERS = {"cli": 7, "tools": 6, "run": 5, "nodes": 4, "host": 3, "outpu
 WORKER_LAYERS = ("runtime", "fleet", "ps", "transpiler")
 BASE = ("envvars", "errors", "local_channel", "progress_page")
 # rooms inside nodes: module prefix -> rank (an import points to a lower rank, or stays in its own room)
+# (each backend's subpackage, named by its row in launcher/plan/elastic_backends.py, is a room of rank 2)
 NODES_ROOMS = {"launcher.nodes.transport": 0, "launcher.nodes.static": 1, "launcher.nodes.elastic": 1,
-               "launcher.nodes.elastic.c10d": 2, "launcher.nodes.elastic.etcd": 2, "launcher.nodes.elastic.backends": 3}
+               **{row.subpackage: 2 for row in elastic_backends.ROWS if row.subpackage},
+               "launcher.nodes.elastic.backends": 3}
 TOP = ("__init__", "__main__")  # the package itself: its docstring/version, and ``python -m launcher``
 
 
@@ -185,6 +188,7 @@ def test_no_import_circle():
 
 
 def test_the_rooms_of_nodes_point_one_way():
+    assert {"launcher.nodes.elastic.c10d", "launcher.nodes.elastic.etcd"} <= set(NODES_ROOMS)
     assert allowed("launcher.nodes.elastic.etcd.link", "launcher.nodes.elastic.link")
     assert allowed("launcher.nodes.elastic.c10d.keeper", "launcher.nodes.transport.wire")
     assert allowed("launcher.nodes.elastic.backends", "launcher.nodes.elastic.c10d.start")

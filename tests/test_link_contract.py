@@ -1,6 +1,6 @@
 """The link contract (``launcher.nodes.elastic.link.Link``), the same tests on every backend: c10d on loopback
 sockets, etcd on the in-memory etcd (tests/memory_etcd.py), both on a fake clock (tests/link_harness.py).
-A new backend is one more entry in ``link_harness.BACKENDS``.
+A new backend is its harness (a ``link_harness.Harness``) and one more line in ``HARNESSES``.
 
 What every backend promises the event loop: the first round with every node and dense ranks; a member
 lost, or silent past heartbeat_timeout, stops the round and the survivors form the next; a joiner below
@@ -14,15 +14,25 @@ import pytest
 
 from launcher.nodes.elastic import link as el
 from launcher.nodes.transport import messages as m
-from link_harness import BACKENDS, INTERVAL
+from launcher.plan import elastic_backends
+from link_harness import INTERVAL, C10d, Etcd
+
+HARNESSES = [  # the contract suite's parameters: one line per backend
+    C10d,
+    Etcd,
+]
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+def test_every_backend_that_forms_a_link_is_under_the_contract():
+    assert sorted(h.row.name for h in HARNESSES) == sorted(r.name for r in elastic_backends.ROWS if r.forms)
+
+
+@pytest.fixture(params=HARNESSES, ids=lambda harness: harness.row.name)
 def backend(request):
     made = []
 
     def make(*args, **kwargs):
-        harness = BACKENDS[request.param](*args, **kwargs)
+        harness = request.param(*args, **kwargs)
         made.append(harness)
         return harness
     yield make
@@ -76,7 +86,7 @@ def test_a_member_lost_stops_the_round_and_the_survivors_form_the_next(backend):
     assert numbers(rounds[0]) == [(0, 0), (1, 1)] and rounds[0].world_size == 2
     # c10d: its connection closed; the in-memory etcd has no liveness ring: only its lease's expiry tells
     (change,) = rounds[0].changes
-    assert change.node_id == lost.node_id and change.kind == ("lost" if harness.name == "c10d" else "silent")
+    assert change.node_id == lost.node_id and change.kind == harness.crash_seen_as
 
 
 def test_a_silent_member_is_lost_after_heartbeat_timeout_and_not_before(backend):
@@ -187,7 +197,7 @@ def test_heartbeat_ages_are_the_keeper_s_with_c10d_and_each_launcher_s_own_with_
     harness, links = formed(backend)
     harness.tick(3)  # a few beats
     ages = [link.heartbeat_ages() for link in links]
-    if isinstance(harness, BACKENDS["etcd"]):  # etcd keeps the leases: each launcher tells how long since its own renewal
+    if harness.row.any_node_may_be_lost:  # etcd keeps the leases: each launcher tells how long since its own renewal
         assert all(set(a) == {link.node_id} and a[link.node_id] >= 0 for a, link in zip(ages, links))
     else:  # node 0 hears the members' beats: it tells theirs, the others none
         (keeper,) = [a for a in ages if a]

@@ -13,7 +13,7 @@ from launcher.nodes.elastic.etcd import state as es
 from launcher.nodes.elastic.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
                                        StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped)
 from launcher.plan.elastic import ElasticSpec, Rendezvous
-from launcher.plan.elastic_spec import ETCD_EXPIRY_LAG
+from launcher.plan.elastic_backends import ETCD
 from launcher.plan.policy import Say
 
 JOIN, LAST_CALL, CLOSE, SILENCE = 60.0, 1.0, 30.0, 3.0
@@ -525,8 +525,8 @@ def test_elastic_level_0_with_etcd_node_0s_worker_failure_ends_the_job_as_with_c
     assert stops(h.at(1.0, WorkerFailed("n0", 1, 5, "rank 0 failed (exit code 5)")))  # a loss may yet explain it
     h.stopped(1.5, N0, N1)
     h.beat(2.5, N1)
-    assert h.at(1.0 + SILENCE, TimePassed()) == []  # etcd may yet delete a lost node's key (ETCD_EXPIRY_LAG)
-    assert h.at(1.0 + SILENCE + ETCD_EXPIRY_LAG, TimePassed()) == [
+    assert h.at(1.0 + SILENCE, TimePassed()) == []  # etcd may yet delete a lost node's key (ETCD.expiry_lag)
+    assert h.at(1.0 + SILENCE + ETCD.expiry_lag, TimePassed()) == [
         EndJob(5, "rank 0 failed (exit code 5) (restarts spent: 0 of 2)", ("n0", "n1"))]
 
 

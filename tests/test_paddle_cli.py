@@ -2,13 +2,16 @@
 each, through the real click command and the plan."""
 
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from conftest import assert_refused_in_one_line
 from launcher import envvars as ev
 from launcher.cli import paddle as paddle_cli
-from launcher.cli.main import _given, _with_config, launch, resolve_options
+from launcher.cli import table
+from launcher.cli.main import launch, request_of
+from launcher.cli.request import given_in
 from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, Interface
 from launcher.plan.planner import make_plan
@@ -17,11 +20,10 @@ HOST = HostFacts(gpu_count=4, cpu_count=8, interfaces=(Interface("lo", "127.0.0.
 
 
 def plan_of(*args, env=None):
-    ctx = launch.make_context("launcher", [*args, "train.py"])
-    values, from_file = _with_config(ctx, ctx.params)
-    opts, nodes = resolve_options(ctx, values, from_file)
-    plan = make_plan(opts, env or {}, HOST, lambda ip, n: tuple(range(30000, 30000 + n)))
-    paddle_cli.check_nodes(nodes, len(plan.node_ips), "the plan")
+    request = request_of([*args, "train.py"], env or {})
+    plan = make_plan(request.options, env or {}, HOST, lambda ip, n: tuple(range(30000, 30000 + n)))
+    if request.nodes_expected not in (None, len(plan.node_ips)):
+        raise LaunchError(f"--nnodes {request.nodes_expected} disagrees with the {len(plan.node_ips)} node(s)")
     return plan
 
 
@@ -69,8 +71,8 @@ def test_sort_ip_ranks_the_nodes_by_address():
 @pytest.mark.parametrize("spelling", ["--nnodes", "--np"])
 def test_nnodes_is_checked_against_the_nodes_found(spelling):
     assert plan_of(spelling, "2", "--ips", "127.0.0.1,127.0.0.2", "--devices", "0").node_ips[1] == "127.0.0.2"
-    assert "--nnodes 2 disagrees with the 1 node(s)" in refused(spelling, "2")
-    assert "asks for elastic training" in refused(spelling, "1:4")
+    assert "--nnodes 2 disagrees with the 1 node(s)" in refused(spelling, "2", "--ips", "127.0.0.1")
+    assert "but --nnodes 1:4 lets 4 join; give all 4 addresses" in refused(spelling, "1:4", "--ips", "127.0.0.1")
     assert len(plan_of(spelling, "2:2", "--ips", "127.0.0.1,127.0.0.2", "--devices", "0").node_ips) == 2
 
 
@@ -99,11 +101,12 @@ def test_restarts_timeouts_backend_and_the_flags_that_change_nothing():
                  ("--log_overwrite", "false"), ("--job_id", "j1"), ("--log_level", "DEBUG")):
         assert plan_of(*args).workers
     assert "--log_overwrite true cannot be honoured" in refused("--log_overwrite", "true")
-    assert "--elastic_level 1 asks for elastic training" in refused("--elastic_level", "1")
+    assert "--elastic_level 1 sets an elastic job's answer to a failure, and this job has a fixed number" in refused(
+        "--elastic_level", "1")
     assert "--legacy maybe is not true or false" in refused("--legacy", "maybe")
 
 
-@pytest.mark.parametrize("name", sorted(paddle_cli.REFUSED))
+@pytest.mark.parametrize("name", table.names(dialect=table.PADDLE3, status=table.REFUSED))
 def test_an_option_that_cannot_be_honoured_is_refused_naming_why(name):
     r = CliRunner().invoke(launch, [f"--{name}", "1", "train.py"], standalone_mode=False)
     assert isinstance(r.exception, LaunchError)
@@ -112,11 +115,11 @@ def test_an_option_that_cannot_be_honoured_is_refused_naming_why(name):
 
 def test_every_paddle_option_is_in_the_help():
     r = CliRunner().invoke(launch, ["--help"], terminal_width=200)
-    for opt in paddle_cli.MAPPED:
-        assert f"--{opt.name}" in r.output
+    for name in table.names(dialect=table.PADDLE3) + table.names(dialect=table.FLEETRUN):
+        assert f"--{name}" in r.output
     for name in ("--with_gloo", "--gloo_port", "--start_port", "--trainers", "--trainer_num"):
         assert name in r.output
-    for name in paddle_cli.REFUSED:
+    for name in table.names(dialect=table.PADDLE3, status=table.REFUSED):
         assert f"--{name}" in r.output  # named among the refused ones
 
 
@@ -129,7 +132,7 @@ def test_the_config_file_takes_paddle_names(tmp_path):
 
 def elastic_of(*args, env=None):
     ctx = launch.make_context("launcher", [*args, "train.py"])
-    return paddle_cli.elastic(ctx.params, lambda name: _given(ctx, name), env)
+    return paddle_cli.elastic(ctx.params, given_in(ctx), env)
 
 
 def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_masters_port():
@@ -146,13 +149,13 @@ def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_master
 
 @pytest.mark.parametrize("args, fragment", [
     (("--nnodes", "1:4"), "needs node 0's address: give --master IP:PORT"),
-    (("--nnodes", "3:2", "--master", "127.0.0.1:8090"), "--nnodes 3:2 has its minimum above its maximum"),
+    (("--nnodes", "3:2", "--master", "127.0.0.1:8090"), "'3:2' has its minimum above its maximum"),
     (("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--rank", "1"), "drop --rank"),
     (("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--elastic_level", "5"), "--elastic_level 5 is not one of"),
     (("--nnodes", "2:3", "--ips", "127.0.0.1,127.0.0.1,127.0.0.1"), "give --master .the same on every node. and no --ips"),
 ])
 def test_a_bad_elastic_line_of_paddle_3_is_refused_naming_the_fix(args, fragment):
-    with pytest.raises(LaunchError, match=fragment):
+    with pytest.raises((LaunchError, click.BadParameter), match=fragment):
         elastic_of(*args)
 
 
@@ -161,8 +164,7 @@ def test_a_bad_elastic_line_of_paddle_3_is_refused_naming_the_fix(args, fragment
 
 
 def test_elastic_server_is_mapped_not_refused():
-    assert "elastic_server" not in paddle_cli.REFUSED
-    assert "elastic_server" in [o.name for o in paddle_cli.MAPPED]
+    assert table.ROW["elastic_server"].status == table.HONOURED
 
 
 @pytest.mark.parametrize("nnodes", ["2:3", "2"])

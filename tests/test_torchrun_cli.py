@@ -2,6 +2,7 @@
 
 import os
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -12,14 +13,18 @@ from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
-from launcher.cli.torchrun import NAMES, TORCHRUN_OPTIONS, to_ours
+from launcher.cli import table
+from launcher.cli.torchrun import NAMES, to_ours
+from launcher.plan.parsing import node_range
 from launcher.plan.streams import StreamChoice
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
-DEFAULTS = {o.name: o.kwargs.get("default") for o in TORCHRUN_OPTIONS}
+DEFAULTS = {name: table.ROW[name].default for name in NAMES}
 
 
 def ours(given=(), env=None, **values):
+    if values.get("nnodes") is not None:
+        values["nnodes"] = node_range(values["nnodes"])  # as the command line reads it
     return to_ours({**DEFAULTS, "training_script": "train.py", **values}, lambda name: name in given, env)
 
 
@@ -40,7 +45,9 @@ def test_one_node_options_map_onto_ours():
     assert (values["nnodes"], values["job_id"], values["role"], values["node_ip"]) == (1, "job7", "trainer", "127.0.0.3")
     assert "started_port" not in values  # --standalone: a free port
     assert ours(nnodes="1", master_port=29517)["started_port"] == 29517
-    assert not set(NAMES) - {"role", "node_rank", "master_addr", "nnodes"} & set(ours(standalone=True))
+    fields = {"role", "node_rank", "master_addr", "nnodes", "virtual_local_rank", "duplicate_stdout_filters",
+              "duplicate_stderr_filters"}  # torchrun's names that are fields of the options too
+    assert not set(NAMES) - fields & set(ours(standalone=True))
 
 
 def test_several_nodes_map_onto_a_gathered_cluster():
@@ -129,10 +136,7 @@ def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence)
 @pytest.mark.parametrize("values, fragment", [
     ({"nnodes": "1:4"}, "--nnodes 1:4 with --rdzv-backend static: a static rendezvous has a fixed number of nodes"),
     ({"nnodes": "2:4", "rdzv_backend": "c10d", "node_rank": 1}, "--node-rank"),
-    ({"nnodes": "3:2", "rdzv_backend": "c10d"}, "--nnodes 3:2 has its minimum above its maximum"),
     ({"nnodes": "2:4", "rdzv_backend": "c10d", "rdzv_conf": "joint_timeout=5"}, "unknown key 'joint_timeout'"),
-    ({"nnodes": "two"}, "--nnodes two is not a number of nodes"),
-    ({"nnodes": "0"}, "--nnodes 0 is not a number of nodes"),
     ({"standalone": True, "nnodes": "2"}, "--standalone runs one node, but --nnodes is 2"),
     ({"nnodes": "2", "rdzv_backend": "c10d", "env": {"SLURM_NODEID": ""}}, "--rdzv-backend c10d with --nnodes 2 needs --node-rank"),
     ({"nnodes": "2", "node_rank": 0, "rdzv_endpoint": "host:http"}, "--rdzv-endpoint host:http is not HOST:PORT"),
@@ -140,6 +144,21 @@ def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence)
 def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
     with pytest.raises(LaunchError, match=fragment):
         ours(**values)
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "'3:2' has its minimum above its maximum; give MIN:MAX with MIN at "
+                                                    "most MAX, such as 2:3."),
+    (("--nnodes", "two"), "'two' is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4."),
+    (("--nnodes", "0"), "'0' is not a number of nodes; give 1 or more."),
+])
+def test_a_bad_number_of_nodes_is_refused_by_the_one_parser_of_n_or_min_max(args, sentence):
+    with pytest.raises(click.BadParameter) as e:
+        cli.request_of([*args, "train.py"], {})
+    assert e.value.format_message() == f"Invalid value for '--nnodes' / '--np': {sentence}"
+    with pytest.raises(LaunchError) as e:
+        cli.request_of(["train.py"], {"PET_NNODES": args[1], "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "h:1"})
+    assert str(e.value).startswith(f"PET_NNODES={args[1]}: {sentence[:-1]}; fix the variable")
 
 
 @pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
@@ -152,7 +171,8 @@ def test_accepted_with_no_effect():
     """--run-path (a fresh interpreter runs the script by its path either way), --monitor-interval (exits are
     seen as they happen), --start-method (every worker is a fresh process): nothing of theirs reaches the plan."""
     plain = ours()
-    assert ours(run_path=True, monitor_interval=0.5, start_method="fork", rdzv_conf="timeout=5") == plain
+    assert ours(run_path=True, monitor_interval=0.5, start_method="fork") == plain
+    assert ours(rdzv_conf="timeout=5") == {**plain, "join_timeout": 5}  # the static rendezvous's join timeout
     result = CliRunner().invoke(cli.launch, ["--start-method", "thread", "train.py"])
     assert result.exit_code == 2 and "'thread' is not one of 'spawn', 'fork', 'forkserver'" in result.output
 
@@ -218,7 +238,7 @@ def test_nnodes_is_paddles_check_when_paddles_options_name_the_nodes():
     """One --nnodes for both command lines: with --ips (or --master, --rank, --host, --cluster_node_ips) it is
     Paddle 3's count of the nodes, checked later; torchrun's node options beside them are refused."""
     values = ours(nnodes="2", given=("ips",))
-    assert values["nnodes"] == "2" and "node_rank" not in values and "master_addr" not in values
+    assert str(values["nnodes"]) == "2" and "node_rank" not in values and "master_addr" not in values
     with pytest.raises(LaunchError, match="--master-addr \\(torchrun's\\) and Paddle's node options both name the nodes"):
         ours(nnodes="2", master_addr="127.0.0.1", given=("ips",))
     assert ours(nnodes="2", node_rank=1)["nnodes"] == 2  # no Paddle option: torchrun's

@@ -8,10 +8,11 @@ from typing import Mapping
 
 import click
 
+from launcher.cli import table
 from launcher.host import files
 from launcher.errors import LaunchError
 
-LIST_KEYS = ("cluster_node_ips", "selected_gpus", "servers", "workers", "devices", "ips", "trainers")  # a YAML list is joined with commas
+LIST_KEYS = tuple(r.name for r in table.ROWS if r.listed)  # a YAML list is joined with commas
 EXTRA_KEYS = ("training_script", "training_script_args", "env")
 MAX_SIZE = 1 << 20  # a config of options is a few hundred bytes; a bigger file is the wrong one
 SCALARS = (str, int, float, bool)  # YAML also makes dates, timestamps and bytes: refused, not guessed at

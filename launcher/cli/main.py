@@ -4,27 +4,24 @@ spellings, types and help) are ``launcher.cli.options``'s."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
 
 import click
 
-from launcher.output import reports
 from launcher.output import standard_streams as streams
 from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
-from launcher.cli import pet
-from launcher.cli import torchrun as torchrun_cli
-from launcher.cli.options import launch_options
+from launcher.cli import request as requests
+from launcher.cli.options import GroupedCommand, launch_options
 from launcher.errors import LaunchError
 
 DEFAULT_PROG = "python -m launcher"
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100, "allow_interspersed_args": False}
 
 
-@click.command(context_settings=CONTEXT, epilog="""\b
+@click.command(cls=GroupedCommand, context_settings=CONTEXT, epilog="""\b
 Examples:
   python -m launcher train.py                        # one worker per GPU, or 2 CPU workers
   python -m launcher --selected_gpus=0,1,2,3 --log_dir mylog train.py --lr 0.1
@@ -47,7 +44,7 @@ elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_paralle
 --enable_auto_mapping --coordinators --coordinator_num --heter_workers --heter_devices
 --heter_worker_num --elastic_pre_hook --scale --force
 """)
-@launch_options  # this launcher's, torchrun's and Paddle's options (launcher.cli.options)
+@launch_options  # every option, from the one table (launcher.cli.table)
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -56,6 +53,7 @@ def launch(ctx: click.Context, **values) -> int:
     keep their logs, and stop them all as soon as one fails.
 
     Run the same command on every node of the cluster, each with its own --node_ip.
+    Every option takes underscores or dashes (--log_dir, --log-dir), and a value after = or a space.
     TRAINING_SCRIPT and everything after it go to every worker unchanged. Each worker
     gets FLAGS_selected_gpus, the PADDLE_TRAINER_* variables, and torch's RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
@@ -63,82 +61,17 @@ def launch(ctx: click.Context, **values) -> int:
     With --server_num/--worker_num (or --servers/--workers) it starts parameter servers and
     trainers instead, and stops the servers once every trainer has finished.
     """
-    values, from_file = _with_config(ctx, values)
-    from_pet, pet_names = pet.values_from(os.environ, ctx, lambda name: name in from_file or _given(ctx, name))
-    values, from_file = {**values, **from_pet}, from_file | pet_names  # torchrun's PET_* variables, as given
-    given = lambda name: name in from_file or _given(ctx, name)  # noqa: E731
-    values = torchrun_cli.to_ours(values, given, os.environ)
-    setup_messages(values["log_level"])
-    values = _with_elastic_values(values, given)
-    if values.get("elastic") is not None:
-        from launcher.cli import elastic as elastic_cli
+    from launcher.cli import job
 
-        spec = values.pop("elastic")
-        return elastic_cli.run(values, spec, lambda v: resolve_options(ctx, v, from_file)[0])
-    values.pop("elastic", None)
-    opts, nodes = resolve_options(ctx, values, from_file)
-    from launcher.cli import paddle as paddle_cli
-
-    from launcher.host import preflight
-    from launcher.run import attempts, limits
-    from launcher.plan.planner import make_plan
-
-    host = _with_gathered_nodes(opts, preflight.probe_host(os.environ))
-    finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
-    try:
-        plan = make_plan(opts, os.environ, host, finder)
-        paddle_cli.check_nodes(nodes, len(plan.node_ips), plan.cluster or "--cluster_node_ips")
-        preflight.check(plan, opts, host)
-    except LaunchError:
-        for s in finder.held:
-            s.close()
-        raise
-    reserved = finder.held or preflight.reserve_store_port(plan)
-    for note in plan.notes:
-        log.warning(note)
-    if values["print_config"]:
-        console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
-    return attempts.run(plan, tuple(reserved))
+    request = requests.resolve(ctx, values, os.environ)
+    setup_messages(request.log_level)
+    return job.run(request)
 
 
-def resolve_options(ctx: click.Context, values: dict, from_file: set = frozenset()):
-    """(LaunchOptions, the --nnodes to check the plan against): Paddle 2.6/3.x's options mapped onto ours."""
-    from launcher.cli import paddle as paddle_cli
-
-    given = set(from_file) | {n for n in values if ctx.get_parameter_source(n) not in (None, click.core.ParameterSource.DEFAULT)}
-    values = paddle_cli.translate(values, given)
-    expected = paddle_cli.expected_nodes(values, given)
-    if not isinstance(values.get("nnodes"), (int, type(None))):  # Paddle's --nnodes: only that check
-        values = {**values, "nnodes": None}
-    return _options(values, ctx.command_path), expected
-
-
-def _with_elastic_values(values: dict, given) -> dict:
-    """An elastic job (torchrun's or Paddle 3's ``--nnodes MIN:MAX``): its ElasticSpec in ``elastic``, with the
-    values it implies (node 0's address, the workers' first port)."""
-    from launcher.cli import paddle as paddle_cli
-
-    if "elastic" in values:
-        return values
-    return {**values, **(paddle_cli.elastic(values, given, os.environ) or {})}
-
-
-def _with_gathered_nodes(opts, host):
-    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.static.gather)."""
-    from launcher.plan.clusters.registry import gathering
-    from launcher.plan.clusters.source import DEFAULT_NODES
-    from launcher.nodes.static import gather
-    from launcher.host import preflight
-    from launcher.envvars import JOB_TOKEN
-
-    spec = gathering(opts, os.environ)
-    if spec is None:
-        return host
-    given = opts.node_ip != DEFAULT_NODES
-    address = opts.node_ip if given else gather.own_address(spec)
-    preflight.check_node_ip(address, host)
-    nodes = gather.gather(spec, address, opts.join_timeout, os.environ.get(JOB_TOKEN) or None)
-    return dataclasses.replace(host, gathered_nodes=nodes)
+def request_of(argv: list, env=None, prog: str = DEFAULT_PROG) -> "requests.Request":
+    """The request a launch command line makes (``env``: the environment it reads; this process's by default)."""
+    with launch.make_context(prog, list(argv)) as ctx:
+        return requests.resolve(ctx, dict(ctx.params), os.environ if env is None else env)
 
 
 TOOL_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -213,38 +146,6 @@ def command_for(args: list, prog: str = DEFAULT_PROG):
     if args and args[0] in TOOLS and not os.path.isfile(args[0]):
         return TOOLS[args[0]], args[1:], f"{prog} {args[0]}"
     return launch, args, prog
-
-
-def _given(ctx: click.Context, name: str) -> bool:
-    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
-
-
-def _with_config(ctx: click.Context, values: dict):
-    """Command line, then the --config file, then defaults; and the names the file set."""
-    if not values["config"]:
-        return values, set()
-    from launcher.cli import config_file as config
-
-    options = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
-    settings = config.load(values["config"], options)
-    merged = dict(values)
-    for name, value in settings.items():
-        given = name in values and _given(ctx, name)
-        if name in ("training_script", "training_script_args") and values["training_script"]:
-            continue
-        if not given:
-            merged[name] = value
-    return merged, set(settings)
-
-
-def _options(values: dict, prog: str = DEFAULT_PROG):
-    from launcher.plan.model import LaunchOptions
-
-    if not values["training_script"]:
-        raise LaunchError(f"no training script given; usage: {prog} [OPTIONS] training_script [ARGS]...")
-    given = {f.name: values[f.name] for f in dataclasses.fields(LaunchOptions) if f.name in values}
-    given["training_script_args"] = tuple(values["training_script_args"] or ())
-    return LaunchOptions(**given, extra_env=tuple(values.get("env", ())))
 
 
 def prog_name(argv0: str) -> str:

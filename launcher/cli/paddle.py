@@ -6,7 +6,6 @@ naming the reason. Paddle 1.8's options (``launch`` and ``launch_ps``) are this 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from typing import Optional
 
 from launcher.errors import LaunchError
@@ -16,63 +15,6 @@ _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
 
 
-@dataclass(frozen=True)
-class PaddleOption:
-    name: str  # the click parameter, and the config file's key
-    aliases: tuple
-    metavar: str
-    help: str
-
-
-# Taken and mapped onto this launcher's options (translate)
-MAPPED = (
-    PaddleOption("devices", ("gpus",), "IDS", "Paddle 2.6/3.x, fleetrun: GPU ids, as --selected_gpus."),
-    PaddleOption("ips", (), "IPS", "Paddle 2.6/3.x, fleetrun: every node's address, as --cluster_node_ips."),
-    PaddleOption("host", (), "IP", "Paddle 2.6/3.x, fleetrun: this node's address, as --node_ip."),
-    PaddleOption("rank", (), "N", "Paddle 2.6/3.x: this node's rank, its place in --ips or --cluster_node_ips (-1: found "
-                                  "from --host); needed where nodes share a host (an address listed twice)."),
-    PaddleOption("nnodes", ("np",), "N", "Paddle 2.6/3.x, fleetrun: the number of nodes, checked against the nodes found; "
-                                          "N:M with --master: an elastic job (docs/elastic.md)."),
-    PaddleOption("master", (), "IP:PORT", "Paddle 2.6/3.x: the rendezvous: node 0 (the first of --ips) listens on PORT, "
-                                          "as --control_port; etcd://HOST:PORT with --nnodes: the membership in etcd."),
-    PaddleOption("elastic_server", (), "HOST:PORT", "fleetrun (Paddle 2.x): etcd's endpoint, with --job_id and --np: "
-                                                   "an elastic job whose membership is in etcd (docs/elastic.md)."),
-    PaddleOption("trainers", (), "IP:PORT,...", "Paddle 2.6/3.x: every trainer's endpoint, as --workers."),
-    PaddleOption("trainer_num", (), "N", "Paddle 2.6/3.x: trainers on this node, as --worker_num (servers: 1 when not given)."),
-    PaddleOption("max_restart", (), "N", "Paddle 2.6/3.x: as --max_restarts (Paddle's default is 3, this launcher's 0)."),
-    PaddleOption("run_mode", (), "MODE", "Paddle 2.6/3.x, fleetrun: collective, or ps (1 server, 1 trainer unless told)."),
-    PaddleOption("backend", (), "NAME", "fleetrun: auto, nccl or gloo (PADDLE_DISTRI_BACKEND)."),
-    PaddleOption("elastic_timeout", (), "SECONDS", "Paddle 2.6/3.x: how long to wait for the other nodes, as --join_timeout."),
-    PaddleOption("elastic_level", (), "N", "Paddle 2.6/3.x, with --nnodes MIN:MAX: -1 or 1, a worker failure restarts "
-                 "the job (up to --max_restart); 0, the failing node leaves and the others go on. A fixed job: -1 only."),
-    PaddleOption("http_port", (), "PORT", "fleetrun: fleet's gloo port, as --gloo_port."),
-    PaddleOption("sort_ip", (), "BOOL", "Paddle 2.6/3.x: rank the nodes by address."),
-    PaddleOption("log_overwrite", (), "BOOL", "Paddle 2.6/3.x: false only: logs are appended, one header line per run."),
-    PaddleOption("legacy", (), "BOOL", "Paddle 2.6/3.x: either: both command lines are taken at once."),
-)
-
-# Taken only to be refused, saying why (a value in ``harmless`` is accepted: it asks for nothing)
-REFUSED = {
-    "npus": ("Ascend NPUs are not supported: this launcher drives CPU and NVIDIA GPU workers", ()),
-    "xpus": ("Kunlun XPUs are not supported: this launcher drives CPU and NVIDIA GPU workers", ()),
-    "selected_xpus": ("Kunlun XPUs are not supported: this launcher drives CPU and NVIDIA GPU workers", ()),
-    "enable_gpu_log": ("this launcher records no GPU log (run nvidia-smi alongside)", _FALSE),
-    "auto_parallel_config": ("Paddle's auto-parallel tuner is not supported", ()),
-    "auto_cluster_config": ("Paddle's auto-parallel tuner is not supported", _FALSE),
-    "auto_tuner_json": ("Paddle's auto-parallel tuner is not supported", ()),
-    "cluster_topo_path": ("fleetrun's rank auto-mapping is not supported", ()),
-    "rank_mapping_path": ("fleetrun's rank auto-mapping is not supported", ()),
-    "enable_auto_mapping": ("fleetrun's rank auto-mapping is not supported", _FALSE),
-    "coordinators": ("federated parameter servers (coordinators) are not supported", ()),
-    "coordinator_num": ("federated parameter servers (coordinators) are not supported", ("0",)),
-    "heter_workers": ("heterogeneous parameter servers are not supported", ()),
-    "heter_devices": ("heterogeneous parameter servers are not supported", ()),
-    "heter_worker_num": ("heterogeneous parameter servers are not supported", ("0",)),
-    "elastic_pre_hook": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", ()),
-    "scale": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", ("0",)),
-    "force": ("elastic training (etcd) is not supported; --max_restarts restarts the whole job", _FALSE),
-}
-
 PS_OPTIONS = ("server_num", "worker_num", "servers", "workers")
 
 
@@ -80,10 +22,6 @@ def translate(values: dict, given: set) -> dict:
     """This launcher's option values, with the Paddle 2.6/3.x ones (``given``: the names set by the user) mapped
     onto them; the Paddle names are left in ``values`` for the caller's checks (``expected_nodes``)."""
     out = dict(values)
-    for name, (reason, harmless) in REFUSED.items():
-        value = out.get(name)
-        if name in given and value is not None and str(value).strip().lower() not in harmless:
-            raise LaunchError(f"--{name} {value} cannot be honoured: {reason}; drop --{name}.")
     _same_as(out, given, "devices", "selected_gpus")
     _same_as(out, given, "ips", "cluster_node_ips")
     _same_as(out, given, "host", "node_ip")
@@ -119,14 +57,14 @@ def elastic(values: dict, given, env=None) -> Optional[dict]:
     if given("elastic_server") or env.get("PADDLE_ELASTIC_SERVER"):  # Paddle 2.x's elastic mode
         spec = elastic_options.from_paddle2({n: values.get(n) for n in (*ELASTIC_OPTIONS, "elastic_server", "np")
                                              if given(n)} | {"np": values.get("nnodes") if given("nnodes") else None}, env)
-        if spec.backend == "etcd":
+        if not spec.backend_row.has_node_0:
             return {"elastic": spec, "nnodes": None, "elastic_server": None}
-    low, colon, high = str(values.get("nnodes") or "").partition(":")
     etcd_master = "://" in str(values.get("master") or "") and given("master")
-    if not given("nnodes") or (not etcd_master and (not colon or low.strip() == high.strip())):
+    nodes = values.get("nnodes")  # a NodeRange; a whole number once torchrun's options took it as theirs
+    if not given("nnodes") or isinstance(nodes, int) or (not etcd_master and not nodes.elastic):
         return None
     spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)}, env)
-    if spec.backend == "etcd":
+    if not spec.backend_row.has_node_0:
         return {"elastic": spec, "nnodes": None, "master": None, "elastic_level": "-1"}
     if given("ips") or spec.port is None:
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
@@ -139,22 +77,14 @@ def elastic(values: dict, given, env=None) -> Optional[dict]:
 
 def expected_nodes(values: dict, given: set) -> Optional[int]:
     """--nnodes N (or fleetrun's --np N): the number of nodes the plan must find, or None."""
-    if "nnodes" not in given or values.get("nnodes") is None:
-        return None
-    text = str(values["nnodes"]).strip()
-    low, _, high = text.partition(":")
-    if not (low.isdigit() and (not high or high.isdigit())) or int(low) < 1:
-        raise LaunchError(f"--nnodes {text} is not a number of nodes; give a whole number such as 2.")
-    if high and int(high) != int(low):
-        raise LaunchError(f"--nnodes {text} asks for elastic training (between {low} and {high} nodes), which is not "
-                          f"supported; give one number, such as --nnodes {high}.")
-    return int(low)
-
-
-def check_nodes(expected: Optional[int], found: int, where: str) -> None:
-    if expected is not None and expected != found:
-        raise LaunchError(f"--nnodes {expected} disagrees with the {found} node(s) of {where}; give every node's "
-                          f"address with --ips (or --cluster_node_ips), or make --nnodes match.")
+    nodes = values.get("nnodes") if "nnodes" in given else None
+    if nodes is None or isinstance(nodes, int):
+        return nodes
+    if nodes.elastic:
+        raise LaunchError(f"--nnodes {nodes} asks for an elastic job (between {nodes.low} and {nodes.high} nodes), which "
+                          "needs node 0's --master IP:PORT (or torchrun's --rdzv-endpoint), the same on every node; give "
+                          f"it, or one number such as --nnodes {nodes.high}.")
+    return nodes.low
 
 
 # ---------------------------------------------------------------- one option each
@@ -188,8 +118,9 @@ def _address_key(host: str):
 
 def _elastic_level(out: dict, given: set) -> None:
     if "elastic_level" in given and str(out["elastic_level"]).strip() != "-1":
-        raise LaunchError(f"--elastic_level {out['elastic_level']} asks for elastic training, which is not supported; "
-                          "drop it (--max_restarts N restarts the whole job after a failure).")
+        raise LaunchError(f"--elastic_level {out['elastic_level']} sets an elastic job's answer to a failure, and this "
+                          "job has a fixed number of nodes; drop it, or give --nnodes MIN:MAX with --master IP:PORT "
+                          "(docs/elastic.md).")
 
 
 def _rank(out: dict, given: set) -> None:

@@ -16,14 +16,14 @@ from typing import Callable, Mapping, Tuple
 
 import click
 
+from launcher.cli import table
 from launcher.errors import LaunchError
+from launcher.plan import elastic_backends as backends
+from launcher.plan.parsing import node_range
 
-# torch/distributed/run.py's options read with argparse_util.env / check_env, by their dest
-VALUES = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "max_restarts",
-          "monitor_interval", "start_method", "role", "log_dir", "redirects", "tee", "local_ranks_filter", "node_rank",
-          "master_addr", "master_port", "local_addr", "event_log_handler", "signals_to_handle", "shutdown_timeout",
-          "duplicate_stdout_filters", "duplicate_stderr_filters")
-FLAGS = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+# torch/distributed/run.py's options read with argparse_util.env / check_env: the table's rows marked pet
+VALUES = tuple(r.name for r in table.ROWS if r.pet and not r.click.get("is_flag"))
+FLAGS = tuple(r.name for r in table.ROWS if r.pet and r.click.get("is_flag"))
 NODE_VARIABLES = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_node")  # a fixed job's: Kubeflow's source
 
 
@@ -43,10 +43,13 @@ def values_from(env: Mapping[str, str], ctx: click.Context, given: Callable[[str
 
 def _elastic(env: Mapping[str, str]) -> bool:
     """An elastic range of nodes, or a rendezvous backend other than static with its endpoint."""
-    low, colon, high = env.get(variable("nnodes"), "").partition(":")
+    try:
+        elastic = node_range(env.get(variable("nnodes"), "")).elastic
+    except ValueError:
+        elastic = False  # not a number of nodes: refused as the option's value is, naming the variable
     backend = env.get(variable("rdzv_backend"), "").strip().lower()
-    return (bool(colon) and low.strip() != high.strip()) or (
-        backend not in ("", "static") and bool(env.get(variable("rdzv_endpoint"), "").strip()))
+    return elastic or (
+        backend not in ("", backends.FIXED.name) and bool(env.get(variable("rdzv_endpoint"), "").strip()))
 
 
 def _value(env: Mapping[str, str], name: str, param: click.Option, ctx: click.Context):

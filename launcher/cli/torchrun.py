@@ -16,87 +16,21 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import Optional
 
-import click
-
+from launcher.cli import table
 from launcher.errors import LaunchError
-from launcher.plan import elastic, streams
+from launcher.plan import elastic, streams, torchrun_values
+from launcher.plan import elastic_backends as backends
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
-STATIC_PORT = 29500  # torchrun's --master-port default
-C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
-BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-START_METHODS = ("spawn", "fork", "forkserver")
+STATIC_PORT = table.STATIC_PORT
 
 
-@dataclass(frozen=True)
-class TorchrunOption:
-    name: str  # underscore spelling; the dashed one is accepted too
-    kwargs: dict
-    help: str
-
-
-TORCHRUN_OPTIONS = (
-    TorchrunOption("standalone", {"is_flag": True, "default": False},
-                   "torchrun: one node, on a free port (the default here)."),
-    TorchrunOption("node_rank", {"type": click.IntRange(0), "default": None, "metavar": "R"},
-                   "torchrun: this node's rank, 0 to --nnodes minus 1."),
-    TorchrunOption("master_addr", {"default": None, "metavar": "HOST"},
-                   "torchrun: node 0's address (where rank 0 hosts the store); the other nodes join there."),
-    TorchrunOption("master_port", {"type": click.IntRange(2, 65535), "default": None, "metavar": "PORT"},
-                   f"torchrun: rank 0's store port (= --started_port; default {STATIC_PORT} on several nodes); "
-                   "node 0's launcher also listens on PORT-1 for the other nodes."),
-    TorchrunOption("local_addr", {"default": None, "metavar": "IP"},
-                   "torchrun: this node's address (= --node_ip)."),
-    TorchrunOption("rdzv_backend", {"type": click.Choice(BACKENDS), "default": "static", "show_default": True},
-                   "torchrun: static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node 0's "
-                   "launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. "
-                   "etcd (or etcd-v2): the membership in etcd at --rdzv-endpoint, no node is special."),
-    TorchrunOption("rdzv_endpoint", {"default": None, "metavar": "HOST[:PORT]"},
-                   "torchrun: node 0's address and store port (instead of --master-addr/--master-port)."),
-    TorchrunOption("rdzv_id", {"default": None, "metavar": "ID"}, "torchrun: the job's id (= --job_id)."),
-    TorchrunOption("rdzv_conf", {"default": None, "metavar": "K=V,..."}, "torchrun: the rendezvous settings of an elastic job (docs/elastic.md)."),
-    TorchrunOption("redirects", {"short": ("-r",), "aliases": ("redirect",), "default": None, "metavar": "0-3|R:V,..."},
-                   "torchrun: these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
-                   "log_dir/workerlog.N only, the others to the console."),
-    TorchrunOption("tee", {"short": ("-t",), "default": None, "metavar": "0-3|R:V,..."},
-                   "torchrun: these streams go to log_dir/workerlog.N and to the console."),
-    TorchrunOption("local_ranks_filter", {"default": None, "metavar": "0,1,..."},
-                   "torchrun: the console shows only these local ranks (the log files keep every line)."),
-    TorchrunOption("role", {"default": "default", "show_default": True, "metavar": "NAME"},
-                   "torchrun: the workers' ROLE_NAME."),
-    TorchrunOption("run_path", {"is_flag": True, "default": False},
-                   "torchrun: accepted; the script runs in a fresh interpreter, as it would by its path."),
-    TorchrunOption("monitor_interval", {"type": float, "default": None, "metavar": "SECONDS"},
-                   "torchrun: accepted, no effect: exits are seen as they happen."),
-    TorchrunOption("start_method", {"type": click.Choice(START_METHODS), "default": None},
-                   "torchrun: accepted, no effect: every worker is a fresh process."),
-    TorchrunOption("event_log_handler", {"default": None, "metavar": "NAME"},
-                   "torchrun: accepted, no effect: the launcher's events go to LOG_DIR/events.jsonl."),
-    TorchrunOption("signals_to_handle", {"default": None, "metavar": "SIG,..."},
-                   "torchrun: accepted, no effect: the launcher handles SIGTERM, SIGINT, SIGHUP and SIGQUIT, and passes "
-                   "SIGUSR1 and SIGUSR2 on to the workers (docs/logs.md)."),
-    TorchrunOption("duplicate_stdout_filters", {"default": None, "metavar": "TEXT,..."},
-                   "torchrun: accepted, no effect: find lines with launcher logs --grep."),
-    TorchrunOption("duplicate_stderr_filters", {"default": None, "metavar": "TEXT,..."},
-                   "torchrun: accepted, no effect: find lines with launcher logs --grep."),
-    TorchrunOption("virtual_local_rank", {"is_flag": True, "default": False},
-                   "torchrun: refused: every worker sees its own LOCAL_RANK and FLAGS_selected_gpus here."),
-)
-NAMES = tuple(o.name for o in TORCHRUN_OPTIONS)
+# torchrun's own options (the table's rows of torchrun's that are not ours): turned into ours by ``to_ours``
+NAMES = tuple(r.name for r in table.rows(dialect=table.TORCHRUN) if r.status != table.OURS and r.name != "nnodes")
 PADDLE_NODE_OPTIONS = ("ips", "master", "rank", "host", "cluster_node_ips", "use_paddlecloud")
 TORCHRUN_NODE_OPTIONS = ("standalone", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
-
-
-def options(option_maker):
-    """A decorator adding TORCHRUN_OPTIONS to a click command; ``option_maker(name, **kwargs)`` spells them."""
-    def decorate(f):
-        for o in reversed(TORCHRUN_OPTIONS):
-            f = option_maker(o.name, help=o.help, **dict(o.kwargs))(f)
-        return f
-    return decorate
 
 
 # Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
@@ -104,15 +38,15 @@ def options(option_maker):
 NODE_RANK_VARS = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
-def to_ours(values: dict, given, env=None) -> dict:
+def to_ours(values: dict, given, env=None, shown=None) -> dict:
     """The launcher's values for torchrun's; ``given(name)``: whether the user gave that option;
-    ``env``: the launcher's environment (a scheduler's node rank)."""
+    ``env``: the launcher's environment (a scheduler's node rank); ``shown(name)``: how a refusal names the
+    option (its PET_* variable when it came from there)."""
+    shown = shown or (lambda name: f"--{name.replace('_', '-')}")
     ours = {k: v for k, v in values.items() if k not in NAMES}
     ours["role"] = values["role"]
     _check_monitor_interval(values["monitor_interval"])
-    if values["virtual_local_rank"]:
-        raise LaunchError("--virtual-local-rank (every worker seeing LOCAL_RANK=0) is not supported: each worker sees "
-                          "its own LOCAL_RANK and its GPU in FLAGS_selected_gpus; leave the option (or PET_VIRTUAL_LOCAL_RANK) out.")
+    ours.update(_torchrun_213(values, shown))
     ours.update(_streams(values, given))
     if values["local_addr"]:
         ours["node_ip"] = values["local_addr"]
@@ -123,9 +57,10 @@ def to_ours(values: dict, given, env=None) -> dict:
         if named:
             hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
             raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
-        return ours  # --nnodes stays Paddle's: a check of the nodes found
+        return {**ours, **_fixed_rdzv_conf(values, given)}  # --nnodes stays Paddle's: a check of the nodes found
     if _elastic_range(values):
         return {**ours, **_elastic(values, given)}
+    ours.update(_fixed_rdzv_conf(values, given))
     nodes = _nodes(values)
     if nodes is None and values["master_port"] is None:
         return ours
@@ -141,23 +76,50 @@ def to_ours(values: dict, given, env=None) -> dict:
 def _elastic_range(values: dict) -> bool:
     """An elastic job: ``--nnodes MIN:MAX``, or any count with ``--rdzv-backend etcd`` (whose membership may change
     at any count); not with ``--standalone``."""
-    low, colon, high = str(values.get("nnodes") or "").strip().partition(":")
-    in_etcd = str(values.get("rdzv_backend") or "").strip().lower().startswith("etcd")
-    return (in_etcd or (bool(colon) and low.strip() != high.strip())) and not values["standalone"]
+    nodes = values.get("nnodes")
+    any_count = backends.backend_named(values.get("rdzv_backend") or backends.FIXED.name).fixed_count_elastic
+    return (any_count or (nodes is not None and nodes.elastic)) and not values["standalone"]
 
 
 def _elastic(values: dict, given) -> dict:
     """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``), whose rounds give the number of nodes and this node's
-    rank (``launcher.cli.elastic``); node 0's launcher keeps the membership on the endpoint's port, the
+    rank (``launcher.cli.job``); node 0's launcher keeps the membership on the endpoint's port, the
     workers' ports (rank 0's store first) start one above it."""
     spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None},
                                  os.environ)
-    if spec.backend == "etcd":  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
+    if not spec.backend_row.has_node_0:  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
         return {"elastic": spec, "nnodes": None}
     ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
     if not given("started_port"):
         ours["started_port"] = spec.port + 1
     return ours
+
+
+def _torchrun_213(values: dict, shown) -> dict:
+    """torchrun 2.13's --virtual-local-rank, --duplicate-stdout/stderr-filters, --signals-to-handle and
+    --event-log-handler, read as torchrun reads them (``launcher.plan.torchrun_values``)."""
+    ours = {"virtual_local_rank": bool(values["virtual_local_rank"]),
+            "duplicate_stdout_filters": torchrun_values.parse_filters(values["duplicate_stdout_filters"]),
+            "duplicate_stderr_filters": torchrun_values.parse_filters(values["duplicate_stderr_filters"])}
+    if values["signals_to_handle"] is not None:
+        ours["signals_to_handle"] = torchrun_values.parse_signals(values["signals_to_handle"], shown("signals_to_handle"))
+    if values["event_log_handler"] is not None:
+        ours["event_log_handler"] = torchrun_values.parse_event_log_handler(values["event_log_handler"])
+    return ours
+
+
+def _fixed_rdzv_conf(values: dict, given) -> dict:
+    """--rdzv-conf of a job of fixed nodes: its keys checked as an elastic job's are; ``join_timeout`` (the static
+    rendezvous's ``timeout``) is how long node 0 waits for the other nodes (--join_timeout unless given), the
+    other settings have no round to set."""
+    text = values.get("rdzv_conf")
+    if not text:
+        return {}
+    conf, _ = backends.split_conf(text, backends.FIXED)  # another backend's key is refused
+    rendezvous = elastic.parse_rdzv_conf(conf)
+    if "join_timeout" in rendezvous.given and not given("join_timeout"):
+        return {"join_timeout": rendezvous.join_timeout}
+    return {}
 
 
 def _check_monitor_interval(seconds: Optional[float]) -> None:
@@ -181,7 +143,7 @@ def _node_rank(values: dict, nodes: int, env) -> int:
     """--node-rank; for c10d without it, the scheduler's node index (torchrun would take the order of joining)."""
     if values["node_rank"] is not None or nodes == 1:
         return values["node_rank"] or 0
-    if values["rdzv_backend"] != "c10d":
+    if not backends.backend_named(values["rdzv_backend"]).elastic:
         return 0  # torchrun's static default
     for name in NODE_RANK_VARS:
         text = env.get(name, "").strip()
@@ -193,17 +155,12 @@ def _node_rank(values: dict, nodes: int, env) -> int:
 
 def _nodes(values: dict) -> Optional[int]:
     """--nnodes as a fixed count (--standalone: 1); None when not given."""
+    nodes = values.get("nnodes")
     if values["standalone"]:
-        if values.get("nnodes") not in (None, "1", "1:1"):
-            raise LaunchError(f"--standalone runs one node, but --nnodes is {values['nnodes']}; give one of them.")
+        if nodes is not None and (nodes.elastic or nodes.low != 1):
+            raise LaunchError(f"--standalone runs one node, but --nnodes is {nodes}; give one of them.")
         return 1
-    text = values.get("nnodes")
-    if text is None:
-        return None
-    low, colon, high = text.strip().partition(":")
-    if not low.isascii() or not low.isdigit() or int(low) < 1:
-        raise LaunchError(f"--nnodes {text} is not a number of nodes; give a whole number such as 2.")
-    return int(low)
+    return None if nodes is None else nodes.low
 
 
 def _store_endpoint(values: dict, nodes: int):
@@ -215,7 +172,7 @@ def _store_endpoint(values: dict, nodes: int):
     if endpoint:
         host, colon, port = endpoint.rpartition(":")
         if not colon or endpoint.endswith("]"):  # no port: torchrun's c10d default
-            host, port = endpoint, str(C10D_PORT)
+            host, port = endpoint, str(elastic.C10D_PORT)
         host = host.strip("[]")
         if not host or not port.isascii() or not port.isdigit() or not 2 <= int(port) <= 65535:
             raise LaunchError(f"--rdzv-endpoint {endpoint} is not HOST:PORT; give node 0's address and a port such as 10.0.0.1:29400.")

@@ -8,6 +8,8 @@ so that no two events ever share a line. A launcher killed while it writes one m
 (the kernel stops a write at a page's end for SIGKILL): a reader skips it, and the next writer begins on a new line.
 Keeping it never fails the job: a write that fails is one warning, then no more writes. ``read`` takes any file
 and never raises on what is in it; ``describe`` shows an event in one line (``launcher logs --events``).
+With torchrun's ``--event-log-handler console`` each event is also written to the console's stderr, the same JSON
+line, with or without a log dir (torch's console handler writes each event's JSON there).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import time
 from typing import Callable, Iterator, Optional
 
+from launcher.output.console import console
 from launcher.output.messages import log
 
 NAME = "events.jsonl"
@@ -33,8 +36,10 @@ def path_in(log_dir: str) -> str:
 class EventLog:
     """The event log of this node's launcher (``log_dir`` None: none is kept, every write is a no-op)."""
 
-    def __init__(self, log_dir: Optional[str], node: int, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, log_dir: Optional[str], node: int, now: Callable[[], float] = time.time,
+                 to_console: bool = False) -> None:
         self.path = path_in(log_dir) if log_dir else None
+        self.to_console = to_console  # each event also a line on stderr (--event-log-handler console)
         self.node = node
         self.round: Optional[int] = None  # an elastic job's round, on every event from its start on
         self.now = now
@@ -51,9 +56,13 @@ class EventLog:
         record.update((k, _bounded(v)) for k, v in fields.items() if v is not None)
         self.counts[event] = self.counts.get(event, 0) + 1
         self.recent.append(record)
-        if self.path is None or self.failed:
+        if (self.path is None or self.failed) and not self.to_console:
             return
         line = (json.dumps(record, ensure_ascii=True, default=str) + "\n").encode()
+        if self.to_console:
+            console.write(2, line)
+        if self.path is None or self.failed:
+            return
         try:
             if self.fd is None:
                 self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -7,15 +7,29 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from launcher.output.filtered import FilteredOutput
 from launcher.output.lines import TAIL_LINES
 from launcher.output.sinks import FileOutput, PipeOutput, WorkerOutput
 from launcher.plan.streams import BOTH, ERR, NONE, OUT, StreamRoute
 
 
-def worker_output(spec, log_fd: Optional[int]) -> WorkerOutput:
+def worker_output(spec, log_fd: Optional[int], duplicates: tuple = ()) -> WorkerOutput:
     """The output of the worker of ``spec`` (a launcher.plan.model.WorkerSpec); ``log_fd``: its
     open log file (None without one). No route: the launcher's layout, the log file with local rank 0
-    on the console, else pipes to the console."""
+    on the console, else pipes to the console. ``duplicates``: the plan's (launcher.plan.streams.Duplicate),
+    for the streams that ``spec.duplicated`` names, which then reach the log file through the launcher."""
+    output = _output(spec, log_fd)
+    copied = [d for d in duplicates if d.stream & spec.duplicated] if log_fd is not None else []
+    if not copied:
+        return output
+    try:
+        return FilteredOutput(output, spec.label, copied)
+    except OSError:
+        output.finish()
+        raise
+
+
+def _output(spec, log_fd: Optional[int]) -> WorkerOutput:
     route = spec.route
     if route is None:
         return FileOutput(spec.log_file, log_fd, echo=spec.local_rank == 0) if log_fd is not None else PipeOutput(spec.label)

@@ -16,7 +16,7 @@ from launcher.plan import agent_store
 from launcher.plan.clusters import registry
 from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
                                   interface_of, monitor_address, python_of)
-from launcher.plan.devices import select_gpus
+from launcher.plan.devices import device_of, select_gpus
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan import node_ports
 from launcher.plan.parsing import node_endpoints
@@ -131,6 +131,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
     if opts.stream_choice and opts.stream_choice.needs_files and not opts.log_dir:
         raise LaunchError("--redirects and --tee write log files; give --log-dir too.")
+    filtered = duplicates_of(opts)
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -146,10 +147,18 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
             own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
+        if opts.virtual_local_rank:
+            own.update(virtual_local_rank_vars(gpu, base_env))
         route = streams.route(opts.stream_choice, local, bool(opts.log_dir)) if opts.stream_choice else None
         to_file = opts.log_dir and (route is None or route.to_file)
         log_file = os.path.join(opts.log_dir, WORKER.log_name_of(rank)) if to_file else None
-        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route))
+        duplicated = streams.teed(route, bool(log_file), local) & sum(d.stream for d in filtered)
+        workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route,
+                                  duplicated=duplicated))
+    copied = streams.NONE
+    for w in workers:
+        copied |= w.duplicated
+    notes += tuple(_nothing_copied(stream) for stream, filters in _filters(opts) if filters and not copied & stream)
     return Plan(
         node_ips=cluster.node_ips,
         node_rank=cluster.node_rank,
@@ -173,7 +182,40 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         error_file=base_env.get(ev.ERROR_FILE) or None,
         agent_store=agent_store.served_store(use_agent_store, cluster.node_rank, cluster.node_ips[0], first[0]),
         node_ports=every_node,
+        duplicates=tuple(d for d in filtered if copied & d.stream),
     )
+
+
+def duplicates_of(opts: LaunchOptions) -> tuple:
+    """torchrun's --duplicate-stdout-filters and --duplicate-stderr-filters as ``streams.Duplicate``s: one per
+    stream that has filters, copied into the log dir's filtered_stdout.log or filtered_stderr.log (none without
+    --log_dir, where no stream is teed)."""
+    if not opts.log_dir:
+        return ()
+    return tuple(streams.Duplicate(stream, tuple(filters), os.path.join(opts.log_dir, streams.FILTERED_FILES[stream]))
+                 for stream, filters in _filters(opts) if filters)
+
+
+def _filters(opts: LaunchOptions) -> tuple:
+    return (streams.OUT, opts.duplicate_stdout_filters), (streams.ERR, opts.duplicate_stderr_filters)
+
+
+def _nothing_copied(stream: int) -> str:
+    option = "--duplicate-stdout-filters" if stream == streams.OUT else "--duplicate-stderr-filters"
+    return (f"{option} copies the lines of the streams that go to a log file and to the console (--tee, or the "
+            f"node's first worker with --log_dir alone), and no worker's is: nothing is copied.")
+
+
+def virtual_local_rank_vars(gpu, env: Mapping[str, str]) -> dict:
+    """torchrun's --virtual-local-rank: every worker is local rank 0 (LOCAL_RANK, and Paddle's PADDLE_LOCAL_RANK and
+    PADDLE_RANK_IN_NODE alike), and a GPU worker sees its own GPU alone: CUDA_VISIBLE_DEVICES narrowed to it, so that it
+    is device 0, which FLAGS_selected_gpus and the other device ids then name. LOCAL_WORLD_SIZE stays the node's count;
+    a CPU worker's CUDA_VISIBLE_DEVICES stays as it was."""
+    out = {ev.LOCAL_RANK: "0", ev.PADDLE_LOCAL_RANK: "0", ev.RANK_IN_NODE: "0"}
+    if gpu is not None:
+        out.update({ev.CUDA_VISIBLE_DEVICES: device_of(gpu, env), ev.SELECTED_GPUS: "0", ev.SELECTED_ACCELERATORS: "0",
+                    ev.LOCAL_DEVICE_IDS: "0"})
+    return out
 
 
 def flight_recorder_vars(opts: LaunchOptions, env: Mapping[str, str], cwd: str) -> dict:

@@ -39,6 +39,14 @@ def select_gpus(opts: LaunchOptions, env: Mapping[str, str], gpu_count: Optional
     return tuple(_gpu_flag(g, visible) for g in ids), notes
 
 
+def device_of(gpu: str, env: Mapping[str, str]) -> str:
+    """The device a worker's GPU (its FLAGS_selected_gpus in the launcher's view) is, as CUDA_VISIBLE_DEVICES names
+    devices: its entry of the launcher's CUDA_VISIBLE_DEVICES when that is set (an index, or a name such as a UUID),
+    else the id itself; what a worker that sees its GPU alone (torchrun's --virtual-local-rank) is given."""
+    visible = _visible_devices(env)
+    return visible[int(gpu)] if visible is not None else gpu
+
+
 def _visible_devices(env: Mapping[str, str]):
     value = env.get(ev.CUDA_VISIBLE_DEVICES)
     if value is None:

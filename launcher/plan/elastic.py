@@ -14,7 +14,9 @@ or None: not given), so the command line calls it with what click parsed. Every 
 LaunchError of one sentence that names it and the fix. An etcd rendezvous (``--rdzv-backend etcd``,
 ``--master etcd://...``, ``--elastic_server``) keeps the membership in etcd instead of node 0's launcher
 (``launcher.plan.etcd``): a job of fixed size is then elastic too (a lost node's place can be taken).
-The ``ElasticSpec`` and what each rendezvous setting means are ``launcher.plan.elastic_spec``'s.
+What each backend means (its names, its endpoint's module, its heartbeat) is its row's
+(``launcher.plan.elastic_backends``); the ``ElasticSpec`` and what each rendezvous setting means are
+``launcher.plan.elastic_spec``'s.
 
 Paddle's settings: Paddle 3.x's ``--elastic_timeout`` and Paddle 2.x's ``PADDLE_ELASTIC_TIMEOUT``
 (how long Paddle waits with fewer than MAX nodes before it starts with those there) are
@@ -29,18 +31,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 from launcher.errors import LaunchError
-from launcher.plan.elastic_spec import ETCD_HEARTBEAT_TIMEOUT, SETTING, ElasticSpec, Rendezvous, Setting
-from launcher.plan.parsing import DIGITS, INTEGER, parse_node_list
+from launcher.plan import c10d, elastic_backends as eb
+from launcher.plan.elastic_backends import Backend
+from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting
+from launcher.plan.parsing import DIGITS, INTEGER, node_range, parse_node_list
 
-if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line only: every launch would pay its 2 ms
-    from launcher.plan.etcd import EtcdSpec
-
-C10D_PORT = 29400  # torchrun's port of a --rdzv-endpoint given without one
-LOOPBACK = "127.0.0.1"  # torchrun's c10d endpoint when none is given (it says localhost)
-BACKENDS = ("static", "c10d", "etcd", "etcd-v2")  # etcd-v2 (torchrun's newer etcd backend) is etcd here
+C10D_PORT = c10d.PORT  # torchrun's port of a --rdzv-endpoint given without one
 ELASTIC_LEVELS = (-1, 0, 1)
 TRUE, FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 ALIASES = {"timeout": "join_timeout"}  # the static rendezvous's key
@@ -54,61 +53,46 @@ KNOWN_KEYS = tuple(sorted([*SETTING, *ALIASES, *FLAGS]))
 def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     """torchrun's options (``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``,
     ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
-    low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
-    backend = _backend(_given(values, "rdzv_backend") or "static")
-    from launcher.plan import etcd
-
-    conf, etcd_conf = etcd.split_conf(_given(values, "rdzv_conf"))
-    if etcd_conf and backend != "etcd":
-        raise LaunchError(f"--rdzv-conf {','.join(etcd_conf)}= is for an etcd rendezvous; give --rdzv-backend etcd, "
-                          "or drop it.")
+    low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")  # a NodeRange from the command line
+    row = eb.backend_named(_given(values, "rdzv_backend") or eb.FIXED.name)
+    conf, own_conf = eb.split_conf(_given(values, "rdzv_conf"), row)
     rendezvous = parse_rdzv_conf(conf)
-    spec = ElasticSpec(low, high, backend, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
+    spec = ElasticSpec(low, high, row.name, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
                        max_restarts=_restarts(values.get("max_restarts"), "--max-restarts"))
     if not spec.elastic:
         return spec
-    if backend == "static":
-        raise LaunchError(f"--nnodes {low}:{high} with --rdzv-backend static: a static rendezvous has a fixed number "
-                          f"of nodes; give --rdzv-backend c10d for an elastic job, or --nnodes {high}.")
+    if not row.elastic:
+        raise LaunchError(f"--nnodes {low}:{high} with --rdzv-backend {row.name}: a {row.name} rendezvous has a fixed "
+                          f"number of nodes; give --rdzv-backend {eb.RANGE.name} for an elastic job, or --nnodes {high}.")
     _no_node_rank(values, "node_rank", "--node-rank", low, high)
     hosts = _node_hosts(values, "cluster_node_ips", "--cluster_node_ips", low, high)
-    if backend == "etcd":
-        endpoint = _given(values, "rdzv_endpoint")
-        if endpoint is None:
-            raise LaunchError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client "
-                              "port), the same on every node.")
-        endpoints, protocol = etcd.parse_endpoints(endpoint, "--rdzv-endpoint")
-        return _in_etcd(spec, etcd.with_conf(etcd.EtcdSpec(endpoints), etcd_conf, env or {}, protocol), hosts)
-    host, port = parse_rdzv_endpoint(_given(values, "rdzv_endpoint"), hosts)
-    return replace(spec, host=host, port=port, node_hosts=hosts)
+    spec = replace(spec, node_hosts=hosts)
+    return _placed(row, row.endpoint_module().from_torchrun(spec, _given(values, "rdzv_endpoint"), own_conf, env or {}))
 
 
 def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     """Paddle 3.x's options (``nnodes``, ``master``, ``job_id``, ``elastic_level``, ``elastic_timeout``,
     ``max_restart``, ``rank``, ``ips``); ``--max_restart`` not given is 0, as for a fixed job here (Paddle's
     own default is 3)."""
-    low, high = parse_nnodes(str(_given(values, "nnodes") or "1"), "--nnodes")
+    low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
     master = _given(values, "master")
-    in_etcd = master is not None and "://" in str(master)
+    url_row = eb.for_url(master)  # --master SCHEME://... names the backend; IP:PORT is node 0's
     level = _elastic_level(_given(values, "elastic_level"))
     rendezvous = Rendezvous()
     timeout = _given(values, "elastic_timeout")
     if timeout is not None:
         rendezvous = replace(rendezvous, last_call_timeout=_seconds(str(timeout), SETTING["last_call_timeout"],
                                                                     f"--elastic_timeout {timeout}", "--elastic_timeout "))
-    backend = "etcd" if in_etcd else "c10d" if low < high else "static"
-    spec = ElasticSpec(low, high, backend, job_id=_given(values, "job_id"),
+    row = url_row or (eb.RANGE if low < high else eb.FIXED)
+    spec = ElasticSpec(low, high, row.name, job_id=_given(values, "job_id"),
                        rendezvous=rendezvous, max_restarts=_restarts(values.get("max_restart"), "--max_restart"),
                        failed_node_leaves=level == 0)
     if not spec.elastic:
         return spec
     _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
     hosts = _node_hosts(values, "ips", "--ips", low, high)
-    if in_etcd:
-        from launcher.plan import etcd
-
-        etcd_spec = etcd.from_url(master, "--master")
-        return _in_etcd(spec, etcd.with_conf(etcd_spec, {}, env or {}, inline=etcd.URL_PASSWORD), hosts)
+    if url_row is not None:
+        return _placed(row, row.endpoint_module().from_paddle3(replace(spec, node_hosts=hosts), master, env or {}))
     host, port = _paddle_master(master, hosts, low, high, "--nnodes")
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -120,28 +104,17 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     server = _given(values, "elastic_server") or env.get("PADDLE_ELASTIC_SERVER") or None
     text = _given(values, "np")
     shown = "--np" if text is not None else "PADDLE_ELASTIC_NP"
-    low, high = parse_nnodes(str(text if text is not None else env.get("PADDLE_ELASTIC_NP") or "1"), shown)
+    low, high = parse_nnodes(text if text is not None else env.get("PADDLE_ELASTIC_NP") or "1", shown)
     rendezvous = _paddle2_rendezvous(env)
     job_id = _given(values, "job_id") or env.get("PADDLE_ELASTIC_JOB_ID") or None
-    backend = "etcd" if server is not None else "c10d" if low < high else "static"
-    spec = ElasticSpec(low, high, backend, job_id=job_id, rendezvous=rendezvous)
+    row = eb.elastic_server() if server is not None else eb.RANGE if low < high else eb.FIXED
+    spec = ElasticSpec(low, high, row.name, job_id=job_id, rendezvous=rendezvous)
     if not spec.elastic:
         return spec
     hosts = _node_hosts(values, "ips", "--ips", low, high)
     if server is not None:
-        from launcher.plan import etcd
-
         shown = "--elastic_server" if _given(values, "elastic_server") else "PADDLE_ELASTIC_SERVER"
-        if job_id is None:
-            raise LaunchError(f"{shown} {etcd.without_password(server)} keeps the membership of many jobs in etcd: give "
-                              "--job_id ID (or PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
-        text = str(server).strip()
-        if text.lower().startswith("etcd://"):
-            spec_etcd = etcd.from_url(text, shown)
-        else:  # HOST:PORT,... (http:// or https:// before them say the protocol)
-            endpoints, protocol = etcd.parse_endpoints(text, shown)
-            spec_etcd = etcd.EtcdSpec(endpoints, protocol=protocol or "http")
-        return _in_etcd(spec, etcd.with_conf(spec_etcd, {}, env, inline=etcd.URL_PASSWORD), hosts)
+        return _placed(row, row.endpoint_module().from_paddle2(replace(spec, node_hosts=hosts), server, shown, env))
     host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
@@ -149,13 +122,11 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
 # ---------------------------------------------------------------- the parts
 
 
-def _in_etcd(spec: ElasticSpec, etcd_spec: "EtcdSpec", hosts: tuple) -> ElasticSpec:
-    """An etcd rendezvous: the membership in etcd; ``host``:``port`` name its first endpoint (the default job id)."""
-    host, port = etcd_spec.endpoints[0]
-    rendezvous = spec.rendezvous
-    if "heartbeat_timeout" not in rendezvous.given:
-        rendezvous = replace(rendezvous, heartbeat_timeout=ETCD_HEARTBEAT_TIMEOUT)
-    return replace(spec, backend="etcd", etcd=etcd_spec, host=host, port=port, node_hosts=hosts, rendezvous=rendezvous)
+def _placed(row: Backend, spec: ElasticSpec) -> ElasticSpec:
+    """The spec placed at its endpoint, with its backend's heartbeat_timeout unless one was given."""
+    if row.heartbeat_timeout is None or "heartbeat_timeout" in spec.rendezvous.given:
+        return spec
+    return replace(spec, rendezvous=replace(spec.rendezvous, heartbeat_timeout=row.heartbeat_timeout))
 
 
 def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
@@ -170,18 +141,13 @@ def _paddle2_rendezvous(env: Mapping) -> Rendezvous:
     return replace(rendezvous, keep_alive_interval=interval)
 
 
-def parse_nnodes(text: str, option: str) -> Tuple[int, int]:
-    """``N`` or ``MIN:MAX`` as (MIN, MAX), 1 <= MIN <= MAX."""
-    parts = str(text).strip().split(":")
-    if len(parts) > 2 or not all(DIGITS.fullmatch(p.strip()) for p in parts):
-        raise LaunchError(f"{option} {text} is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4.")
-    low, high = int(parts[0]), int(parts[-1])
-    if low < 1:
-        raise LaunchError(f"{option} {text} has a minimum of 0 nodes; give 1 or more, such as {option} 1:{max(high, 1)}.")
-    if low > high:
-        raise LaunchError(f"{option} {text} has its minimum above its maximum; give MIN:MAX with MIN at most MAX, "
-                          f"such as {option} {high}:{low}.")
-    return low, high
+def parse_nnodes(text, option: str) -> Tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (text, or a NodeRange already read) as (MIN, MAX), 1 <= MIN <= MAX."""
+    try:
+        nodes = node_range(text)
+    except ValueError as e:
+        raise LaunchError(f"{option} {text} {e}.") from None
+    return nodes.low, nodes.high
 
 
 def parse_rdzv_conf(text: str) -> Rendezvous:
@@ -210,25 +176,6 @@ def parse_rdzv_conf(text: str) -> Rendezvous:
         else:
             values[name] = _seconds(value, SETTING[name], f"--rdzv-conf {key}={value}")
     return _with_silence(values)
-
-
-def parse_rdzv_endpoint(text: Optional[str], hosts: tuple = ()) -> Tuple[str, int]:
-    """``HOST[:PORT]`` (``[v6]:PORT``) of node 0; no port: torchrun's 29400; none given: the first of
-    ``hosts``, else loopback (torchrun's localhost)."""
-    if text is None or not str(text).strip():
-        return (hosts[0] if hosts else LOOPBACK), C10D_PORT
-    text = str(text).strip()
-    if text.startswith("["):
-        host, _, port = text[1:].partition("]")
-        port = port[1:] if port.startswith(":") else port or str(C10D_PORT)
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:  # a host alone, or a bare IPv6 address
-        host, port = text, str(C10D_PORT)
-    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"--rdzv-endpoint {text} is not HOST[:PORT]; give node 0's address and a port from 1 to "
-                          "65535, such as 10.0.0.1:29400.")
-    return host, int(port)
 
 
 def _with_silence(values: dict) -> Rendezvous:
@@ -281,14 +228,6 @@ def _boolean(text: str, shown: str) -> bool:
 def _given(values: Mapping, name: str):
     value = values.get(name)
     return None if value is None or value == "" else value
-
-
-def _backend(name: str) -> str:
-    name = str(name).strip().lower()
-    if name not in BACKENDS:
-        raise LaunchError(f"--rdzv-backend {name} is not a rendezvous backend of this launcher; give c10d, etcd or "
-                          "static.")
-    return "etcd" if name.startswith("etcd") else name
 
 
 def _restarts(value, option: str) -> int:

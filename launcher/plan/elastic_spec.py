@@ -37,14 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from launcher.plan.elastic_backends import Backend, backend_named
+
 if TYPE_CHECKING:  # launcher.plan.etcd is imported by an elastic job's line only: every launch would pay its 2 ms
     from launcher.plan.etcd import EtcdSpec
 
-ETCD_HEARTBEAT_TIMEOUT = 10.0  # etcd's default: torchrun's etcd lease; it outlasts an etcd election (1-2 s)
-# A lease is gone up to this long after its TTL: etcd's leader looks for expired leases every 500 ms
-# (its lessor's run loop), then deletes their keys through Raft, and the watch brings the deletion
 REFORM_MARGIN = 5.0  # seconds past the loss's detection that a re-entering worker still waits for it
-ETCD_EXPIRY_LAG = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ class ElasticSpec:
 
     min_nodes: int
     max_nodes: int
-    backend: str  # "c10d": node 0's launcher keeps the membership; "etcd": etcd keeps it; "static": fixed node ranks
+    backend: str  # the canonical name of its backend's row (``launcher.plan.elastic_backends``): what it means
     host: Optional[str] = None
     port: Optional[int] = None
     job_id: Optional[str] = None  # None: the launcher's default job id
@@ -102,16 +100,22 @@ class ElasticSpec:
     etcd: Optional[EtcdSpec] = None  # the etcd cluster of an etcd rendezvous
 
     @property
+    def backend_row(self) -> Backend:
+        """Its backend's row: its names, whether it has a node 0, how it forms."""
+        return backend_named(self.backend)
+
+    @property
     def elastic(self) -> bool:
-        """Whether the job's membership may change: a range of nodes, or any job whose membership is in etcd."""
-        return self.min_nodes < self.max_nodes or self.backend == "etcd"
+        """Whether the job's membership may change: a range of nodes, or any job on a backend whose fixed count
+        is elastic too (etcd's: a lost node's place may be taken)."""
+        return self.min_nodes < self.max_nodes or self.backend_row.fixed_count_elastic
 
     @property
     def failure_grace(self) -> float:
         """How long the membership's verdict on a worker failure waits for a loss that would explain it: a
-        backend that finds a crashed node only when its lease expires (etcd) waits that long, and etcd's lag
+        backend that finds a crashed node only when its lease expires (etcd) waits that long, and its lag
         in deleting an expired lease's keys; one that sees a connection close at once (c10d) does not wait."""
-        return self.rendezvous.heartbeat_timeout + ETCD_EXPIRY_LAG if self.backend == "etcd" else 0.0
+        return self.backend_row.failure_grace(self.rendezvous.heartbeat_timeout)
 
     @property
     def reform_wait(self) -> float:

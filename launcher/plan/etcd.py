@@ -10,7 +10,8 @@ The three spellings (each maps to one ``EtcdSpec``):
 
 An endpoint without a port is etcd's client port, 2379; one written ``https://HOST:PORT`` asks for TLS.
 The password may also come from ``LAUNCHER_ETCD_PASSWORD`` (an option's value is visible to every
-user of the machine in ``ps``).
+user of the machine in ``ps``). This is the etcd row's endpoint module (``launcher.plan.elastic_backends``):
+``from_torchrun``, ``from_paddle3`` and ``from_paddle2`` place an ``ElasticSpec`` in etcd.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from launcher.errors import LaunchError
+from launcher.plan import elastic_backends
 from launcher.plan.parsing import DIGITS
 
 ETCD_PORT = 2379
 PASSWORD_VAR = "LAUNCHER_ETCD_PASSWORD"
-CONF_KEYS = ("cacert", "cert", "key", "password", "protocol", "user")  # --rdzv-conf keys of an etcd rendezvous
+ROW = elastic_backends.ETCD
+CONF_KEYS = ROW.conf_keys  # --rdzv-conf keys of an etcd rendezvous
 PROTOCOLS = ("http", "https")
 HOST = re.compile(r"[A-Za-z0-9_.-]+")  # a name or an IPv4 address (an underscore too: docker compose's names have one)
 URL_PASSWORD = "etcd://NAME:PASSWORD@HOST:PORT"  # Paddle's spelling of a password given with the user
+Spec = object  # an ``ElasticSpec`` (launcher.plan.elastic_spec, which names this module's EtcdSpec)
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def from_url(text: str, option: str) -> EtcdSpec:
     """Paddle 3.x's ``etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`` (each endpoint may say ``https://``)."""
     text = str(text).strip()
     scheme, _, rest = text.partition("://")
-    if scheme.lower() != "etcd":
+    if scheme.lower() != ROW.url_scheme:
         raise LaunchError(f"{option} {without_password(text)} is not etcd://HOST:PORT; give node 0's IP:PORT, or "
                           "etcd://HOST:PORT of etcd.")
     credentials, at, hosts = rest.rpartition("@")
@@ -96,16 +100,42 @@ def without_password(text) -> str:
 
 def split_conf(text: Optional[str]) -> Tuple[str, dict]:
     """torchrun's ``--rdzv-conf`` as (its rendezvous settings, the etcd keys given): the etcd keys out."""
-    kept, etcd = [], {}
-    for item in (part.strip() for part in str(text or "").split(",")):
-        key, eq, value = (s.strip() for s in item.partition("="))
-        if eq and key in CONF_KEYS:
-            if key in etcd and etcd[key] != value:
-                raise LaunchError(f"--rdzv-conf gives {key} twice ({key}={etcd[key]}, {key}={value}); give it once.")
-            etcd[key] = value
-        elif item:
-            kept.append(item)
-    return ",".join(kept), etcd
+    return elastic_backends.split_conf(text, ROW)
+
+
+def from_torchrun(spec: Spec, text: Optional[str], conf: Mapping[str, str], env: Mapping) -> Spec:
+    """torchrun's ``--rdzv-endpoint HOST:PORT,...`` of etcd, with its etcd keys of ``--rdzv-conf`` (``conf``)."""
+    if text is None:
+        raise LaunchError(f"--rdzv-backend {ROW.name} needs --rdzv-endpoint HOST:PORT of etcd (2379 is etcd's client "
+                          "port), the same on every node.")
+    endpoints, protocol = parse_endpoints(text, "--rdzv-endpoint")
+    return placed(spec, with_conf(EtcdSpec(endpoints), conf, env, protocol))
+
+
+def from_paddle3(spec: Spec, master: str, env: Mapping) -> Spec:
+    """Paddle 3.x's ``--master etcd://[USER:PASSWORD@]HOST:PORT,...``."""
+    return placed(spec, with_conf(from_url(master, "--master"), {}, env, inline=URL_PASSWORD))
+
+
+def from_paddle2(spec: Spec, server, shown: str, env: Mapping) -> Spec:
+    """Paddle 2.x's ``--elastic_server`` (``shown``: how the user gave it), ``HOST:PORT,...`` or ``etcd://...``;
+    the job id is needed: one etcd keeps the membership of many jobs."""
+    if spec.job_id is None:
+        raise LaunchError(f"{shown} {without_password(server)} keeps the membership of many jobs in etcd: give "
+                          "--job_id ID (or PADDLE_ELASTIC_JOB_ID), the same on every node of this job.")
+    text = str(server).strip()
+    if text.lower().startswith(f"{ROW.url_scheme}://"):
+        etcd_spec = from_url(text, shown)
+    else:  # HOST:PORT,... (http:// or https:// before them say the protocol)
+        endpoints, protocol = parse_endpoints(text, shown)
+        etcd_spec = EtcdSpec(endpoints, protocol=protocol or "http")
+    return placed(spec, with_conf(etcd_spec, {}, env, inline=URL_PASSWORD))
+
+
+def placed(spec: Spec, etcd_spec: EtcdSpec) -> Spec:
+    """The spec with its membership in etcd; ``host``:``port`` name etcd's first endpoint (the default job id)."""
+    host, port = etcd_spec.endpoints[0]
+    return replace(spec, etcd=etcd_spec, host=host, port=port)
 
 
 def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], protocol: Optional[str] = None,

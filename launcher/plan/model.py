@@ -14,7 +14,8 @@ from launcher import envvars as ev
 from launcher.plan.agent_store import StoreSpec
 from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER, Role, role_named
-from launcher.plan.streams import StreamChoice, StreamRoute
+from launcher.plan.streams import NONE, StreamChoice, StreamRoute
+from launcher.plan.torchrun_values import DEFAULT_STOP_SIGNALS
 
 MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
@@ -54,6 +55,12 @@ class LaunchOptions:
     node_rank: Optional[int] = None  # also Paddle's --rank with --cluster_node_ips; None: not given
     master_addr: Optional[str] = None
     stream_choice: Optional[StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
+    # torchrun 2.13's options (launcher.cli wires them; their text is read by launcher.plan.torchrun_values)
+    virtual_local_rank: bool = False  # every worker LOCAL_RANK=0, a GPU worker seeing only its own GPU
+    duplicate_stdout_filters: tuple = ()  # teed stdout lines holding any of these: also in filtered_stdout.log
+    duplicate_stderr_filters: tuple = ()  # the same for stderr, in filtered_stderr.log
+    signals_to_handle: Optional[tuple] = None  # signal numbers that stop the job (passed on first); None: the default
+    event_log_handler: str = "null"  # torchrun's event handler: "console" also shows each event on stderr
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -97,13 +104,14 @@ class WorkerSpec:
     rank: int
     local_rank: int
     endpoint: str
-    gpu: Optional[str]  # the value of FLAGS_selected_gpus; None for a CPU worker
+    gpu: Optional[str]  # the value of FLAGS_selected_gpus (--virtual-local-rank: the worker's is 0); None for a CPU worker
     cmd: tuple
     env: Mapping[str, str]  # what the launcher sets, on top of Plan.base_env
     log_file: Optional[str]
     role: str = WORKER.name  # a name of roles.ROLES: parameter-server mode's "server" or "trainer" (``rank`` is then only a key)
     role_index: int = 0  # the server's or trainer's id
     route: Optional[StreamRoute] = None  # torchrun's choice of streams; None: the launcher's layout
+    duplicated: int = NONE  # the streams (streams.OUT, ERR) whose lines the plan's ``duplicates`` filter into copies
 
     @property
     def kind(self) -> Role:
@@ -154,6 +162,9 @@ class Plan:
     agent_store: Optional[StoreSpec] = None  # node 0's launcher serves the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
     node_ports: tuple = ()  # every node's worker ports, by node rank (launcher.plan.node_ports); (): every node's are ``ports``
     elastic_round: Optional[str] = None  # an elastic job: its round, in a line, as each worker's log header shows it
+    stop_signals: tuple = tuple(int(s) for s in DEFAULT_STOP_SIGNALS)  # --signals-to-handle: those that stop the job
+    duplicates: tuple = ()  # streams.Duplicate: torchrun's --duplicate-stdout/stderr-filters, one per filtered stream
+    events_to_console: bool = False  # --event-log-handler console: each event also a line on stderr
 
     @property
     def node_ip(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from launcher.errors import LaunchError
@@ -14,6 +15,41 @@ from launcher.errors import LaunchError
 DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (fullmatch): "²".isdigit() is true, but int("²") fails
 INTEGER = re.compile(r"-?[0-9]+")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """A number of nodes as written: ``N`` (``low == high``) or ``MIN:MAX``."""
+
+    low: int
+    high: int
+    text: str
+
+    @property
+    def elastic(self) -> bool:
+        return self.low != self.high
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def node_range(text) -> NodeRange:
+    """``N`` or ``MIN:MAX`` (1 <= MIN <= MAX): the one parser of a number of nodes, whoever wrote it. A bad one raises
+    ValueError with the rest of the sentence after the value (the caller names the option or variable)."""
+    if isinstance(text, NodeRange):
+        return text
+    text = str(text).strip()
+    parts = text.split(":")
+    if len(parts) > 2 or not all(DIGITS.fullmatch(p.strip()) for p in parts):
+        raise ValueError("is not a number of nodes or a MIN:MAX range; give one such as 2 or 2:4")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1 and len(parts) == 1:
+        raise ValueError("is not a number of nodes; give 1 or more")
+    if low < 1:
+        raise ValueError(f"has a minimum of 0 nodes; give 1 or more, such as 1:{max(high, 1)}")
+    if low > high:
+        raise ValueError(f"has its minimum above its maximum; give MIN:MAX with MIN at most MAX, such as {high}:{low}")
+    return NodeRange(low, high, text)
 
 
 def parse_endpoint(text: str, name: str):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Mapping, Sequence
 
 from launcher.plan.collective import make_collective_plan
 from launcher.plan.model import HostFacts, LaunchOptions, Plan
 from launcher.plan.ps import make_ps_plan
+from launcher.plan import torchrun_values
 from launcher.errors import LaunchError
 
 
@@ -22,8 +24,24 @@ def make_plan(
     in parameter-server mode).
     """
     if opts.parameter_server:
-        if opts.stream_choice:
-            raise LaunchError("--redirects, --tee and --local-ranks-filter are torchrun's, for collective jobs; "
-                              "in parameter-server mode --log_dir writes serverlog.N and workerlog.N.")
-        return make_ps_plan(opts, env, host, find_free_ports)
-    return make_collective_plan(opts, env, host, find_free_ports)
+        if opts.stream_choice or opts.duplicate_stdout_filters or opts.duplicate_stderr_filters:
+            raise LaunchError("--redirects, --tee, --local-ranks-filter and --duplicate-stdout/stderr-filters are "
+                              "torchrun's, for collective jobs; in parameter-server mode --log_dir writes serverlog.N "
+                              "and workerlog.N.")
+        if opts.virtual_local_rank:
+            raise LaunchError("--virtual-local-rank is torchrun's, for collective jobs; in parameter-server mode each "
+                              "trainer's GPU is in FLAGS_selected_gpus: leave the option out.")
+        plan = make_ps_plan(opts, env, host, find_free_ports)
+    else:
+        plan = make_collective_plan(opts, env, host, find_free_ports)
+    return with_run_options(plan, opts)
+
+
+def with_run_options(plan: Plan, opts: LaunchOptions) -> Plan:
+    """What every mode's run takes from torchrun's options: the signals that stop the job (--signals-to-handle)
+    and where the events also go (--event-log-handler)."""
+    stop = plan.stop_signals
+    if opts.signals_to_handle is not None:  # numbers, as parse_signals gives them: checked as it checks them
+        stop = torchrun_values.parse_signals(",".join(str(int(s)) for s in opts.signals_to_handle))
+    handler = torchrun_values.parse_event_log_handler(opts.event_log_handler)
+    return dataclasses.replace(plan, stop_signals=stop, events_to_console=handler == "console")

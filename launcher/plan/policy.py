@@ -5,7 +5,7 @@ events below, feeds them to ``decide`` and carries out the actions it returns. N
 touches a process, so every rule is tested with plain tables (tests/test_policy.py).
 
 The stop sequence, the same whatever started it: the signal that stops the job (SIGTERM after a
-failure or for leftovers; the received one for INT/HUP/QUIT/TERM), then SIGTERM to whatever still
+failure or for leftovers; the received one for a stop signal), then SIGTERM to whatever still
 runs after ``TERM_FOLLOWS`` (so a worker that saves a checkpoint on SIGTERM gets to), then
 SIGKILL when the grace time (``--shutdown_timeout``) has passed since the stop began. A second
 stop signal kills at once. After SIGKILL, the supervisor waits at most ``KILL_WAIT`` seconds.
@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Tuple, Union
 # the causes are the policy's vocabulary across nodes: re-exported for the layers above
 from launcher.plan.causes import WIRE_SUMMARY, Cause, after_attempt, never_joined, one_line, still_due  # noqa: F401
 
-TERM_FOLLOWS = 1.0  # seconds from a passed-on INT/HUP/QUIT to the SIGTERM after it (at most grace/2)
+TERM_FOLLOWS = 1.0  # seconds from a passed-on stop signal (INT, HUP, QUIT, ...) to the SIGTERM after it (at most grace/2)
 KILL_WAIT = 5.0  # how long processes may take to vanish after SIGKILL before the launcher gives up
 # parameter-server mode: a server that fails this soon after a trainer did is the root cause (the trainer
 # failed because its server was gone: the exits of one moment are seen in any order)
@@ -39,12 +39,12 @@ class WorkerExited:
 
 @dataclass(frozen=True)
 class StopSignal:
-    sig: int  # INT, TERM, HUP or QUIT reached the launcher
+    sig: int  # a stop signal reached the launcher: INT, TERM, HUP, QUIT, or --signals-to-handle's (Plan.stop_signals)
 
 
 @dataclass(frozen=True)
 class UserSignal:
-    sig: int  # USR1 or USR2: passed on, nothing else
+    sig: int  # USR1 or USR2 (unless a stop signal): passed on, nothing else
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,32 @@ def parse_ranks(text: Optional[str]) -> Optional[frozenset]:
     return frozenset(int(rank) for rank in value.split(","))
 
 
+FILTERED_FILES = {OUT: "filtered_stdout.log", ERR: "filtered_stderr.log"}  # torchrun's names, in the log dir
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """torchrun's --duplicate-stdout-filters (``stream`` OUT) or --duplicate-stderr-filters (ERR): each line of a
+    duplicated stream (``teed``) that contains any of ``filters`` is also appended to ``path``, the log dir's
+    ``filtered_stdout.log`` or ``filtered_stderr.log``, after its rank's label (``[rank 3] ``), every rank's in one
+    file."""
+
+    stream: int
+    filters: tuple  # texts, as given (a line matches when it contains one)
+    path: str
+
+
+def teed(route_: Optional[StreamRoute], log_file: bool, local_rank: int) -> int:
+    """The streams of a worker that go to its log file and to the console from there, torchrun's teed streams, whose
+    lines its duplicate filters look at: those of --tee (not of a rank that --local-ranks-filter hides), or, in the
+    launcher's layout with --log_dir, both streams of the node's first worker, whose log the console echoes."""
+    if not log_file:
+        return NONE
+    if route_ is None:
+        return BOTH if local_rank == 0 else NONE
+    return route_.to_file & route_.to_console
+
+
 def route(choice: StreamChoice, local_rank: int, log_dir: bool) -> StreamRoute:
     """Where ``choice`` sends the streams of the worker of ``local_rank`` (``reify``'s rules). Without
     --redirects/--tee: the launcher's layout (every stream to the log file with --log_dir, else to the

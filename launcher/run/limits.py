@@ -10,12 +10,12 @@ from launcher.errors import LaunchError
 FD_MARGIN = 32  # descriptors a launch needs besides its workers'
 
 
-def check_limits(workers: int, log_dir: bool, nodes: int = 1) -> None:
+def check_limits(workers: int, log_dir: bool, nodes: int = 1, extra: int = 0) -> None:
     """Refuse, before anything starts, a launch that would run out of file descriptors (its workers'
-    pipes and logs; on node 0, a connection per node and as many waiting for their hello); raise the
-    soft limit up to the hard one where that is enough."""
+    pipes and logs; on node 0, a connection per node and as many waiting for their hello; ``extra``:
+    any more, such as the copies of filtered lines); raise the soft limit up to the hard one where that is enough."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = _open_fds() + FD_MARGIN + workers * (1 if log_dir else 2) + 4 + (2 * nodes if nodes > 1 else 0)
+    need = _open_fds() + FD_MARGIN + workers * (1 if log_dir else 2) + 4 + (2 * nodes if nodes > 1 else 0) + extra
     what = f"{workers} worker(s)" + (f" and the connections of {nodes} nodes" if nodes > 1 else "")
     if soft != resource.RLIM_INFINITY and soft < need:
         if hard == resource.RLIM_INFINITY or hard >= need:

@@ -7,7 +7,6 @@ store's own."""
 from __future__ import annotations
 
 import selectors
-import signal
 from dataclasses import dataclass
 from typing import Optional
 
@@ -16,7 +15,6 @@ from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
 from launcher.run.session import PUBLISH_EVERY, Launch
-from launcher.run.signals import PASSED_ON_SIGNALS
 from launcher.run.store import AgentStore
 from launcher.run.workers import Worker, WorkerGroup
 
@@ -126,13 +124,12 @@ class Loop:
 
     def _signal_events(self) -> list:
         events = []
-        for sig in self.launch.intake.received():
-            if sig == signal.SIGCHLD:
-                continue
-            if sig in PASSED_ON_SIGNALS:
-                events.append(policy.UserSignal(sig))
-            else:
+        intake = self.launch.intake
+        for sig in intake.received():
+            if sig in intake.stopping:
                 events.append(policy.StopSignal(sig))
+            elif sig in intake.passed_on:
+                events.append(policy.UserSignal(sig))
         workers = []
         if self.group is not None:
             # exits are looked for on every turn: cheap, and no SIGCHLD can be missed

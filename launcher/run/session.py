@@ -41,13 +41,14 @@ class Launch:
         self.store = AgentStore(plan.agent_store, self.reserved, expected=plan.world_size,
                                 keep_free=64 + 4 * len(plan.workers))  # node 0's rendezvous store
         self.selector = selectors.DefaultSelector()
-        self.intake = SignalIntake()
+        self.intake = SignalIntake(plan.stop_signals)  # --signals-to-handle
         self.cgroup: Optional[processes.JobCgroup] = None
         self.watchdog = WatchdogLink()
         self.job_label = ""  # "node N (ip)" in a job of several nodes
         self.spares = Spares(starter)  # interpreters started ahead for the next attempt
         self.records = Records(plan, self.run_id, clock)
-        self.events = EventLog(plan.log_dir, plan.node_rank, clock.time)  # LOG_DIR/events.jsonl (--log_dir only)
+        self.events = EventLog(plan.log_dir, plan.node_rank, clock.time,  # LOG_DIR/events.jsonl (--log_dir only)
+                               to_console=plan.events_to_console)  # --event-log-handler console
         self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
@@ -67,7 +68,8 @@ class Launch:
         self.intake.install()
         # node 0's control channel: a connection per node (an elastic job's are open already, and counted)
         nodes = len(self.plan.node_ips) if self.plan.control is not None and self.plan.elastic_round is None else 1
-        check_limits(len(self.plan.workers), bool(self.plan.log_dir), nodes=nodes)
+        copies = sum(bin(w.duplicated).count("1") for w in self.plan.workers)  # a pipe, the log and the copy's file
+        check_limits(len(self.plan.workers), bool(self.plan.log_dir), nodes=nodes, extra=3 * copies)
         self.starter.adopt_orphans()
         if self.plan.log_dir:
             log_files.make_log_dir(self.plan.log_dir)

@@ -44,8 +44,8 @@ class Spares:
         for spec in specs:
             if spec.rank in self.by_rank or not spare_module.can_wait(spec.cmd):
                 continue
-            if spec.route is not None and not spec.route.one_place:
-                continue  # its streams go to different places: the restart starts it afresh
+            if (spec.route is not None and not spec.route.one_place) or spec.duplicated:
+                continue  # its streams go to different places, or through the launcher: the restart starts it afresh
             try:
                 self.by_rank[spec.rank] = start_spare(self.starter, spec, env_for(spec), fds_for(spec))
             except OSError as e:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from launcher.plan import policy
 from launcher.run.actions import carry_out
-from launcher.run.signals import STOPPING_SIGNALS
 from launcher.run.workers import WorkerGroup
 
 WAIT_STEP = 0.02  # how often the stop looks whether everything is gone
@@ -27,7 +26,7 @@ def stop_what_runs(group: WorkerGroup, received) -> None:
             group.exits()
             if not _still_running(group, state):
                 return
-            stops = [policy.StopSignal(s) for s in received() if s in STOPPING_SIGNALS]
+            stops = [policy.StopSignal(s) for s in received() if s in group.plan.stop_signals]
             for event in stops + [policy.TimePassed()]:
                 state = _step(state, event, group)
             clock.sleep(WAIT_STEP)

@@ -117,7 +117,7 @@ class WorkerGroup:
             if spec.log_file:
                 fd = log_files.open_log(spec.log_file, self.plan.log_dir, spec.label, spec.cmd, self.attempt,
                                         self.plan.elastic_round)
-                self.outputs[spec.rank] = routes.worker_output(spec, fd)
+                self.outputs[spec.rank] = routes.worker_output(spec, fd, self.plan.duplicates)
 
     def start(self) -> None:
         if self.launch.cgroup is not None:

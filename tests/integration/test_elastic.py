@@ -406,9 +406,9 @@ def test_paddles_elastic_level_0_takes_the_failing_node_out_and_the_others_go_on
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "--nnodes 3:2 has its minimum above its maximum"),
-    (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "--nnodes 0:2 has a minimum of 0 nodes"),
-    (("--nnodes", "2:x", "--rdzv-backend", "c10d"), "--nnodes 2:x is not a number of nodes or a MIN:MAX range"),
+    (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "'--nnodes' / '--np': '3:2' has its minimum above its maximum"),
+    (("--nnodes", "0:2", "--rdzv-backend", "c10d"), "'--nnodes' / '--np': '0:2' has a minimum of 0 nodes"),
+    (("--nnodes", "2:x", "--rdzv-backend", "c10d"), "'--nnodes' / '--np': '2:x' is not a number of nodes or a MIN:MAX"),
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--node-rank", "1"), "drop --node-rank"),
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "joint_timeout=5"), "unknown key 'joint_timeout'"),
     (("--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=0"), "join_timeout=0 is outside"),

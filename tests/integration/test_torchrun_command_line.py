@@ -143,7 +143,7 @@ def test_the_command_line_wins_over_a_pet_variable(tmp_path):
 @pytest.mark.parametrize("env, message", [
     ({"PET_MAX_RESTARTS": "many"}, "PET_MAX_RESTARTS=many: "),
     ({"PET_STANDALONE": "yes"}, "PET_STANDALONE=yes is not a flag's value; torchrun reads 1 (on) or 0 (off)."),
-    ({"PET_VIRTUAL_LOCAL_RANK": "1"}, "--virtual-local-rank (every worker seeing LOCAL_RANK=0) is not supported"),
+    ({"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGKILL"}, "PET_SIGNALS_TO_HANDLE SIGTERM,SIGKILL: SIGKILL cannot be caught"),
     ({"PET_NNODES": "1:2", "PET_RDZV_ENDPOINT": "127.0.0.1:29400", "PET_RDZV_BACKEND": "zookeeper"},
      "PET_RDZV_BACKEND=zookeeper: "),
 ])

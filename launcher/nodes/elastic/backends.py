@@ -1,30 +1,20 @@
-"""The membership's backends by name, and this launcher's link to the job through the one its spec names:
-a new backend is one subpackage (its ``form``) and one line here."""
+"""This launcher's link to the job through the backend its spec names: the ``form`` of the module its row
+names (``launcher.plan.elastic_backends``), in the backend's own subpackage. A new backend is one row there and
+one subpackage here; nothing in this module names one."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import importlib
+from typing import Optional
 
 from launcher.nodes.elastic.link import Link
 from launcher.plan.elastic import ElasticSpec
 
 
-def _c10d(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str]) -> Link:
-    from launcher.nodes.elastic.c10d import start
-
-    return start.form(spec, job_id, workers, token)
-
-
-def _etcd(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str]) -> Link:
-    from launcher.nodes.elastic.etcd import client, start  # only an etcd job imports etcd's client (its extra)
-
-    client.check_extra()
-    return start.form(spec, job_id, workers, token)
-
-
-BACKENDS: Dict[str, Callable[[ElasticSpec, str, int, Optional[str]], Link]] = {"c10d": _c10d, "etcd": _etcd}
-
-
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str]) -> Link:
-    """This launcher's link to the job's membership once its first round started (``StartFailed`` if it cannot)."""
-    return BACKENDS[spec.backend](spec, job_id, workers, token)
+    """This launcher's link to the job's membership once its first round started (``StartFailed`` if it cannot);
+    the backend's ``form`` makes any check it needs first (etcd's: its extra installed)."""
+    row = spec.backend_row
+    if row.forms is None or not row.forms.startswith(f"{__package__}."):
+        raise ValueError(f"the {row.name} rendezvous forms no elastic job")  # static: a fixed job, never here
+    return importlib.import_module(row.forms).form(spec, job_id, workers, token)

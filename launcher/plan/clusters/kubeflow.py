@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from launcher.plan.clusters.source import (DEFAULT_NODES, Cluster, Request, Source, fail, first_var, index_var,
                                            int_var, var, worker_ports)
-from launcher.plan.parsing import DIGITS
+from launcher.plan.parsing import DIGITS, node_range
 
 if TYPE_CHECKING:  # annotations only
     from launcher.plan.model import LaunchOptions
@@ -43,14 +43,13 @@ def _kubeflow(req: Request) -> Cluster:
 
 def _nnodes(req: Request, name: str) -> int:
     value = var(req, name)
-    low, colon, high = value.partition(":")
-    if colon and low == high:
-        value = low  # "2:2": an elastic policy with min = max
-    elif colon:
+    try:
+        nodes = node_range(value)
+    except ValueError:
+        raise fail(req, f"{name}={value} is not a number of nodes; fix the variable.") from None
+    if nodes.elastic:  # "2:2" is an elastic policy with min = max: a fixed number
         raise fail(req, f"{name}={value} is an elastic range of nodes; this launcher runs a fixed number: give the job minReplicas = maxReplicas.")
-    if not DIGITS.fullmatch(value) or int(value) < 1:
-        raise fail(req, f"{name}={value} is not a number of nodes; fix the variable.")
-    return int(value)
+    return nodes.low
 
 
 def _pod_names(req: Request, name: str, master: str, count: int) -> tuple:

@@ -15,10 +15,12 @@ from launcher.plan.elastic import ElasticSpec
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
          clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None) -> EtcdLink:
     """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
-    with 0). StartFailed when the job does not take it or cannot start."""
+    with 0). StartFailed when the job does not take it or cannot start; without ``client``, etcd's client of the
+    etcd extra, or one sentence that says how to install it (before anything starts)."""
     if client is None:
-        from launcher.nodes.elastic.etcd.client import Etcd3gwClient
+        from launcher.nodes.elastic.etcd.client import Etcd3gwClient, check_extra
 
+        check_extra()
         client = Etcd3gwClient(spec.etcd, request_timeout(spec))
     return first_round(EtcdLink(spec, job_id, workers, token, clock, client, source_address(spec)))
 

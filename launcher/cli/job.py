@@ -1,0 +1,130 @@
+"""One launch path for fixed and elastic jobs: probe this machine, plan the request, check the plan, log its notes,
+print it, and run it attempt after attempt. The two kinds differ only in the coordinator that is built: a fixed job's
+(``launcher.nodes.static``, the attempt driver's default) or an elastic job's (``launcher.nodes.elastic.job``, over the
+link to the membership that its backend forms, whose rounds give the nodes and this node's rank).
+
+Bad options exit 2 before anything starts: an elastic job checks them on a trial plan before it joins anyone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from contextlib import ExitStack
+from typing import Callable, Optional
+
+from launcher.cli.request import DEFAULT, Request
+from launcher.envvars import JOB_ID, JOB_TOKEN
+from launcher.errors import LaunchError
+from launcher.host import preflight
+from launcher.output import reports
+from launcher.output.console import console
+from launcher.output.messages import log
+from launcher.plan.planner import make_plan
+from launcher.run import attempts, limits
+
+
+def run(request: Request, env=os.environ) -> int:
+    """Run the request on this node to its end; the launcher's exit code."""
+    for name, source in sorted(request.sources.items()):
+        if source != DEFAULT:
+            log.debug("--%s from %s", name, source if source.startswith("PET_") else f"the {source}")
+    host = preflight.probe_host(env)
+    finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
+    with ExitStack() as cleanup:
+        if request.elastic is None:
+            plan, reserved, coordinator = _fixed(request, host, finder, env)
+        else:
+            plan, reserved, coordinator = _elastic(request, host, finder, env, cleanup)
+            if plan is None:  # a standby whose job finished without it
+                return 0
+        for note in plan.notes:
+            log.warning(note)
+        if request.print_config:
+            console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
+        return attempts.run(plan, tuple(reserved), coordinator=coordinator)
+
+
+def _fixed(request: Request, host, finder, env):
+    """A fixed job's plan, the ports it holds, and no coordinator of its own (the attempt driver's default)."""
+    opts = request.options
+    host = _with_gathered_nodes(opts, host, env)
+    try:
+        plan = make_plan(opts, env, host, finder)
+        _check_nodes(request.nodes_expected, len(plan.node_ips), plan.cluster or "--cluster_node_ips")
+        preflight.check(plan, opts, host)
+    except LaunchError:
+        for s in finder.held:
+            s.close()
+        raise
+    return plan, finder.held or preflight.reserve_store_port(plan), None
+
+
+def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
+    """An elastic job's first round's plan, the ports it holds, and the coordinator of its rounds; (None, (), None)
+    for a standby whose job finished without it."""
+    from launcher.nodes.elastic import backends, link as elastic_link
+    from launcher.nodes.elastic.job import ElasticJob
+
+    spec = request.elastic
+
+    def plan_for(opts, check, round_=None):
+        plan = make_plan(opts, env, host, finder)
+        check(plan, opts, host)
+        return dataclasses.replace(plan, elastic_round=round_.text if round_ is not None else None)
+
+    trial = plan_for(request.options, lambda plan, opts, _: preflight.check_script(plan, opts))
+    if trial.parameter_server:
+        raise LaunchError("--nnodes MIN:MAX runs a collective job; parameter-server mode (--server_num, --servers) "
+                          "has a fixed set of nodes: give one --nnodes.")
+    request = dataclasses.replace(request, options=dataclasses.replace(
+        request.options, agent_store=_agent_store(request, spec, trial)))
+    job_id = request.options.job_id or env.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
+    link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None)
+    cleanup.callback(link.close)
+    if link.first is None:
+        return None, (), None
+
+    def round_plan(round_, check: Callable = lambda *_: None):
+        place = elastic_link.place_in(round_, link.node_id)
+        return plan_for(request.for_round(place.hosts, place.node_rank), check, round_)
+
+    plan = round_plan(link.first, preflight.check)
+    reserved = preflight.reserve_store_port(plan)
+    link.serve()
+    return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait)
+
+
+def _agent_store(request: Request, spec, trial) -> str:
+    """Decided once, as for a job of several nodes, so that every round's workers find their store where the first
+    round's did; with no node 0 (a membership in etcd), rank 0 hosts it: each round's node 0 may be another launcher."""
+    choice = request.options.agent_store
+    if not spec.backend_row.has_node_0:
+        if choice == "on":
+            raise LaunchError(f"--agent_store on cannot be honoured with an {spec.backend} rendezvous: each round's node "
+                              "0 may be another launcher, so rank 0 hosts the store; give --agent_store off or auto.")
+        return "off"
+    if choice == "auto":
+        return "on" if trial.agent_store is not None else "off"
+    return choice
+
+
+def _with_gathered_nodes(opts, host, env):
+    """An MPI job of several ranks: every node's address, gathered from the other ranks (launcher.nodes.static.gather)."""
+    from launcher.plan.clusters.registry import gathering
+    from launcher.plan.clusters.source import DEFAULT_NODES
+    from launcher.nodes.static import gather
+
+    spec = gathering(opts, env)
+    if spec is None:
+        return host
+    address = opts.node_ip if opts.node_ip != DEFAULT_NODES else gather.own_address(spec)
+    preflight.check_node_ip(address, host)
+    nodes = gather.gather(spec, address, opts.join_timeout, env.get(JOB_TOKEN) or None)
+    return dataclasses.replace(host, gathered_nodes=nodes)
+
+
+def _check_nodes(expected: Optional[int], found: int, where: str) -> None:
+    if expected is not None and expected != found:
+        raise LaunchError(f"--nnodes {expected} disagrees with the {found} node(s) of {where}; give every node's "
+                          f"address with --ips (or --cluster_node_ips), or make --nnodes match.")

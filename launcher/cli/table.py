@@ -1,0 +1,317 @@
+"""The launch command's one table of options: each option one row, with every spelling it has (ours and Paddle
+1.8's, torchrun's, Paddle 2.6/3.x's and fleetrun's), its type, default and help, its ``--help`` section, whether
+torchrun reads it from ``PET_<NAME>``, and its status: ours, an alias of another, honoured (another launcher's
+meaning, mapped onto ours), accepted with no effect (saying why), or refused (with its reason).
+
+The click options (``launcher.cli.options``), the ``PET_*`` variables (``launcher.cli.pet``), the config file's keys
+and the option tables of docs/options.md, docs/torchrun.md and docs/paddle.md (checked by tests/test_option_table.py)
+all come from here. Cheap to import: ``--help`` reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import click
+
+from launcher.cli.types import LogLevel, NodeCount, Seconds, Whole, WorkerCount
+from launcher.plan import elastic_backends as backends
+from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
+from launcher.plan.clusters.registry import names as cluster_source_names
+
+# statuses
+OURS = "ours"  # this launcher's own option (Paddle 1.8's are ours)
+ALIAS = "alias"  # another launcher's name for one of ours: the same value (maps_to)
+HONOURED = "honoured"  # another launcher's option, doing here what it does there
+NO_EFFECT = "no effect"  # accepted; what it asks makes no difference here (reason)
+REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless its value asks for nothing (harmless)
+
+# dialects
+PADDLE18, TORCHRUN, PADDLE3, FLEETRUN = "Paddle 1.8", "torchrun", "Paddle 2.6/3.x", "fleetrun"
+
+# --help's sections, in order
+JOB, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
+    "The job", "The nodes", "Elastic jobs", "Logs and output", "Watching the job", "Parameter servers",
+    "torchrun's spellings", "Paddle 2.x/3.x spellings")
+GROUPS = (JOB, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
+
+STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
+START_METHODS = ("spawn", "fork", "forkserver")
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch/numa/binding.py's AffinityMode
+_FALSE = ("0", "false", "f", "no", "n", "off", "")
+_XPU = "Kunlun XPUs are not supported: this launcher drives CPU and NVIDIA GPU workers"
+_TUNER = "Paddle's auto-parallel tuner is not supported"
+_MAPPING = "fleetrun's rank auto-mapping is not supported"
+_FEDERATED = "federated parameter servers (coordinators) are not supported"
+_HETER = "heterogeneous parameter servers are not supported"
+_SCALE = ("fleetrun's commands to scale an elastic job (--scale, --force) and its hook before a re-launch are not "
+          "supported: nodes join and leave an elastic job here by starting and stopping their launchers (docs/elastic.md)")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One option. ``name`` is its parameter: click's, the config file's key and the request's field."""
+
+    name: str
+    group: str
+    help: str
+    dialects: tuple = (PADDLE18,)
+    status: str = OURS
+    click: dict = field(default_factory=dict)  # type, default, metavar, is_flag, show_default, envvar, hidden
+    aliases: tuple = ()  # other names, each spelled with underscores and with dashes
+    short: tuple = ()  # -m, -r, -t
+    maps_to: Optional[str] = None  # ALIAS: the option it is the same as
+    reason: Optional[str] = None  # REFUSED: why; NO_EFFECT: why it makes no difference
+    harmless: tuple = ()  # REFUSED: values that ask for nothing, accepted
+    pet: bool = False  # torchrun reads it from PET_<NAME> too
+    listed: bool = False  # a YAML list in the config file is joined with commas
+
+    @property
+    def spellings(self) -> tuple:
+        """``--name``, ``--name-dashed``, and the same for each alias."""
+        out = []
+        for n in (self.name, *self.aliases):
+            dashed = n.replace("_", "-")
+            out += [f"--{n}"] + ([f"--{dashed}"] if dashed != n else [])
+        return tuple(out)
+
+    @property
+    def shown(self) -> tuple:
+        """The spellings --help shows: one for each name, with dashes if only torchrun spells it, else underscores."""
+        dashes = self.dialects == (TORCHRUN,) and self.status != OURS
+        return tuple("--" + (n.replace("_", "-") if dashes else n) for n in (self.name, *self.aliases))
+
+    @property
+    def default(self):
+        return self.click.get("default", False if self.click.get("is_flag") else None)
+
+
+def _ours(name, group, help, **kw) -> Row:
+    return Row(name, group, help, **kw)
+
+
+def _torchrun(name, group, help, status=HONOURED, **kw) -> Row:
+    return Row(name, group, f"torchrun: {help}", (TORCHRUN,), status, pet=kw.pop("pet", True), **kw)
+
+
+def _paddle(name, help, dialects=(PADDLE3,), status=HONOURED, **kw) -> Row:
+    return Row(name, PADDLE_GROUP, f"{' and '.join(dialects)}: {help}", dialects, status,
+               click={"default": None, **kw.pop("click", {})}, **kw)
+
+
+def _refused_paddle(name, reason, harmless=(), dialects=(PADDLE3, FLEETRUN)) -> Row:
+    return Row(name, PADDLE_GROUP, f"refused: {reason}.", dialects, REFUSED, click={"default": None, "hidden": True},
+               reason=reason, harmless=harmless)
+
+
+ROWS = (
+    # ---------------------------------------------------------------- the job
+    _ours("nproc_per_node", JOB, "Workers on this node: CPU workers when there is no GPU (default 2), or how many of "
+          "the visible GPUs to use; torchrun's auto, gpu, cpu too.", dialects=(PADDLE3, TORCHRUN), pet=True,
+          click={"type": WorkerCount(), "metavar": "N"}),
+    _ours("selected_gpus", JOB, "Comma-separated GPU ids, one worker each. Default: all visible GPUs.",
+          click={"metavar": "IDS"}, listed=True),
+    _ours("module", JOB, "Run training_script as a module: python -m training_script.", dialects=(TORCHRUN,),
+          short=("-m",), pet=True, click={"is_flag": True, "default": False}),
+    _ours("no_python", JOB, "Run training_script as an executable, not through Python: a path such as ./run.sh, "
+          "or a command on PATH.", dialects=(TORCHRUN,), pet=True, click={"is_flag": True, "default": False}),
+    _ours("max_restarts", JOB, "Restart the whole job (every node) up to N times after a worker fails.",
+          dialects=(TORCHRUN,), pet=True,
+          click={"type": Whole(0, 1000, "a number of restarts"), "default": 0, "show_default": True, "metavar": "N"}),
+    _ours("shutdown_timeout", JOB, "Grace between SIGTERM and SIGKILL when workers are stopped (up to one day).",
+          dialects=(TORCHRUN,), pet=True,
+          click={"type": Seconds(), "default": 10.0, "show_default": True, "metavar": "SECONDS"}),
+    _ours("agent_store", JOB, "Who hosts the workers' rendezvous store (MASTER_PORT): node 0's launcher, as torchrun's "
+          "agent does, so that every rank connects as a client and a late rank 0 costs no wait (on; "
+          "TORCHELASTIC_USE_AGENT_STORE=True), or rank 0 itself (off). auto: on when the workers' Python is the "
+          "launcher's and has torch but not paddle. Collective mode only.",
+          click={"type": click.Choice(AGENT_STORE_CHOICES), "default": "auto", "show_default": True}),
+    _ours("config", JOB, "A YAML file of options (underscore names), training_script, training_script_args and env. "
+          "The command line wins over it.", click={"metavar": "FILE.yaml"}),
+    _ours("print_config", JOB, "Print the launch plan before starting (true/false/1/0/yes/no).",
+          click={"type": click.BOOL, "default": True, "show_default": True, "metavar": "BOOL"}),
+    _ours("log_level", JOB, "The launcher's own messages: DEBUG, INFO, WARNING, ERROR, or 10-40.",
+          click={"type": LogLevel(), "default": "INFO", "show_default": True}),
+    # ---------------------------------------------------------------- the nodes
+    _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
+          click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
+    _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
+          click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
+    _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
+          "node, 6070 on several.", aliases=("start_port",), dialects=(PADDLE18, PADDLE3),
+          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+    _ours("nnodes", NODES, "The number of nodes: N, checked against the nodes found; MIN:MAX, an elastic job "
+          "(torchrun's, with --rdzv-endpoint; Paddle's, with --master: docs/elastic.md).", aliases=("np",),
+          dialects=(TORCHRUN, PADDLE3, FLEETRUN), status=HONOURED, pet=True,
+          click={"type": NodeCount(), "metavar": "N|MIN:MAX"}),
+    _ours("cluster_env", NODES, "Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), "
+          "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
+          "alone.", click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
+    _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
+          click={"is_flag": True, "default": False}),
+    _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
+          "also to gather the node list). Default: the first worker port minus one.",
+          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+    _ours("job_id", NODES, "Several nodes: the job's name, the same on every node. Default: a digest of the nodes, "
+          "ports and command. Set LAUNCHER_JOB_TOKEN to make nodes prove they belong.", dialects=(PADDLE18, PADDLE3),
+          click={"metavar": "ID"}),
+    _ours("heartbeat_timeout", NODES, "Several nodes: a node silent this long is lost, and the job stops.",
+          click={"type": Seconds(0.5), "default": 3.0, "show_default": True, "metavar": "SECONDS"}),
+    _ours("join_timeout", NODES, "Several nodes: a node that has not joined after this long is named, and the job "
+          "stops.", click={"type": Seconds(0.5), "default": 300.0, "show_default": True, "metavar": "SECONDS"}),
+    # ---------------------------------------------------------------- elastic jobs
+    _torchrun("rdzv_backend", ELASTIC, "static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node "
+              "0's launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. etcd "
+              "(or etcd-v2): the membership in etcd at --rdzv-endpoint, no node is special.",
+              click={"type": click.Choice(backends.NAMES), "default": backends.FIXED.name, "show_default": True}),
+    _torchrun("rdzv_endpoint", ELASTIC, "node 0's address and store port (instead of --master-addr/--master-port); "
+              "etcd's endpoints with --rdzv-backend etcd.", click={"metavar": "HOST[:PORT]"}),
+    _torchrun("rdzv_id", ELASTIC, "the job's id (= --job_id).", click={"metavar": "ID"}),
+    _torchrun("rdzv_conf", ELASTIC, "an elastic job's rendezvous settings: join_timeout, last_call_timeout, "
+              "close_timeout, heartbeat_timeout, read_timeout, keep_alive_interval, keep_alive_max_attempt, and etcd's "
+              "(docs/elastic.md).", click={"metavar": "K=V,..."}),
+    # ---------------------------------------------------------------- logs and output
+    _ours("log_dir", LOGS, "Write each worker's output to DIR/workerlog.RANK (appended); the node's first worker is "
+          "also shown on the console.", dialects=(PADDLE18, TORCHRUN, PADDLE3), pet=True, click={"metavar": "DIR"}),
+    _torchrun("redirects", LOGS, "these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
+              "log_dir/workerlog.N only, the others to the console.", short=("-r",), aliases=("redirect",),
+              click={"metavar": "0-3|R:V,..."}),
+    _torchrun("tee", LOGS, "these streams go to log_dir/workerlog.N and to the console.", short=("-t",),
+              click={"metavar": "0-3|R:V,..."}),
+    _torchrun("local_ranks_filter", LOGS, "the console shows only these local ranks (the log files keep every line).",
+              click={"metavar": "0,1,..."}),
+    _torchrun("duplicate_stdout_filters", LOGS, "stdout lines that contain any of these texts are also copied to "
+              "log_dir/filtered_stdout.log.", click={"metavar": "TEXT,..."}),
+    _torchrun("duplicate_stderr_filters", LOGS, "stderr lines that contain any of these texts are also copied to "
+              "log_dir/filtered_stderr.log.", click={"metavar": "TEXT,..."}),
+    # ---------------------------------------------------------------- watching the job
+    _ours("monitor_port", WATCH, "Serve this node's view of the job over HTTP: /metrics (Prometheus), /healthz, "
+          "/status.json and a live page of the whole job at / (give every node the same port); 0 picks a free port and "
+          "prints it. Needs pip install 'launcher[monitor]'. Also LAUNCHER_MONITOR_PORT. Default: off.",
+          click={"type": click.IntRange(0, 65535), "metavar": "PORT", "envvar": "LAUNCHER_MONITOR_PORT"}),
+    _ours("monitor_host", WATCH, "The address the monitor listens on (default: this node's own; 0.0.0.0 for every "
+          "interface).", click={"metavar": "HOST"}),
+    _ours("hang_timeout", WATCH, "Stop the job (showing every worker's stack) when no worker has written a line for "
+          "this long, or a worker that reports its steps (launcher.runtime.report) has reported none for this long. "
+          "Default: never.",
+          click={"type": Seconds(1.0, "; leave the option out to never stop a quiet job"), "metavar": "SECONDS"}),
+    _ours("dump_stacks", WATCH, "Before stopping the workers after a failure or a signal, show where each one was (its "
+          "Python stack, with py-spy), and again before the SIGKILL of a worker that let SIGTERM pass. Costs up to a "
+          "few seconds of teardown; always done for --hang_timeout.",
+          click={"type": click.BOOL, "default": False, "show_default": True, "metavar": "BOOL"}),
+    _torchrun("event_log_handler", WATCH, "where torchrun's events also go: null (nowhere more), console (each event "
+              "a line on the console) or dynamic_rendezvous; LOG_DIR/events.jsonl is kept either way.",
+              click={"metavar": "NAME"}),
+    # ---------------------------------------------------------------- parameter servers
+    _ours("server_num", PS, "Parameter-server mode on one node: start N servers (default 2 when --worker_num is given).",
+          click={"type": int, "metavar": "N"}),
+    _ours("worker_num", PS, "Parameter-server mode on one node: start N trainers (default 2 when --server_num is "
+          "given).", click={"type": int, "metavar": "N"}),
+    _ours("servers", PS, "Parameter-server mode on several nodes: every server's endpoint; each node starts its own.",
+          aliases=("endpoints",), click={"metavar": "IP:PORT,..."}, listed=True),
+    _ours("workers", PS, "Parameter-server mode on several nodes: every trainer's endpoint; each node starts its own.",
+          click={"metavar": "IP:PORT,..."}, listed=True),
+    _ours("with_gloo", PS, "Paddle 2.6/3.x, parameter servers: fleet's gloo among trainers (1), all (2), or none (0).",
+          dialects=(PADDLE3,), click={"default": "1", "show_default": True, "metavar": "0|1|2"}),
+    _ours("gloo_port", PS, "Paddle 2.6/3.x, parameter servers: the port of fleet's gloo rendezvous on server 0's host "
+          "(default: a free port on one node, 6767 with --servers).", dialects=(PADDLE3,),
+          click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
+    # ---------------------------------------------------------------- torchrun's spellings
+    _torchrun("standalone", TORCHRUN_GROUP, "one node, on a free port (the default here).",
+              click={"is_flag": True, "default": False}),
+    _torchrun("node_rank", TORCHRUN_GROUP, "this node's rank, 0 to --nnodes minus 1.",
+              click={"type": click.IntRange(0), "metavar": "R"}),
+    _torchrun("master_addr", TORCHRUN_GROUP, "node 0's address (where rank 0 hosts the store); the other nodes join "
+              "there.", click={"metavar": "HOST"}),
+    _torchrun("master_port", TORCHRUN_GROUP, f"rank 0's store port (= --started_port; default {STATIC_PORT} on several "
+              "nodes); node 0's launcher also listens on PORT-1 for the other nodes.",
+              click={"type": click.IntRange(2, 65535), "metavar": "PORT"}),
+    _torchrun("local_addr", TORCHRUN_GROUP, "this node's address (= --node_ip).", click={"metavar": "IP"}),
+    _torchrun("role", TORCHRUN_GROUP, "the workers' ROLE_NAME.",
+              click={"default": "default", "show_default": True, "metavar": "NAME"}),
+    _torchrun("signals_to_handle", TORCHRUN_GROUP, "the signals that stop the job, each passed on to the workers "
+              "first (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1 and SIGUSR2 left out are passed on without a "
+              "stop).", click={"metavar": "SIG,..."}),
+    _torchrun("virtual_local_rank", TORCHRUN_GROUP, "every worker sees LOCAL_RANK=0 and only its own GPU "
+              "(CUDA_VISIBLE_DEVICES narrowed to it, FLAGS_selected_gpus=0).", click={"is_flag": True, "default": False}),
+    _torchrun("run_path", TORCHRUN_GROUP, "accepted, no effect: the script runs in a fresh interpreter, as it would by "
+              "its path.", status=NO_EFFECT, click={"is_flag": True, "default": False},
+              reason="a fresh interpreter runs the script by its path, which the script sees as runpy.run_path"),
+    _torchrun("monitor_interval", TORCHRUN_GROUP, "accepted, no effect: exits are seen as they happen.",
+              status=NO_EFFECT, click={"type": float, "metavar": "SECONDS"},
+              reason="the launcher learns of each exit as it happens instead of polling"),
+    _torchrun("start_method", TORCHRUN_GROUP, "accepted, no effect: every worker is a fresh process.",
+              status=NO_EFFECT, click={"type": click.Choice(START_METHODS)},
+              reason="every worker is a fresh process, as with spawn"),
+    _torchrun("logs_specs", TORCHRUN_GROUP, "refused: a LogsSpecs plug-in is a class loaded into torchrun's own "
+              "process, and this launcher never imports torch.", status=REFUSED, pet=False, click={"metavar": "NAME"},
+              reason="a LogsSpecs plug-in is a Python class torchrun loads into its own process, and this launcher "
+                     "never imports torch (--log_dir, --redirects and --tee choose the logs here)"),
+    _torchrun("numa_binding", TORCHRUN_GROUP, "refused for now: placing workers on the CPUs near their GPU is not "
+              "built yet.", status=REFUSED, pet=False, click={"metavar": "|".join(NUMA_MODES)},
+              reason="placing each worker on the CPUs near its GPU is not built yet (a --no_python wrapper can start "
+                     "each worker under numactl)"),
+    # ---------------------------------------------------------------- Paddle 2.6/3.x's and fleetrun's spellings
+    _paddle("devices", "GPU ids, as --selected_gpus.", (PADDLE3, FLEETRUN), ALIAS, aliases=("gpus",),
+            maps_to="selected_gpus", click={"metavar": "IDS"}, listed=True),
+    _paddle("ips", "every node's address, as --cluster_node_ips.", (PADDLE3, FLEETRUN), ALIAS,
+            maps_to="cluster_node_ips", click={"metavar": "IPS"}, listed=True),
+    _paddle("host", "this node's address, as --node_ip.", (PADDLE3, FLEETRUN), ALIAS, maps_to="node_ip",
+            click={"metavar": "IP"}),
+    _paddle("rank", "this node's rank, its place in --ips or --cluster_node_ips (-1: found from --host); needed where "
+            "nodes share a host (an address listed twice).", click={"metavar": "N"}),
+    _paddle("master", "the rendezvous: node 0 (the first of --ips) listens on PORT, as --control_port; "
+            "etcd://HOST:PORT with --nnodes: the membership in etcd.", click={"metavar": "IP:PORT"}),
+    _paddle("elastic_server", "etcd's endpoint, with --job_id and --np: an elastic job whose membership is in etcd "
+            "(docs/elastic.md).", (FLEETRUN,), click={"metavar": "HOST:PORT"}),
+    _paddle("trainers", "every trainer's endpoint, as --workers.", status=ALIAS, maps_to="workers",
+            click={"metavar": "IP:PORT,..."}, listed=True),
+    _paddle("trainer_num", "trainers on this node, as --worker_num (servers: 1 when not given).",
+            click={"type": int, "metavar": "N"}),
+    _paddle("max_restart", "as --max_restarts (Paddle's default is 3, this launcher's 0).", status=ALIAS,
+            maps_to="max_restarts", click={"type": click.IntRange(0, 1000), "metavar": "N"}),
+    _paddle("run_mode", "collective, or ps (1 server, 1 trainer unless told).", (PADDLE3, FLEETRUN),
+            click={"metavar": "MODE"}),
+    _paddle("backend", "auto, nccl or gloo (PADDLE_DISTRI_BACKEND).", (FLEETRUN,), click={"metavar": "NAME"}),
+    _paddle("elastic_timeout", "how long to wait for the other nodes, as --join_timeout.", status=ALIAS,
+            maps_to="join_timeout", click={"type": Seconds(), "metavar": "SECONDS"}),
+    _paddle("elastic_level", "with --nnodes MIN:MAX: -1 or 1, a worker failure restarts the job (up to "
+            "--max_restart); 0, the failing node leaves and the others go on. A fixed job: -1 only.",
+            click={"metavar": "N"}),
+    _paddle("http_port", "fleet's gloo port, as --gloo_port.", (FLEETRUN,), ALIAS, maps_to="gloo_port",
+            click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
+    _paddle("sort_ip", "rank the nodes by address.", click={"metavar": "BOOL"}),
+    _paddle("log_overwrite", "false only: logs are appended, one header line per run.", click={"metavar": "BOOL"}),
+    _paddle("legacy", "either: both command lines are taken at once.", status=NO_EFFECT, click={"metavar": "BOOL"},
+            reason="Paddle 1.8's and Paddle 3's command lines are both taken at once"),
+    _refused_paddle("npus", "Ascend NPUs are not supported: this launcher drives CPU and NVIDIA GPU workers"),
+    _refused_paddle("xpus", _XPU),
+    _refused_paddle("selected_xpus", _XPU),
+    _refused_paddle("enable_gpu_log", "this launcher records no GPU log (run nvidia-smi alongside)", _FALSE),
+    _refused_paddle("auto_parallel_config", _TUNER),
+    _refused_paddle("auto_cluster_config", _TUNER, _FALSE),
+    _refused_paddle("auto_tuner_json", _TUNER),
+    _refused_paddle("cluster_topo_path", _MAPPING),
+    _refused_paddle("rank_mapping_path", _MAPPING),
+    _refused_paddle("enable_auto_mapping", _MAPPING, _FALSE),
+    _refused_paddle("coordinators", _FEDERATED),
+    _refused_paddle("coordinator_num", _FEDERATED, ("0",)),
+    _refused_paddle("heter_workers", _HETER),
+    _refused_paddle("heter_devices", _HETER),
+    _refused_paddle("heter_worker_num", _HETER, ("0",)),
+    _refused_paddle("elastic_pre_hook", _SCALE),
+    _refused_paddle("scale", _SCALE, ("0",)),
+    _refused_paddle("force", _SCALE, _FALSE),
+)
+ROW = {r.name: r for r in ROWS}
+
+
+def rows(*, dialect: Optional[str] = None, status: Optional[str] = None, group: Optional[str] = None) -> tuple:
+    """The rows of that dialect, status and group (each None: any)."""
+    return tuple(r for r in ROWS if (dialect is None or dialect in r.dialects) and (status is None or r.status == status)
+                 and (group is None or r.group == group))
+
+
+def names(**selected) -> tuple:
+    return tuple(r.name for r in rows(**selected))
