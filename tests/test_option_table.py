@@ -111,6 +111,7 @@ def test_no_refusal_says_elastic_training_is_not_supported():
     for path in pathlib.Path(cli_package.__file__).parent.glob("*.py"):
         assert "elastic training (etcd) is not supported" not in path.read_text(), path
         assert "asks for elastic training" not in path.read_text(), path
+    assert "elastic training" not in HELP  # the list of refused options said so
 
 
 def test_the_cluster_sources_in_help_are_every_source():

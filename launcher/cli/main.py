@@ -14,7 +14,7 @@ from launcher.output import standard_streams as streams
 from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
 from launcher.cli import request as requests
-from launcher.cli.options import GroupedCommand, launch_options
+from launcher.cli.options import GroupedCommand, launch_options, refused_options_epilog
 from launcher.errors import LaunchError
 
 DEFAULT_PROG = "python -m launcher"
@@ -37,13 +37,7 @@ status and logs are these tools only as the first argument, and only when no fil
 is in the current folder: a training script named status or logs runs as usual (also as ./status).
 
 \b
-Paddle 2.6/3.x and fleetrun options taken only to be refused, each saying why (NPUs and XPUs,
-the auto-parallel tuner, rank auto-mapping, heterogeneous and federated parameter servers,
-elastic training): --npus --xpus --selected_xpus --enable_gpu_log --auto_parallel_config
---auto_cluster_config --auto_tuner_json --cluster_topo_path --rank_mapping_path
---enable_auto_mapping --coordinators --coordinator_num --heter_workers --heter_devices
---heter_worker_num --elastic_pre_hook --scale --force
-""")
+""" + refused_options_epilog())
 @launch_options  # every option, from the one table (launcher.cli.table)
 @click.argument("training_script", required=False)
 @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from launcher import __version__
-from launcher.cli.table import GROUPS, ROW, ROWS, Row
+from launcher.cli.table import GROUPS, REFUSED, ROW, ROWS, Row
 
 OTHER = "Other"  # --version and --help
 
@@ -54,6 +54,16 @@ def launch_options(command):
         command = click_option(row)(command)
     return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
                         help="Show the version and exit.")(command)
+
+
+def refused_options_epilog() -> str:
+    """--help's last paragraph: the hidden rows, taken only to be refused, by name (from the table)."""
+    import textwrap
+
+    names = " ".join(r.spellings[0] for r in ROWS if r.status == REFUSED and r.click.get("hidden"))
+    return textwrap.fill(f"Paddle 2.6/3.x and fleetrun options taken only to be refused, each saying why (NPUs and "
+                         "XPUs, the auto-parallel tuner, rank auto-mapping, heterogeneous and federated parameter "
+                         f"servers, fleetrun's commands to scale an elastic job): {names}", 95) + "\n"
 
 
 def _show_version(ctx: click.Context, param, value) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Optional
 
+from launcher.cli import table
 from launcher.errors import LaunchError
 from launcher.plan import elastic as elastic_options
 
@@ -22,14 +23,8 @@ def translate(values: dict, given: set) -> dict:
     """This launcher's option values, with the Paddle 2.6/3.x ones (``given``: the names set by the user) mapped
     onto them; the Paddle names are left in ``values`` for the caller's checks (``expected_nodes``)."""
     out = dict(values)
-    _same_as(out, given, "devices", "selected_gpus")
-    _same_as(out, given, "ips", "cluster_node_ips")
-    _same_as(out, given, "host", "node_ip")
-    _same_as(out, given, "trainers", "workers")
-    _same_as(out, given, "trainer_num", "worker_num")
-    _same_as(out, given, "max_restart", "max_restarts")
-    _same_as(out, given, "elastic_timeout", "join_timeout")
-    _same_as(out, given, "http_port", "gloo_port")
+    for row in table.rows(status=table.ALIAS):
+        _same_as(out, given, row.name, row.maps_to)
     if _flag(out, given, "sort_ip"):
         out["cluster_node_ips"] = ",".join(sorted(out["cluster_node_ips"].split(","), key=_address_key))
     if _flag(out, given, "log_overwrite"):
