@@ -122,7 +122,7 @@ def two_holding(folder):
 
 
 FAST = ("--rdzv-conf", "last_call_timeout=0.5,heartbeat_timeout=3,keep_alive_interval=0.5")
-# three launchers that must all be in round 1: MAX of them start it at once, however slow a loaded machine is
+# launchers that must all be in round 1 (MAX of them): they start it at once, however slow a loaded machine is
 ALL_THREE = ("--rdzv-conf", "last_call_timeout=60,heartbeat_timeout=3,keep_alive_interval=0.5")
 
 
@@ -315,7 +315,7 @@ def test_a_standby_takes_the_place_of_a_lost_member(tmp_path):
 
 def test_a_standby_whose_job_finishes_without_it_exits_0(tmp_path):
     port = free_ports(6)
-    line = torchrun_line(port, tmp_path, *FAST, nnodes="1:2")
+    line = torchrun_line(port, tmp_path, *ALL_THREE, nnodes="1:2")  # both in round 1: MAX=2 start it at once
     procs = [start_launcher(*line, "hold") for _ in range(2)]
     wait_ready(tmp_path, 2, procs)
     standby = add_standby(tmp_path, line, procs)
