@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with an NVIDIA GPU (within 8 minutes on one H200):
 # tests/gpu (detection, CUDA_VISIBLE_DEVICES, NCCL, Fleet with AMP, memory fraction, flight recorder,
-# a PS trainer on CUDA) and a short NCCL/Fleet timing against torchrun.
+# a PS trainer on CUDA), a short NCCL/Fleet timing against torchrun and Fleet's knobs (bench/fleet_knobs.py) on NCCL.
 #
 #     bash bench/gpu_check.sh            # report in $OUT, or ./gpu-report without it
 #
-# Writes machine.txt (GPU, driver, torch), tests.txt (pytest's output), timing.json and report.md
-# (all three together). Exits with pytest's code. Needs python3 with CUDA torch, click, psutil, pyyaml, pytest.
+# Writes machine.txt (GPU, driver, torch), tests.txt (pytest's output), timing.json, knobs.json (where a GPU
+# was measured) and report.md (all of them together). Exits with pytest's code. Needs python3 with CUDA torch, click, psutil, pyyaml, pytest.
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-report}"
@@ -25,6 +25,22 @@ env -u PYTEST_ADDOPTS timeout 330 "$py" -m pytest -o addopts= -q -rs -p no:cache
 tests=$?
 timeout 150 "$py" bench/gpu_timing.py > "$out/timing.json" 2> "$out/timing.err"
 timing=$?
+# Fleet's knobs with NCCL, one worker per GPU, against DDP under torchrun (bench/fleet_knobs.py): 150 s at most,
+# less when the steps above leave less of the 8 minutes; its runs stop starting 35 s before its limit. knobs.json
+# only when it measured something (without a GPU it says so in one line, which goes to report.md).
+knobs_s=$(( 470 - SECONDS ))
+[ "$knobs_s" -gt 150 ] && knobs_s=150
+knobs_dir=$(mktemp -d)
+if [ "$knobs_s" -ge 60 ]; then
+    timeout "$knobs_s" "$py" bench/fleet_knobs.py --device cuda --steps 200 --rounds 2 --models mlp,conv \
+        --only ddp,model,optimizer,optimizer-nccl2 --budget $(( knobs_s - 35 )) --json "$knobs_dir/knobs.json" \
+        > "$knobs_dir/table.txt" 2> "$knobs_dir/err.txt"
+    knobs=$?
+    [ -s "$knobs_dir/knobs.json" ] && cp "$knobs_dir/knobs.json" "$out/knobs.json"
+else
+    knobs="skipped"
+    echo "not run: only ${knobs_s} s were left of the 8 minutes" > "$knobs_dir/err.txt"
+fi
 
 {
     echo "# GPU check"
@@ -45,6 +61,14 @@ timing=$?
     cat "$out/timing.json"
     tail -5 "$out/timing.err"
     echo '```'
+    echo
+    echo "## Fleet knobs (exit $knobs)"
+    echo
+    echo '```'
+    cat "$knobs_dir/table.txt" 2>/dev/null
+    grep -E 'error|budget|fleet_knobs:|not run' "$knobs_dir/err.txt" | tail -8
+    echo '```'
 } > "$out/report.md"
+rm -rf "$knobs_dir"
 cat "$out/report.md"
 exit $tests

@@ -43,15 +43,20 @@ def read(page) -> tuple:
     return HEAD.unpack_from(page, 0)[0], None
 
 
-def encode(step: Optional[int], wall: float, scalars: dict) -> bytes:
-    """A report: the step (a whole number, or None), the worker's clock, its finite numbers by name."""
+def encode(step: Optional[int], wall: float, scalars: dict, compute: Optional[float] = None) -> bytes:
+    """A report: the step (a whole number, or None), the worker's clock, its finite numbers by name, and the step's
+    compute time (seconds of its own work, without its waits in collectives) where known."""
     kept = {str(k)[:MAX_NAME]: float(v) for k, v in list(scalars.items())[:MAX_SCALARS]
             if isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)}
-    return json.dumps({"step": step, "t": wall, "scalars": kept}, separators=(",", ":")).encode()
+    doc = {"step": step, "t": wall, "scalars": kept}
+    if _seconds(compute):
+        doc["compute"] = float(compute)
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode(body: bytes) -> Optional[dict]:
-    """A report read back, checked: {"step": int or None, "t": float, "scalars": {name: float}}; None if it is not one."""
+    """A report read back, checked: {"step": int or None, "t": float, "scalars": {name: float}, "compute": float or
+    None}; None if it is not one (a ``compute`` that is not a finite number >= 0 reads as None)."""
     try:
         report = json.loads(body)
     except (ValueError, RecursionError, UnicodeDecodeError):
@@ -66,7 +71,12 @@ def decode(body: bytes) -> Optional[dict]:
     kept = {k: float(v) for k, v in list(scalars.items())[:MAX_SCALARS]
             if isinstance(k, str) and len(k) <= MAX_NAME and k.isprintable()
             and type(v) in (int, float) and _finite(v)}
-    return {"step": step, "t": float(wall), "scalars": kept}
+    compute = report.get("compute")
+    return {"step": step, "t": float(wall), "scalars": kept, "compute": float(compute) if _seconds(compute) else None}
+
+
+def _seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value) and value >= 0
 
 
 def _finite(number) -> bool:

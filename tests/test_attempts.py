@@ -103,7 +103,7 @@ class FakeStarter:
         self.started: list = []  # FakeProcess, in order
         self._pids = itertools.count(4_000_000)
 
-    def start(self, cmd, env, stdout, stderr, cgroup_fd=None, pass_fds=()):
+    def start(self, cmd, env, stdout, stderr, cgroup_fd=None, pass_fds=(), cpus=None):
         rank, attempt = int(env[ev.TRAINER_ID]), int(env[ev.RESTART_COUNT])
         behaviour = self.behave(attempt, rank)
         if behaviour.start_error is not None:

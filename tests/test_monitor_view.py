@@ -32,7 +32,8 @@ def test_the_metrics_read_back_with_prometheus_s_parser():
 
     made = view("running", "failed", round=3, changes={"lost": 2, "joined": 1})
     made = NodeView(**{**made.__dict__, "workers": (WorkerView(0, 0, "rank 0", 1, "running", 0, step=7, step_seconds=0.5,
-                                                               log_bytes=10),)})
+                                                               log_bytes=10, relative_speed=0.25),),
+                       "node_speeds": {0: 0.25, 1: 1.0}})
     samples = {(s.name, tuple(s.labels.values())): s.value
                for f in text_string_to_metric_families(metrics(made).decode()) for s in f.samples}
     assert samples[("launcher_round", ())] == 3
@@ -40,6 +41,8 @@ def test_the_metrics_read_back_with_prometheus_s_parser():
     assert samples[("launcher_membership_changes_total", ("silent",))] == 0
     assert samples[("launcher_worker_step", ("0",))] == 7 and samples[("launcher_worker_step_seconds", ("0",))] == 0.5
     assert samples[("launcher_log_bytes_total", ("0",))] == 10
+    assert samples[("launcher_worker_relative_speed", ("0",))] == 0.25
+    assert samples[("launcher_node_relative_speed", ("0",))] == 0.25 and samples[("launcher_node_relative_speed", ("1",))] == 1
 
 
 def test_the_view_is_plain_json_with_its_health():
@@ -73,11 +76,13 @@ from launcher.output.monitor_view import peer_view  # noqa: E402
 def test_a_peer_s_view_reads_back_as_its_rows():
     made = view("running", "failed")
     made = NodeView(**{**made.__dict__, "node": 1, "workers": (WorkerView(2, 0, "rank 2", 9, "running", 1, step=5,
-                                                                         step_seconds=0.25, last_line="step 5"),)})
+                                                                         step_seconds=0.25, last_line="step 5",
+                                                                         compute_seconds=0.2, relative_speed=0.5),)})
     row = peer_view(view_json(made), 1, "127.0.0.2")
     assert row["error"] == "" and row["node_ip"] == "127.0.0.2" and row["health"].startswith("ok")
     assert row["workers"] == [{"rank": 2, "label": "rank 2", "state": "running", "pid": 9, "restarts": 1, "step": 5,
-                               "step_seconds": 0.25, "last_line": "step 5"}]
+                               "step_seconds": 0.25, "last_line": "step 5", "compute_seconds": 0.2,
+                               "relative_speed": 0.5}]
 
 
 @pytest.mark.parametrize("body, why", [
@@ -95,13 +100,15 @@ def test_what_a_peer_sends_that_is_not_its_view_is_a_row_saying_so(body, why):
 
 def test_a_peer_s_workers_are_kept_field_by_field():
     workers = [{"rank": 0, "state": "running", "step_seconds": float("inf"), "last_line": "\x1b[2Jx" + "y" * 1000,
-                "label": ["no"], "pid": 2 ** 70, "restarts": "3", "step": 1.5},
+                "label": ["no"], "pid": 2 ** 70, "restarts": "3", "step": 1.5, "compute_seconds": -1.0,
+                "relative_speed": float("nan")},
                {"rank": True}, {"rank": "1"}, "junk", None, {"rank": 1, "state": "<script>", "step_seconds": 2}]
     text = json.dumps({"node": 1, "workers": workers + [{"rank": r} for r in range(2, 5000)]})
     row = peer_view(text.encode(), 1, "h")
     first, second = row["workers"][:2]
     assert first == {"rank": 0, "label": "rank 0", "state": "running", "pid": None, "restarts": 0, "step": None,
-                     "step_seconds": None, "last_line": " [2Jx" + "y" * 295}
+                     "step_seconds": None, "last_line": " [2Jx" + "y" * 295, "compute_seconds": None,
+                     "relative_speed": None}
     assert second["rank"] == 1 and second["state"] == "unknown" and second["step_seconds"] == 2.0
     assert len(row["workers"]) <= 1024
     json.dumps(row, allow_nan=False)  # what the page gets parses in a browser (no Infinity, no NaN)

@@ -23,7 +23,7 @@ def test_a_report_reads_back_as_it_was_written():
     sequence = pp.write(memory, 0, pp.encode(12, 1.5, {"loss": 0.25, "lr": 1, "bad": float("nan"), "flag": True,
                                                          "text": "x"}))
     assert pp.read(memory) == (sequence, pp.encode(12, 1.5, {"loss": 0.25, "lr": 1}))
-    assert pp.decode(pp.read(memory)[1]) == {"step": 12, "t": 1.5, "scalars": {"loss": 0.25, "lr": 1.0}}
+    assert pp.decode(pp.read(memory)[1]) == {"step": 12, "t": 1.5, "scalars": {"loss": 0.25, "lr": 1.0}, "compute": None}
 
 
 def test_half_a_report_is_never_taken():
@@ -77,7 +77,7 @@ def test_report_never_raises_on_what_it_is_given(monkeypatch):
         progress.report(step="seven")  # not a number: dropped
         progress.report(step=3, **{f"m{i}": object() for i in range(5)}, loss="x" * 10_000)
         pages.poll(1.0)
-        assert pages.last(0) == {"step": 3, "t": pages.last(0)["t"], "scalars": {}}
+        assert pages.last(0) == {"step": 3, "t": pages.last(0)["t"], "scalars": {}, "compute": None}
     finally:
         pages.close()
 
@@ -93,7 +93,7 @@ def test_a_worker_that_stops_reporting_is_stalled_after_the_limit_only():
         pp.write(memory, 0, pp.encode(4, 1.0, {}))
         pages.poll(6.0)
         assert pages.stalled([0], 2.0, 7.9) is None
-        assert pages.stalled([0], 2.0, 8.0) == (0, {"step": 4, "t": 1.0, "scalars": {}})
+        assert pages.stalled([0], 2.0, 8.0) == (0, {"step": 4, "t": 1.0, "scalars": {}, "compute": None})
         pages.started(0, now=9.0)  # a new worker: its page emptied, nothing of the old one kept
         assert pp.read(memory) == (0, None) and pages.stalled([0], 2.0, 20.0) is None
     finally:
@@ -125,3 +125,100 @@ def test_a_stalled_rank_is_a_hang_named_with_its_last_step():
     assert actions[0].text == ("rank 1 made no progress for 60 s (its last report: step 1200) (--hang_timeout): "
                                "stopping the job")
     assert p.hang_text(after, " on node 2") == "rank 1 on node 2 made no progress for 60 s (its last report: step 1200)"
+
+
+# ---------------------------------------------------------------- the compute time a report carries (stragglers)
+
+from launcher.run.straggler_watch import StragglerWatch, peer_times  # noqa: E402
+from launcher.runtime import timing  # noqa: E402
+
+
+def reporting(monkeypatch, pages):
+    monkeypatch.setenv(ev.PROGRESS_FD, str(pages.fds(0)[0]))
+    monkeypatch.setattr(progress, "_page", progress._Page())
+    monkeypatch.setattr(timing, "waits", timing.Waits())
+    pages.started(0, 0.0)
+
+
+def test_a_report_carries_the_step_time_less_the_waits_counted(monkeypatch):
+    pages = ProgressPages(wanted=True)
+    clock = iter([10.0, 11.0, 13.0, 14.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    try:
+        reporting(monkeypatch, pages)
+        timing.add_wait(0.4)  # before the first report: no step to charge it to
+        progress.report(step=1)
+        assert pages.poll(1.0) == [0] and pages.last(0)["compute"] is None
+        timing.add_wait(0.25)
+        progress.report(loss=0.5)  # no step: the wait is kept for the next report that names one
+        progress.report(step=2)  # 1 s since, 0.25 s of it waiting
+        pages.poll(2.0)
+        assert pages.last(0)["compute"] == 0.75
+        progress.report(step=4)  # 2 s for two steps, no wait: 1 s each
+        pages.poll(3.0)
+        assert pages.last(0)["compute"] == 1.0
+        progress.report(step=5, compute=0.125)  # the program's own measure wins
+        pages.poll(4.0)
+        assert pages.last(0)["compute"] == 0.125 and timing.waited() == 0.65
+        assert pages.poll(5.0) == []
+    finally:
+        pages.close()
+
+
+def test_without_a_wait_counted_a_report_carries_no_compute_time(monkeypatch):
+    pages = ProgressPages(wanted=True)
+    try:
+        reporting(monkeypatch, pages)
+        for step in range(3):
+            progress.report(step=step)
+        pages.poll(1.0)
+        assert pages.last(0)["compute"] is None
+        for bad in (float("nan"), -1.0, "0.5", True):
+            assert pp.decode(pp.encode(1, 0.0, {}, bad))["compute"] is None
+    finally:
+        pages.close()
+
+
+class Events:
+    node = 0
+
+    def __init__(self):
+        self.written = []
+
+    def write(self, event, **fields):
+        self.written.append((event, fields))
+
+
+def test_the_watch_names_a_slow_rank_once_and_says_when_it_is_no_longer_slow(caplog):
+    watch, events = StragglerWatch(), Events()
+    step = 0
+    for step in range(40):
+        watch.note(0, 0, "10.0.0.1", {"step": step, "compute": 0.2}, step)
+        watch.note(1, 0, "10.0.0.1", {"step": step, "compute": 0.8}, step)
+        watch.look(step, (), events)
+    assert [e for e, _ in events.written] == ["straggler"]
+    assert events.written[0][1]["ranks"] == [1] and events.written[0][1]["speed"] == 0.25
+    assert events.written[0][1]["node"] == 0 and events.written[0][1]["host"] == "10.0.0.1"
+    assert watch.compute(1, step) == pytest.approx(0.8) and watch.verdict.ranks == pytest.approx({0: 1.0, 1: 0.25})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].startswith("straggler: node 0 (10.0.0.1) is a straggler: rank 1 at 0.25")
+    for step in range(40, 80):
+        watch.note(1, 0, "10.0.0.1", {"step": step, "compute": 0.2}, step)
+        watch.note(0, 0, "10.0.0.1", {"step": step, "compute": 0.2}, step)
+        watch.look(step, (), events)
+    assert [e for e, _ in events.written] == ["straggler", "straggler_cleared"] and watch.named == {}
+
+
+def test_other_nodes_ranks_come_from_their_views_and_a_slow_node_is_named():
+    watch, events = StragglerWatch(), Events()
+    rows = [{"node": 1, "node_ip": "10.0.0.2", "error": "", "workers": [
+                {"rank": 2, "compute_seconds": 0.8, "step": 100}, {"rank": 3, "compute_seconds": None, "step": 100}]},
+            {"node": 2, "node_ip": "10.0.0.3", "error": "no answer", "workers": []}]
+    assert peer_times(rows, 0) == (peer_times(rows, 0)[0],) and peer_times(rows, 1) == ()
+    for step in range(40):
+        watch.note(0, 0, "10.0.0.1", {"step": step, "compute": 0.2}, step)
+        watch.note(1, 0, "10.0.0.1", {"step": step, "compute": 0.21}, step)
+        rows[0]["workers"][0]["step"] = 100 + step
+        watch.look(step, peer_times(rows, 0), events)
+    assert [(e, f["node"], f["ranks"]) for e, f in events.written] == [("straggler", 1, [2])]
+    assert watch.verdict.nodes == pytest.approx({0: 0.2 / 0.21, 1: 0.25})

@@ -46,7 +46,7 @@ def test_one_node_options_map_onto_ours():
     assert "started_port" not in values  # --standalone: a free port
     assert ours(nnodes="1", master_port=29517)["started_port"] == 29517
     fields = {"role", "node_rank", "master_addr", "nnodes", "virtual_local_rank", "duplicate_stdout_filters",
-              "duplicate_stderr_filters"}  # torchrun's names that are fields of the options too
+              "duplicate_stderr_filters", "numa_binding"}  # torchrun's names that are fields of the options too
     assert not set(NAMES) - fields & set(ours(standalone=True))
 
 

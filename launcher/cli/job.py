@@ -29,7 +29,7 @@ def run(request: Request, env=os.environ) -> int:
     for name, source in sorted(request.sources.items()):
         if source != DEFAULT:
             log.debug("--%s from %s", name, source if source.startswith("PET_") else f"the {source}")
-    host = preflight.probe_host(env)
+    host = preflight.probe_host(env, topology=request.options.places_workers)
     finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
     with ExitStack() as cleanup:
         if request.elastic is None:

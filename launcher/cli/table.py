@@ -15,10 +15,11 @@ from typing import Optional
 
 import click
 
-from launcher.cli.types import LogLevel, NodeCount, Seconds, Whole, WorkerCount
+from launcher.cli.types import CpuList, LogLevel, NodeCount, Seconds, Whole, WorkerCount
 from launcher.plan import elastic_backends as backends
 from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
 from launcher.plan.clusters.registry import names as cluster_source_names
+from launcher.plan.model import NUMA_MODES
 
 # statuses
 OURS = "ours"  # this launcher's own option (Paddle 1.8's are ours)
@@ -31,14 +32,13 @@ REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless 
 PADDLE18, TORCHRUN, PADDLE3, FLEETRUN = "Paddle 1.8", "torchrun", "Paddle 2.6/3.x", "fleetrun"
 
 # --help's sections, in order
-JOB, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
-    "The job", "The nodes", "Elastic jobs", "Logs and output", "Watching the job", "Parameter servers",
-    "torchrun's spellings", "Paddle 2.x/3.x spellings")
-GROUPS = (JOB, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
+JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
+    "The job", "Workers on CPUs", "The nodes", "Elastic jobs", "Logs and output", "Watching the job",
+    "Parameter servers", "torchrun's spellings", "Paddle 2.x/3.x spellings")
+GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
 
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
 START_METHODS = ("spawn", "fork", "forkserver")
-NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch/numa/binding.py's AffinityMode
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
 _XPU = "Kunlun XPUs are not supported: this launcher drives CPU and NVIDIA GPU workers"
 _TUNER = "Paddle's auto-parallel tuner is not supported"
@@ -133,6 +133,17 @@ ROWS = (
           click={"type": click.BOOL, "default": True, "show_default": True, "metavar": "BOOL"}),
     _ours("log_level", JOB, "The launcher's own messages: DEBUG, INFO, WARNING, ERROR, or 10-40.",
           click={"type": LogLevel(), "default": "INFO", "show_default": True}),
+    # ---------------------------------------------------------------- workers on CPUs
+    _torchrun("numa_binding", PLACEMENT, "bind each GPU worker to the CPUs near its GPU: node (its NUMA node's), "
+              "socket (its socket's), exclusive (a share of its node's cores of its own), core-complex (a group of "
+              "cores sharing one L3 cache); read from sysfs.", pet=False,
+              click={"type": click.Choice(NUMA_MODES), "metavar": "|".join(NUMA_MODES)}),
+    _ours("bind_cores_to_rank", PLACEMENT, "Give each worker cores of its own (DeepSpeed's option): the allowed CPUs "
+          "split among the workers, hyperthreads of a core kept together, and OMP_NUM_THREADS and MKL_NUM_THREADS set "
+          "to its cores unless set already.", click={"is_flag": True, "default": False}),
+    _ours("bind_core_list", PLACEMENT, "The CPUs --bind_cores_to_rank splits among the workers (DeepSpeed's option), "
+          "such as 0-15,32-47; implies --bind_cores_to_rank. Default: every CPU the launcher may use.",
+          click={"type": CpuList(), "metavar": "CPUS"}),
     # ---------------------------------------------------------------- the nodes
     _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
           click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
@@ -248,10 +259,6 @@ ROWS = (
               "process, and this launcher never imports torch.", status=REFUSED, pet=False, click={"metavar": "NAME"},
               reason="a LogsSpecs plug-in is a Python class torchrun loads into its own process, and this launcher "
                      "never imports torch (--log_dir, --redirects and --tee choose the logs here)"),
-    _torchrun("numa_binding", TORCHRUN_GROUP, "refused for now: placing workers on the CPUs near their GPU is not "
-              "built yet.", status=REFUSED, pet=False, click={"metavar": "|".join(NUMA_MODES)},
-              reason="placing each worker on the CPUs near its GPU is not built yet (a --no_python wrapper can start "
-                     "each worker under numactl)"),
     # ---------------------------------------------------------------- Paddle 2.6/3.x's and fleetrun's spellings
     _paddle("devices", "GPU ids, as --selected_gpus.", (PADDLE3, FLEETRUN), ALIAS, aliases=("gpus",),
             maps_to="selected_gpus", click={"metavar": "IDS"}, listed=True),

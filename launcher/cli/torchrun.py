@@ -96,11 +96,12 @@ def _elastic(values: dict, given) -> dict:
 
 
 def _torchrun_213(values: dict, shown) -> dict:
-    """torchrun 2.13's --virtual-local-rank, --duplicate-stdout/stderr-filters, --signals-to-handle and
-    --event-log-handler, read as torchrun reads them (``launcher.plan.torchrun_values``)."""
+    """torchrun 2.13's --virtual-local-rank, --duplicate-stdout/stderr-filters, --signals-to-handle,
+    --event-log-handler and --numa-binding, read as torchrun reads them (``launcher.plan.torchrun_values``)."""
     ours = {"virtual_local_rank": bool(values["virtual_local_rank"]),
             "duplicate_stdout_filters": torchrun_values.parse_filters(values["duplicate_stdout_filters"]),
-            "duplicate_stderr_filters": torchrun_values.parse_filters(values["duplicate_stderr_filters"])}
+            "duplicate_stderr_filters": torchrun_values.parse_filters(values["duplicate_stderr_filters"]),
+            "numa_binding": values["numa_binding"]}
     if values["signals_to_handle"] is not None:
         ours["signals_to_handle"] = torchrun_values.parse_signals(values["signals_to_handle"], shown("signals_to_handle"))
     if values["event_log_handler"] is not None:

@@ -84,3 +84,21 @@ class NodeCount(click.ParamType):
             return node_range(value)
         except ValueError as e:
             self.fail(f"{str(value)!r} {e}.", param, ctx)
+
+
+class CpuList(click.ParamType):
+    """A list of CPUs as sysfs and numactl write one ("0-3,8,10-11"); kept as text, checked here."""
+
+    name = "cpus"
+
+    def convert(self, value, param, ctx):
+        from launcher.plan.topology import parse_cpu_list  # not at import: --help stays fast
+
+        text = str(value).strip()
+        try:
+            cpus = parse_cpu_list(text)
+        except ValueError:
+            cpus = None
+        if not cpus:
+            self.fail(f"{value!r} is not a list of CPUs; give numbers and ranges such as 0-3,8,10-11.", param, ctx)
+        return text

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from launcher.runtime.timing import add_wait
 
 DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's default bucket size
 DEFAULT_FIRST_BUCKET_MB = 1.0  # and its first one, small so that sending starts early in backward
@@ -60,9 +63,10 @@ class FlatChannel:
         self.group = group
         self.world_size = world_size
 
-    def start(self, flat: torch.Tensor):
-        """Begin averaging ``flat`` in place; returns the Work to wait for."""
-        flat.div_(self.world_size)
+    def start(self, flat: torch.Tensor, scaled: bool = False):
+        """Begin averaging ``flat`` in place (summing it, when it is ``scaled`` already); returns the Work to wait for."""
+        if not scaled:
+            flat.mul_(1.0 / self.world_size)
         return dist.all_reduce(flat, group=self.group, async_op=True)
 
 
@@ -75,8 +79,9 @@ class HierarchicalChannel:
         self.inter = inter  # None on the other workers of the node
         self.world_size = world_size
 
-    def start(self, flat: torch.Tensor):
-        flat.div_(self.world_size)
+    def start(self, flat: torch.Tensor, scaled: bool = False):
+        if not scaled:
+            flat.mul_(1.0 / self.world_size)
         dist.reduce(flat, dst=self.leader, group=self.intra)
         if self.inter is not None:
             dist.all_reduce(flat, group=self.inter)
@@ -117,6 +122,61 @@ def is_default(channels: list) -> bool:
     return len(channels) == 1 and isinstance(channels[0], FlatChannel) and channels[0].group is None
 
 
+class FlatBucket:
+    """One bucket's gradients in one flat buffer, then one used-mark per parameter (0 where a rank had no gradient).
+
+    Packing scales each gradient into its slot (copy and average's division in one pass, as DDP's reducer);
+    after the all-reduce each gradient becomes a view of its slot (DDP's gradient_as_bucket_view), so nothing
+    is copied back, and a gradient that is already that view (accumulated in place) is not copied in either.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        self.params = list(params)
+        sizes = [p.numel() for p in self.params]
+        first = self.params[0]
+        self.flat = torch.zeros(sum(sizes) + len(sizes), dtype=first.dtype, device=first.device)
+        self.slots = [s.view(p.shape) for s, p in zip(torch.split(self.flat[:sum(sizes)], sizes), self.params)]
+        self.marks = self.flat[sum(sizes):]
+
+    def pack(self, scale: float) -> list:
+        """The gradients, times ``scale``, into the buffer; returns which parameters had none here."""
+        filled = []
+        for p, slot in zip(self.params, self.slots):
+            grad = p.grad
+            if grad is None:
+                slot.zero_()
+                filled.append(True)
+                continue
+            filled.append(False)
+            if grad.is_sparse:
+                raise ValueError("sparse gradients cannot be all-reduced by fleet, as in Paddle 1.8; use dense embeddings.")
+            if _is_view_of(grad, slot):
+                slot.mul_(scale)
+            else:
+                torch.mul(grad, scale, out=slot)
+        self.marks.fill_(1.0)
+        if any(filled):
+            self.marks.copy_(torch.tensor([0.0 if f else 1.0 for f in filled], dtype=self.marks.dtype))
+        return filled
+
+    def unpack(self, filled: list) -> None:
+        """Each gradient becomes the average in its slot; one that no rank had stays None, as in one process."""
+        used = self.marks.tolist() if any(filled) else None  # read (a GPU sync) only when this rank lacked one
+        for i, (p, slot) in enumerate(zip(self.params, self.slots)):
+            if filled[i] and used[i] == 0:
+                p.grad = None
+            elif p.grad is None or _is_view_of(p.grad, slot):
+                p.grad = slot
+            elif p.grad.is_contiguous():
+                p.grad = slot  # the gradient backward made is dropped: the slot holds its average
+            else:
+                p.grad.copy_(slot)  # a layout of its own (channels_last): the optimizer expects it kept
+
+
+def _is_view_of(grad: torch.Tensor, slot: torch.Tensor) -> bool:
+    return grad.data_ptr() == slot.data_ptr() and grad.shape == slot.shape and grad.is_contiguous()
+
+
 class GradientSync:
     """Average every parameter's gradient over all ranks, bucket by bucket, channels in turn, as DDP does.
 
@@ -125,6 +185,8 @@ class GradientSync:
     backward (to clip them, or for GradScaler's inf check) are already the averages. Each bucket also
     carries a mask of the parameters that had a gradient: one that no rank used stays None.
     Called directly (by step() when no backward synced since), it does the same for the gradients as they are.
+    The time spent waiting for the all-reduces is counted (``launcher.runtime.timing``): a step's time less it is the
+    rank's own work, what ``launcher.runtime.report`` tells the launcher to find the straggler.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], limits: BucketLimits, channels: list, wait_each: bool):
@@ -137,9 +199,10 @@ class GradientSync:
         self.calls = 0
         self._paused = False
         self._queued = False  # the end-of-backward callback is queued
-        self._pending = []  # (bucket index, filled, flat, work) of the buckets sent, in bucket order
+        self._pending = []  # (bucket index, filled, work) of the buckets sent, in bucket order
         self._ready = [0] * len(self.buckets)
-        self._buffers = [None] * len(self.buckets)  # one flat tensor per bucket, kept: no allocation per step
+        self._flat = [FlatBucket(bucket) for bucket in self.buckets]  # kept: no allocation per step
+        self._scale = 1.0 / dist.get_world_size()
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient, index))
                        for index, bucket in enumerate(self.buckets) for p in bucket]
 
@@ -163,10 +226,14 @@ class GradientSync:
         self.calls += 1
         for index in range(len(self._pending), len(self.buckets)):
             self._send(index)
-        for index, filled, flat, work in self._pending:
+        waited = 0.0
+        for index, filled, work in self._pending:
             if work is not None:
+                started = time.perf_counter()
                 work.wait()
-            self._unpack(index, filled, flat)
+                waited += time.perf_counter() - started
+            self._flat[index].unpack(filled)
+        add_wait(waited)
         self._reset()
         self.synced = True
 
@@ -182,35 +249,16 @@ class GradientSync:
             self._send(len(self._pending))
 
     def _send(self, index: int) -> None:
-        bucket = self.buckets[index]
-        filled = [p.grad is None for p in bucket]
-        grads = [_grad_of(p) for p in bucket]
-        flat = self._flatten(index, grads, filled)
-        work = self.channels[index % len(self.channels)].start(flat)
+        bucket = self._flat[index]
+        filled = bucket.pack(self._scale)
+        started = time.perf_counter()
+        work = self.channels[index % len(self.channels)].start(bucket.flat, scaled=True)
         if self.wait_each:
-            wait(work, flat)
+            wait(work, bucket.flat)
             work = None
-        self._pending.append((index, filled, flat, work))
-
-    def _flatten(self, index: int, grads: list, filled: list) -> torch.Tensor:
-        """The bucket's gradients, then one used-mark per parameter (0 where this rank had no gradient)."""
-        used = torch.tensor([0.0 if f else 1.0 for f in filled], dtype=grads[0].dtype, device=grads[0].device)
-        parts = [g.view(-1) for g in grads] + [used]
-        if self._buffers[index] is None:
-            self._buffers[index] = torch.cat(parts)
-        else:
-            torch.cat(parts, out=self._buffers[index])
-        return self._buffers[index]
-
-    def _unpack(self, index: int, filled: list, flat: torch.Tensor) -> None:
-        bucket = self.buckets[index]
-        grads = [p.grad for p in bucket]
-        used = flat[-len(bucket):]
-        for p, grad, synced, fill, anyone in zip(bucket, grads, _unflatten_dense_tensors(flat[:-len(bucket)], grads), filled, used.tolist()):
-            if fill and anyone == 0:
-                p.grad = None  # no rank used it: as in one process, the optimizer leaves it alone
-            else:
-                grad.copy_(synced)
+        if work is None:  # waited for here (also a hierarchical channel's start, which is synchronous)
+            add_wait(time.perf_counter() - started)
+        self._pending.append((index, filled, work))
 
     def _reset(self) -> None:
         self._pending = []
@@ -232,17 +280,6 @@ def wait(work, flat: torch.Tensor) -> None:
         work.wait()
     if flat.is_cuda:
         torch.cuda.current_stream(flat.device).synchronize()
-
-
-def _grad_of(p: torch.Tensor) -> torch.Tensor:
-    """The gradient to send; zeros when this rank produced none (kept only if another rank had one)."""
-    if p.grad is None:
-        p.grad = torch.zeros_like(p)
-    if p.grad.is_sparse:
-        raise ValueError("sparse gradients cannot be all-reduced by fleet, as in Paddle 1.8; use dense embeddings.")
-    if not p.grad.is_contiguous():
-        p.grad = p.grad.contiguous()
-    return p.grad
 
 
 def broadcast_parameters(tensors: Sequence[torch.Tensor], src: int = 0) -> None:

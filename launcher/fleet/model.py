@@ -1,6 +1,7 @@
 """fleet.distributed_model: DistributedDataParallel configured from the strategy (all-reduce overlapped with backward)."""
 
 import inspect
+import time
 from typing import Optional
 
 import torch
@@ -12,6 +13,8 @@ from launcher.fleet import state as st
 from launcher.fleet.comm import UNFUSED_BUCKET_MB, check_same_parameters, is_default, refuse_unfrozen, wait
 from launcher.fleet.strategy import DistributedStrategy
 from launcher.runtime.flags import SYNC_NCCL_ALLREDUCE, Flags, warn_once
+from launcher.runtime.hooks import clock
+from launcher.runtime.timing import add_wait
 
 
 class ChannelHookState:
@@ -23,12 +26,16 @@ class ChannelHookState:
 
 
 def channel_hook(state: ChannelHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket on channel ``bucket.index() % nccl_comm_num``."""
+    """DDP communication hook: average the bucket on channel ``bucket.index() % nccl_comm_num``; this rank's wait for
+    the last buckets counted, as ``launcher.runtime.timed_allreduce_hook`` counts it."""
     flat = bucket.buffer()
+    started = time.perf_counter()
     work = state.channels[bucket.index() % len(state.channels)].start(flat)
     if work is not None and not state.wait_each:
+        clock.sent(bucket.is_last())  # before its callback can run: that is attached below
         return work.get_future().then(lambda sent: _result(sent, flat))
     wait(work, flat)
+    add_wait(time.perf_counter() - started)  # waited for here
     done = torch.futures.Future()
     done.set_result(flat)
     return done
@@ -37,6 +44,7 @@ def channel_hook(state: ChannelHookState, bucket: dist.GradBucket) -> torch.futu
 def _result(sent: torch.futures.Future, flat: torch.Tensor) -> torch.Tensor:
     """The averaged bucket, once its all-reduce is done; the all-reduce's error, raised (a peer gone: never a bucket
     taken as averaged when it was not)."""
+    clock.done()
     sent.value()
     return flat
 

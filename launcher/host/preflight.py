@@ -17,7 +17,10 @@ from launcher.plan.clusters.registry import FILE_VARIABLES
 from launcher.plan.model import HostFacts, Interface, LaunchOptions, Plan
 
 
-def probe_host(env=None) -> HostFacts:
+def probe_host(env=None, topology: bool = False) -> HostFacts:
+    """This machine's facts; its CPU and GPU topology (sysfs) only when ``topology`` (a placement option asks)."""
+    if topology:
+        from launcher.host.topology import read_topology
     return HostFacts(
         gpu_count=count_gpus(),
         cpu_count=len(os.sched_getaffinity(0)),
@@ -29,6 +32,7 @@ def probe_host(env=None) -> HostFacts:
         env_files=tuple(_scheduler_files(env or {})),
         importable=importable(("torch", "paddle")),
         torch_version=installed_version("torch"),
+        topology=read_topology() if topology else None,
     )
 
 

@@ -1,6 +1,7 @@
 """The job's event log: ``LOG_DIR/events.jsonl``, one JSON object a line, for whoever wants what happened, in order,
 without reading the logs: the job's start, each round of an elastic job and each member lost, silent, joined or
-left, each worker's start, exit and restart, the stop and its cause, and the end with the exit code.
+left, each worker's start, exit and restart, the stop and its cause, the end with the exit code, and each node found
+slower than the others (``straggler``, its ``node`` the slow one) and no longer so.
 
 Each line is ``{"time": <Unix seconds>, "event": <kind>, "node": <node rank>, ...}``, with ``round`` in an elastic job
 and ``rank`` where the event is a worker's. A line is written in one ``write`` on a file opened for appending,
@@ -140,6 +141,8 @@ WHAT = {  # event -> how it reads, from its fields
     "restart": lambda e: f"restart {e.get('attempt', '?')} of {e.get('max_restarts', '?')}",
     "stop": lambda e: f"stopping the job ({e.get('kind', '?')}): {e.get('cause', '')}",
     "job_ended": lambda e: f"job ended: exit code {e.get('code', '?')}",
+    "straggler": lambda e: f"straggler: {e.get('reason', '')}",
+    "straggler_cleared": lambda e: f"straggler no longer: node {e.get('node', '?')} ({e.get('host', '?')})",
 }
 
 

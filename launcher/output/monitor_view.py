@@ -27,6 +27,8 @@ class WorkerView:
     scalars: dict = field(default_factory=dict)
     last_line: str = ""
     log_bytes: int = 0
+    compute_seconds: Optional[float] = None  # its own work per step, over its window (launcher.plan.stragglers)
+    relative_speed: Optional[float] = None  # the fastest rank's compute time over its own, among the ranks compared
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class NodeView:
     heartbeats: dict = field(default_factory=dict)  # node -> seconds since heard (on the node that keeps them)
     node_ips: tuple = ()  # every node's address, by node rank (the current round's, in an elastic job)
     status: dict = field(default_factory=dict)  # the status document
+    node_speeds: dict = field(default_factory=dict)  # node -> relative speed (its slowest rank's), of the nodes compared
+    speeds: dict = field(default_factory=dict)  # rank -> relative speed, of every rank compared (other nodes' too)
 
 
 def health(view: NodeView) -> tuple:
@@ -101,12 +105,17 @@ def _peer_worker(doc) -> Optional[dict]:
     if not isinstance(doc, dict) or _int(doc.get("rank")) is None:
         return None
     state = doc.get("state")
-    seconds = doc.get("step_seconds")
     return {"rank": _int(doc["rank"]), "label": printable(doc.get("label")) or f"rank {_int(doc['rank'])}",
             "state": state if state in STATES else "unknown", "pid": _int(doc.get("pid")),
             "restarts": _int(doc.get("restarts")) or 0, "step": _int(doc.get("step")),
-            "step_seconds": float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-            and math.isfinite(seconds) else None, "last_line": printable(doc.get("last_line"))}
+            "step_seconds": _seconds(doc.get("step_seconds")), "last_line": printable(doc.get("last_line")),
+            "compute_seconds": _seconds(doc.get("compute_seconds")), "relative_speed": _seconds(doc.get("relative_speed"))}
+
+
+def _seconds(value) -> Optional[float]:
+    """A finite number >= 0 as a float; else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else None
 
 
 def _int(value) -> Optional[int]:
@@ -149,6 +158,17 @@ def metrics(view: NodeView) -> bytes:
                 if w.step_seconds is not None:
                     seconds.add_metric([str(w.rank)], w.step_seconds)
             yield from (log_bytes, step, seconds)
+            speed = GaugeMetricFamily("launcher_worker_relative_speed", "The fastest rank's compute time per step over "
+                                      "this worker's (1: the fastest)", labels=["rank"])
+            for w in view.workers:
+                if w.relative_speed is not None:
+                    speed.add_metric([str(w.rank)], w.relative_speed)
+            yield speed
+            nodes = GaugeMetricFamily("launcher_node_relative_speed", "Each node's relative speed: its slowest rank's",
+                                      labels=["node"])
+            for node, value in sorted(view.node_speeds.items()):
+                nodes.add_metric([str(node)], value)
+            yield nodes
             ages = GaugeMetricFamily("launcher_node_heartbeat_age_seconds", "Seconds since the node keeping the "
                                      "membership last heard each member", labels=["node"])
             for node, age in sorted(view.heartbeats.items()):
@@ -176,7 +196,7 @@ tr.failed td,tr.unreachable td{background:#fde2e2} tr.stopping td{background:#ff
 <h1>launcher: <span id="job"></span></h1>
 <div id="summary"><span id="health"></span> <span id="membership"></span></div>
 <table><thead><tr><th>rank</th><th>node</th><th>state</th><th>pid</th><th>restarts</th><th>step</th>
-<th>s/step</th><th>last line</th></tr></thead><tbody id="rows"></tbody></table>
+<th>s/step</th><th>speed</th><th>last line</th></tr></thead><tbody id="rows"></tbody></table>
 <div id="events"></div>
 <script>
 "use strict";
@@ -200,13 +220,15 @@ function show(v) {
     const tr = document.createElement("tr"); tr.className = w.state; tr.dataset.rank = w.rank; tr.dataset.node = node;
     cell(tr, w.label); cell(tr, node); cell(tr, w.state, "state"); cell(tr, w.pid === null ? "" : w.pid);
     cell(tr, w.restarts); cell(tr, w.step === null ? "" : w.step);
-    cell(tr, w.step_seconds === null ? "" : w.step_seconds.toFixed(3)); cell(tr, w.last_line, "line");
+    cell(tr, w.step_seconds === null ? "" : w.step_seconds.toFixed(3));
+    const speed = (v.speeds || {})[w.rank] ?? w.relative_speed;
+    cell(tr, speed === null || speed === undefined ? "" : speed.toFixed(2), "speed"); cell(tr, w.last_line, "line");
     fresh.appendChild(tr);
   }
   for (const p of silent) {
     const tr = document.createElement("tr"); tr.className = "unreachable"; tr.dataset.node = p.node;
     cell(tr, "node " + p.node); cell(tr, p.node + " (" + p.node_ip + ")"); cell(tr, "unreachable", "state");
-    for (let i = 0; i < 4; i++) cell(tr, "");
+    for (let i = 0; i < 5; i++) cell(tr, "");
     cell(tr, p.error, "line"); fresh.appendChild(tr);
   }
   rows.replaceWith(fresh);

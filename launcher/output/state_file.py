@@ -41,6 +41,7 @@ class ProcessState:  # read back from a file (from_json), any field may be None:
     started: Optional[float]  # time.time()
     ended: Optional[float] = None
     returncode: Optional[int] = None  # negative: killed by that signal
+    cpus: Optional[str] = None  # the CPUs it is bound to ("0-3,8"); None: not bound
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ NODE_FIELDS = {"node": _count, "node_ip": _text, "nodes": _count, "host": _text,
                "phase": _text, "exit_code": _code, "started": _time, "updated": _time}
 OPTIONAL_NODE_FIELDS = {"console": _text, "rounds": _lines}  # a file without them is read as well
 PROCESS_FIELDS = {"label": _text, "key": _count, "pid": _pid, "log": _text, "started": _time, "ended": _time,
-                  "returncode": _code}
+                  "returncode": _code, "cpus": _text}
 
 
 def _typed(data, checks: dict) -> dict:

@@ -17,6 +17,7 @@ from launcher.plan.roles import WORKER, Role, role_named
 from launcher.plan.streams import NONE, StreamChoice, StreamRoute
 from launcher.plan.torchrun_values import DEFAULT_STOP_SIGNALS
 
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch/numa/binding.py's AffinityMode
 MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
 
@@ -61,6 +62,10 @@ class LaunchOptions:
     duplicate_stderr_filters: tuple = ()  # the same for stderr, in filtered_stderr.log
     signals_to_handle: Optional[tuple] = None  # signal numbers that stop the job (passed on first); None: the default
     event_log_handler: str = "null"  # torchrun's event handler: "console" also shows each event on stderr
+    # where the workers run (launcher.plan.placement): torchrun's --numa-binding mode, DeepSpeed's core binding
+    numa_binding: Optional[str] = None  # node, socket, exclusive, core-complex: the CPUs near each worker's GPU
+    bind_cores_to_rank: bool = False  # each worker its own cores, OMP_NUM_THREADS and MKL_NUM_THREADS to match
+    bind_core_list: Optional[str] = None  # the CPUs to share out ("0-15,32-47"); implies bind_cores_to_rank
     # parameter-server mode: any of these chooses it
     server_num: Optional[int] = None
     worker_num: Optional[int] = None
@@ -68,6 +73,11 @@ class LaunchOptions:
     workers: Optional[str] = None  # ip:port,... of every trainer of the job
     gloo_port: Optional[int] = None  # parameter-server mode: fleet's gloo rendezvous on server 0's host
     with_gloo: str = "1"  # PADDLE_WITH_GLOO: 0 none, 1 among trainers, 2 among all
+
+    @property
+    def places_workers(self) -> bool:
+        """Whether a placement option is given (launcher.plan.binding; the machine's topology must then be read)."""
+        return bool(self.numa_binding or self.bind_cores_to_rank or self.bind_core_list)
 
     @property
     def parameter_server(self) -> bool:
@@ -97,6 +107,7 @@ class HostFacts:
     gathered_nodes: tuple = ()  # an MPI job's nodes in rank order, gathered from every rank (launcher.nodes.static.gather)
     importable: frozenset = frozenset()  # of torch and paddle, those the launcher's own interpreter finds (not imported)
     torch_version: Optional[str] = None  # of that torch, from its package metadata ("2.13.0+cpu"), None if not found
+    topology: Optional[object] = None  # launcher.plan.topology.Topology, read only when a placement option asks
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,7 @@ class WorkerSpec:
     role_index: int = 0  # the server's or trainer's id
     route: Optional[StreamRoute] = None  # torchrun's choice of streams; None: the launcher's layout
     duplicated: int = NONE  # the streams (streams.OUT, ERR) whose lines the plan's ``duplicates`` filter into copies
+    cpus: Optional[frozenset] = None  # the CPUs it is bound to (launcher.plan.placement); None: the launcher's own
 
     @property
     def kind(self) -> Role:
@@ -169,6 +181,11 @@ class Plan:
     @property
     def node_ip(self) -> str:
         return self.node_ips[self.node_rank]
+
+    @property
+    def places_workers(self) -> bool:
+        """Whether a placement option is given (launcher.plan.binding; the machine's topology must then be read)."""
+        return bool(self.numa_binding or self.bind_cores_to_rank or self.bind_core_list)
 
     @property
     def parameter_server(self) -> bool:

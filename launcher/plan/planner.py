@@ -31,6 +31,10 @@ def make_plan(
         if opts.virtual_local_rank:
             raise LaunchError("--virtual-local-rank is torchrun's, for collective jobs; in parameter-server mode each "
                               "trainer's GPU is in FLAGS_selected_gpus: leave the option out.")
+        if opts.places_workers:
+            raise LaunchError("--numa-binding, --bind_cores_to_rank and --bind_core_list place a collective job's "
+                              "workers; in parameter-server mode leave them out (run the launcher under taskset or "
+                              "numactl to bind every process of the node).")
         plan = make_ps_plan(opts, env, host, find_free_ports)
     else:
         plan = make_collective_plan(opts, env, host, find_free_ports)

@@ -19,9 +19,12 @@ def become_subreaper() -> None:
     LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def child_setup(launcher_pid: int, cgroup_fd: Optional[int]):
+def child_setup(launcher_pid: int, cgroup_fd: Optional[int], cpus: Optional[frozenset] = None):
     def setup() -> None:
-        """In the worker, before exec: enter the job's cgroup; SIGTERM when the launcher dies."""
+        """In the worker, before exec: enter the job's cgroup; its CPUs (every thread it starts inherits them);
+        SIGTERM when the launcher dies."""
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # before anything of the worker runs; a failure fails the start
         if cgroup_fd is not None:
             try:
                 os.write(cgroup_fd, b"0")

@@ -15,6 +15,7 @@ from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
 from launcher.run.session import PUBLISH_EVERY, Launch
+from launcher.run.straggler_watch import LOOK_EVERY
 from launcher.run.store import AgentStore
 from launcher.run.workers import Worker, WorkerGroup
 
@@ -94,7 +95,7 @@ class Loop:
             elif isinstance(tag, WorkerChannelTag):
                 events += self._worker_said(self.launch.worker_channel.ready(key.fd, mask))
         self.launch.store.tick(self.clock.monotonic())
-        self.launch.progress.poll(self.clock.monotonic())
+        self.launch.poll_progress(self.clock.monotonic())
         if self.group is not None:
             moved = self.group.follow_logs()
             self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
@@ -172,6 +173,8 @@ class Loop:
             waits.append(max(0.0, self.wake_by - now))
         if self.launch.watched:
             waits.append(PUBLISH_EVERY)
+        if self.launch.stragglers.windows and self.group is not None:
+            waits.append(LOOK_EVERY)  # the straggler's search, also while the workers write nothing
         return min(waits) if waits else None
 
     def _sync_registrations(self, ended: bool) -> None:

@@ -24,7 +24,8 @@ def build(launch, job, group=None, state: Optional[policy.State] = None) -> Node
                                                                                             "joined", "left")},
         reason=_reason(last_stop, workers), workers=workers, events=tuple(events.recent),
         heartbeats=job.heartbeat_ages(), node_ips=tuple(plan.node_ips),
-        status={"nodes": [state_file.document(record, "running, this launcher")]})
+        status={"nodes": [state_file.document(record, "running, this launcher")]},
+        node_speeds=dict(launch.stragglers.verdict.nodes), speeds=dict(launch.stragglers.verdict.ranks))
 
 
 def _worker(launch, job, spec, group, state) -> WorkerView:
@@ -36,12 +37,14 @@ def _worker(launch, job, spec, group, state) -> WorkerView:
         return WorkerView(spec.rank, spec.local_rank, spec.label, None, "starting", job.attempt)
     report = launch.progress.last(spec.local_rank)
     line = _last_line(worker.output)
+    now = launch.clock.monotonic()
     return WorkerView(
         rank=spec.rank, local_rank=spec.local_rank, label=spec.label, pid=worker.pid,
         state=_state(worker, state, line, report), restarts=job.attempt,
         step=report["step"] if report else None, step_seconds=launch.progress.pace(spec.local_rank),
         scalars=dict(report["scalars"]) if report else {}, last_line=line,
-        log_bytes=worker.output.bytes_written())
+        log_bytes=worker.output.bytes_written(), compute_seconds=launch.stragglers.compute(spec.rank, now),
+        relative_speed=launch.stragglers.verdict.ranks.get(spec.rank))
 
 
 def _state(worker, state: Optional[policy.State], line: str, report) -> str:

@@ -1,7 +1,7 @@
-"""This node's workers' progress pages (``launcher.progress_page``): made when something reads them (``--hang_timeout``),
-one memory file per local rank for the whole launch, passed to each worker of that local rank (and to its spare)
-as an inherited descriptor; read when the event loop turns. A page the kernel cannot make is one warning, and that
-worker reports nothing."""
+"""This node's workers' progress pages (``launcher.progress_page``): made when something reads them (``--hang_timeout``,
+the monitor, the straggler's search on a node of several workers), one memory file per local rank for the whole
+launch, passed to each worker of that local rank (and to its spare) as an inherited descriptor; read when the
+event loop turns. A page the kernel cannot make is one warning, and that worker reports nothing."""
 
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ class ProgressPages:
             page[1][:] = bytes(progress_page.SIZE)
         self.seen[local_rank] = Seen(progress_page.read(page[1])[0], None, now)
 
-    def poll(self, now: float) -> None:
-        """Note each page whose report changed since the last look."""
+    def poll(self, now: float) -> list:
+        """Note each page whose report changed since the last look; the local ranks of the new reports."""
+        changed = []
         for local_rank, (_, memory) in self.pages.items():
             seen = self.seen.get(local_rank)
             sequence, body = progress_page.read(memory)
@@ -63,6 +64,8 @@ class ProgressPages:
             if report is not None:
                 seen.step_seconds = _per_step(seen.report, report) or seen.step_seconds
                 seen.report = report
+                changed.append(local_rank)
+        return changed
 
     def stalled(self, local_ranks: Iterable[int], limit: float, now: float) -> Optional[tuple]:
         """(local rank, its last report) of the first worker that reported and has not reported again for ``limit``."""

@@ -22,6 +22,7 @@ from launcher.run.progress import ProgressPages
 from launcher.run.records import Records
 from launcher.run.signals import SignalIntake
 from launcher.run.spares import Spares
+from launcher.run.straggler_watch import StragglerWatch, peer_times
 from launcher.run.starter import Clock, ProcessStarter
 from launcher.run.trainer_status import TrainerStatusPush
 from launcher.run.watchdog_link import WatchdogLink
@@ -52,7 +53,8 @@ class Launch:
         self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
-                                      or self.trainer_status is not None)
+                                      or self.trainer_status is not None or len(plan.workers) > 1)  # stragglers too
+        self.stragglers = StragglerWatch()  # each rank's compute time from its reports, compared
         self.monitor = None  # --monitor_port's server (launcher.run.monitor.Monitor)
         self.last_views: dict = {}  # rank -> its worker's last view (the monitor's, between two attempts)
         self.view_published = float("-inf")
@@ -69,7 +71,8 @@ class Launch:
         # node 0's control channel: a connection per node (an elastic job's are open already, and counted)
         nodes = len(self.plan.node_ips) if self.plan.control is not None and self.plan.elastic_round is None else 1
         copies = sum(bin(w.duplicated).count("1") for w in self.plan.workers)  # a pipe, the log and the copy's file
-        check_limits(len(self.plan.workers), bool(self.plan.log_dir), nodes=nodes, extra=3 * copies)
+        pages = len(self.plan.workers) if self.progress.wanted else 0  # a progress page's memory file per worker
+        check_limits(len(self.plan.workers), bool(self.plan.log_dir), nodes=nodes, extra=3 * copies + pages)
         self.starter.adopt_orphans()
         if self.plan.log_dir:
             log_files.make_log_dir(self.plan.log_dir)
@@ -99,6 +102,21 @@ class Launch:
         """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
         return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
 
+    def poll_progress(self, now: float) -> None:
+        """The workers' new reports (their progress pages), and about every second the straggler's search."""
+        changed = self.progress.poll(now)
+        if not changed and not self.stragglers.windows:
+            return
+        by_local = {s.local_rank: s for s in self.plan.workers if s.kind.by_rank}
+        for local_rank in changed:
+            spec = by_local.get(local_rank)
+            if spec is not None:
+                self.stragglers.note(spec.rank, self.plan.node_rank, self.plan.node_ip, self.progress.last(local_rank), now)
+        if self.stragglers.due(now):
+            views = self.monitor.job_views if self.monitor is not None else None
+            self.stragglers.look(now, peer_times(views.latest() if views is not None else (), self.plan.node_rank),
+                                 self.events)
+
     @property
     def watched(self) -> bool:
         """Whether anything takes this node's view (the monitor, the TrainJob status)."""
@@ -123,6 +141,7 @@ class Launch:
         launch set up stays (the store, the watchdog, the state file)."""
         self.plan = plan
         self.records.plan = plan
+        self.stragglers.reset()
         self.events.node = plan.node_rank
         self.store.expected = plan.world_size
 

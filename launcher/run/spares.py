@@ -84,7 +84,8 @@ def start_spare(starter: ProcessStarter, spec: WorkerSpec, env: dict, fds: tuple
         out = os.open(spec.log_file, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY) if spec.log_file else None
         log_id = file_id(os.fstat(out)) if out is not None else None
         stdout, stderr = output.child_fds() if output else (out, out)
-        proc = starter.start(spec.cmd, spare_module.waiting_env(env, r), stdout, stderr, pass_fds=(r, *fds))
+        proc = starter.start(spec.cmd, spare_module.waiting_env(env, r), stdout, stderr, pass_fds=(r, *fds),
+                             cpus=spec.cpus)
     except OSError:
         os.close(w)
         if output:

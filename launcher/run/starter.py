@@ -4,6 +4,7 @@ histories against fakes, without processes and without waiting."""
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import subprocess
@@ -29,8 +30,8 @@ class ProcessStarter(Protocol):
     the rest of the job (orphans, the job's cgroup, the watchdog)."""
 
     def start(self, cmd: Sequence[str], env: dict, stdout: Optional[int], stderr: Optional[int],
-              cgroup_fd: Optional[int] = None, pass_fds: tuple = ()) -> Process:
-        """A worker (or a spare) in its own session; OSError when it cannot be started."""
+              cgroup_fd: Optional[int] = None, pass_fds: tuple = (), cpus: Optional[frozenset] = None) -> Process:
+        """A worker (or a spare) in its own session, bound to ``cpus`` when given; OSError when it cannot be started."""
 
     def exit_status(self, pid: int) -> Optional[int]:
         """Its return code once it ended (negative: killed by that signal), None while it runs; not reaped."""
@@ -87,17 +88,22 @@ class SystemClock:
 class SubprocessStarter:
     """The real starter: ``subprocess.Popen``, ``waitid``, ``killpg``, /proc."""
 
-    def start(self, cmd, env, stdout, stderr, cgroup_fd=None, pass_fds=()) -> subprocess.Popen:
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            pass_fds=pass_fds,
-            start_new_session=True,
-            preexec_fn=child.child_setup(os.getpid(), cgroup_fd),
-        )
+    def start(self, cmd, env, stdout, stderr, cgroup_fd=None, pass_fds=(), cpus=None) -> subprocess.Popen:
+        try:
+            return subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                preexec_fn=child.child_setup(os.getpid(), cgroup_fd, cpus),
+            )
+        except subprocess.SubprocessError:  # only the CPUs can fail there: the plan checked them against the allowed
+            from launcher.plan.topology import format_cpu_list
+
+            raise OSError(errno.EINVAL, f"it could not be bound to CPUs {format_cpu_list(cpus or ())}") from None
 
     def exit_status(self, pid: int) -> Optional[int]:
         return child.exit_status(pid)

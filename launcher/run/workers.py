@@ -148,7 +148,8 @@ class WorkerGroup:
         self.launch.progress.started(spec.local_rank, self.clock.monotonic())
         try:
             proc = self.starter.start(spec.cmd, self.env_of(spec), stdout, stderr,
-                                      cgroup_fd=self.cgroup_fd, pass_fds=self.launch.progress.fds(spec.local_rank))
+                                      cgroup_fd=self.cgroup_fd, pass_fds=self.launch.progress.fds(spec.local_rank),
+                                      cpus=spec.cpus)
         except OSError as e:
             if e.errno in (2, 8, 13, 20):  # ENOENT, ENOEXEC, EACCES, ENOTDIR: the command itself
                 raise LaunchError(f"cannot start {spec.label} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
@@ -336,11 +337,12 @@ class WorkerGroup:
 
     def _process_state(self, spec: WorkerSpec, worker: Optional[Worker]) -> state_file.ProcessState:
         log_name = os.path.basename(spec.log_file) if spec.log_file else None
+        cpus = _cpu_list(spec.cpus)
         if worker is None:  # not started (a start that failed)
-            return state_file.ProcessState(spec.label, spec.rank, None, log_name, None)
+            return state_file.ProcessState(spec.label, spec.rank, None, log_name, None, cpus=cpus)
         ended = None if worker.ended is None else self._wall(worker.ended)
         return state_file.ProcessState(spec.label, spec.rank, worker.pid, log_name, self._wall(worker.started), ended,
-                                       worker.returncode)
+                                       worker.returncode, cpus)
 
     def _wall(self, monotonic: float) -> float:
         """A clock.monotonic() of the past as a clock.time()."""
@@ -371,3 +373,12 @@ class WorkerGroup:
         if self.cgroup_fd is not None:
             os.close(self.cgroup_fd)
             self.cgroup_fd = None
+
+
+def _cpu_list(cpus) -> Optional[str]:
+    """The CPUs a worker is bound to as the state file shows them ("0-3,8"), None when it is not bound."""
+    if cpus is None:
+        return None
+    from launcher.plan.topology import format_cpu_list  # only for a job that places its workers
+
+    return format_cpu_list(cpus)

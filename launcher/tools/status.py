@@ -48,12 +48,14 @@ def format_status(states, liveness: list, tails: list, now: float) -> str:
     """Pure: one line per node, then a table of every process (``liveness`` and ``tails``: by
     state, then by process)."""
     lines = [line for s, alive in zip(states, liveness) for line in _node_lines(s, alive)]
-    rows = [("node", "process", "pid", "state", "time", "restarts", "last line")]
+    placed = any(p.cpus for s in states for p in s.processes)  # a column of CPUs where some worker is bound
+    rows = [("node", "process", "pid", "state", "time", "restarts") + (("cpus",) if placed else ()) + ("last line",)]
     for s, alive, tail in zip(states, liveness, tails):
         running = not job_over(s, alive)
         for p, last in zip(s.processes, tail):
+            cpus = (p.cpus or "any",) if placed else ()
             rows.append((_known(s.node), _known(p.label), "-" if p.pid is None else str(p.pid),
-                         process_state(p, running), _run_time(p, s, now, running), _known(s.attempt), last))
+                         process_state(p, running), _run_time(p, s, now, running), _known(s.attempt)) + cpus + (last,))
     return "\n".join(lines + table(rows)) + "\n"
 
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 TOLERANCE = 1e-5
 CASES = ["clip_optimizer", "clip_model", "scaler_optimizer", "scaler_model", "unused", "buffers", "save", "paddle_minimize",
-         "ddp_options"]
+         "ddp_options", "accumulate_in_place", "channels_last"]
 
 
 def worker_env():
@@ -47,10 +47,14 @@ def cases(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", ["clip_optimizer", "clip_model", "scaler_optimizer", "scaler_model", "unused",
-                                  "paddle_minimize", "ddp_options"])
+                                  "paddle_minimize", "ddp_options", "accumulate_in_place", "channels_last"])
 def test_loops_give_the_one_process_result(cases, case):
     for rank, result in enumerate(cases):
         assert result[case]["diff"] <= TOLERANCE, (case, rank, result[case])
+
+
+def test_a_channels_last_model_keeps_its_layout(cases):
+    assert all(result["channels_last"]["channels_last"] for result in cases)
 
 
 def test_grad_scaler_skips_the_step_on_every_rank_when_one_rank_overflows(cases):

@@ -40,7 +40,7 @@ def rows(driver) -> dict:
     as views come)."""
     found = driver.execute_script(
         "return Array.from(document.querySelectorAll('#rows tr')).map(tr => "
-        "[Number(tr.dataset.rank), tr.cells[2].textContent, tr.cells[7].textContent, tr.className])")
+        "[Number(tr.dataset.rank), tr.cells[2].textContent, tr.cells[8].textContent, tr.className])")
     return {rank: (state, line) for rank, state, line, _ in found}
 
 

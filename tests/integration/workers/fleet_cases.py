@@ -191,7 +191,51 @@ def ddp_options(rank, _use_model):
     return {"diff": (flat(model) - flat(reference)).abs().max().item()}
 
 
+def accumulate_in_place(rank, _use_model):
+    """zero_grad(set_to_none=False) and two backward passes per step, each averaged: the gradients accumulate in place
+    in the buckets (each gradient is its bucket's view), as one process accumulates the two batches' gradients."""
+    model, reference = mlp(), mlp()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=False)
+        ref_opt.zero_grad(set_to_none=False)
+        for micro in (2 * step, 2 * step + 1):
+            loss_of(model, *batch(micro, rank)).backward()
+            loss_of(reference, *batch(micro)).backward()
+        optimizer.step()
+        ref_opt.step()
+    return {"diff": (flat(model) - flat(reference)).abs().max().item()}
+
+
+def conv_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+
+
+def channels_last(rank, _use_model):
+    """A convolutional model in channels_last: its weights' gradients keep their own layout, and are averaged."""
+    model, reference = conv_model().to(memory_format=torch.channels_last), conv_model()
+    optimizer = fleet.distributed_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(7)
+    images, labels = torch.rand(STEPS, 8, 3, 8, 8, generator=g), torch.randint(0, 2, (STEPS, 8), generator=g)
+    for step in range(STEPS):
+        x, y = images[step], labels[step]
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x[rank * 4:(rank + 1) * 4].contiguous(memory_format=torch.channels_last)),
+                                    y[rank * 4:(rank + 1) * 4]).backward()
+        optimizer.step()
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+    layouts = all(p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters() if p.dim() == 4)
+    return {"diff": (flat(model) - flat(reference)).abs().max().item(), "channels_last": layouts}
+
+
 CASES = {
+    "accumulate_in_place": lambda rank, out: accumulate_in_place(rank, False),
+    "channels_last": lambda rank, out: channels_last(rank, False),
     "clip_optimizer": lambda rank, out: clip(rank, False),
     "clip_model": lambda rank, out: clip(rank, True),
     "scaler_optimizer": lambda rank, out: scaler(rank, False),

@@ -1,0 +1,158 @@
+"""Which node holds the job back: each rank's own work per step (its compute time: its step time less its wait in
+the collectives) against the fastest rank's, over a window of steps, and the nodes below a threshold named. Pure:
+samples in, relative speeds and stragglers out, time an argument.
+
+A rank's compute time is the mean of the middle half of its last ``window`` reported steps (the interquartile
+mean: a spike of one step, or a lucky fast one, moves it little; a median moves more with a busy machine's jitter).
+Its relative speed is the fastest rank's compute time over its own (1.0 the fastest, 0.25 a rank four times
+slower); a node's is its slowest rank's. A node is a straggler once its speed has stayed below ``threshold`` for
+``patience`` steps in a row (half a window): the window's middle half turns slow after about a third of a window
+of slow steps, so a rank four times slower is named within one window, and a healthy job's noise (+-30% per
+step, single steps three times as long) names nobody. Only ranks with a full window, heard from within ``stale``
+seconds, are compared; a rank whose steps go back (a restarted worker) starts a new window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Mapping, Sequence, Tuple
+
+WINDOW = 20  # reported steps of a rank whose interquartile mean is its compute time
+THRESHOLD = 0.7  # a node slower than this, relative to the fastest rank, is a straggler
+PATIENCE = 10  # steps in a row a node stays below the threshold before it is named
+STALE = 60.0  # seconds: a rank not heard from this long is left out of the comparison
+
+
+@dataclass(frozen=True)
+class Settings:
+    window: int = WINDOW
+    threshold: float = THRESHOLD
+    stale: float = STALE
+    patience: int = PATIENCE
+
+
+@dataclass(frozen=True)
+class Window:
+    """One rank's last compute times (seconds per step, newest last), its last step and when that came."""
+
+    node: int
+    host: str
+    step: int
+    times: Tuple[float, ...]
+    heard: float
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's compute time: the interquartile mean of a full window (seconds per step), at its last step."""
+
+    rank: int
+    node: int
+    host: str
+    compute: float
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Straggler:
+    node: int
+    host: str
+    ranks: Tuple[int, ...]  # its ranks below the threshold, slowest first
+    speed: float  # the node's: its slowest rank's
+    reason: str  # one sentence, for the log and the event
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ranks: Dict[int, float] = field(default_factory=dict)  # rank -> relative speed
+    nodes: Dict[int, float] = field(default_factory=dict)  # node -> relative speed (its slowest rank's)
+    stragglers: Tuple[Straggler, ...] = ()  # slowest first
+    compared: int = 0  # ranks compared
+    below: Dict[int, int] = field(default_factory=dict)  # node -> its step when it went below the threshold
+
+
+def valid(compute) -> bool:
+    return isinstance(compute, (int, float)) and not isinstance(compute, bool) and math.isfinite(compute) and compute >= 0
+
+
+def add(windows: Mapping[int, Window], rank: int, node: int, host: str, step: int, compute: float, now: float,
+        settings: Settings = Settings()) -> Dict[int, Window]:
+    """``windows`` with ``rank``'s compute time of ``step`` added: a step not past the rank's last one is left out,
+    one before it (a new worker counting from 0 again) starts its window afresh, as does a move to another node."""
+    out = dict(windows)
+    if not valid(compute):
+        return out
+    before = windows.get(rank)
+    if before is not None and before.step == step:
+        return out
+    fresh = before is None or step < before.step or before.node != node
+    times = ((() if fresh else before.times) + (float(compute),))[-settings.window:]
+    out[rank] = Window(node, host, step, times, now)
+    return out
+
+
+def middle_mean(times: Sequence[float]) -> float:
+    """The interquartile mean: the mean of the middle half (the quarter above and below left out)."""
+    ordered = sorted(times)
+    cut = len(ordered) // 4
+    middle = ordered[cut:len(ordered) - cut]
+    return sum(middle) / len(middle)
+
+
+def summarize(windows: Mapping[int, Window], now: float, settings: Settings = Settings()) -> Tuple[RankTime, ...]:
+    """The ranks to compare: each one with a full window, heard from within ``stale`` seconds, by rank."""
+    return tuple(RankTime(rank, w.node, w.host, middle_mean(w.times), w.step) for rank, w in sorted(windows.items())
+                 if len(w.times) >= settings.window and now - w.heard <= settings.stale)
+
+
+def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Settings = Settings()) -> Verdict:
+    """Each rank's and node's relative speed, and the stragglers: the nodes below the threshold since ``patience``
+    steps (``below``: the last verdict's, node -> its step when it went below). At least two ranks are compared;
+    a rank listed twice counts once, its first time."""
+    by_rank: Dict[int, RankTime] = {}
+    for t in times:
+        if valid(t.compute):
+            by_rank.setdefault(t.rank, t)
+    if len(by_rank) < 2:
+        return Verdict()
+    fastest = min(t.compute for t in by_rank.values())
+    ranks = {rank: _speed(fastest, t.compute) for rank, t in by_rank.items()}
+    nodes: Dict[int, float] = {}
+    steps: Dict[int, int] = {}
+    for rank, t in by_rank.items():
+        nodes[t.node] = min(nodes.get(t.node, 1.0), ranks[rank])
+        steps[t.node] = max(steps.get(t.node, t.step), t.step)
+    still = {node: min(below.get(node, steps[node]), steps[node]) for node, speed in nodes.items()
+             if speed < settings.threshold}
+    stragglers = []
+    for node, speed in nodes.items():
+        if node not in still or steps[node] - still[node] < settings.patience:
+            continue
+        slow = sorted((t for t in by_rank.values() if t.node == node and ranks[t.rank] < settings.threshold),
+                      key=lambda t: (ranks[t.rank], t.rank))
+        stragglers.append(Straggler(node, slow[0].host, tuple(t.rank for t in slow), speed,
+                                    _reason(node, slow, ranks, fastest, settings)))
+    stragglers.sort(key=lambda s: (s.speed, s.node))
+    return Verdict(ranks, nodes, tuple(stragglers), len(by_rank), still)
+
+
+def changes(named: Iterable[int], verdict: Verdict) -> Tuple[Tuple[Straggler, ...], Tuple[int, ...]]:
+    """(the stragglers newly named, the nodes named before and no longer), against the nodes ``named`` before."""
+    before = set(named)
+    now = {s.node for s in verdict.stragglers}
+    return tuple(s for s in verdict.stragglers if s.node not in before), tuple(sorted(before - now))
+
+
+def _speed(fastest: float, own: float) -> float:
+    if own <= 0:
+        return 1.0
+    return min(1.0, fastest / own)
+
+
+def _reason(node: int, slow: Sequence[RankTime], ranks: Mapping[int, float], fastest: float, settings: Settings) -> str:
+    where = f"node {node}" + (f" ({slow[0].host})" if slow[0].host else "")
+    who = ", ".join(f"rank {t.rank} at {ranks[t.rank]:.2f} ({t.compute:.3f} s)" for t in slow)
+    return (f"{where} is a straggler: {who} of compute per step, against the fastest rank's {fastest:.3f} s "
+            f"(the middle half of each one's last {settings.window} steps; below {settings.threshold:g} of the "
+            f"fastest's speed for {settings.patience} steps)")
