@@ -67,6 +67,18 @@ def test_a_rank_slowed_to_a_quarter_is_named_within_one_window():
     assert s.changes({2, 3}, verdict) == ((), (3,))
 
 
+def test_a_node_named_is_cleared_only_once_back_at_the_recovered_speed():
+    """Hysteresis: named below 0.7, still named at 0.75 (not a straggler by the threshold, not recovered either),
+    cleared at 0.8; a node no longer compared at all is cleared too."""
+    def verdict_at(speed):
+        return s.Verdict(nodes={0: 1.0, 1: speed})
+
+    assert s.changes({1}, verdict_at(0.75)) == ((), ())
+    assert s.changes({1}, verdict_at(s.RECOVERED)) == ((), (1,))
+    assert s.changes({1}, s.Verdict(nodes={0: 1.0})) == ((), (1,))
+    assert s.changes({1}, verdict_at(0.75), s.Settings(recovered=0.7)) == ((), (1,))
+
+
 def test_speeds_are_the_fastest_over_own_and_a_node_is_its_slowest_rank():
     def at(step):
         return [s.RankTime(0, 0, "a", 1.0, step), s.RankTime(1, 0, "a", 4.0, step), s.RankTime(2, 1, "b", 1.25, step)]

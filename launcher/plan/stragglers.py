@@ -20,6 +20,7 @@ from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
 WINDOW = 20  # reported steps of a rank whose interquartile mean is its compute time
 THRESHOLD = 0.7  # a node slower than this, relative to the fastest rank, is a straggler
+RECOVERED = 0.8  # a node named is cleared once back at this speed (a node near the threshold is not named over and over)
 PATIENCE = 10  # steps in a row a node stays below the threshold before it is named
 STALE = 60.0  # seconds: a rank not heard from this long is left out of the comparison
 
@@ -28,6 +29,7 @@ STALE = 60.0  # seconds: a rank not heard from this long is left out of the comp
 class Settings:
     window: int = WINDOW
     threshold: float = THRESHOLD
+    recovered: float = RECOVERED
     stale: float = STALE
     patience: int = PATIENCE
 
@@ -137,11 +139,15 @@ def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Se
     return Verdict(ranks, nodes, tuple(stragglers), len(by_rank), still)
 
 
-def changes(named: Iterable[int], verdict: Verdict) -> Tuple[Tuple[Straggler, ...], Tuple[int, ...]]:
-    """(the stragglers newly named, the nodes named before and no longer), against the nodes ``named`` before."""
+def changes(named: Iterable[int], verdict: Verdict,
+            settings: Settings = Settings()) -> Tuple[Tuple[Straggler, ...], Tuple[int, ...]]:
+    """(the stragglers newly named, the nodes named before and no longer), against the nodes ``named`` before. A node
+    named stays named until its speed is back at ``recovered`` (or it is compared no more), so that a node whose
+    speed hovers at the threshold is not named and cleared at every look."""
     before = set(named)
     now = {s.node for s in verdict.stragglers}
-    return tuple(s for s in verdict.stragglers if s.node not in before), tuple(sorted(before - now))
+    gone = {node for node in before - now if verdict.nodes.get(node, settings.recovered) >= settings.recovered}
+    return tuple(s for s in verdict.stragglers if s.node not in before), tuple(sorted(gone))
 
 
 def _speed(fastest: float, own: float) -> float:

@@ -44,7 +44,7 @@ class StragglerWatch:
         """Compare this node's ranks and ``peers`` (other nodes' ranks); name what changed. The stragglers named now."""
         self.looked = now
         self.verdict = stragglers.judge(self.own(now) + tuple(peers), self.verdict.below, self.settings)
-        new, gone = stragglers.changes(self.named, self.verdict)
+        new, gone = stragglers.changes(self.named, self.verdict, self.settings)
         for straggler in new:
             self.named[straggler.node] = straggler
             log.warning("straggler: %s", straggler.reason)
