@@ -165,10 +165,8 @@ class FlatBucket:
         for i, (p, slot) in enumerate(zip(self.params, self.slots)):
             if filled[i] and used[i] == 0:
                 p.grad = None
-            elif p.grad is None or _is_view_of(p.grad, slot):
-                p.grad = slot
-            elif p.grad.is_contiguous():
-                p.grad = slot  # the gradient backward made is dropped: the slot holds its average
+            elif p.grad is None or p.grad.is_contiguous():
+                p.grad = slot  # the slot holds the average: a gradient backward made (if not the slot itself) is dropped
             else:
                 p.grad.copy_(slot)  # a layout of its own (channels_last): the optimizer expects it kept
 

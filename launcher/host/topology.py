@@ -129,16 +129,17 @@ def _read_text(path: str) -> Optional[str]:
 
 
 def _read_int(path: str) -> Optional[int]:
-    text = _read_text(path)
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+    return _read_as(path, int)
 
 
 def _read_list(path: str) -> Optional[frozenset]:
+    return _read_as(path, parse_cpu_list)
+
+
+def _read_as(path: str, parse):
+    """The file's text as ``parse`` reads it; None where the file is missing or its text is not that."""
     text = _read_text(path)
     try:
-        return parse_cpu_list(text) if text is not None else None
+        return parse(text) if text is not None else None
     except ValueError:
         return None

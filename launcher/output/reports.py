@@ -41,12 +41,10 @@ def format_plan(plan) -> str:
         shown = ",".join(plan.node_ips[:8]) + (f",... ({nodes} nodes)" if nodes > 8 else "")
         lines.append(f"  nodes: {shown}{_sharing(plan)}")
     placed = any(w.cpus is not None for w in plan.workers)
-    if placed:
-        from launcher.plan.topology import format_cpu_list  # only for a job that places its workers
     rows = [("rank", "local", "endpoint", "device") + (("cpus",) if placed else ()) + ("log",)]
     for w in plan.workers:
         device = "cpu" if w.gpu is None else f"gpu {w.gpu} (not found)" if unverified else f"gpu {w.gpu}"
-        cpus = (format_cpu_list(w.cpus) if w.cpus is not None else "any",) if placed else ()
+        cpus = (w.cpu_list or "any",) if placed else ()
         rows.append((str(w.rank), str(w.local_rank), w.endpoint, device) + cpus + (w.log_file or "console",))
     lines += table(rows)
     return "\n".join(lines + _plan_footer(plan))

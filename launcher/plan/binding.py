@@ -18,11 +18,16 @@ from launcher.plan.model import LaunchOptions
 from launcher.plan.topology import gpu_named, parse_cpu_list
 
 
+def place(opts: LaunchOptions, topology, gpus: Optional[Sequence[str]], env: Mapping[str, str], nper: int) -> tuple:
+    """(each local worker's (CPUs, the thread variables that go with them); the notes to show). ``gpus``: each
+    worker's FLAGS_selected_gpus, None for CPU workers; ``env``: the workers' environment (CUDA_VISIBLE_DEVICES, the
+    thread counts the user set)."""
+    cpus_of, notes = worker_cpus(opts, topology, gpus, env, nper)
+    return tuple((cpus, thread_vars(opts, cpus, topology, env)) for cpus in cpus_of), notes
+
+
 def worker_cpus(opts: LaunchOptions, topology, gpus: Optional[Sequence[str]], env: Mapping[str, str], nper: int) -> tuple:
-    """(each local worker's CPUs, or None each when nothing is placed; the notes to show). ``gpus``: each worker's
-    FLAGS_selected_gpus, None for CPU workers; ``env``: the workers' environment (CUDA_VISIBLE_DEVICES)."""
-    if not opts.places_workers:
-        return (None,) * nper, ()
+    """(each local worker's CPUs; the notes to show), for options that place the workers."""
     if topology is None:
         raise ValueError("the placement options need the host's topology")
     if opts.numa_binding and (opts.bind_cores_to_rank or opts.bind_core_list):

@@ -132,13 +132,12 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
     if opts.stream_choice and opts.stream_choice.needs_files and not opts.log_dir:
         raise LaunchError("--redirects and --tee write log files; give --log-dir too.")
     filtered = duplicates_of(opts)
-    cpus_of, thread_vars = (None,) * nper, lambda cpus: {}
+    placement = ((None, {}),) * nper  # each worker's CPUs and thread variables
     if opts.places_workers:  # imported only then: a job that places nothing pays nothing
         from launcher.plan import binding
 
-        cpus_of, placed = binding.worker_cpus(opts, host.topology, gpus, base_env, nper)
+        placement, placed = binding.place(opts, host.topology, gpus, base_env, nper)
         notes += placed
-        thread_vars = lambda cpus: binding.thread_vars(opts, cpus, host.topology, base_env)  # noqa: E731
     workers = []
     for local in range(nper):
         rank = cluster.node_rank * nper + local
@@ -151,7 +150,8 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
             ev.ERROR_FILE: error_file_of(host, rank),
         }
         own.update(paddle_worker_vars(rank, local))
-        own.update(thread_vars(cpus_of[local]))
+        cpus, threads = placement[local]
+        own.update(threads)
         gpu = gpus[local] if gpus is not None else None
         if gpu is not None:
             own.update({ev.SELECTED_GPUS: gpu, ev.SELECTED_ACCELERATORS: gpu, ev.LOCAL_DEVICE_IDS: gpu})
@@ -162,7 +162,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         log_file = os.path.join(opts.log_dir, WORKER.log_name_of(rank)) if to_file else None
         duplicated = streams.teed(route, bool(log_file), local) & sum(d.stream for d in filtered)
         workers.append(WorkerSpec(rank, local, endpoints[rank], gpu, cmd, {**shared, **own}, log_file, route=route,
-                                  duplicated=duplicated, cpus=cpus_of[local]))
+                                  duplicated=duplicated, cpus=cpus))
     copied = streams.NONE
     for w in workers:
         copied |= w.duplicated

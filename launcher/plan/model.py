@@ -126,6 +126,15 @@ class WorkerSpec:
     cpus: Optional[frozenset] = None  # the CPUs it is bound to (launcher.plan.placement); None: the launcher's own
 
     @property
+    def cpu_list(self) -> Optional[str]:
+        """Its CPUs as the plan and the state file show them ("0-3,8"); None when it is not bound."""
+        if self.cpus is None:
+            return None
+        from launcher.plan.topology import format_cpu_list  # only for a job that places its workers
+
+        return format_cpu_list(self.cpus)
+
+    @property
     def kind(self) -> Role:
         """Its row of the roles table."""
         return role_named(self.role)

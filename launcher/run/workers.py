@@ -337,7 +337,7 @@ class WorkerGroup:
 
     def _process_state(self, spec: WorkerSpec, worker: Optional[Worker]) -> state_file.ProcessState:
         log_name = os.path.basename(spec.log_file) if spec.log_file else None
-        cpus = _cpu_list(spec.cpus)
+        cpus = spec.cpu_list
         if worker is None:  # not started (a start that failed)
             return state_file.ProcessState(spec.label, spec.rank, None, log_name, None, cpus=cpus)
         ended = None if worker.ended is None else self._wall(worker.ended)
@@ -373,12 +373,3 @@ class WorkerGroup:
         if self.cgroup_fd is not None:
             os.close(self.cgroup_fd)
             self.cgroup_fd = None
-
-
-def _cpu_list(cpus) -> Optional[str]:
-    """The CPUs a worker is bound to as the state file shows them ("0-3,8"), None when it is not bound."""
-    if cpus is None:
-        return None
-    from launcher.plan.topology import format_cpu_list  # only for a job that places its workers
-
-    return format_cpu_list(cpus)
