@@ -1,5 +1,6 @@
 """The state file and the operator tools (``status``, ``logs``), without running a job."""
 
+import json
 import os
 import time
 
@@ -330,3 +331,22 @@ def test_a_huge_line_is_cut_as_the_launcher_cuts_it(tmp_path, monkeypatch):
     out = b"".join(log_tool.merged(files, log_tool.sizes(files, False))).splitlines()[1:]
     assert out[-1] == b"[rank 0] end" and all(len(line) < 1400 for line in out)
     assert sum(line.count(b"x") for line in out) == 5256
+
+
+@pytest.mark.parametrize("cpus", [{"a": [[[1]]]}, ["0-3"], 7, "0-3\x1b[2J", "0," * 2000, None])
+def test_a_hostile_cpu_list_in_the_state_file_is_not_shown(tmp_path, cpus):
+    """The CPUs a process is bound to come from the file, untrusted: nested, of the wrong type, with an escape
+    sequence or longer than a line, they are unknown; with no process bound the column is not there at all."""
+    procs = (state.ProcessState("rank 0", 0, 101, "workerlog.0", T0, cpus="0-1"),
+             state.ProcessState("rank 1", 1, 102, "workerlog.1", T0))
+    doc = json.loads(state.to_json(node_state(processes=procs)))
+    doc["processes"][1]["cpus"] = cpus
+    (tmp_path / "launcher.node0.json").write_text(json.dumps(doc))
+    read = read_states(str(tmp_path))[0]
+    assert [p.cpus for p in read.processes] == ["0-1", None]
+    lines = status.status(str(tmp_path)).splitlines()
+    header = next(line for line in lines if line.split()[:2] == ["node", "process"])
+    assert "cpus" in header.split()
+    at = header.index("cpus")  # the table's columns line up under the header
+    rows = [line for line in lines if line.split()[:3] in (["0", "rank", "0"], ["0", "rank", "1"])]
+    assert [row[at:].split()[0] for row in rows] == ["0-1", "any"]
