@@ -100,5 +100,6 @@ class CpuList(click.ParamType):
         except ValueError:
             cpus = None
         if not cpus:
-            self.fail(f"{value!r} is not a list of CPUs; give numbers and ranges such as 0-3,8,10-11.", param, ctx)
+            self.fail(f"{value!r} is not a list of CPUs; give numbers below 65536 and ranges such as 0-3,8,10-11.", param,
+                      ctx)
         return text

@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, Optional
 from launcher.errors import LaunchError
 from launcher.plan.parsing import DIGITS
 
+MAX_CPUS = 1 << 16  # Linux numbers at most 8,192 CPUs (CONFIG_NR_CPUS); a list past this is a mistake, not a machine
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
@@ -121,6 +122,8 @@ def parse_cpu_list(text: str) -> frozenset:
         low, high = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
         if high < low:
             raise ValueError(f"malformed CPU list {text!r}: the range {item.strip()} runs backwards")
+        if high >= MAX_CPUS:
+            raise ValueError(f"CPU list {text!r} names CPU {high}, beyond the {MAX_CPUS} a kernel can number")
         found.update(range(low, high + 1))
     return frozenset(found)
 

@@ -97,7 +97,9 @@ def test_a_restarted_worker_is_bound_as_the_first_was(tmp_path):
     (("--bind_cores_to_rank", "--nproc_per_node", len(THIS_MACHINE) + 1),
      f"--nproc_per_node {len(THIS_MACHINE) + 1} asks for more workers than the {len(THIS_MACHINE)} cores allowed here"),
     (("--bind_core_list", "4096", "--nproc_per_node", 1), "--bind_core_list names CPU 4096, which this launcher may not use"),
-    (("--bind_core_list", "3-1"), "'3-1' is not a list of CPUs; give numbers and ranges such as 0-3,8,10-11."),
+    (("--bind_core_list", "3-1"), "'3-1' is not a list of CPUs; give numbers below 65536 and ranges such as 0-3,8,10-11."),
+    (("--bind_core_list", "0-4294967295"), "'0-4294967295' is not a list of CPUs; give numbers below 65536"),
+    (("--bind_core_list", "65535", "--nproc_per_node", 1), "--bind_core_list names CPU 65535, which this launcher may not use"),
     (("--numa-binding", "node", "--nproc_per_node", 1), "the workers here are CPU workers; give them cores of their own "
                                                         "with --bind_cores_to_rank."),
     (("--numa-binding", "nodes"), "'nodes' is not one of 'node', 'socket', 'exclusive', 'core-complex'"),
