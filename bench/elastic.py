@@ -3,7 +3,7 @@
 
     python bench/elastic.py [--only startup,poweroff,silent,join,norestart] [--runs N] [--json FILE]
                             [--repo PATH] [--rdzv-conf KEY=VALUE,...] [--bound S] [--keep DIR]
-                            [--etcd HOST:PORT] [--lose other|first]
+                            [--etcd HOST:PORT|local] [--lose other|first] [--sides ours,inprocess,torchrun,example]
 
 Every "node" is one launcher on 127.0.0.1, each given the same line, ours (``python -m launcher``; as
 "ours", its workers restarted at each membership change, and as "inprocess", the same launcher with workers that
@@ -15,7 +15,10 @@ and torchrun's (``python -m torch.distributed.run``) alike (``--rdzv-conf`` pass
 
 The first launcher starts 0.5 s before the others, so that it binds the endpoint and hosts the
 rendezvous (torchrun's c10d store, our node 0); the node lost is always another one, never the one
-found listening on the endpoint. Every figure is read from the workers' step lines (elastic_train.py):
+found listening on the endpoint. Every figure is read from the workers' step lines (elastic_train.py; the side
+"example" runs the project's examples/elastic_inprocess.py instead, as docs/elastic.md shows it: each node with a
+``--log_dir`` of its own, the steps read from the ``time=... step=... world=...`` lines of its worker logs; it is
+ours with the workers kept, as "inprocess", with the example's model, optimizer and imports):
 
 1. startup: 3 launchers; from the first one's start to the first step of any rank, and to the first
    step that all 3 ranks wrote;
@@ -35,7 +38,11 @@ is measured (first on our launchers' PYTHONPATH only; default: the one holding t
 ``--keep`` keeps every run's folder (the launchers' output, the steps). With ``--etcd HOST:PORT`` the
 membership is in that etcd: ours ``--rdzv-backend=etcd``, torchrun's ``--rdzv-backend=etcd-v2`` (etcd's v2
 API: start etcd with ``--enable-v2``, and install python-etcd); ``--lose first`` loses the first node
-instead (ours with etcd: the launcher that keeps the membership).
+instead (ours with etcd: the launcher that keeps the membership); ``--etcd local`` starts a one-member etcd of the
+run's own on 127.0.0.1 (``etcd`` on PATH; ours only: torchrun's etcd-v2 needs etcd's v2 API).
+
+A joiner as a new user sees it (issue 44): ``--only join --sides example --runs 5``, and the same with ``--etcd
+local``; ``--sides inprocess,example`` puts the benchmark's own program beside the example, run for run.
 """
 
 from __future__ import annotations
@@ -55,13 +62,14 @@ from typing import Callable, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from elastic_job import EVENT_BOUND_S, Figure, Job, Side, first_full_step, first_step, sides, signal_node  # noqa: E402
-from elastic_job import said, stop_all, victim  # noqa: E402
+from elastic_job import local_etcd, said, stop_all, victim  # noqa: E402
 
 NODES_MAX = 3
 RUNNING_BOUND_S = 120.0  # for the job to run (torchrun's last call alone is 30 s)
 EXIT_BOUND_S = 60.0  # for a job of a step count to end by itself
 JOB_SLACK_S = 120.0  # the workers' own deadline is this far past the longest a run can take
 STARTUP_STEPS = 10
+SIDES = ("ours", "inprocess", "torchrun", "example")
 
 
 # ---------------------------------------------------------------- the scenarios
@@ -254,9 +262,11 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--rdzv-conf", help="passed on to both launchers as --rdzv-conf")
     parser.add_argument("--sides", default="ours,inprocess,torchrun",
                         help="the launchers measured: ours (workers restarted), inprocess (ours, workers kept: "
-                             "launcher.runtime.elastic), torchrun (default all three)")
+                             "launcher.runtime.elastic), torchrun (default these three), example (ours, running "
+                             "examples/elastic_inprocess.py as docs/elastic.md shows)")
     parser.add_argument("--etcd", metavar="HOST:PORT", help="the membership in this etcd (started with --enable-v2 "
-                        "for torchrun's etcd-v2, which needs python-etcd): ours --rdzv-backend=etcd, torchrun's etcd-v2")
+                        "for torchrun's etcd-v2, which needs python-etcd): ours --rdzv-backend=etcd, torchrun's "
+                        "etcd-v2; 'local': a one-member etcd started for the benchmark on 127.0.0.1")
     parser.add_argument("--lose", choices=("other", "first"), default="other",
                         help="the node lost: another one (default), or the first (with --etcd, our keeper)")
     parser.add_argument("--keep", type=Path, help="keep every run's folder (the launchers' output, the steps) there")
@@ -268,8 +278,10 @@ def parse_args(argv: list) -> argparse.Namespace:
         parser.error(f"--repo {args.repo} holds no launcher/ package; give the repository's root folder")
     if args.keep and args.keep.exists() and any(args.keep.iterdir()):
         parser.error(f"--keep {args.keep} is not empty; give a new or empty folder")
-    if set(args.sides.split(",")) - {"ours", "inprocess", "torchrun"}:
-        parser.error(f"--sides takes ours, inprocess and torchrun, comma-separated, not {args.sides}")
+    if set(args.sides.split(",")) - set(SIDES):
+        parser.error(f"--sides takes {', '.join(SIDES)}, comma-separated, not {args.sides}")
+    if args.etcd == "local" and "torchrun" in args.sides.split(","):
+        parser.error("--etcd local is for our sides only (torchrun's etcd-v2 needs etcd's v2 API): give --sides")
     return args
 
 
@@ -299,8 +311,9 @@ def main(argv: Optional[list] = None) -> int:
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     with nullcontext(args.keep) if args.keep else harness.temp_root() as root:
-        results, loads = measure(args, root)
-    text = table(results, [s for s in ("ours", "inprocess", "torchrun") if s in args.sides.split(",")], loads)
+        with local_etcd(root / "etcd") if args.etcd == "local" else nullcontext(args.etcd) as args.etcd:
+            results, loads = measure(args, root)
+    text = table(results, [s for s in SIDES if s in args.sides.split(",")], loads)
     print(f"{text}\n\n{leftovers_note(results)}", flush=True)
     if args.json:
         runs = {sc: {name: [asdict(r) for r in rs] for name, rs in by_side.items()} for sc, by_side in results.items()}

@@ -1,30 +1,38 @@
 """One run's elastic job for bench/elastic.py: its launchers, the steps their workers wrote, the processes of a node.
 
-A ``Side`` is one launcher measured (its module, its environment); a ``Job`` starts that side's
-launchers on one endpoint, all with the same line, and reads the step lines of the workers
-(``elastic_train.py``) as they come; ``signal_node`` signals every process of one node in one sweep;
+A ``Side`` is one launcher measured (its module, its environment, its workers' program); a ``Job`` starts that
+side's launchers on one endpoint, all with the same line, and reads the step lines of the workers as they come
+(``elastic_train.py``'s files; or, run as docs/elastic.md shows, examples/elastic_inprocess.py's ``time=... step=...
+world=...`` lines in each node's worker logs); ``signal_node`` signals every process of one node in one sweep;
 ``stop_all`` ends a run: SIGTERM to every launcher still running, then whatever is left of the run
 (the harness's tag in its environment) is reported and killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+import faults  # noqa: E402
 
 SCRIPT = harness.BENCH / "elastic_train.py"
+EXAMPLE = Path("examples") / "elastic_inprocess.py"  # in the repository measured
+EXAMPLE_LINE = re.compile(rb"^time=(\S+) step=(\d+) world=(\d+) rank=(\d+) pid=(\d+) ", re.M)
 STAGGER_S = 0.5  # the first launcher's head start
 EVENT_BOUND_S = 90.0  # for the figure, after the event
 STOP_BOUND_S = 30.0  # for the launchers to stop after SIGTERM
@@ -43,6 +51,8 @@ class Side:
     module: str
     env: dict
     worker_flags: tuple = ()  # given to every worker (``--inprocess``)
+    script: Path = SCRIPT  # the workers' program
+    example: bool = False  # examples/elastic_inprocess.py: given ``--steps`` only, its lines read from the worker logs
 
     def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list,
                 etcd: Optional[str] = None) -> list:
@@ -51,18 +61,21 @@ class Side:
         extra = [f"--rdzv-conf={conf}"] if conf else []
         if etcd is None:
             rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
-        elif self.name == "ours":
+        elif self.module == "launcher":
             rendezvous = ["--rdzv-backend=etcd", f"--rdzv-endpoint={etcd}", f"--started_port={port}"]
         else:
             rendezvous = ["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={etcd}"]
+        if self.example:  # its own options only: the step to stop at (it takes no folder and no deadline)
+            worker = [value for i in range(len(worker) - 1) if worker[i] == "--steps" for value in worker[i:i + 2]]
         return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", *rendezvous,
-                f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(SCRIPT), *map(str, worker),
-                *self.worker_flags]
+                f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(self.script),
+                *map(str, worker), *self.worker_flags]
 
 
 def sides(repo: Path) -> list:
     """Ours with ``repo`` first on PYTHONPATH (its workers restarted at a membership change, and "inprocess": kept,
-    ``launcher.runtime.elastic``); torchrun with the caller's PYTHONPATH."""
+    ``launcher.runtime.elastic``); torchrun with the caller's PYTHONPATH; "example": ours running ``repo``'s
+    examples/elastic_inprocess.py, each node with a ``--log_dir`` of its own, as docs/elastic.md shows it."""
     base = harness.bench_env()
     outer = os.environ.get("PYTHONPATH")
     ours = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), outer]))}
@@ -70,7 +83,8 @@ def sides(repo: Path) -> list:
     if outer:
         theirs["PYTHONPATH"] = outer
     return [Side("ours", "launcher", ours), Side("inprocess", "launcher", ours, ("--inprocess",)),
-            Side("torchrun", "torch.distributed.run", theirs)]
+            Side("torchrun", "torch.distributed.run", theirs),
+            Side("example", "launcher", ours, script=repo / EXAMPLE, example=True)]
 
 
 # ---------------------------------------------------------------- one run's job and its steps
@@ -109,13 +123,26 @@ class Job:
         for _ in range(count):
             if len(self.nodes) == 1 and len(started) == 1:
                 time.sleep(STAGGER_S)
-            node = harness.Run(self.argv, self.folder, f"node{len(self.nodes)}", env=self.side.env, cwd=self.folder)
+            node = harness.Run(self.node_argv(len(self.nodes)), self.folder, f"node{len(self.nodes)}",
+                               env=self.side.env, cwd=self.folder)
             self.nodes.append(node)
             started.append(node)
         return started
 
+    def node_argv(self, index: int) -> list:
+        """Node ``index``'s line: the job's, and with the example a log folder of its own (``node<index>-log``)."""
+        if not self.side.example:
+            return self.argv
+        at = self.argv.index(str(self.side.script))
+        return [*self.argv[:at], f"--log_dir={self.log_dir(index)}", *self.argv[at:]]
+
+    def log_dir(self, index: int) -> Path:
+        return self.folder / f"node{index}-log"
+
     def refresh(self) -> list:
         """Every step line written so far (complete lines only), in the order read."""
+        if self.side.example:
+            return self._refresh_logs()
         for path in sorted(self.out.glob("steps.*.jsonl")):
             with open(path, "rb") as f:
                 f.seek(self._offsets.get(path, 0))
@@ -123,6 +150,22 @@ class Job:
             complete = data[:data.rfind(b"\n") + 1]
             self._offsets[path] = self._offsets.get(path, 0) + len(complete)
             self.records += [json.loads(line) for line in complete.splitlines()]
+        return self.records
+
+    def _refresh_logs(self) -> list:
+        """The example's step lines, from every node's worker logs (a worker kept from one round to the next writes
+        to its new rank's log), as ``elastic_train.py``'s records; ``host_pid``: the launcher of the node whose log
+        it is."""
+        for index, node in enumerate(self.nodes):
+            for path in sorted(self.log_dir(index).glob("workerlog.*")):
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+                complete = data[:data.rfind(b"\n") + 1]
+                self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+                self.records += [{"t": float(t), "step": int(step), "world": int(world), "rank": int(rank),
+                                  "pid": int(pid), "host_pid": node.proc.pid}
+                                 for t, step, world, rank, pid in EXAMPLE_LINE.findall(complete)]
         return self.records
 
     def wait(self, found: Callable[[list], Optional[float]], bound: float, watched: list) -> tuple:
@@ -149,7 +192,7 @@ class Job:
         found = set()
         for pid in (pid for node in nodes if not node.exited for pid in harness.descendants(node.proc.pid)):
             try:
-                if str(SCRIPT) in psutil.Process(pid).cmdline():
+                if str(self.side.script) in psutil.Process(pid).cmdline():
                     found.add(pid)
             except psutil.Error:
                 continue
@@ -183,6 +226,44 @@ def first_full_step(world: int) -> Callable[[list], Optional[float]]:
     return found
 
 
+# ---------------------------------------------------------------- an etcd of the benchmark's own
+
+
+@contextlib.contextmanager
+def local_etcd(folder: Path, bound: float = 20.0) -> Iterator[str]:
+    """A one-member etcd on 127.0.0.1 (``etcd`` on PATH), its data and log under ``folder``, for as long as the
+    block runs; its client endpoint (HOST:PORT)."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        raise harness.BenchError("--etcd local needs etcd on PATH")
+    folder.mkdir(parents=True, exist_ok=True)
+    with harness.PortReservations() as ports:  # released before etcd binds them
+        client = ports.reserve_block(2)
+    peer = client + 1
+    url = "http://127.0.0.1"
+    argv = [etcd, "--name", "bench", "--data-dir", str(folder / "data"),
+            "--listen-client-urls", f"{url}:{client}", "--advertise-client-urls", f"{url}:{client}",
+            "--listen-peer-urls", f"{url}:{peer}", "--initial-advertise-peer-urls", f"{url}:{peer}",
+            "--initial-cluster", f"bench={url}:{peer}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "ETCDCTL_"))}
+    with open(folder / "etcd.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + bound
+        while b"ready to serve client requests" not in (folder / "etcd.log").read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise harness.BenchError(f"etcd did not start (see {folder / 'etcd.log'})")
+            time.sleep(POLL_S)
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 # ---------------------------------------------------------------- processes of a node
 
 
@@ -195,18 +276,7 @@ def node_pids(node: harness.Run) -> list:
 def signal_node(node: harness.Run, sig: int) -> list:
     """Send ``sig`` to every process of a node, collected first and then signalled in one sweep
     (again for any process started in between, three sweeps at most); the pids signalled."""
-    done: list = []
-    for _ in range(3):
-        fresh = [pid for pid in node_pids(node) if pid not in done]
-        if not fresh:
-            break
-        for pid in fresh:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        done += fresh
-    return done
+    return faults.signal_sweeps(lambda: node_pids(node), sig)
 
 
 def rendezvous_host(job: Job) -> Optional[harness.Run]:

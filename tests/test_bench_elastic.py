@@ -41,3 +41,34 @@ def test_a_bad_option_exits_2_naming_it_before_anything_starts():
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--only startup,reboot" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_example_side_runs_the_projects_example_as_the_docs_show_and_reads_its_step_lines(tmp_path):
+    """``--sides example``: every node runs examples/elastic_inprocess.py with only the step to stop at, in a log folder
+    of its own, and its steps are read from the ``time=... step=... world=...`` lines of that node's worker logs."""
+    from types import SimpleNamespace
+
+    import elastic_job
+    import harness
+
+    (side,) = [s for s in elastic_job.sides(REPO) if s.name == "example"]
+    with harness.PortReservations() as ports:
+        job = elastic_job.Job(side, tmp_path, ports, 3, None, ["--steps", 10, "--until", "1234"])
+    script = str(REPO / "examples" / "elastic_inprocess.py")
+    argv = job.node_argv(1)
+    assert argv[argv.index(script) - 1:] == [f"--log_dir={tmp_path / 'node1-log'}", script, "--steps", "10"]
+    assert "--rdzv-backend=c10d" in argv and "--nnodes=2:3" in argv
+
+    job.nodes = [SimpleNamespace(proc=SimpleNamespace(pid=4242)), SimpleNamespace(proc=SimpleNamespace(pid=4343))]
+    (tmp_path / "node0-log").mkdir()
+    (tmp_path / "node1-log").mkdir()
+    (tmp_path / "node0-log" / "workerlog.0").write_text(
+        "===== launcher: rank 0 starts\ntime=100.500 step=7 world=2 rank=0 pid=11 loss=0.1 round=0 source=0\n")
+    (tmp_path / "node1-log" / "workerlog.2").write_text(
+        "a warning\ntime=101.250 step=8 world=3 rank=2 pid=12 loss=0.1 round=0 source=0\ntime=101.3 step=9 wor")
+    assert job.refresh() == [{"t": 100.5, "step": 7, "world": 2, "rank": 0, "pid": 11, "host_pid": 4242},
+                             {"t": 101.25, "step": 8, "world": 3, "rank": 2, "pid": 12, "host_pid": 4343}]
+    assert elastic_job.first_step(3, host=4343)(job.records) == 101.25
+    with open(tmp_path / "node1-log" / "workerlog.2", "a") as f:
+        f.write("ld=3 rank=2 pid=12 loss=0.1 round=0 source=0\n")
+    assert [r["step"] for r in job.refresh()] == [7, 8, 9]

@@ -15,6 +15,8 @@ import pytest
 from launcher.nodes.elastic import link as el
 from launcher.nodes.transport import messages as m
 from launcher.plan import elastic_backends
+from launcher.nodes.elastic.model import STRAGGLES
+from launcher.plan.stragglers import SHARE_EVERY, NodeSpeed
 from link_harness import INTERVAL, C10d, Etcd
 
 HARNESSES = [  # the contract suite's parameters: one line per backend
@@ -157,6 +159,38 @@ def test_a_member_that_leaves_is_counted_out_as_left(backend):
     assert all(leaving.node_id not in ids(r) for r in rounds)
     (change,) = rounds[0].changes
     assert (change.node_id, change.kind) == (leaving.node_id, "left") and "SIGINT" in change.reason
+
+
+def test_a_member_that_leaves_as_a_straggler_is_counted_as_one(backend):
+    """--straggler_policy leave: the node named leaves as a stop signal makes it; the next round says why."""
+    harness, links = formed(backend)
+    leaving = next(x for x in links if el.place_in(x.first, x.node_id).node_rank == 2)
+    survivors = [x for x in links if x is not leaving]
+    leaving.leave(0, f"{STRAGGLES} (its speed 0.25 of the fastest rank's, --straggler_policy leave)")
+    harness.quiet.add(id(leaving))
+    leaving.close()
+    rounds = next_round_after_stop(harness, survivors, 1)
+    (change,) = rounds[0].changes
+    assert (change.node_id, change.kind) == (leaving.node_id, "straggler") and "0.25" in change.reason
+
+
+def test_every_member_gets_every_member_s_speed_of_the_round_and_none_spoken_for_another(backend):
+    """Each link shares its node's speed entry; every link gets the three back (through node 0's launcher, or each
+    one's key in etcd); an entry a member gives for another node's seat, or of another round, is never passed on."""
+    harness, links = formed(backend)
+    seats = {x.node_id: el.place_in(x.first, x.node_id).node_rank for x in links}
+    forger = links[0]
+    forger.share_speed(NodeSpeed((seats[forger.node_id] + 1) % 3, "forged", 1, 9, (0, 0.001), (0, 0.001)))
+    harness.tick(int(SHARE_EVERY / INTERVAL) + 1)
+    forger.share_speed(NodeSpeed(seats[forger.node_id], "h", 0, 9, (0, 0.001), (0, 0.001)))  # round 0: not this one
+    harness.tick(int(SHARE_EVERY / INTERVAL) + 1)
+    for x in links:
+        x.share_speed(NodeSpeed(seats[x.node_id], "h", 1, 10, (seats[x.node_id], 0.5), (seats[x.node_id], 0.5)))
+    for x in links:
+        got = harness.await_item(x, el.SharedSpeeds, lambda s: len(s.entries) == 3)
+        assert {(e.node, e.host, e.round) for e in got.entries} == {(0, "h", 1), (1, "h", 1), (2, "h", 1)}
+    assert not any(e.host == "forged" or e.round == 0 for x in links for item in harness.items(x)
+                   if isinstance(item, el.SharedSpeeds) for e in item.entries)
 
 
 def test_too_few_nodes_within_join_timeout_is_one_sentence(backend):

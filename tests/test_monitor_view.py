@@ -30,7 +30,7 @@ def test_health_is_200_only_while_every_worker_starts_or_runs(made, expected):
 def test_the_metrics_read_back_with_prometheus_s_parser():
     from prometheus_client.parser import text_string_to_metric_families
 
-    made = view("running", "failed", round=3, changes={"lost": 2, "joined": 1})
+    made = view("running", "failed", round=3, changes={"lost": 2, "joined": 1, "straggler": 1})
     made = NodeView(**{**made.__dict__, "workers": (WorkerView(0, 0, "rank 0", 1, "running", 0, step=7, step_seconds=0.5,
                                                                log_bytes=10, relative_speed=0.25),),
                        "node_speeds": {0: 0.25, 1: 1.0}})
@@ -39,6 +39,7 @@ def test_the_metrics_read_back_with_prometheus_s_parser():
     assert samples[("launcher_round", ())] == 3
     assert samples[("launcher_membership_changes_total", ("lost",))] == 2
     assert samples[("launcher_membership_changes_total", ("silent",))] == 0
+    assert samples[("launcher_membership_changes_total", ("straggler",))] == 1  # a node that left, named a straggler
     assert samples[("launcher_worker_step", ("0",))] == 7 and samples[("launcher_worker_step_seconds", ("0",))] == 0.5
     assert samples[("launcher_log_bytes_total", ("0",))] == 10
     assert samples[("launcher_worker_relative_speed", ("0",))] == 0.25

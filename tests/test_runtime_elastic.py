@@ -221,3 +221,44 @@ def steps_in(launcher, workers) -> None:
         now = entries(w)[-1]["round"] if entries(w) else None
         return any(r["event"] == "step" and r["round"] == now for r in lines(w))
     launcher.serve(lambda: all(stepped(w) for w in workers), "a checked step of each worker")
+
+
+def test_what_the_program_held_when_run_began_is_left_out_of_the_round_end_collections_until_it_returns():
+    """The collection at each round's end (every launcher waits for it before the next round) looks only at what was
+    made since ``run`` began: a cycle made in a round is collected, one made before is left alone until ``run``
+    returns, and then every object is the collector's again. A program that froze objects itself is left as it is."""
+    import gc
+    import weakref
+
+    from launcher.runtime.elastic import _frozen
+
+    if gc.get_freeze_count():
+        pytest.skip("this test process froze objects before")
+
+    class Node:
+        pass
+
+    before = Node()
+    before.me = before
+    held = weakref.ref(before)
+    with _frozen():
+        assert gc.get_freeze_count() > 0
+        made = Node()
+        made.me = made
+        gone = weakref.ref(made)
+        del made, before
+        gc.collect()
+        assert gone() is None
+        assert held() is not None
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert held() is None
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

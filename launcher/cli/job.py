@@ -92,7 +92,7 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
     plan = round_plan(link.first, preflight.check)
     reserved = preflight.reserve_store_port(plan)
     link.serve()
-    return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait)
+    return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait, spec.min_nodes)
 
 
 def _agent_store(request: Request, spec, trial) -> str:

@@ -19,7 +19,7 @@ from launcher.cli.types import CpuList, LogLevel, NodeCount, Seconds, Whole, Wor
 from launcher.plan import elastic_backends as backends
 from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
 from launcher.plan.clusters.registry import names as cluster_source_names
-from launcher.plan.model import NUMA_MODES
+from launcher.plan.model import NUMA_MODES, STRAGGLER_POLICIES
 
 # statuses
 OURS = "ours"  # this launcher's own option (Paddle 1.8's are ours)
@@ -207,6 +207,11 @@ ROWS = (
           "this long, or a worker that reports its steps (launcher.runtime.report) has reported none for this long. "
           "Default: never.",
           click={"type": Seconds(1.0, "; leave the option out to never stop a quiet job"), "metavar": "SECONDS"}),
+    _ours("straggler_policy", WATCH, "What is done about a straggler, a node whose ranks' own work per step is below "
+          "0.7 of the fastest rank's (their steps reported with launcher.runtime.report; docs/monitoring.md): off "
+          "(not looked for), warn (named in the log, the event log, /metrics and the live page), or leave (also: an "
+          "elastic job above its minimum of nodes goes on without it, and its launcher ends with exit code 0).",
+          click={"type": click.Choice(STRAGGLER_POLICIES), "default": "warn", "show_default": True}),
     _ours("dump_stacks", WATCH, "Before stopping the workers after a failure or a signal, show where each one was (its "
           "Python stack, with py-spy), and again before the SIGKILL of a worker that let SIGTERM pass. Costs up to a "
           "few seconds of teardown; always done for --hang_timeout.",

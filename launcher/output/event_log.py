@@ -135,6 +135,7 @@ WHAT = {  # event -> how it reads, from its fields
     "member_lost": lambda e: f"member {e.get('member', '?')} lost: {e.get('reason', '')}",
     "member_silent": lambda e: f"member {e.get('member', '?')} silent: {e.get('reason', '')}",
     "member_left": lambda e: f"member {e.get('member', '?')} left: {e.get('reason', '')}",
+    "member_straggler": lambda e: f"member {e.get('member', '?')} left as a straggler: {e.get('reason', '')}",
     "member_joined": lambda e: f"member {e.get('member', '?')} joined",
     "worker_started": lambda e: f"started pid {e.get('pid', '?')}" + (" (kept from the round before)" if e.get("kept") else ""),
     "worker_exited": lambda e: f"pid {e.get('pid', '?')} exited: {e.get('exit', '?')}",
@@ -143,6 +144,8 @@ WHAT = {  # event -> how it reads, from its fields
     "job_ended": lambda e: f"job ended: exit code {e.get('code', '?')}",
     "straggler": lambda e: f"straggler: {e.get('reason', '')}",
     "straggler_cleared": lambda e: f"straggler no longer: node {e.get('node', '?')} ({e.get('host', '?')})",
+    "straggler_leaves": lambda e: f"straggler: node {e.get('node', '?')} ({e.get('host', '?')}) leaves the job",
+    "straggler_stays": lambda e: f"straggler: node {e.get('node', '?')} ({e.get('host', '?')}) stays: {e.get('why', '')}",
 }
 
 

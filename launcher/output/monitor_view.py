@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 STATES = ("starting", "running", "succeeded", "failed", "stopping")
-CHANGES = ("lost", "silent", "joined", "left")
+CHANGES = ("lost", "silent", "joined", "left", "straggler")
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         control=control,
         hang_timeout=opts.hang_timeout,
         dump_stacks=opts.dump_stacks,
+        straggler_policy=opts.straggler_policy,
         monitor=monitor_address(opts, cluster.node_ips[cluster.node_rank]),
         cluster=cluster.description,
         error_file=base_env.get(ev.ERROR_FILE) or None,

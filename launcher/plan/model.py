@@ -18,6 +18,7 @@ from launcher.plan.streams import NONE, StreamChoice, StreamRoute
 from launcher.plan.torchrun_values import DEFAULT_STOP_SIGNALS
 
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch/numa/binding.py's AffinityMode
+STRAGGLER_POLICIES = ("off", "warn", "leave")  # --straggler_policy (launcher.plan.stragglers)
 MAX_WORKERS_PER_NODE = 65535  # each worker needs a port of its own
 MAX_SHUTDOWN_TIMEOUT = 24 * 3600.0  # seconds; anything longer is a mistake, not a grace period
 
@@ -47,6 +48,7 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    straggler_policy: str = "warn"  # --straggler_policy: off, warn or leave (launcher.plan.stragglers)
     monitor_port: Optional[int] = None  # --monitor_port: serve /metrics, /healthz, /status.json and the live page
     monitor_host: Optional[str] = None  # where it listens (default: this node's address)
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
@@ -175,6 +177,7 @@ class Plan:
     control: Optional[ControlSpec] = None  # None: one node, no channel
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    straggler_policy: str = "warn"  # off: no straggler looked for; leave: an elastic node named one leaves the job
     monitor: Optional[tuple] = None  # (host, port) the monitor listens on (port 0: a free one)
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint
     trainers: tuple = ()

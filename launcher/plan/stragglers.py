@@ -5,7 +5,8 @@ samples in, relative speeds and stragglers out, time an argument.
 A rank's compute time is the mean of the middle half of its last ``window`` reported steps (the interquartile
 mean: a spike of one step, or a lucky fast one, moves it little; a median moves more with a busy machine's jitter).
 Its relative speed is the fastest rank's compute time over its own (1.0 the fastest, 0.25 a rank four times
-slower); a node's is its slowest rank's. A node is a straggler once its speed has stayed below ``threshold`` for
+slower; 1.0 too within ``min_gap`` seconds of the fastest: on steps of a few milliseconds a busy machine's jitter
+is larger than any difference that holds the job back); a node's is its slowest rank's. A node is a straggler once its speed has stayed below ``threshold`` for
 ``patience`` steps in a row (half a window): the window's middle half turns slow after about a third of a window
 of slow steps, so a rank four times slower is named within one window, and a healthy job's noise (+-30% per
 step, single steps three times as long) names nobody. Only ranks with a full window, heard from within ``stale``
@@ -23,6 +24,8 @@ THRESHOLD = 0.7  # a node slower than this, relative to the fastest rank, is a s
 RECOVERED = 0.8  # a node named is cleared once back at this speed (a node near the threshold is not named over and over)
 PATIENCE = 10  # steps in a row a node stays below the threshold before it is named
 STALE = 60.0  # seconds: a rank not heard from this long is left out of the comparison
+MIN_GAP = 0.01  # seconds: a rank within this of the fastest rank's compute time counts as fast as it (a busy
+#                 machine's jitter on steps of a few milliseconds is not a straggler)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Settings:
     recovered: float = RECOVERED
     stale: float = STALE
     patience: int = PATIENCE
+    min_gap: float = MIN_GAP
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Se
     if len(by_rank) < 2:
         return Verdict()
     fastest = min(t.compute for t in by_rank.values())
-    ranks = {rank: _speed(fastest, t.compute) for rank, t in by_rank.items()}
+    ranks = {rank: _speed(fastest, t.compute, settings.min_gap) for rank, t in by_rank.items()}
     nodes: Dict[int, float] = {}
     steps: Dict[int, int] = {}
     for rank, t in by_rank.items():
@@ -150,8 +154,8 @@ def changes(named: Iterable[int], verdict: Verdict,
     return tuple(s for s in verdict.stragglers if s.node not in before), tuple(sorted(gone))
 
 
-def _speed(fastest: float, own: float) -> float:
-    if own <= 0:
+def _speed(fastest: float, own: float, min_gap: float = MIN_GAP) -> float:
+    if own <= 0 or own - fastest < min_gap:
         return 1.0
     return min(1.0, fastest / own)
 
@@ -162,3 +166,118 @@ def _reason(node: int, slow: Sequence[RankTime], ranks: Mapping[int, float], fas
     return (f"{where} is a straggler: {who} of compute per step, against the fastest rank's {fastest:.3f} s "
             f"(the middle half of each one's last {settings.window} steps; below {settings.threshold:g} of the "
             f"fastest's speed for {settings.patience} steps)")
+
+
+# ---------------------------------------------------------------- what a node tells the others
+
+
+@dataclass(frozen=True)
+class NodeSpeed:
+    """A node's own ranks as the other nodes need them to judge the job: its fastest and its slowest rank's compute
+    time (a node is as fast as its slowest rank; the job's fastest rank is the one to compare against), at its last
+    step, in the round they were measured in (an elastic job's node indices and ranks change with its rounds)."""
+
+    node: int
+    host: str
+    round: int
+    step: int
+    fastest: Tuple[int, float]  # (rank, compute seconds)
+    slowest: Tuple[int, float]
+
+    def as_list(self) -> list:
+        return [self.node, self.host, self.round, self.step, *self.fastest, *self.slowest]
+
+    def rank_times(self) -> Tuple[RankTime, ...]:
+        ranks = {self.fastest[0]: self.fastest[1], self.slowest[0]: self.slowest[1]}
+        return tuple(RankTime(rank, self.node, self.host, compute, self.step) for rank, compute in sorted(ranks.items()))
+
+
+SHARED_NODES = 1024  # nodes one message of speeds carries at most (8 numbers and a host each: within 64 KiB)
+HOST_WIDTH = 255
+
+
+def node_speed(own: Sequence[RankTime], round_: int = 0) -> "NodeSpeed | None":
+    """This node's entry for the others, from its ranks with a full window (None: none yet)."""
+    if not own:
+        return None
+    fastest = min(own, key=lambda t: (t.compute, t.rank))
+    slowest = max(own, key=lambda t: (t.compute, -t.rank))
+    return NodeSpeed(own[0].node, own[0].host, round_, max(t.step for t in own), (fastest.rank, fastest.compute),
+                     (slowest.rank, slowest.compute))
+
+
+def read_speeds(value) -> Tuple[NodeSpeed, ...]:
+    """Entries off the wire (a list of [node, host, round, step, rank, compute, rank, compute]); whatever is not one,
+    or past SHARED_NODES, is left out: never raises."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for item in value[:SHARED_NODES]:
+        if not (isinstance(item, list) and len(item) == 8 and isinstance(item[1], str) and len(item[1]) <= HOST_WIDTH
+                and all(_count(x) for x in (item[0], item[2], item[3], item[4], item[6]))
+                and valid(item[5]) and valid(item[7])):
+            continue
+        out.append(NodeSpeed(item[0], item[1], item[2], item[3], (item[4], float(item[5])), (item[6], float(item[7]))))
+    return tuple(out)
+
+
+def _count(value) -> bool:
+    return type(value) is int and 0 <= value < 1 << 31
+
+
+def shared(entries: Iterable[NodeSpeed]) -> Tuple[NodeSpeed, ...]:
+    """At most SHARED_NODES entries, one per node, for one message: the job's fastest and then its slowest nodes (the
+    ones a judgment turns on)."""
+    by_node = {e.node: e for e in entries}
+    ordered = sorted(by_node.values(), key=lambda e: (-e.slowest[1], e.node))
+    if len(ordered) <= SHARED_NODES:
+        return tuple(sorted(ordered, key=lambda e: e.node))
+    fastest = min(ordered, key=lambda e: (e.fastest[1], e.node))
+    kept = [e for e in ordered if e is not fastest][:SHARED_NODES - 1] + [fastest]
+    return tuple(sorted(kept, key=lambda e: e.node))
+
+
+# ---------------------------------------------------------------- what is done about one
+
+def leaving(policy: str, verdict: Verdict, own_node: int) -> "Straggler | None":
+    """This node's straggler, when ``policy`` is leave and this node is the slowest one named: one node leaves at a
+    time (two leaving at once could take the job below its minimum); the others are judged again in the next round."""
+    if policy != "leave" or not verdict.stragglers or verdict.stragglers[0].node != own_node:
+        return None
+    return verdict.stragglers[0]
+
+
+SHARE_EVERY = 2.0  # seconds between two messages of speeds from a node, and from the node that gathers them
+
+
+class Gathered:
+    """The entries a gathering node (node 0, an elastic job's keeper) holds: each node's last, by who sent it (a
+    sender speaks for itself only), and when it came; the fresh ones are shared back."""
+
+    def __init__(self, settings: Settings = Settings()) -> None:
+        self.settings = settings
+        self.entries: Dict[object, Tuple[NodeSpeed, float]] = {}
+        self.shared_at = float("-inf")
+
+    def put(self, sender, entry: "NodeSpeed | None", now: float) -> None:
+        if entry is not None:
+            self.entries[sender] = (entry, now)
+
+    def forget(self, sender) -> None:
+        self.entries.pop(sender, None)
+
+    def fresh(self, now: float, round_: "int | None" = None) -> Tuple[NodeSpeed, ...]:
+        """The entries heard within ``stale`` seconds (of ``round_`` where given), at most SHARED_NODES."""
+        return shared(e for e, heard in self.entries.values()
+                      if now - heard <= self.settings.stale and (round_ is None or e.round == round_))
+
+    def due(self, now: float) -> bool:
+        if now - self.shared_at < SHARE_EVERY:
+            return False
+        self.shared_at = now
+        return True
+
+
+def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tuple[RankTime, ...]:
+    """The other nodes' ranks to compare with this node's, from the entries shared with it (of its round only)."""
+    return tuple(t for e in entries if e.node != own_node and e.round == round_ for t in e.rank_times())

@@ -160,6 +160,9 @@ def _tell_the_end(job: Coordinator, code: int, started: tuple, clock: Clock) -> 
             what = "process(es)" if job.plan.parameter_server else "worker(s)"
             log.info("all %d %s finished in %.1f s", started[1], what, clock.monotonic() - started[0])
         return
+    if cause.kind == "leave":  # on purpose: the job goes on without this node
+        log.warning("%s; the job goes on without this node; exit code %d", cause.text, code)
+        return
     if job.plan.error_file:
         _write_root_cause(job.plan.error_file, cause, code, clock)
     lines = []

@@ -52,4 +52,12 @@ class Coordinator(Protocol):
 
     def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard, where this node keeps the heartbeats
 
+    def share_speed(self, own: tuple, now: float) -> None: ...  # this node's ranks' compute times, for the other nodes
+
+    def peer_times(self, now: float) -> tuple: ...  # the other nodes' ranks' compute times, as shared with this node
+
+    def straggler_stays(self) -> Optional[str]: ...  # why this node may not leave as a straggler (None: it may)
+
+    def leave_as_straggler(self, straggler) -> list: ...  # this node leaves, named a straggler: its policy's events
+
     def close(self) -> None: ...

@@ -56,6 +56,17 @@ class StoreTag:
     store: AgentStore  # node 0's rendezvous store: its listener or one of its clients
 
 
+def _register_or_push(selector, fd: int, events: int, data) -> None:
+    """Watch ``fd``; a console that epoll refuses to watch (a regular file, /dev/null: always writable) had output
+    pending only for the moment another thread took between adding it and writing it: written now, not watched."""
+    try:
+        selector.register(fd, events, data)
+    except PermissionError:
+        if not isinstance(data, ConsoleTag):
+            raise
+        data.stream.push()
+
+
 class Loop:
     """Without a worker group, it serves the time between two attempts."""
 
@@ -95,7 +106,7 @@ class Loop:
             elif isinstance(tag, WorkerChannelTag):
                 events += self._worker_said(self.launch.worker_channel.ready(key.fd, mask))
         self.launch.store.tick(self.clock.monotonic())
-        self.launch.poll_progress(self.clock.monotonic())
+        events += self.launch.poll_progress(self.clock.monotonic(), self.job)
         if self.group is not None:
             moved = self.group.follow_logs()
             self.follow_delay = 0.02 if moved else min(self.follow_delay * 2, 0.25)
@@ -212,7 +223,7 @@ class Loop:
                     self.selector.unregister(fd)
                     key = None
             if key is None:
-                self.selector.register(fd, events, data)
+                _register_or_push(self.selector, fd, events, data)
 
     def _watch(self, fd, events, data) -> None:
         """Watch ``fd`` for ``events`` from now on; none: stop watching it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from launcher.output import state_file
-from launcher.output.monitor_view import NodeView, WorkerView, printable
+from launcher.output.monitor_view import CHANGES, NodeView, WorkerView, printable
 from launcher.plan import policy
 
 
@@ -20,8 +20,7 @@ def build(launch, job, group=None, state: Optional[policy.State] = None) -> Node
     return NodeView(
         node=plan.node_rank, node_ip=plan.node_ip, nodes=len(plan.node_ips), world_size=plan.world_size,
         run_id=launch.run_id, phase=record.phase, restarts=job.attempt, max_restarts=plan.max_restarts,
-        round=events.round, changes={kind: events.counts.get(f"member_{kind}", 0) for kind in ("lost", "silent",
-                                                                                            "joined", "left")},
+        round=events.round, changes={kind: events.counts.get(f"member_{kind}", 0) for kind in CHANGES},
         reason=_reason(last_stop, workers), workers=workers, events=tuple(events.recent),
         heartbeats=job.heartbeat_ages(), node_ips=tuple(plan.node_ips),
         status={"nodes": [state_file.document(record, "running, this launcher")]},

@@ -14,6 +14,7 @@ from launcher.output import error_file
 from launcher.output import log_files
 from launcher.output.event_log import EventLog
 from launcher.output.messages import log
+from launcher.plan import stragglers
 from launcher.plan.model import Plan
 from launcher.run import processes
 from launcher.run.limits import check_limits
@@ -53,8 +54,9 @@ class Launch:
         self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
-                                      or self.trainer_status is not None or len(plan.workers) > 1)  # stragglers too
+                                      or self.trainer_status is not None or _compares_ranks(plan))
         self.stragglers = StragglerWatch()  # each rank's compute time from its reports, compared
+        self.said_stays = False  # --straggler_policy leave: this node said why it stays in the job
         self.monitor = None  # --monitor_port's server (launcher.run.monitor.Monitor)
         self.last_views: dict = {}  # rank -> its worker's last view (the monitor's, between two attempts)
         self.view_published = float("-inf")
@@ -102,20 +104,45 @@ class Launch:
         """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
         return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
 
-    def poll_progress(self, now: float) -> None:
-        """The workers' new reports (their progress pages), and about every second the straggler's search."""
+    def poll_progress(self, now: float, job) -> list:
+        """The workers' new reports (their progress pages), and about every second the straggler's search: this node's
+        ranks against the other nodes' (as ``job`` shares them, and the monitor's views where a page watches); the
+        events for this node's policy when this node, named a straggler, leaves the job (``--straggler_policy``)."""
         changed = self.progress.poll(now)
-        if not changed and not self.stragglers.windows:
-            return
+        if self.plan.straggler_policy == "off" or (not changed and not self.stragglers.windows):
+            return []
         by_local = {s.local_rank: s for s in self.plan.workers if s.kind.by_rank}
         for local_rank in changed:
             spec = by_local.get(local_rank)
             if spec is not None:
                 self.stragglers.note(spec.rank, self.plan.node_rank, self.plan.node_ip, self.progress.last(local_rank), now)
-        if self.stragglers.due(now):
-            views = self.monitor.job_views if self.monitor is not None else None
-            self.stragglers.look(now, peer_times(views.latest() if views is not None else (), self.plan.node_rank),
-                                 self.events)
+        if not self.stragglers.due(now):
+            return []
+        job.share_speed(self.stragglers.own(now), now)
+        views = self.monitor.job_views if self.monitor is not None else None
+        peers = job.peer_times(now) + peer_times(views.latest() if views is not None else (), self.plan.node_rank)
+        self.stragglers.look(now, peers, self.events)
+        return self._act_on(stragglers.leaving(self.plan.straggler_policy, self.stragglers.verdict,
+                                               self.plan.node_rank), job)
+
+    def _act_on(self, straggler, job) -> list:
+        """This node, the slowest straggler under ``--straggler_policy leave``: it leaves, or says (once) why it
+        stays."""
+        if straggler is None:
+            return []
+        why = job.straggler_stays()
+        if why is None:
+            events = job.leave_as_straggler(straggler)
+            if events:
+                self.events.write("straggler_leaves", node=straggler.node, host=straggler.host,
+                                  speed=round(straggler.speed, 3))
+            return events
+        if not self.said_stays:
+            self.said_stays = True
+            log.warning("straggler: %s stays in the job (--straggler_policy leave): %s", job.node_label() or "this node",
+                        why)
+            self.events.write("straggler_stays", node=straggler.node, host=straggler.host, why=why)
+        return []
 
     @property
     def watched(self) -> bool:
@@ -213,6 +240,11 @@ class Launch:
             s.close()
         self.selector.close()
         self.intake.close()
+
+
+def _compares_ranks(plan: Plan) -> bool:
+    """Whether the straggler's search has ranks to compare: several here, or other nodes'."""
+    return plan.straggler_policy != "off" and (len(plan.workers) > 1 or len(plan.node_ips) > 1)
 
 
 def _error_files(specs) -> list:

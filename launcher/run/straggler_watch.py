@@ -1,8 +1,9 @@
 """The straggler's search on this node (``launcher.plan.stragglers``, pure): each rank's compute time as its reports
 carry it (``launcher.runtime.report``), gathered as the event loop reads the progress pages; compared about every
-LOOK_EVERY seconds among this node's ranks, and with the other nodes' ranks where their views are here (the
-monitor's, fetched while a page of ``--monitor_port`` watches); a node newly found slow named in the log (one
-warning) and in the event log (``straggler``), and one no longer slow said so (``straggler_cleared``)."""
+LOOK_EVERY seconds among this node's ranks and the other nodes' (as the job shares them: the control channel, the
+elastic membership; and the monitor's views, fetched while a page of ``--monitor_port`` watches); a node newly found
+slow named in the log (one warning) and in the event log (``straggler``), and one no longer slow said so
+(``straggler_cleared``)."""
 
 from __future__ import annotations
 

@@ -166,6 +166,9 @@ def test_a_rank_that_exits_with_a_code_is_not_held_at_exit(tmp_path):
         # rank 1's exit resets rank 0's all-reduce at once: on a busy machine rank 0 (exit 1) has ended too by the
         # launcher's next turn, which takes the exits it finds in rank order (6 runs in 15 at load 2; 3 in 15 before
         # the one-table rewrite): the job still ended at once, on rank 0's consequence of rank 1's exit
-        assert "rank 0 failed (exit code 1)" in r.stderr and "Connection reset by peer" in r.stderr, r.stderr
+        # gloo words the broken connection two ways, by where rank 0 was in its read (pair.cc): both are the
+        # consequence, never a cause of rank 0's own
+        assert "rank 0 failed (exit code 1)" in r.stderr, r.stderr
+        assert re.search(r"Connection (reset|closed) by peer", r.stderr), r.stderr
         return
     assert r.returncode == 3, r.stdout + r.stderr

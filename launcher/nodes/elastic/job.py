@@ -13,16 +13,19 @@ A membership change spends no restart: ``TORCHELASTIC_RESTART_COUNT`` (this coor
 
 from __future__ import annotations
 
+import logging
 import signal
 from typing import Callable, Optional, Tuple
 
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.link import JobOver, Link, StopOrder
+from launcher.nodes.elastic.link import JobOver, Link, SharedSpeeds, StopOrder
+from launcher.nodes.elastic.model import STRAGGLES
 from launcher.output.messages import log
-from launcher.plan import policy
+from launcher.plan import policy, stragglers
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
+LEAVING = ("signal", "leave")  # this node's causes that take it out of the job: it waits for no word of node 0
 Turn = Callable[[], list]
 Replan = Callable[[m.RoundStart], Plan]  # a round -> this node's plan for it
 
@@ -31,7 +34,7 @@ class ElasticJob:
     """``reform_wait``: how long a worker that re-enters in place waits, after a collective failed, for the word
     that the round is over (the longest this backend takes to find a lost node), before it fails as usual."""
 
-    def __init__(self, plan: Plan, link: Link, replan: Replan, reform_wait: float = 0.0) -> None:
+    def __init__(self, plan: Plan, link: Link, replan: Replan, reform_wait: float = 0.0, min_nodes: int = 1) -> None:
         self.plan = plan
         self.reform_wait = reform_wait
         self.link = link
@@ -45,6 +48,9 @@ class ElasticJob:
         self.next_round: Optional[m.RoundStart] = None
         self.stopped_early: set = set()  # rounds whose stop came before they began here
         self.rounds: list = [link.first]  # every round this node ran, for the state file
+        self.speeds: tuple = ()  # every member's speed entry, as the membership last shared them
+        self.shared_at = float("-inf")
+        self.min_nodes = min_nodes
 
     @property
     def history(self) -> tuple:
@@ -54,8 +60,35 @@ class ElasticJob:
     def node_label(self) -> str:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
+    def share_speed(self, own: tuple, now: float) -> None:
+        if own and now - self.shared_at >= stragglers.SHARE_EVERY:
+            self.shared_at = now
+            self.link.share_speed(stragglers.node_speed(own, self.round.number))
+
+    def peer_times(self, now: float) -> tuple:
+        return stragglers.others(self.speeds, self.plan.node_rank, self.round.number)
+
+    def straggler_stays(self) -> Optional[str]:
+        members = len(self.round.members or ())
+        if self.link.leaving_ends_job():
+            return "it is node 0 of a c10d job: its launcher keeps the membership, and its leaving would end the job"
+        if members <= self.min_nodes:
+            return f"the job is at its minimum of {self.min_nodes} node(s) (--nnodes)"
+        return None
+
+    def leave_as_straggler(self, straggler) -> list:
+        """This node, named a straggler (``stragglers.Straggler``), leaves the job on purpose: its workers stop, the
+        others re-form without it, and its launcher ends with exit code 0 (it did what it was asked)."""
+        if self.over is not None or self.cause is not None:
+            return []
+        speed = f"its speed {straggler.speed:.2f} of the fastest rank's"
+        self.cause = Cause(self.plan.node_rank, "leave", 0, f"{self.node_label()} leaves the job as a straggler "
+                                                            f"(--straggler_policy leave): {straggler.reason}")
+        self.link.leave(0, f"{STRAGGLES} ({speed}, --straggler_policy leave)")
+        return [policy.StopOrdered(self.cause.text, level=logging.WARNING)]
+
     def local_cause(self, cause: Cause) -> None:
-        if self.over is not None or (self.cause is not None and self.cause.kind == "signal"):
+        if self.over is not None or (self.cause is not None and self.cause.kind in LEAVING):
             return
         if cause.kind == "signal":  # whatever stopped the round here: the node leaves, it waits for no word
             self.cause = cause
@@ -87,6 +120,8 @@ class ElasticJob:
                 self.stopped_early.add(e.round)  # the next round was stopped before it began here
             elif isinstance(e, m.RoundStart) and (e.number or 0) > self.round.number:
                 self.next_round = e
+            elif isinstance(e, SharedSpeeds):
+                self.speeds = e.entries
         return out
 
     def tick(self, now: float) -> list:
@@ -97,7 +132,7 @@ class ElasticJob:
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
         """This node's workers of the round are gone: say so, then follow node 0's word."""
-        if self.over is None and not (self.cause is not None and self.cause.kind == "signal"):
+        if self.over is None and not (self.cause is not None and self.cause.kind in LEAVING):
             if self.cause is None and self.stop_order is None:
                 self.link.done(self.round.number)
             else:
@@ -105,7 +140,7 @@ class ElasticJob:
         while True:
             if self.over is not None:
                 return "end", self.over.code
-            if self.cause is not None and self.cause.kind == "signal":
+            if self.cause is not None and self.cause.kind in LEAVING:
                 return "end", self.cause.code
             if self.next_round is not None and self.next_round.number in self.stopped_early:
                 self._skip(self.next_round)

@@ -80,6 +80,20 @@ class Leave:
     reason: str
 
 
+@dataclass(frozen=True)
+class Share:
+    """This node's speed entry (``stragglers.NodeSpeed``), for the other members."""
+
+    entry: object
+
+
+@dataclass(frozen=True)
+class SharedSpeeds:
+    """Every member's speed entry as the membership last shared them, for the event loop (``stragglers.others``)."""
+
+    entries: tuple
+
+
 class Inbox:
     """A queue one thread fills and another empties, with a pipe that wakes the one that empties it: the
     link's thread fills the event loop's (it is the loop's ``coordination.Channel``: one fd to read, no
@@ -158,6 +172,10 @@ class Link(Protocol):
 
     def leave(self, code: int, reason: str) -> None: ...  # this launcher ends (node 0 of c10d: the job ends)
 
+    def share_speed(self, entry) -> None: ...  # this node's speed entry, for the others (``SharedSpeeds`` back)
+
+    def leaving_ends_job(self) -> bool: ...  # whether this launcher leaving ends the job (node 0 of c10d)
+
     def close(self) -> None: ...
 
 
@@ -198,6 +216,12 @@ class LinkBase:
 
     def leave(self, code: int, reason: str) -> None:
         self.waker.put(Leave(code, reason))
+
+    def share_speed(self, entry) -> None:
+        self.waker.put(Share(entry))
+
+    def leaving_ends_job(self) -> bool:
+        return False
 
     def close(self) -> None:
         if self.inbox.read_fd is None:

@@ -186,13 +186,16 @@ def round_start(round_: Round) -> m.RoundStart:
 
 SILENT = "no heartbeat for"  # how the rules begin the reason of a member lost by its silence
 LEAVES = "it leaves the job"  # and end that of a member that left (--elastic_level 0)
+STRAGGLES = "it leaves as a straggler"  # in the reason of a member that left, named a straggler (--straggler_policy)
 
 
 def change_kind(reason: str) -> str:
-    """How a member went, from the reason the rules gave: "silent", "left", else "lost"."""
+    """How a member went, from the reason the rules gave: "silent", "straggler", "left", else "lost"."""
     if reason.startswith(SILENT):
         return "silent"
-    return "left" if LEAVES in reason else "lost"
+    if LEAVES in reason:
+        return "straggler" if STRAGGLES in reason else "left"
+    return "lost"
 
 
 # ---------------------------------------------------------------- persistent containers

@@ -32,6 +32,8 @@ from launcher.plan import policy
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 from launcher.plan.ps import held_by
+from launcher.plan import stragglers
+from launcher.nodes.static.speeds import Gathering, Sending, Unshared
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
 REPORT_MARGIN = 10.0
@@ -41,7 +43,7 @@ Turn = Callable[[], list]  # one turn of the event loop: the policy events it pr
 Clock = Callable[[], float]  # monotonic seconds
 
 
-class Solo:
+class Solo(Unshared):
     history: tuple = ()  # a job of fixed nodes has no rounds
     reform_wait = 0.0  # nor workers kept from one round to the next
 
@@ -114,7 +116,7 @@ class _Peered(Solo):
         self.channel.close()
 
 
-class Leader(_Peered):
+class Leader(Gathering, _Peered):
     def __init__(self, plan: Plan, channel: HubChannel, clock: Clock) -> None:
         super().__init__(plan)
         self.channel = channel
@@ -124,6 +126,7 @@ class Leader(_Peered):
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
         self.finished = False  # parameter-server mode: every node was told to stop its servers (Finish)
         self.held = held_by(plan) if plan.parameter_server else ()  # per node: (its server ids, its trainer ids)
+        self.speeds = stragglers.Gathered()  # each node's speed entry, as it sent it
 
     def heartbeat_ages(self) -> dict:
         """Node 0 keeps the heartbeats: seconds since each joined node was last heard, by its node index."""
@@ -189,6 +192,9 @@ class Leader(_Peered):
         return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
 
     def _on_message(self, node: int, message: messages.Message) -> list:
+        if isinstance(message, messages.Speeds):  # a node speaks for itself only
+            self.heard(node, message, self.clock())
+            return []
         if not isinstance(message, (messages.Failed, messages.TrainersDone, messages.Report)) \
                 or message.attempt != self.attempt:
             return []
@@ -249,7 +255,7 @@ def _ids(role: str, ids) -> str:
     return f"{role}s {shown}" + (f", ... ({len(ids)} in all)" if len(ids) > MAX_IDS_NAMED else "")
 
 
-class Follower(_Peered):
+class Follower(Sending, _Peered):
     def __init__(self, plan: Plan, channel: SpokeChannel, clock: Clock) -> None:
         super().__init__(plan)
         self.channel = channel
@@ -259,6 +265,7 @@ class Follower(_Peered):
         self.alone = False  # node 0 is lost or never answered
         self.reporting = False  # this node's part of the attempt is over: its report is due
         self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
+        self.speeds: tuple = ()  # every node's entry, as node 0 last shared them
 
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
@@ -301,6 +308,9 @@ class Follower(_Peered):
             self.channel.send(messages.to_wire(messages.Failed(self.attempt, self.cause)))
 
     def _on_message(self, message: messages.Message) -> list:
+        if isinstance(message, messages.Speeds):
+            self.speeds = message.nodes
+            return []
         if isinstance(message, messages.End) or (isinstance(message, messages.Start)
                                                  and message.attempt == self.attempt + 1):
             self.order = message

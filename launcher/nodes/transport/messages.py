@@ -15,6 +15,7 @@ from typing import Callable, ClassVar, Optional, Union
 
 from launcher.nodes.transport.values import as_attempt, as_code, as_flag, as_strict_int, as_text, as_texts
 from launcher.plan.policy import Cause
+from launcher.plan.stragglers import NodeSpeed, read_speeds
 
 LISTED_NODES = 256  # a job of more nodes names them in its hello by their digest
 
@@ -182,7 +183,8 @@ class Seat:
 @dataclass(frozen=True)
 class Change:
     """A change of the membership since the round before (on the wire: a list of the four): a node ``joined``, or was
-    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), or ``left`` (it said it leaves)."""
+    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), ``left`` (it said it leaves), or ``straggler``
+    (it left, named a straggler: ``--straggler_policy leave``)."""
 
     node_id: str
     host: str
@@ -193,7 +195,7 @@ class Change:
         return [self.node_id, self.host, self.kind, self.reason]
 
 
-CHANGE_KINDS = ("joined", "lost", "silent", "left")
+CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler")
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,18 @@ class Dropped:
     reason: Optional[str]
 
 
+# ---------------------------------------------------------------- each node's speed (``launcher.plan.stragglers``)
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """A node to the node that gathers them (node 0; an elastic job's keeper): its own entry; and back to every node:
+    every node's, so that each one judges the whole job. A receiver trusts an entry of a node only from that node."""
+
+    type: ClassVar[str] = "speeds"
+    nodes: tuple  # NodeSpeed (off the wire, what is not one is left out)
+
+
 # ---------------------------------------------------------------- gathering an MPI job's node list (``gather``)
 
 
@@ -294,8 +308,8 @@ class Unknown:
 
 
 Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Join, NodeList,
-                Unknown]
+                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Speeds, Join,
+                NodeList, Unknown]
 
 OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
@@ -309,7 +323,7 @@ def to_wire(message: Message) -> dict:
             continue
         if isinstance(value, Cause):
             value = value.as_dict()
-        elif isinstance(value, tuple) and all(isinstance(item, (Seat, Change)) for item in value):
+        elif isinstance(value, tuple) and all(isinstance(item, (Seat, Change, NodeSpeed)) for item in value):
             value = [item.as_list() for item in value]
         wire[f.name] = value
     return wire
@@ -370,6 +384,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
     "leaving": lambda m: Leaving(as_text(m.get("reason"))),
     "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
+    "speeds": lambda m: Speeds(read_speeds(m.get("nodes"))),
     "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
                            as_text(m.get("nonce")), as_text(m.get("proof"))),
     "nodes": lambda m: NodeList(as_texts(m.get("nodes"))),

@@ -25,12 +25,14 @@ from launcher.nodes.elastic.c10d.peers import BEAT, BEAT_BODY, Peer, Shared
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
-from launcher.nodes.elastic.link import DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, StopOrder
+from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share, SharedSpeeds,
+                                         StopOrder)
 from launcher.nodes.transport.connection import pending_cap
 from launcher.plan.policy import one_line
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
+from launcher.plan import stragglers
 
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
 
@@ -58,11 +60,15 @@ class Keeper(LinkBase):
         self.stalled = False  # the last turn took longer than a heartbeat interval
         self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
         self.over = False  # the job ended: no more rounds
+        self.speeds = stragglers.Gathered()  # each member's speed entry, by node id, shared back every few seconds
         self.next_beat = clock()
         self.state, actions = mb.begin(spec, me, job_id, clock())
         self.carry_out(actions)
 
     # ------------------------------------------------------------ the event loop's side
+
+    def leaving_ends_job(self) -> bool:
+        return True
 
     def heartbeat_ages(self) -> dict:
         """node id -> seconds since each connected member was last heard (from any thread: a dict replaced whole)."""
@@ -107,7 +113,9 @@ class Keeper(LinkBase):
                 self.accept()
             elif key.fileobj == self.waker.read_fd:
                 for item in self.waker.take():
-                    if item is not None:
+                    if isinstance(item, Share):
+                        self.take_speed(self.node_id, item.entry)
+                    elif item is not None:
                         self.decide(self.event_of(item))
             else:
                 self.read(key.fileobj.fileno())
@@ -118,8 +126,29 @@ class Keeper(LinkBase):
             self.stalled = False
             self.forgive_silence()
         self.beat()
+        self.share_speeds()
         if self.clock() >= self.next_deadline():
             self.decide(mb.TimePassed())
+
+    def take_speed(self, node_id: str, entry) -> None:
+        """A member's speed entry, kept if it is of the running round and of that member's seat in it."""
+        round_ = self.state.round
+        seat = round_.member(node_id) if round_ is not None else None
+        if entry is not None and seat is not None and entry.round == round_.number and entry.node == seat.node_rank:
+            self.speeds.put(node_id, entry, self.clock())
+
+    def share_speeds(self) -> None:
+        """Every member's entry of the running round, to every member (node 0's own through its inbox)."""
+        round_ = self.state.round
+        now = self.clock()
+        if round_ is None or not self.speeds.entries or not self.speeds.due(now):
+            return
+        entries = self.speeds.fresh(now, round_.number)
+        encoded = Shared(m.Speeds(entries))
+        for x in round_.members:
+            if x.node.node_id != self.node_id:
+                self.send_to(x.node.node_id, encoded)
+        self.inbox.put(SharedSpeeds(entries))
 
     def event_of(self, item):
         """What this node's event loop reported, as the membership's event."""
@@ -270,6 +299,9 @@ class Keeper(LinkBase):
             self.decide(mb.RoundDone(node_id, message.round))
         elif isinstance(message, m.RoundFailed) and message.round is not None:
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
+        elif isinstance(message, m.Speeds):  # a member speaks for itself only
+            for entry in message.nodes[:1]:
+                self.take_speed(node_id, entry)
         elif isinstance(message, m.Leaving):  # counted out now, as left (not lost), before its connection closes
             self.forget(fd, "it left", lost=f"{one_line(message.reason or 'its launcher ends', 200)}; {mb.LEAVES}")
 
@@ -316,6 +348,7 @@ class Keeper(LinkBase):
         if peer is None:
             return
         self.fds.pop(peer.node_id, None)
+        self.speeds.forget(peer.node_id)
         self.selector.unregister(peer.sock)
         peer.sock.close()
         if peer.node_id is not None:

@@ -18,8 +18,8 @@ import socket
 import time
 from typing import Optional
 
-from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, StartFailed,
-                                         StopOrder, member, own_id, place_in)
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
+                                         StartFailed, StopOrder, member, own_id, place_in)
 from launcher.nodes.transport import auth, messages as m, wire
 from launcher.nodes.transport.connection import RETRY_EVERY
 from launcher.output.messages import log
@@ -231,6 +231,8 @@ class MemberLink(LinkBase):
         elif isinstance(item, Leave) and self.sock.fileno() >= 0:
             self._send(m.Leaving(item.reason))
             self.stopping = True
+        elif isinstance(item, Share) and item.entry is not None and not self.stopping:
+            self._send(m.Speeds((item.entry,)))
 
     def _read(self) -> Optional[JobOver]:
         try:
@@ -262,6 +264,8 @@ class MemberLink(LinkBase):
         elif isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
                 and member(message, self.node_id) is not None:
             self.inbox.put(message)
+        elif isinstance(message, m.Speeds):
+            self.inbox.put(SharedSpeeds(message.nodes))
         elif isinstance(message, m.StopWorkers) and message.round is not None:
             self.inbox.put(StopOrder(message.round, message.reason or "node 0 re-forms the job"))
         elif isinstance(message, (m.Dropped, m.Refusal)):

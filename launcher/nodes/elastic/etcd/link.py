@@ -24,9 +24,11 @@ from typing import Callable, Optional
 
 from launcher.nodes.elastic.etcd import departures, state as es
 from launcher.nodes.elastic.etcd.mirror import Mirror
+from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.link import JobOver, Leave, LinkBase, Report, StartFailed, StopOrder, own_id, place_in
+from launcher.nodes.elastic.link import (JobOver, Leave, LinkBase, Report, Share, SharedSpeeds, StartFailed, StopOrder,
+                                         own_id, place_in)
 from launcher.nodes.elastic.etcd.client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
                                         put_op)
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
@@ -78,6 +80,8 @@ class EtcdLink(LinkBase):
         self.encoded = ""  # the orders in the record as this keeper wrote it last (es.orders)
         self.fed: set = set()
         self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
+        self.round_given: Optional[m.RoundStart] = None  # the last round given to the event loop
+        self.paces = Paces(self.prefix, self.node_id, token, job_id, self.where)  # its speed, the members' read
         self.given_round = self.given_stop = 0
         self.over_given = self.said_standby = self.said_unproven = self.ended = False
 
@@ -189,6 +193,8 @@ class EtcdLink(LinkBase):
                 except (Unavailable, Refused) as e:
                     log.debug("elastic job: could not tell %s why this node leaves (%s)", self.where, one_line(str(e), 200))
                 return
+            elif isinstance(item, Share):
+                self.paces.write(self.client, self.lease.id, item.entry, self.round_given, self.clock())
             elif isinstance(item, WatchEvents):
                 self.mirror.apply(item.events)
             elif isinstance(item, WatchEnded) and item.watcher is self.watcher:
@@ -203,6 +209,9 @@ class EtcdLink(LinkBase):
             except (Unavailable, Refused):
                 return  # tried again next turn; the lease's renewal decides when this launcher is out
         self._decide()
+        paces = self.paces.news(self.mirror.paces(self.mirror.alive()), self.round_given)
+        if paces is not None:
+            self.inbox.put(SharedSpeeds(paces))
 
     def _renew(self) -> None:
         out = self.lease.renew()
@@ -352,6 +361,7 @@ class EtcdLink(LinkBase):
         if view.round is not None and view.round.number > self.given_round:
             self.inbox.put(view.round)
             self.given_round = view.round.number
+            self.round_given = view.round
         if view.stop is not None and view.stop[0] == self.given_round and self.given_stop < self.given_round:
             self.inbox.put(StopOrder(view.stop[0], view.stop[1]))
             self.given_stop = self.given_round

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from launcher.nodes.elastic.etcd import departures, state as es
+from launcher.nodes.elastic.etcd import departures, paces, state as es
 from launcher.nodes.elastic.etcd.client import Entry
 
 
@@ -54,6 +54,21 @@ class Mirror:
             if event is not None:
                 reports.append(((key, e.mod_revision), event))
         return reports
+
+    def paces(self, alive: es.Alive) -> dict:
+        """node id -> its speed entry (``paces.read_pace``), of the launchers alive."""
+        found = {}
+        for key, e in self.keys.items():
+            if not key.startswith(self.prefix + "pace/"):
+                continue
+            node_id = paces.node_id_of(key, self.prefix)
+            node = alive.get(node_id)
+            node_lease = node.lease if node else -1
+            pace = self._parsed((e, node_lease), lambda: paces.read_pace(e.value, e.lease, node_lease, self.token,
+                                                                       self.job_id))
+            if pace is not None and pace[0] == node_id:  # a launcher speaks for itself only
+                found[node_id] = pace[1]
+        return found
 
     def why_gone(self, heartbeat_timeout: float) -> Callable[[str], str]:
         """node id -> why its launcher is gone (the keeper reads every key: the markers are in its mirror)."""

@@ -9,6 +9,8 @@ another's prefix):
   the membership (it is the *keeper*), so that when the keeper is lost the next one takes over.
 - ``report/NODE/KIND``: what a launcher tells the keeper, under its lease: its workers of a round
   ``stopped``, all ``done``, or one ``failed`` (the last of each kind; a later round's replaces it).
+- ``pace/NODE``: each launcher's speed entry (``launcher.plan.stragglers.NodeSpeed``), under its lease, rewritten
+  every few seconds while its workers report steps: every launcher reads every one and judges the job itself.
 - ``gone/NODE``: why a launcher left, under no lease (``departures``): read by the keeper only.
 - ``record``: the membership as the keeper decided it (``membership.State``) and its orders: the
   round to run, the stop of a round, the launchers refused or dropped, the job's end. Written only
@@ -56,8 +58,8 @@ def record_key(prefix: str) -> str:
 
 
 def orders_span(prefix: str) -> Tuple[str, str]:
-    """The keys a launcher that does not keep the membership reads: the node keys (who keeps it) and the record
-    (its orders), not the reports (a report of each node's stop would go to every launcher: N² at a round's end).
+    """The keys a launcher that does not keep the membership reads: the node keys (who keeps it), the paces and the
+    record (its orders), not the reports (a report of each node's stop would go to every launcher: N² at a round's end).
     A range from the first node key up to, not including, the key just after the record."""
     return f"{prefix}nodes/", record_key(prefix) + "\0"
 
@@ -98,11 +100,11 @@ class Joiner:
 
 def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str) -> Optional[Joiner]:
     """A node key's value as a Joiner (None: not one of ours)."""
-    data = _object(value)
+    data = json_object(value)
     if data is None or not isinstance(data.get("id"), str) or not data["id"]:
         return None
     node = mb.Node(data["id"], data.get("host") if isinstance(data.get("host"), str) else "", data.get("workers"))
-    return Joiner(node, lease, created, _proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id),
+    return Joiner(node, lease, created, proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id),
                   _ring_address(data.get("ring")))
 
 
@@ -116,11 +118,11 @@ def _ring_address(value) -> Optional[tuple]:
 
 def read_report(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):
     """A report key's value as the membership's event (None: malformed, unproven, or not under the node's lease)."""
-    data = _object(value)
+    data = json_object(value)
     if data is None or lease != node_lease or not isinstance(data.get("id"), str):
         return None
     body = {k: data.get(k) for k in ("id", "kind", "round", "code", "reason")}
-    if not _proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
+    if not proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
         return None
     round_, code, reason = body["round"], body["code"], body["reason"]
     if type(round_) is not int or type(code) is not int or not isinstance(reason, str):
@@ -187,12 +189,12 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
 def decode(value: str, spec: ElasticSpec, job_id: str, token: Optional[str], now: float) -> Optional[Record]:
     """The record in ``value`` (None: malformed, or it does not prove the job token); the state's clocks
     start at ``now`` (a keeper that takes over gives each deadline its whole time again)."""
-    outer = _object(value)
+    outer = json_object(value)
     if outer is None or not isinstance(outer.get("body"), str):
         return None
     if not _proven_record(outer.get("proof"), token, outer["body"], job_id):
         return None
-    data = _object(outer["body"])
+    data = json_object(outer["body"])
     try:
         return _record(data, spec, job_id, now) if data is not None else None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError):
@@ -320,7 +322,8 @@ def view(record: Record, node_id: str) -> View:
 # ---------------------------------------------------------------- the parts
 
 
-def _object(value: str) -> Optional[dict]:
+def json_object(value: str) -> Optional[dict]:
+    """A JSON object off etcd (None: not JSON, too deep, or not an object)."""
     try:
         data = json.loads(value)
     except (ValueError, RecursionError):
@@ -328,7 +331,8 @@ def _object(value: str) -> Optional[dict]:
     return data if isinstance(data, dict) else None
 
 
-def _proven(given, token: Optional[str], nonce: str, job_id: str, node_id: str) -> bool:
+def proven(given, token: Optional[str], nonce: str, job_id: str, node_id: str) -> bool:
+    """Whether ``given`` proves the job token on ``nonce`` for ``node_id`` (with no token: that it proves none)."""
     if token is None:
         return given is None
     return auth.proves(given, auth.proof(token, nonce, job_id, node_id))
