@@ -1,7 +1,8 @@
 """The seeded schedule of faults of bench/goodput.py: pure, the same seed the same schedule.
 
-The run's middle (from 15% to 85% of its duration) is cut into one slot per fault kind, in an order drawn from
-the seed; each fault begins at a time drawn within the first fifth of its slot and ends within the slot, so that
+The run's middle (from 15% to 85% of its duration) is cut into one slot per fault kind (two for ``slow``: a
+slowed node is named only after a window of its slow steps, and its launcher, in the slowed cgroup, acts slowly
+too), in an order drawn from the seed; each fault begins at a time drawn within the first fifth of its slot and ends within the slot, so that
 faults never overlap and the job has a few seconds after each to settle. Its victim is drawn among the nodes
 1 .. NODES-1, never node 0, the first launcher: with c10d node 0 hosts the rendezvous (our keeper, torchrun's
 store), and losing it ends the job on both launchers by design, so a schedule that hit it would measure that
@@ -26,7 +27,8 @@ KINDS = ("slow", "poweroff", "freeze", "partition", "join")
 NODES = 3  # started at once; node NODES is the spare
 SLOW_CPUS = 0.05
 SPAN = (0.15, 0.85)  # the part of the run that holds the faults
-LENGTHS = {"slow": (0.5, 0.7), "poweroff": (0.3, 0.5), "freeze": (0.3, 0.5), "partition": (0.45, 0.65), "join": (0, 0)}
+LENGTHS = {"slow": (0.6, 0.8), "poweroff": (0.3, 0.5), "freeze": (0.3, 0.5), "partition": (0.45, 0.65), "join": (0, 0)}
+SLOTS = {"slow": 2}  # slots a kind takes (1 unless named)
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,16 @@ def schedule(seed: int, duration: float, kinds: tuple = KINDS) -> tuple:
     order = list(kinds)
     rng.shuffle(order)
     first, last = SPAN[0] * duration, SPAN[1] * duration
-    slot = (last - first) / max(1, len(order))
-    faults = []
-    for i, kind in enumerate(order):
-        start = first + i * slot + rng.uniform(0, slot / 5)
+    unit = (last - first) / max(1, sum(SLOTS.get(kind, 1) for kind in order))
+    faults, begins = [], first
+    for kind in order:
+        slot = SLOTS.get(kind, 1) * unit
+        start = begins + rng.uniform(0, slot / 5)
         low, high = LENGTHS[kind]
         length = rng.uniform(low, high) * slot
         node = NODES if kind == "join" else rng.randrange(1, NODES)
         faults.append(Fault(kind, node, round(start, 2), round(start + length, 2)))
+        begins += slot
     return tuple(faults)
 
 

@@ -15,6 +15,7 @@ seconds, are compared; a rank whose steps go back (a restarted worker) starts a 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Mapping, Sequence, Tuple
@@ -192,7 +193,8 @@ class NodeSpeed:
         return tuple(RankTime(rank, self.node, self.host, compute, self.step) for rank, compute in sorted(ranks.items()))
 
 
-SHARED_NODES = 1024  # nodes one message of speeds carries at most (8 numbers and a host each: within 64 KiB)
+SHARED_NODES = 1024  # nodes one message of speeds carries at most
+SHARED_BYTES = 32 * 1024  # and bytes of their JSON: a control message is at most 64 KiB, sealed or not
 HOST_WIDTH = 255
 
 
@@ -226,15 +228,25 @@ def _count(value) -> bool:
 
 
 def shared(entries: Iterable[NodeSpeed]) -> Tuple[NodeSpeed, ...]:
-    """At most SHARED_NODES entries, one per node, for one message: the job's fastest and then its slowest nodes (the
-    ones a judgment turns on)."""
+    """One entry per node for one message, within SHARED_NODES entries and SHARED_BYTES of JSON (a control message
+    is at most 64 KiB): the job's fastest node first, then the slowest ones (those a judgment turns on), by node."""
     by_node = {e.node: e for e in entries}
-    ordered = sorted(by_node.values(), key=lambda e: (-e.slowest[1], e.node))
-    if len(ordered) <= SHARED_NODES:
-        return tuple(sorted(ordered, key=lambda e: e.node))
-    fastest = min(ordered, key=lambda e: (e.fastest[1], e.node))
-    kept = [e for e in ordered if e is not fastest][:SHARED_NODES - 1] + [fastest]
+    if not by_node:
+        return ()
+    fastest = min(by_node.values(), key=lambda e: (e.fastest[1], e.node))
+    kept, size = [fastest], _size(fastest)
+    for e in sorted(by_node.values(), key=lambda e: (-e.slowest[1], e.node)):
+        if e is fastest:
+            continue
+        if len(kept) == SHARED_NODES or size + _size(e) > SHARED_BYTES:
+            break
+        kept.append(e)
+        size += _size(e)
     return tuple(sorted(kept, key=lambda e: e.node))
+
+
+def _size(entry: NodeSpeed) -> int:
+    return len(json.dumps(entry.as_list())) + 1
 
 
 # ---------------------------------------------------------------- what is done about one
