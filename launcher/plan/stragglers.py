@@ -6,7 +6,8 @@ A rank's compute time is the mean of the middle half of its last ``window`` repo
 mean: a spike of one step, or a lucky fast one, moves it little; a median moves more with a busy machine's jitter).
 Its relative speed is the fastest rank's compute time over its own (1.0 the fastest, 0.25 a rank four times
 slower; 1.0 too within ``min_gap`` seconds of the fastest: on steps of a few milliseconds a busy machine's jitter
-is larger than any difference that holds the job back); a node's is its slowest rank's. A node is a straggler once its speed has stayed below ``threshold`` for
+is larger than any difference that holds the job back); a node's is its slowest rank's. A node is a straggler once
+its speed has stayed below ``threshold`` for
 ``patience`` steps in a row (half a window): the window's middle half turns slow after about a third of a window
 of slow steps, so a rank four times slower is named within one window, and a healthy job's noise (+-30% per
 step, single steps three times as long) names nobody. Only ranks with a full window, heard from within ``stale``
@@ -262,6 +263,20 @@ def leaving(policy: str, verdict: Verdict, own_node: int) -> "Straggler | None":
 SHARE_EVERY = 2.0  # seconds between two messages of speeds from a node, and from the node that gathers them
 
 
+class Every:
+    """Due at most once every ``seconds`` (a node's messages of speeds, and the gathering node's)."""
+
+    def __init__(self, seconds: float = SHARE_EVERY) -> None:
+        self.seconds = seconds
+        self.last = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
 class Gathered:
     """The entries a gathering node (node 0, an elastic job's keeper) holds: each node's last, by who sent it (a
     sender speaks for itself only), and when it came; the fresh ones are shared back."""
@@ -269,7 +284,7 @@ class Gathered:
     def __init__(self, settings: Settings = Settings()) -> None:
         self.settings = settings
         self.entries: Dict[object, Tuple[NodeSpeed, float]] = {}
-        self.shared_at = float("-inf")
+        self.sharing = Every()
 
     def put(self, sender, entry: "NodeSpeed | None", now: float) -> None:
         if entry is not None:
@@ -284,10 +299,7 @@ class Gathered:
                       if now - heard <= self.settings.stale and (round_ is None or e.round == round_))
 
     def due(self, now: float) -> bool:
-        if now - self.shared_at < SHARE_EVERY:
-            return False
-        self.shared_at = now
-        return True
+        return self.sharing.due(now)
 
 
 def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tuple[RankTime, ...]:

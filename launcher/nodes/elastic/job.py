@@ -49,7 +49,7 @@ class ElasticJob:
         self.stopped_early: set = set()  # rounds whose stop came before they began here
         self.rounds: list = [link.first]  # every round this node ran, for the state file
         self.speeds: tuple = ()  # every member's speed entry, as the membership last shared them
-        self.shared_at = float("-inf")
+        self.sending = stragglers.Every()  # this node's entry to the membership, at most every SHARE_EVERY
         self.min_nodes = min_nodes
 
     @property
@@ -61,8 +61,7 @@ class ElasticJob:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
     def share_speed(self, own: tuple, now: float) -> None:
-        if own and now - self.shared_at >= stragglers.SHARE_EVERY:
-            self.shared_at = now
+        if own and self.sending.due(now):
             self.link.share_speed(stragglers.node_speed(own, self.round.number))
 
     def peer_times(self, now: float) -> tuple:

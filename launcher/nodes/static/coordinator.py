@@ -266,6 +266,7 @@ class Follower(Sending, _Peered):
         self.reporting = False  # this node's part of the attempt is over: its report is due
         self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
         self.speeds: tuple = ()  # every node's entry, as node 0 last shared them
+        self.sending = stragglers.Every()  # this node's entry to node 0, at most every SHARE_EVERY
 
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:

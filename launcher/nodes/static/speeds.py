@@ -50,12 +50,11 @@ class Gathering(Unshared):
 class Sending(Unshared):
     """Every other node: its own entry to node 0, every node's as node 0 last sent them."""
 
-    shared_at = float("-inf")
-    speeds: tuple = ()
+    speeds: tuple = ()  # every node's entry, as node 0 last sent them
+    sending: stragglers.Every  # the coordinator's own
 
     def share_speed(self, own: tuple, now: float) -> None:
-        if own and now - self.shared_at >= stragglers.SHARE_EVERY:
-            self.shared_at = now
+        if own and self.sending.due(now):
             self.channel.send(messages.to_wire(messages.Speeds((stragglers.node_speed(own),))))
 
     def peer_times(self, now: float) -> tuple:
