@@ -27,19 +27,23 @@ TORCH_ABORT = "terminate called without an active exception"
 TRIES = 4
 
 
+def run_under(name, *args, env=None, timeout=300):
+    """The torchrun command line `--standalone --nproc-per-node 2 ARGS` under runner NAME, up to TRIES times: ours
+    again only past TORCH_ABORT (any other failure stands); torchrun, the reference, past any failure (it also
+    failed here in gloo's connectFullMesh, a peer's connection closed, once in a full test run, and with
+    TORCH_ABORT at the end of the Lightning run once in CI)."""
+    for _ in range(TRIES):
+        r = subprocess.run([*RUNNERS[name], "--standalone", "--nproc-per-node", "2", *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                           env={**os.environ, **(env or {})})
+        if r.returncode == 0 or (name == "launcher" and TORCH_ABORT not in r.stdout + r.stderr):
+            return r
+    return r
+
+
 def run_both(*args, env=None, timeout=300):
-    """{runner: CompletedProcess} of the same torchrun command line under each launcher, one after the other, each up
-    to TRIES times: ours again only past TORCH_ABORT (any other failure stands); torchrun, the reference, past any
-    failure (it also failed here in gloo's connectFullMesh, a peer's connection closed, once in a full test run)."""
-    results = {}
-    for name, cmd in RUNNERS.items():
-        for _ in range(TRIES):
-            r = results[name] = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", "--tee", "3",
-                                                *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                                               cwd=REPO, env={**os.environ, **(env or {})})
-            if r.returncode == 0 or (name == "launcher" and TORCH_ABORT not in r.stdout + r.stderr):
-                break
-    return results
+    """{runner: CompletedProcess} of the same torchrun command line (workers' lines teed) under each launcher."""
+    return {name: run_under(name, "--tee", "3", *args, env=env, timeout=timeout) for name in RUNNERS}
 
 
 def assert_same_output(ours, theirs) -> None:
@@ -82,9 +86,8 @@ def test_lightning_ddp_run(tmp_path):
     outs = {name: tmp_path / name for name in RUNNERS}
     for out in outs.values():
         out.mkdir()
-    for name, cmd in RUNNERS.items():
-        r = subprocess.run([*cmd, "--standalone", "--nproc-per-node", "2", WORKERS / "lightning_ddp.py", outs[name]],
-                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    for name in RUNNERS:
+        r = run_under(name, WORKERS / "lightning_ddp.py", outs[name])
         assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
     results = {name: [json.loads((out / f"result.{rank}.json").read_text()) for rank in (0, 1)]
                for name, out in outs.items()}
