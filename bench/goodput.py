@@ -9,7 +9,8 @@ cgroup of its own (``faults.py``: veths into a bridge, 10.213.0.N), run bench/go
 seconds with the same line on every node:
 
     inplace:  python -m launcher --nnodes=2:3 --nproc-per-node=1 --rdzv-backend=B --rdzv-endpoint=E ...
-              --max-restarts=50 --log_dir=... goodput_train.py OUT --until T --inprocess
+              --max-restarts=50 --log_dir=... --straggler_policy=leave --warm_start goodput_train.py OUT --until T
+              --inprocess
     restarts: the same without --inprocess (the program checkpoints every 10 steps and resumes from it)
     torchrun: python -m torch.distributed.run --nnodes=2:3 --nproc-per-node=1 --rdzv-backend=c10d
               --rdzv-endpoint=10.213.0.1:29400 --local-addr=10.213.0.N --max-restarts=50 goodput_train.py OUT ...
@@ -30,6 +31,7 @@ also on an error or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -67,6 +69,12 @@ TICK_S = 0.1
 # ---------------------------------------------------------------- the sides
 
 
+@functools.lru_cache(maxsize=None)
+def warm_start() -> bool:
+    """Whether our launcher has --warm_start (then on the inplace side: a joiner's workers start before it joins)."""
+    return harness.ours_has_option("--warm_start")
+
+
 @dataclass(frozen=True)
 class Side:
     name: str
@@ -83,7 +91,9 @@ class Side:
                     f"--local-addr={faults.Network.address(node)}", *worker]
         if backend == "etcd":
             endpoint = f"{faults.BRIDGE_IP}:{ETCD_PORT}"
-        extra = ["--straggler_policy=leave"] if straggler and self.name == "inplace" else []
+        extra = []
+        if self.name == "inplace":  # what our in-place side runs with, where our launcher has it
+            extra = [*(["--straggler_policy=leave"] if straggler else []), *(["--warm_start"] if warm_start() else [])]
         return [sys.executable, "-m", "launcher", *common, f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}",
                 f"--log_dir={logs}", *extra, *worker, *(["--inprocess"] if self.name == "inplace" else [])]
 

@@ -93,3 +93,4 @@ GLOO_FS_PATH = "PADDLE_GLOO_FS_PATH"
 CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"
 CONTROL_KEY = "LAUNCHER_CONTROL_KEY"
 PROGRESS_FD = "LAUNCHER_PROGRESS_FD"  # the worker's progress page (launcher.progress_page), an inherited descriptor
+WARM_FD = "LAUNCHER_WARM_FD"  # --warm_start: a warm worker's end of the socket its first round comes on (launcher.run.warm)

@@ -31,18 +31,31 @@ def run(request: Request, env=os.environ) -> int:
             log.debug("--%s from %s", name, source if source.startswith("PET_") else f"the {source}")
     host = preflight.probe_host(env, topology=request.options.places_workers)
     finder = preflight.port_finder(host, lambda count: limits.check_limits(count, log_dir=False))
+    _check_warm_start(request)
     with ExitStack() as cleanup:
+        warm = None
         if request.elastic is None:
             plan, reserved, coordinator = _fixed(request, host, finder, env)
         else:
-            plan, reserved, coordinator = _elastic(request, host, finder, env, cleanup)
+            plan, reserved, coordinator, warm = _elastic(request, host, finder, env, cleanup)
             if plan is None:  # a standby whose job finished without it
                 return 0
         for note in plan.notes:
             log.warning(note)
         if request.print_config:
             console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
-        return attempts.run(plan, tuple(reserved), coordinator=coordinator)
+        return attempts.run(plan, tuple(reserved), coordinator=coordinator, warm=warm)
+
+
+def _check_warm_start(request: Request) -> None:
+    if not request.options.warm_start:
+        return
+    if request.elastic is None:
+        raise LaunchError("--warm_start starts the workers of an elastic job before it forms: give --nnodes MIN:MAX, "
+                          "or leave --warm_start out.")
+    if request.options.no_python:
+        raise LaunchError("--warm_start runs each worker up to launcher.runtime.elastic.run, a Python call: "
+                          "leave --no_python or --warm_start out.")
 
 
 def _fixed(request: Request, host, finder, env):
@@ -61,8 +74,8 @@ def _fixed(request: Request, host, finder, env):
 
 
 def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
-    """An elastic job's first round's plan, the ports it holds, and the coordinator of its rounds; (None, (), None)
-    for a standby whose job finished without it."""
+    """An elastic job's first round's plan, the ports it holds, the coordinator of its rounds, and its workers started
+    warm (--warm_start; else None); (None, (), None, None) for a standby whose job finished without it."""
     from launcher.nodes.elastic import backends, link as elastic_link
     from launcher.nodes.elastic.job import ElasticJob
 
@@ -80,10 +93,11 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
     request = dataclasses.replace(request, options=dataclasses.replace(
         request.options, agent_store=_agent_store(request, spec, trial)))
     job_id = request.options.job_id or env.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
+    warm = _start_warm(request, trial, spec, cleanup)
     link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None)
     cleanup.callback(link.close)
     if link.first is None:
-        return None, (), None
+        return None, (), None, None
 
     def round_plan(round_, check: Callable = lambda *_: None):
         place = elastic_link.place_in(round_, link.node_id)
@@ -92,7 +106,22 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
     plan = round_plan(link.first, preflight.check)
     reserved = preflight.reserve_store_port(plan)
     link.serve()
-    return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait, spec.min_nodes)
+    return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait, spec.min_nodes), warm
+
+
+def _start_warm(request: Request, trial, spec, cleanup: ExitStack):
+    """--warm_start: this node's workers started, and waited for (up to join_timeout) until each waits in
+    launcher.runtime.elastic.run; those never woken are ended with the launcher. None without the option."""
+    if not request.options.warm_start:
+        return None
+    from launcher.run.starter import SubprocessStarter
+    from launcher.run.warm import WarmWorkers
+
+    warm = WarmWorkers(SubprocessStarter())
+    cleanup.callback(warm.close)
+    warm.start(trial)
+    warm.await_ready(spec.rendezvous.join_timeout)
+    return warm
 
 
 def _agent_store(request: Request, spec, trial) -> str:

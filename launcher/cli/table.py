@@ -182,6 +182,11 @@ ROWS = (
     _torchrun("rdzv_conf", ELASTIC, "an elastic job's rendezvous settings: join_timeout, last_call_timeout, "
               "close_timeout, heartbeat_timeout, read_timeout, keep_alive_interval, keep_alive_max_attempt, and etcd's "
               "(docs/elastic.md).", click={"metavar": "K=V,..."}),
+    _ours("warm_start", ELASTIC, "With --nnodes MIN:MAX: start this node's workers before it joins the job; each "
+          "runs up to launcher.runtime.elastic.run (its imports, its model) and waits there for its first round, so "
+          "that a node joining a running job, or a standby taking a lost node's place, holds the others up for a "
+          "re-form only. For programs that call elastic.run before they read their rank (docs/elastic.md).",
+          click={"is_flag": True, "default": False}),
     # ---------------------------------------------------------------- logs and output
     _ours("log_dir", LOGS, "Write each worker's output to DIR/workerlog.RANK (appended); the node's first worker is "
           "also shown on the console.", dialects=(PADDLE18, TORCHRUN, PADDLE3), pet=True, click={"metavar": "DIR"}),

@@ -49,6 +49,7 @@ class LaunchOptions:
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
     straggler_policy: str = "warn"  # --straggler_policy: off, warn or leave (launcher.plan.stragglers)
+    warm_start: bool = False  # --warm_start: an elastic job's workers started before the node joins (launcher.run.warm)
     monitor_port: Optional[int] = None  # --monitor_port: serve /metrics, /healthz, /status.json and the live page
     monitor_host: Optional[str] = None  # where it listens (default: this node's address)
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME

@@ -30,15 +30,18 @@ STORE_DRAIN = 60.0  # seconds node 0's store serves the workers of a node not ye
 
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
-        clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None) -> int:
+        clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None,
+        warm=None) -> int:
     """Start the plan's workers, supervise them to the end (and again after a failure, up to
     ``plan.max_restarts`` times), and return the launcher's exit code.
 
-    ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end.
+    ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end. ``warm``: the workers
+    started ahead of the first round (``launcher.run.warm``), woken as its workers.
     ``starter``, ``clock``: the real ones by default. ``coordinator``: makes the job's coordinator
     across nodes, once the launch is set up (``launcher.nodes.static.job.for_plan`` by default).
     """
     launch = Launch(plan, starter or SubprocessStarter(), clock or SystemClock(), reserved)
+    launch.warm = warm
     job = None
     try:
         launch.open()

@@ -62,6 +62,7 @@ class Launch:
         self.view_published = float("-inf")
         self.worker_channel: Optional[WorkerChannel] = None  # an elastic job's: its workers may re-enter in place
         self.kept: dict = {}  # local rank -> a worker kept running from one round to the next (workers.Worker)
+        self.warm = None  # --warm_start: the workers started before the first round (warm.WarmWorkers), until woken
         self.parked: set = set()  # kept workers that left their round (their "parked"), waiting for the next one
         self.worker_pids: set = set()  # every worker started and not yet reaped (the local channel takes no other)
         self._files_written: list = []

@@ -26,6 +26,7 @@ from launcher.plan import policy
 from launcher.plan.model import Plan, WorkerSpec
 from launcher.run import processes
 from launcher.run import spares as spares_module
+from launcher.run import warm as warm_module
 from launcher.run.session import Launch
 from launcher.run.spares import Spare
 from launcher.run.starter import Process
@@ -136,6 +137,10 @@ class WorkerGroup:
         kept = self.launch.kept.pop(spec.local_rank, None)
         if kept is not None and self._adopt(spec, kept):
             return
+        warm = self.launch.warm.take(spec.local_rank) if self.launch.warm is not None else None
+        if warm is not None:
+            self._wake_warm(spec, warm)
+            return
         spare = self.launch.spares.pop(spec.rank)
         if spare is not None and self._wake(spec, spare):
             return
@@ -158,11 +163,11 @@ class WorkerGroup:
             output.spawned()
         self._add(spec, proc, output)
 
-    def _add(self, spec: WorkerSpec, proc: Process, output) -> None:
+    def _add(self, spec: WorkerSpec, proc: Process, output, warm: bool = False) -> None:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
         self.launch.watchdog.tell(f"pid {proc.pid}")
         self.launch.worker_pids.add(proc.pid)
-        self._note_started(spec, proc.pid)
+        self._note_started(spec, proc.pid, warm=warm)
 
     # ------------------------------------------------------------ workers kept from one round to the next
 
@@ -210,9 +215,29 @@ class WorkerGroup:
         self._note_started(spec, kept.pid, kept=True)
         return True
 
-    def _note_started(self, spec: WorkerSpec, pid: int, kept: Optional[bool] = None) -> None:
+    def _wake_warm(self, spec: WorkerSpec, warm) -> None:
+        """A worker started warm (``--warm_start``) becomes this round's: in the job's cgroup, told its variables and
+        given its output."""
+        try:
+            if self.cgroup_fd is not None:
+                os.write(self.cgroup_fd, str(warm.proc.pid).encode())
+            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
+            fds = output.child_fds()
+        except OSError as e:
+            raise StartFailed(spec, f"{e.strerror} while waking it") from None
+        progress = self.launch.progress.fds(spec.local_rank)
+        self.launch.progress.started(spec.local_rank, self.clock.monotonic())
+        failed = warm_module.wake(warm, self.env_of(spec), (*fds, *progress), bool(progress))
+        output.spawned()
+        self.outputs[spec.rank] = output
+        self._add(spec, warm.proc, output, warm=True)
+        if failed:  # its socket failed just now: this round cannot start as planned here
+            raise StartFailed(spec, f"its warm socket failed as it was given its round ({failed})")
+
+    def _note_started(self, spec: WorkerSpec, pid: int, kept: Optional[bool] = None, warm: bool = False) -> None:
+        more = {"warm": True} if warm else {}  # started ahead of its round (--warm_start)
         self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
-                                 pid=pid, attempt=self.attempt, kept=kept)
+                                 pid=pid, attempt=self.attempt, kept=kept, **more)
 
     def unparked(self) -> list:
         """The kept workers that have not yet said they left their round."""

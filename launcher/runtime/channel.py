@@ -1,6 +1,6 @@
 """This worker's end of its launcher's local channel (``launcher.local_channel``): connect and prove the key both
 ways, then one thread reads the launcher's word: the round is over (``stop``), the next round's variables and
-output descriptors (``round``)."""
+output descriptors (``round``). And a warm worker's wait for its first round (``await_first_round``, --warm_start)."""
 
 from __future__ import annotations
 
@@ -159,3 +159,31 @@ def _redirect(fds: list) -> None:
         os.dup2(fd, target)
     for fd in fds:
         os.close(fd)
+
+
+def await_first_round() -> None:
+    """A worker started warm (``--warm_start``, ``launcher.run.warm``): say it is ready on the socket its launcher gave
+    it, wait there for its first round, and take that round's variables and output (``LauncherGone`` if the launcher
+    lets it go first). Nothing for any other worker."""
+    fd = os.environ.pop(ev.WARM_FD, None)
+    if fd is None:
+        return
+    try:
+        sock = socket.socket(fileno=int(fd))
+        sock.sendall(b"ready\n")
+        lines = Lines(sock)
+        message = lc.decode(lines.readline(None), limit=None)  # the launcher's own end of a socket pair: taken whole
+    except (OSError, ValueError):
+        raise LauncherGone(1) from None
+    if not message or message.get("t") != "round" or not isinstance(message.get("env"), dict):
+        raise LauncherGone(1)
+    count = message.get("fds") if type(message.get("fds")) is int else 0
+    fds = lines.take_fds(count)
+    sock.close()
+    progress = fds.pop() if message.get("progress") is True and len(fds) > 2 else None
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in message["env"].items()})
+    if progress is not None:  # the launcher's page of this worker, at the number it came on here
+        os.set_inheritable(progress, False)
+        os.environ[ev.PROGRESS_FD] = str(progress)
+    _redirect(fds)

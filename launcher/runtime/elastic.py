@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from launcher import envvars as ev
-from launcher.runtime.channel import Channel
+from launcher.runtime.channel import Channel, await_first_round
 from launcher.runtime.environment import gpu_index
 
 log = logging.getLogger("launcher.runtime.elastic")
@@ -312,6 +312,7 @@ def run(train: Callable[[Round], Any], state: dict, backend: Optional[str] = Non
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     timeout = timeout or DEFAULT_TIMEOUT
     keep = interruptible(backend)
+    await_first_round()  # a worker started warm: its first round's variables, once it begins
     channel = Channel.connect(os.environ, keep)
     if channel is not None and not keep:
         log.warning("launcher.runtime.elastic: a blocked %s collective cannot be interrupted with this torch; "

@@ -775,7 +775,9 @@ def start_hung_job(cluster, tmp_path, *worker_args):
         path = tmp_path / f"log{i}" / f"workerlog.{i}"
         deadline = time.monotonic() + 60
         while not (path.exists() and "ready" in path.read_text()):
-            assert time.monotonic() < deadline, f"rank {i} never got its process group"
+            assert time.monotonic() < deadline, f"rank {i} never got its process group; " + "".join(
+                f"\n--- node {n.index}'s stderr:\n{n.stderr[-3000:]}" for n in cluster.nodes) + "".join(
+                f"\n--- {log}:\n{log.read_text(errors='replace')[-2000:]}" for log in tmp_path.glob("log*/workerlog.*"))
             time.sleep(0.1)
     cluster.snapshot()
     pids = [next(p.pid for p in psutil.Process(node.proc.pid).children() if HANG.name in " ".join(p.cmdline()))
