@@ -210,3 +210,37 @@ def test_a_message_of_speeds_stays_within_a_control_message_whatever_the_hosts()
     assert kept[0].node == 0 and kept[-1].node == 1023  # the fastest, and the slowest
     assert len(wire.encode(messages.to_wire(messages.Speeds(kept)))) <= wire.MAX_MESSAGE // 2 + 1024
     assert stragglers.shared(()) == ()
+
+
+class Puts:
+    """An etcd client that keeps what is put."""
+
+    def __init__(self) -> None:
+        self.puts: list = []
+
+    def put(self, key, value, lease) -> None:
+        self.puts.append(key)
+
+
+def members(count: int):
+    return model.Round(number=3, members=tuple(model.Member(model.Node(f"n{i}", "h", 1), i, i) for i in range(count)),
+                       world_size=count, why="start")
+
+
+def test_a_pace_that_comes_a_moment_early_is_written_in_a_small_job():
+    """The event loop spaces its entries SHARE_EVERY apart already: a second limit of the same period would drop every
+    other one that reached the link thread a moment early (its pace then 4 s old, not 2)."""
+    written = paces.Paces("/launcher/job/", "n1", None, "job", "etcd")
+    client = Puts()
+    for now in (100.0, 101.99, 103.98):
+        written.write(client, 7, SLOW, members(3), now)
+    assert len(client.puts) == 3
+
+
+def test_a_large_job_spreads_its_paces():
+    written = paces.Paces("/launcher/job/", "n1", None, "job", "etcd")
+    client = Puts()
+    big = members(4 * paces.NODES_PER_PERIOD)  # every 4 periods, within a tenth of it
+    for now in (100.0, 102.0, 104.0, 106.0, 107.3, 109.0, 114.6):
+        written.write(client, 7, SLOW, big, now)
+    assert len(client.puts) == 3  # at 100, 107.3 (7.2 s on) and 114.6
