@@ -5,7 +5,7 @@ launcher enters it before it forks anything (``enter_command``), so its workers 
 in it too, in whatever session or process group they make. On that cgroup:
 
 - **slow**: ``group.limit(0.05)`` gives the whole node 5% of one CPU (cgroup v1 ``cpu.cfs_quota_us``, v2
-  ``cpu.max``), 1 ms in every 20 ms: every part of its work 20 times slower; ``group.lift()`` gives it back;
+  ``cpu.max``); ``group.lift()`` gives it back;
 - **power off**: ``group.signal(SIGKILL)``, every process of the node at once (swept until none is left);
 - **freeze / thaw**: ``group.signal(SIGSTOP)`` / ``group.signal(SIGCONT)``.
 
@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-PERIOD_US = 20_000  # the CPU quota's period: 5% of it is 1 ms, the kernel's least quota, shorter than a step's
-#                     compute, so that every compute is slowed (with 100 ms, 5 ms of quota often held a whole
-#                     compute of 3 ms: the node slowed at its collectives and its wake-ups, its compute not)
+PERIOD_US = 100_000  # the CPU quota's period
 SUBNET = "10.213.0"  # addresses of the nodes' namespaces only
 BRIDGE_IP = f"{SUBNET}.254"
 IFNAME = "gp0"  # the node's end of its veth, inside its namespace (the same name in each: GLOO_SOCKET_IFNAME)

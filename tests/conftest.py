@@ -224,7 +224,7 @@ def read_dumps(folder, count):
             dumps[int(path.name.split(".")[1])] = record
         return len(dumps) >= count
 
-    wait_for(all_whole, what=f"{count} whole env dumps")
+    wait_for(all_whole, 120, what=f"{count} whole env dumps")  # a generous bound: a busy machine starts slowly
     return dumps
 
 
