@@ -165,6 +165,9 @@ class FilteredOutput:
             copy.close()
         self._by_fd = {}
 
+    def catch_up(self) -> None:
+        self.inner.catch_up()
+
     def last_lines(self, n: int = TAIL_LINES) -> list:
         return self.inner.last_lines(n)
 

@@ -100,6 +100,10 @@ class RoutedOutput:
             part.finish()
         self.spawned()
 
+    def catch_up(self) -> None:
+        for part in self._parts():
+            part.catch_up()
+
     def last_lines(self, n: int = TAIL_LINES) -> list:
         lines = [line for part in self._parts() for line in part.last_lines(n)]
         return lines[-n:]

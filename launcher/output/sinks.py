@@ -52,6 +52,10 @@ class WorkerOutput(Protocol):
     def finish(self) -> None:
         """The worker is gone: what is left goes to the console's buffer, and the descriptors are closed."""
 
+    def catch_up(self) -> None:
+        """Relay what the worker wrote and the launcher has not read yet, without waiting (before its last lines are
+        taken for a failure: its last words are often written just before it exits)."""
+
     def last_lines(self, n: int = TAIL_LINES) -> list:
         """The worker's last lines of this run, for the failure summary."""
 
@@ -185,6 +189,9 @@ class FileOutput:
         if bar:
             console.draw(1, self._lines, self._prefix + bar)
 
+    def catch_up(self) -> None:
+        return None  # the file holds every line already
+
     def last_lines(self, n: int = TAIL_LINES) -> list:
         """The log's last lines since this run's header; none if the file was removed meanwhile."""
         try:
@@ -262,6 +269,12 @@ class PipeOutput:
             self._emit(dest, lines, lines.rest())
             os.close(fd)
         self._streams.clear()
+
+    def catch_up(self) -> None:
+        for fd, (dest, lines) in self._streams.items():
+            data = _left_in(fd)
+            self._bytes += len(data)
+            self._emit(dest, lines, lines.feed(data))
 
     def last_lines(self, n: int = TAIL_LINES) -> list:
         return list(self._tail)[-n:]

@@ -235,9 +235,8 @@ class WorkerGroup:
             raise StartFailed(spec, f"its warm socket failed as it was given its round ({failed})")
 
     def _note_started(self, spec: WorkerSpec, pid: int, kept: Optional[bool] = None, warm: bool = False) -> None:
-        more = {"warm": True} if warm else {}  # started ahead of its round (--warm_start)
-        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label,
-                                 pid=pid, attempt=self.attempt, kept=kept, **more)
+        self.launch.events.write("worker_started", rank=spec.rank, local_rank=spec.local_rank, label=spec.label, pid=pid,
+                                 attempt=self.attempt, kept=kept, **({"warm": True} if warm else {}))  # --warm_start
 
     def unparked(self) -> list:
         """The kept workers that have not yet said they left their round."""
@@ -375,6 +374,7 @@ class WorkerGroup:
 
     def failure(self, rank: int) -> Failure:
         w = self.workers[rank]
+        w.output.catch_up()
         return Failure(w.spec.rank, w.spec.local_rank, w.pid, w.returncode,
                        (w.ended or self.clock.monotonic()) - w.started,
                        w.spec.log_file, tuple(w.output.last_lines()), "" if w.spec.kind.by_rank else w.spec.label,
