@@ -29,7 +29,6 @@ from launcher.plan.model import Plan, WorkerSpec
 from launcher.run.starter import Process, ProcessStarter
 
 READY = b"ready\n"  # what a warm worker says once it waits in elastic.run
-ROUND = "round"  # the message that wakes it: {"t": "round", "env": {...}, "fds": N, "progress": bool}
 LOOK_EVERY = 0.2  # seconds between two looks for a warm worker that ended, while waiting for them to be ready
 ENDING = 2.0  # seconds a warm worker whose socket closed has to end, for its exit code to be told
 
@@ -165,7 +164,7 @@ def wake(warm: Warm, env: dict, fds: tuple, progress: bool) -> Optional[str]:
     """Make ``warm`` a round's worker: told its environment, given its output's descriptors (and its progress page's,
     last, when ``progress``); None once done, else why it could not be. Its socket is closed either way."""
     sock, warm.sock = warm.sock, None
-    data = lc.encode({"t": ROUND, "env": env, "fds": len(fds), "progress": progress})
+    data = lc.encode({"t": lc.ROUND, "env": env, "fds": len(fds), "progress": progress})  # as a kept worker's round
     try:
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         if sent < len(data):  # never an empty send: the worker may have closed its end once it had it all

@@ -117,11 +117,9 @@ class Channel:
                 self.on_stop()
                 with self.changed:
                     self.changed.notify_all()
-            elif message["t"] == lc.ROUND and isinstance(message.get("env"), dict):
-                count = message.get("fds") if type(message.get("fds")) is int else 0
+            elif _is_round(message):
                 with self.changed:
-                    self.rounds.append(({str(k): str(v) for k, v in message["env"].items()},
-                                        self.lines.take_fds(count)))
+                    self.rounds.append(_round_of(message, self.lines))
                     self.changed.notify_all()
 
     def round_over(self, wait: float) -> bool:
@@ -146,6 +144,16 @@ class Channel:
             self.sock.sendall(lc.encode({"t": lc.PARKED}))
         except OSError:
             pass
+
+
+def _is_round(message: dict) -> bool:
+    return message.get("t") == lc.ROUND and isinstance(message.get("env"), dict)
+
+
+def _round_of(message: dict, lines: Lines) -> tuple:
+    """A round's (variables, the descriptors that came with its message)."""
+    count = message.get("fds") if type(message.get("fds")) is int else 0
+    return {str(k): str(v) for k, v in message["env"].items()}, lines.take_fds(count)
 
 
 def _redirect(fds: list) -> None:
@@ -175,14 +183,13 @@ def await_first_round() -> None:
         message = lc.decode(lines.readline(None), limit=None)  # the launcher's own end of a socket pair: taken whole
     except (OSError, ValueError):
         raise LauncherGone(1) from None
-    if not message or message.get("t") != "round" or not isinstance(message.get("env"), dict):
+    if not message or not _is_round(message):
         raise LauncherGone(1)
-    count = message.get("fds") if type(message.get("fds")) is int else 0
-    fds = lines.take_fds(count)
+    env, fds = _round_of(message, lines)
     sock.close()
     progress = fds.pop() if message.get("progress") is True and len(fds) > 2 else None
     os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in message["env"].items()})
+    os.environ.update(env)
     if progress is not None:  # the launcher's page of this worker, at the number it came on here
         os.set_inheritable(progress, False)
         os.environ[ev.PROGRESS_FD] = str(progress)
