@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, WORKERS, finish_all
+from tests.conftest import REPO, WORKERS, finish_all, ports_of_this_process
 
 ALLREDUCE = str(WORKERS / "allreduce_dump.py")
 pytestmark = pytest.mark.usefixtures("workers_without_torch")
@@ -44,9 +44,10 @@ def stop(proc) -> None:
             proc.wait()
 
 
-def slurm_conf(folder, host: str, cpus: int) -> str:
+def slurm_conf(folder, host: str, cpus: int, first_job: int) -> str:
     return f"""\
 ClusterName=launchertest
+FirstJobId={first_job}
 SlurmctldHost={host}
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
@@ -88,7 +89,9 @@ def slurm_cluster(tmp_path):
     key.chmod(0o400)
     host = socket.gethostname().split(".")[0]
     conf = folder / "slurm.conf"
-    conf.write_text(slurm_conf(folder, host, os.cpu_count() or 1))
+    # the first job's derived ports in this test process's own slice, free: from slurmctld's own first id
+    # (1 or 2), port 20002 was another test's, running beside it (the job then refused, exit 2, in CI)
+    conf.write_text(slurm_conf(folder, host, os.cpu_count() or 1, job_port_range()))
     env = clean_env(SLURM_CONF=str(conf))
     daemons = []
     try:
@@ -141,7 +144,8 @@ def test_srun_one_node_gloo_allreduce(slurm_cluster, tmp_path):
     records = read_records(out, 2)
     assert [x["sum"] for x in records] == [3.0, 3.0]
     job_port = int(records[0]["env"]["MASTER_PORT"])
-    assert 20000 <= job_port < 40000
+    low, high = ports_of_this_process()
+    assert low < job_port < high  # the cluster's first job id (FirstJobId), picked in this process's share
 
 
 def test_srun_two_tasks_per_node_is_refused(slurm_cluster, tmp_path):
@@ -177,12 +181,13 @@ def test_mpirun_two_ranks_on_one_node_are_refused(tmp_path):
 
 def job_port_range() -> int:
     """A SLURM job id whose derived start port (20000 + id % 20000), its neighbour (the control
-    port) and the next one are free on 127.0.0.1 and 127.0.0.2 right now."""
+    port) and the next one are free on 127.0.0.1 and 127.0.0.2 right now, in this test process's
+    own share of the ports (tests.conftest.ports_of_this_process), so that no test beside it picks them."""
     import random
 
+    low, high = ports_of_this_process()
     for _ in range(200):
-        job = random.randrange(1000, 20000)
-        port = 20000 + job
+        port = random.randrange(low + 1, high - 2)
         socks = []
         try:
             for host in ("127.0.0.1", "127.0.0.2"):
@@ -190,13 +195,13 @@ def job_port_range() -> int:
                     s = socket.socket()
                     socks.append(s)
                     s.bind((host, p))
-            return job
+            return port - 20000
         except OSError:
             continue
         finally:
             for s in socks:
                 s.close()
-    pytest.skip("no free port range in 20000-40000")
+    pytest.skip(f"no free port range in {low}-{high}")
 
 
 def start_scheduled_node(env, out, name):
