@@ -3,6 +3,8 @@ over many windows; a rank slowed to a quarter is named within one window, with i
 
 import random
 
+import pytest
+
 from launcher.plan import stragglers as s
 
 NODES, PER_NODE = 4, 4
@@ -33,7 +35,7 @@ def test_a_healthy_noisy_job_names_no_straggler_over_many_windows():
         for step in range(50 * s.WINDOW):
             now += BASE
             windows = feed(windows, step, now, {rank: noisy(rng) for rank in range(NODES * PER_NODE)})
-            verdict = s.judge(s.summarize(windows, now), verdict.below)
+            verdict = s.judge(s.summarize(windows, now), verdict.below, now=now)
             assert verdict.stragglers == (), (seed, step, verdict)
         assert verdict.compared == NODES * PER_NODE
 
@@ -44,7 +46,7 @@ def test_a_rank_slowed_to_a_quarter_is_named_within_one_window():
     for step in range(5 * s.WINDOW):  # a healthy history first
         now += BASE
         windows = feed(windows, step, now, {rank: noisy(rng) for rank in range(NODES * PER_NODE)})
-        verdict = s.judge(s.summarize(windows, now), verdict.below)
+        verdict = s.judge(s.summarize(windows, now), verdict.below, now=now)
         assert verdict.stragglers == ()
     slow_from, found = 5 * s.WINDOW, None
     for step in range(slow_from, slow_from + s.WINDOW):
@@ -52,7 +54,7 @@ def test_a_rank_slowed_to_a_quarter_is_named_within_one_window():
         times = {rank: noisy(rng) for rank in range(NODES * PER_NODE)}
         times[9] = times[9] * 4  # rank 9, on node 2
         windows = feed(windows, step, now, times)
-        verdict = s.judge(s.summarize(windows, now), verdict.below)
+        verdict = s.judge(s.summarize(windows, now), verdict.below, now=now)
         if verdict.stragglers:
             found = step
             break
@@ -83,16 +85,46 @@ def test_speeds_are_the_fastest_over_own_and_a_node_is_its_slowest_rank():
     def at(step):
         return [s.RankTime(0, 0, "a", 1.0, step), s.RankTime(1, 0, "a", 4.0, step), s.RankTime(2, 1, "b", 1.25, step)]
 
-    verdict = s.judge(at(100))
+    verdict = s.judge(at(100), now=50.0)
     assert verdict.ranks == {0: 1.0, 1: 0.25, 2: 0.8}
     assert verdict.nodes == {0: 0.25, 1: 0.8}
-    assert verdict.stragglers == () and verdict.below == {0: 100}  # below from now on: not yet for long
-    verdict = s.judge(at(100 + s.PATIENCE - 1), verdict.below)
-    assert verdict.stragglers == ()
-    verdict = s.judge(at(100 + s.PATIENCE), verdict.below)
+    assert verdict.stragglers == () and verdict.below == {0: (100, 50.0)}  # below from now on: not yet for long
+    verdict = s.judge(at(100 + s.PATIENCE - 1), verdict.below, now=50.0 + s.HOLD)
+    assert verdict.stragglers == ()  # long enough, not for enough steps
+    verdict = s.judge(at(100 + s.PATIENCE), verdict.below, now=50.0 + s.HOLD)
     assert [(x.node, x.ranks, x.speed) for x in verdict.stragglers] == [(0, (1,), 0.25)]
     healthy = [s.RankTime(0, 0, "a", 1.0, 111), s.RankTime(1, 0, "a", 1.1, 111), s.RankTime(2, 1, "b", 1.25, 111)]
-    assert s.judge(healthy, verdict.below).below == {}  # above again: the count starts over
+    assert s.judge(healthy, verdict.below, now=70.0).below == {}  # above again: the count starts over
+
+
+def test_a_slowdown_shorter_than_the_hold_names_nobody_however_many_steps_it_lasts():
+    """Steps of 50 ms: a neighbour importing torch on the same cores for a few seconds makes a node three times
+    slower for many times the patience's steps; it is not named. The same slowdown past HOLD is."""
+    def at(step, slow):
+        return [s.RankTime(0, 0, "a", 0.05, step), s.RankTime(1, 1, "b", 0.15 if slow else 0.05, step)]
+
+    short = int((s.HOLD - 0.5) / 0.05)
+    assert short > 5 * s.PATIENCE
+    verdict = s.Verdict()
+    for step in range(short):
+        verdict = s.judge(at(step, True), verdict.below, now=step * 0.05)
+        assert verdict.stragglers == ()
+    verdict = s.judge(at(short, False), verdict.below, now=short * 0.05)
+    assert verdict.below == {}
+    again = short + 1
+    for step in range(again, again + 10 * short):
+        verdict = s.judge(at(step, True), verdict.below, now=step * 0.05)
+        if verdict.stragglers:
+            break
+    assert verdict.stragglers[0].node == 1 and (step - again) * 0.05 == pytest.approx(s.HOLD, abs=0.06)
+    assert f"for {s.PATIENCE} steps and {s.HOLD:g} s" in verdict.stragglers[0].reason
+
+
+def test_a_restarted_node_below_the_threshold_counts_from_its_new_steps():
+    verdict = s.judge([s.RankTime(0, 0, "a", 1.0, 500), s.RankTime(1, 1, "b", 4.0, 500)], {1: (400, 0.0)}, now=100.0)
+    assert verdict.stragglers != ()
+    verdict = s.judge([s.RankTime(0, 0, "a", 1.0, 500), s.RankTime(1, 1, "b", 4.0, 30)], verdict.below, now=101.0)
+    assert verdict.stragglers == () and verdict.below == {1: (30, 101.0)}  # its steps went back: a new worker
 
 
 def test_nothing_is_judged_before_a_full_window_or_with_one_rank():
@@ -121,11 +153,11 @@ def test_a_silent_rank_is_left_out_and_a_restarted_one_starts_afresh():
 
 
 def test_settings_change_the_window_and_the_threshold():
-    settings = s.Settings(window=3, threshold=0.5, patience=0)
+    settings = s.Settings(window=3, threshold=0.5, patience=0, hold=0)
     windows = {}
     for step in range(3):
         windows = s.add(windows, 0, 0, "a", step, 1.0, 0.0, settings)
         windows = s.add(windows, 1, 1, "b", step, 1.6, 0.0, settings)
     times = s.summarize(windows, 0.0, settings)
     assert s.judge(times, {}, settings).stragglers == ()  # 0.625: above 0.5
-    assert [x.node for x in s.judge(times, {}, s.Settings(window=3, patience=0)).stragglers] == [1]  # below 0.7
+    assert [x.node for x in s.judge(times, {}, s.Settings(window=3, patience=0, hold=0)).stragglers] == [1]  # below 0.7

@@ -7,11 +7,13 @@ mean: a spike of one step, or a lucky fast one, moves it little; a median moves 
 Its relative speed is the fastest rank's compute time over its own (1.0 the fastest, 0.25 a rank four times
 slower; 1.0 too within ``min_gap`` seconds of the fastest: on steps of a few milliseconds a busy machine's jitter
 is larger than any difference that holds the job back); a node's is its slowest rank's. A node is a straggler once
-its speed has stayed below ``threshold`` for
-``patience`` steps in a row (half a window): the window's middle half turns slow after about a third of a window
-of slow steps, so a rank four times slower is named within one window, and a healthy job's noise (+-30% per
-step, single steps three times as long) names nobody. Only ranks with a full window, heard from within ``stale``
-seconds, are compared; a rank whose steps go back (a restarted worker) starts a new window.
+its speed has stayed below ``threshold`` for ``patience`` steps in a row (half a window) and ``hold`` seconds: the
+window's middle half turns slow after about a third of a window of slow steps, so a rank four times slower is
+named within one window (or ``hold``, whichever is longer), a healthy job's noise (+-30% per step, single steps
+three times as long) names nobody, and neither does a few seconds' slowdown (a neighbour's worker importing torch
+on the same cores, a checkpoint written): on steps of tens of milliseconds, ``patience`` steps alone last under a
+second. Only ranks with a full window, heard from within ``stale`` seconds, are compared; a rank whose steps go
+back (a restarted worker) starts a new window.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ WINDOW = 20  # reported steps of a rank whose interquartile mean is its compute 
 THRESHOLD = 0.7  # a node slower than this, relative to the fastest rank, is a straggler
 RECOVERED = 0.8  # a node named is cleared once back at this speed (a node near the threshold is not named over and over)
 PATIENCE = 10  # steps in a row a node stays below the threshold before it is named
+HOLD = 5.0  # and seconds: a slowdown shorter than this is not a straggler
 STALE = 60.0  # seconds: a rank not heard from this long is left out of the comparison
 MIN_GAP = 0.01  # seconds: a rank within this of the fastest rank's compute time counts as fast as it (a busy
 #                 machine's jitter on steps of a few milliseconds is not a straggler)
@@ -38,6 +41,7 @@ class Settings:
     stale: float = STALE
     patience: int = PATIENCE
     min_gap: float = MIN_GAP
+    hold: float = HOLD
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class Verdict:
     nodes: Dict[int, float] = field(default_factory=dict)  # node -> relative speed (its slowest rank's)
     stragglers: Tuple[Straggler, ...] = ()  # slowest first
     compared: int = 0  # ranks compared
-    below: Dict[int, int] = field(default_factory=dict)  # node -> its step when it went below the threshold
+    below: Dict[int, Tuple[int, float]] = field(default_factory=dict)  # node -> (its step, the time) when it went
+    #                                                                    below the threshold
 
 
 def valid(compute) -> bool:
@@ -114,10 +119,11 @@ def summarize(windows: Mapping[int, Window], now: float, settings: Settings = Se
                  if len(w.times) >= settings.window and now - w.heard <= settings.stale)
 
 
-def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Settings = Settings()) -> Verdict:
+def judge(times: Iterable[RankTime], below: Mapping[int, Tuple[int, float]] = {}, settings: Settings = Settings(),
+          now: float = 0.0) -> Verdict:
     """Each rank's and node's relative speed, and the stragglers: the nodes below the threshold since ``patience``
-    steps (``below``: the last verdict's, node -> its step when it went below). At least two ranks are compared;
-    a rank listed twice counts once, its first time."""
+    steps and ``hold`` seconds before ``now`` (``below``: the last verdict's, node -> (its step, the time) when it
+    went below). At least two ranks are compared; a rank listed twice counts once, its first time."""
     by_rank: Dict[int, RankTime] = {}
     for t in times:
         if valid(t.compute):
@@ -131,11 +137,11 @@ def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Se
     for rank, t in by_rank.items():
         nodes[t.node] = min(nodes.get(t.node, 1.0), ranks[rank])
         steps[t.node] = max(steps.get(t.node, t.step), t.step)
-    still = {node: min(below.get(node, steps[node]), steps[node]) for node, speed in nodes.items()
+    still = {node: _since(below.get(node), steps[node], now) for node, speed in nodes.items()
              if speed < settings.threshold}
     stragglers = []
     for node, speed in nodes.items():
-        if node not in still or steps[node] - still[node] < settings.patience:
+        if not _held(still.get(node), steps[node], now, settings):
             continue
         slow = sorted((t for t in by_rank.values() if t.node == node and ranks[t.rank] < settings.threshold),
                       key=lambda t: (ranks[t.rank], t.rank))
@@ -143,6 +149,18 @@ def judge(times: Iterable[RankTime], below: Mapping[int, int] = {}, settings: Se
                                     _reason(node, slow, ranks, fastest, settings)))
     stragglers.sort(key=lambda s: (s.speed, s.node))
     return Verdict(ranks, nodes, tuple(stragglers), len(by_rank), still)
+
+
+def _since(before: "Tuple[int, float] | None", step: int, now: float) -> Tuple[int, float]:
+    """When a node below the threshold went below it: as before (its step, the time), unless its steps went back."""
+    if before is None or step < before[0]:
+        return step, now
+    return before
+
+
+def _held(since: "Tuple[int, float] | None", step: int, now: float, settings: Settings) -> bool:
+    """Whether a node below the threshold since ``since`` (its step, the time) has been for long enough to be named."""
+    return since is not None and step - since[0] >= settings.patience and now - since[1] >= settings.hold
 
 
 def changes(named: Iterable[int], verdict: Verdict,
@@ -167,7 +185,7 @@ def _reason(node: int, slow: Sequence[RankTime], ranks: Mapping[int, float], fas
     who = ", ".join(f"rank {t.rank} at {ranks[t.rank]:.2f} ({t.compute:.3f} s)" for t in slow)
     return (f"{where} is a straggler: {who} of compute per step, against the fastest rank's {fastest:.3f} s "
             f"(the middle half of each one's last {settings.window} steps; below {settings.threshold:g} of the "
-            f"fastest's speed for {settings.patience} steps)")
+            f"fastest's speed for {settings.patience} steps and {settings.hold:g} s)")
 
 
 # ---------------------------------------------------------------- what a node tells the others

@@ -44,7 +44,7 @@ class StragglerWatch:
     def look(self, now: float, peers: Iterable[stragglers.RankTime], events) -> Tuple[stragglers.Straggler, ...]:
         """Compare this node's ranks and ``peers`` (other nodes' ranks); name what changed. The stragglers named now."""
         self.looked = now
-        self.verdict = stragglers.judge(self.own(now) + tuple(peers), self.verdict.below, self.settings)
+        self.verdict = stragglers.judge(self.own(now) + tuple(peers), self.verdict.below, self.settings, now)
         new, gone = stragglers.changes(self.named, self.verdict, self.settings)
         for straggler in new:
             self.named[straggler.node] = straggler

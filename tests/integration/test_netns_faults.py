@@ -13,10 +13,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import faults  # noqa: E402
 import goodput  # noqa: E402
 import goodput_check as check  # noqa: E402
+import goodput_schedule as plan  # noqa: E402
 import harness  # noqa: E402
 
 NODES = 3
-BATCH = 960  # a step of about 10 ms of compute per rank: a slowed rank stands out of a busy machine's noise
+BATCH = goodput.BATCH  # the bench's step: a slowed rank stands out of a busy machine's noise
 BOUND_S = 120.0  # for any one thing awaited (the job's start includes 3 imports of torch on 2 busy cores)
 
 
@@ -132,12 +133,12 @@ def test_a_partitioned_node_stops_and_the_survivors_go_on_without_it(job_factory
 
 
 def test_a_slowed_node_is_named_and_leaves_and_no_healthy_node_is_named(job_factory):
-    """--straggler_policy leave: the node whose cgroup gets 5% of a CPU is named, leaves, and the two others go on;
-    no other node is ever named (steps of about 10 ms of compute on a busy machine)."""
+    """--straggler_policy leave: the node whose cgroup gets 5% of a CPU (the bench's slow fault) is named, leaves,
+    and the two others go on; no other node is ever named (the bench's steps, on a busy machine)."""
     job = job_factory(straggler=True)
     job.wait_for(job.committed_after(3, 0.0, count=3), "step of all 3 nodes")
     slowed = time.time()
-    job.nodes[2].group.limit(0.05)
+    job.nodes[2].group.limit(plan.SLOW_CPUS)
     try:
         def named(_lines):
             events = [e for node in job.nodes for e in goodput.events_of(node.folder, node.name)]

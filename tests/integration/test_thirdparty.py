@@ -24,19 +24,24 @@ RUNNERS = {"launcher": [sys.executable, "-m", "launcher", "--print_config", "fal
 # torch's own C++ abort, under either runner: a thread torch left joinable at exit. test_sync.py's scheduler test
 # hit it 1 run in 6 under plain torchrun beside two busy processes, on both of its tries in one CI run.
 TORCH_ABORT = "terminate called without an active exception"
+# gloo's mesh between the two workers, failed on a busy machine once in a full test run under each launcher: rank 1's
+# pair to rank 0 "closed by peer" while rank 0, its side of the mesh formed, went on alone (accelerate's PartialState
+# on CPU forms the group and then keeps its ops in each process)
+GLOO_MESH = "Gloo connectFullMesh failed"
 TRIES = 4
 
 
 def run_under(name, *args, env=None, timeout=300):
     """The torchrun command line `--standalone --nproc-per-node 2 ARGS` under runner NAME, up to TRIES times: ours
-    again only past TORCH_ABORT (any other failure stands); torchrun, the reference, past any failure (it also
-    failed here in gloo's connectFullMesh, a peer's connection closed, once in a full test run, and with
-    TORCH_ABORT at the end of the Lightning run once in CI)."""
+    again only past TORCH_ABORT or GLOO_MESH (any other failure stands); torchrun, the reference, past any failure
+    (it failed here with GLOO_MESH once in a full test run, and with TORCH_ABORT at the end of the Lightning run
+    once in CI)."""
     for _ in range(TRIES):
         r = subprocess.run([*RUNNERS[name], "--standalone", "--nproc-per-node", "2", *map(str, args)],
                            capture_output=True, text=True, timeout=timeout, cwd=REPO,
                            env={**os.environ, **(env or {})})
-        if r.returncode == 0 or (name == "launcher" and TORCH_ABORT not in r.stdout + r.stderr):
+        flaked = any(known in r.stdout + r.stderr for known in (TORCH_ABORT, GLOO_MESH))
+        if r.returncode == 0 or (name == "launcher" and not flaked):
             return r
     return r
 
