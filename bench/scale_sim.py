@@ -144,9 +144,10 @@ class Simulation:
         node.sock.close()
 
     def wait_round(self, number: int, bound: float) -> Optional[float]:
-        """Serve until every node holds round ``number``; when the last got it (None: not within ``bound``)."""
+        """Serve until every node holds round ``number``; when the last got it (None: not within ``bound``, or every
+        node's connection closed by node 0: ``problems`` says why)."""
         deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.nodes:
             if all(n.round >= number for n in self.nodes.values()):
                 return max(n.round_at for n in self.nodes.values())
             self.serve(0.2)
@@ -204,7 +205,7 @@ def measure(args, folder: Path) -> dict:
             last = sim.wait_round(1, JOIN_BOUND_S)
             zero = ready_at(folder, args.nodes * args.workers, args.workers, EVENT_BOUND_S, run)
             out["join"] = {"all_hold_round_1_s": since(last, began), "node0_workers_ready_s": since(zero, began),
-                           "members_in_round": next(iter(sim.nodes.values())).members}
+                           "members_in_round": next((n.members for n in sim.nodes.values()), None)}
             if last is None:
                 raise harness.BenchError(f"round 1 never reached every node: {sim.problems[:3]}{run.stderr_tail()}")
             sim.idle(3.0)

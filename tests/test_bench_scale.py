@@ -63,3 +63,14 @@ def test_the_simulation_gives_every_node_each_round_and_leaves_nothing(tmp_path)
     assert result["join"]["members_in_round"] == 200
     assert result["join"]["all_hold_round_1_s"] > 0 and result["loss"]["all_hold_round_2_s"] > 0, result
     assert result["loss"]["bytes_to_nodes"] > 199 * 200 * 10  # a round lists every node to every node
+
+
+def test_the_simulation_reports_a_round_never_reached_when_node_0_closed_every_connection():
+    """The error path itself: every simulated node dropped (node 0 closed them all) is no round reached, so that the
+    bench says why (its problems, node 0's output) instead of failing on an empty max() (seen once in a full run)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import scale_sim
+
+    sim = scale_sim.Simulation.__new__(scale_sim.Simulation)  # no node 0 to connect to: only the wait is tested
+    sim.nodes, sim.serve = {}, lambda seconds: None
+    assert sim.wait_round(1, bound=600.0) is None
