@@ -7,7 +7,7 @@ import json
 import pytest
 
 from launcher.nodes.elastic.etcd import departures as dp
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek
 from launcher.nodes.elastic.model import change_kind
 
 
@@ -48,6 +48,6 @@ def test_each_marker_is_read_back_by_the_rules_as_its_kind(marker, kind):
 
 
 def test_the_markers_are_outside_what_a_launcher_that_does_not_keep_the_membership_reads():
-    prefix = es.job_prefix("job")
-    start, end = es.orders_span(prefix)
+    prefix = ek.job_prefix("job")
+    start, end = ek.orders_span(prefix)
     assert not start <= dp.gone_key(prefix, "n1") < end

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek
 from launcher.nodes.elastic.etcd.ring import Peer, Ring, successor
 
 WAIT = 10.0
@@ -108,12 +108,12 @@ def test_a_node_key_with_no_ring_address_of_ours_has_none(ring_value):
     import json
 
     value = json.dumps({"id": "n1", "host": "h", "workers": 1, "proof": None, "ring": ring_value})
-    joiner = es.read_node(value, 5, 1, None, "job")
+    joiner = ek.read_node(value, 5, 1, None, "job")
     assert joiner is not None and joiner.ring is None
 
 
 def test_a_node_key_carries_its_ring_address():
     from launcher.nodes.elastic import membership as mb
 
-    value = es.node_value(mb.Node("n1", "10.0.0.1", 2), 5, None, "job", ("10.0.0.1", 4242))
-    assert es.read_node(value, 5, 1, None, "job").ring == ("10.0.0.1", 4242)
+    value = ek.node_value(mb.Node("n1", "10.0.0.1", 2), 5, None, "job", ("10.0.0.1", 4242))
+    assert ek.read_node(value, 5, 1, None, "job").ring == ("10.0.0.1", 4242)

@@ -4,7 +4,7 @@ and a record or report that is malformed, hostile or unproven read as nothing.""
 
 import json
 
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek, state as es
 from launcher.nodes.elastic import membership as mb
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
@@ -16,8 +16,8 @@ A, B, C = (mb.Node(n, f"10.0.0.{i}", 1) for i, n in enumerate("abc", 1))
 def joiner(node, created, token=None, lease=None, proves=None):
     """``node``'s key as the keeper reads it with ``token``; ``proves``: the token its launcher proves (the same)."""
     lease = lease or created * 10
-    value = es.node_value(node, lease, proves or token, JOB)
-    return es.read_node(value, lease, created, token, JOB)
+    value = ek.node_value(node, lease, proves or token, JOB)
+    return ek.read_node(value, lease, created, token, JOB)
 
 
 def alive(*pairs, token=None):
@@ -49,7 +49,7 @@ def test_a_keeper_that_takes_over_loses_the_one_before_and_reforms_the_survivors
     assert mine.state.phase == mb.REFORMING and mine.stop[0] == 1
     assert any(isinstance(a, mb.StopWorkers) and a.nodes == ("b", "c") for a in actions)
     assert "its key in etcd is gone" in mine.stop[1]
-    stopped = [((es.report_key("/p/", n, "stopped"), 20 + i), mb.WorkersStopped(n, 1)) for i, n in enumerate("bc")]
+    stopped = [((ek.report_key("/p/", n, "stopped"), 20 + i), mb.WorkersStopped(n, 1)) for i, n in enumerate("bc")]
     mine, actions, fed = es.reconcile(mine, survivors, stopped, fed, now=11.0)
     assert mine.state.phase == mb.RUNNING and mine.state.round.number == 2 and mine.stop is None
     assert [m.node.node_id for m in mine.state.round.members] == ["b", "c"] and mine.state.restarts == 0
@@ -64,11 +64,11 @@ def test_a_launchers_stop_report_changes_no_order_and_a_keeper_that_takes_over_r
 
     everyone = alive((A, 1), (B, 2), (C, 3))
     record = running_record()
-    failed = [((es.report_key("/p/", "c", "failed"), 20), mb.WorkerFailed("c", 1, 1, "rank 2 exited 1"))]
+    failed = [((ek.report_key("/p/", "c", "failed"), 20), mb.WorkerFailed("c", 1, 1, "rank 2 exited 1"))]
     stopping, _, fed = es.reconcile(record, everyone, failed, set(), now=1.0)
     assert orders(stopping) != orders(record) and stopping.state.unstopped == {"a", "b", "c"}
     written = es.encode(stopping, None, JOB)  # the keeper writes the stop order
-    reports = failed + [((es.report_key("/p/", n, "stopped"), 21 + i), mb.WorkersStopped(n, 1)) for i, n in enumerate("ab")]
+    reports = failed + [((ek.report_key("/p/", n, "stopped"), 21 + i), mb.WorkersStopped(n, 1)) for i, n in enumerate("ab")]
     mine, _, fed = es.reconcile(stopping, everyone, reports, fed, now=1.5)
     assert orders(mine) == orders(stopping) and mine.state.unstopped == {"c"}  # nothing to write
     # the keeper is lost now: the next one reads the record as written, and the reports again
@@ -77,7 +77,7 @@ def test_a_launchers_stop_report_changes_no_order_and_a_keeper_that_takes_over_r
     taken, _ = es.take_over(theirs, SPEC, B, JOB, survivors, now=2.0)
     taken, _, _ = es.reconcile(taken, survivors, reports[1:] + [reports[0]], set(), now=2.0)
     assert taken.state.unstopped == {"c"}
-    last = [((es.report_key("/p/", "c", "stopped"), 30), mb.WorkersStopped("c", 1))]
+    last = [((ek.report_key("/p/", "c", "stopped"), 30), mb.WorkersStopped("c", 1))]
     taken, _, _ = es.reconcile(taken, survivors, reports + last, set(), now=2.5)
     assert taken.state.round.number == 2 and [m.node.node_id for m in taken.state.round.members] == ["b", "c"]
     assert orders(taken) != orders(theirs)
@@ -136,12 +136,12 @@ def test_with_a_job_token_an_unproven_launcher_is_refused_and_a_forged_record_is
 
 def test_a_report_counts_only_under_its_nodes_lease_and_with_its_proof():
     token = "s3cret"
-    value = es.report_value("b", 20, "failed", 1, 3, "rank 1 exited 3", token, JOB)
-    assert es.read_report(value, 20, 20, token, JOB) == mb.WorkerFailed("b", 1, 3, "rank 1 exited 3")
-    assert es.read_report(value, 21, 20, token, JOB) is None  # another lease wrote it
-    assert es.read_report(value, 20, 20, "other", JOB) is None
+    value = ek.report_value("b", 20, "failed", 1, 3, "rank 1 exited 3", token, JOB)
+    assert ek.read_report(value, 20, 20, token, JOB) == mb.WorkerFailed("b", 1, 3, "rank 1 exited 3")
+    assert ek.read_report(value, 21, 20, token, JOB) is None  # another lease wrote it
+    assert ek.read_report(value, 20, 20, "other", JOB) is None
     forged = json.dumps({**json.loads(value), "code": 0})
-    assert es.read_report(forged, 20, 20, token, JOB) is None
+    assert ek.read_report(forged, 20, 20, token, JOB) is None
 
 
 def test_what_is_not_a_record_or_a_key_of_ours_is_read_as_nothing():
@@ -153,22 +153,22 @@ def test_what_is_not_a_record_or_a_key_of_ours_is_read_as_nothing():
                       "refused": {}, "dropped": {}})}),
                   json.dumps({"body": json.dumps({"keeper": "a", "phase": "running", "members": [["a", "h", "1"]]})})):
         assert es.decode(value, SPEC, JOB, None, 0.0) is None
-        assert es.read_node(value, 1, 1, None, JOB) is None
-        assert es.read_report(value, 1, 1, None, JOB) is None
+        assert ek.read_node(value, 1, 1, None, JOB) is None
+        assert ek.read_report(value, 1, 1, None, JOB) is None
 
 
 def test_keys_of_one_job_are_never_under_another_jobs_prefix():
-    assert not es.job_prefix("a/b").startswith(es.job_prefix("a"))
-    assert es.read_node_id(es.report_key(es.job_prefix("j"), "host-1/x", "done"), es.job_prefix("j")) == "host-1/x"
+    assert not ek.job_prefix("a/b").startswith(ek.job_prefix("a"))
+    assert ek.read_node_id(ek.report_key(ek.job_prefix("j"), "host-1/x", "done"), ek.job_prefix("j")) == "host-1/x"
 
 
 def test_a_launcher_that_does_not_keep_the_membership_reads_node_keys_and_the_record_and_no_report():
     for job in ("j", "a/b", "x" * 200, "ü%/"):
-        prefix = es.job_prefix(job)
-        start, end = es.orders_span(prefix)
+        prefix = ek.job_prefix(job)
+        start, end = ek.orders_span(prefix)
         for node_id in ("host-1", "a/b", "%", "ü" * 50, "\x7f", "~" * 300):
-            assert start <= es.node_key(prefix, node_id) < end
-            for kind in es.KINDS:
-                assert not start <= es.report_key(prefix, node_id, kind) < end
-        assert start <= es.record_key(prefix) < end
-        assert not start <= es.job_prefix(job + "x") < end
+            assert start <= ek.node_key(prefix, node_id) < end
+            for kind in ek.KINDS:
+                assert not start <= ek.report_key(prefix, node_id, kind) < end
+        assert start <= ek.record_key(prefix) < end
+        assert not start <= ek.job_prefix(job + "x") < end

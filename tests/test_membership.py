@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from launcher.nodes.elastic import membership as m
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek, state as es
 from launcher.nodes.elastic.membership import (Admit, Closed, Drop, EndJob, Heartbeat, JobEnded, JoinAsked, Node, Refuse, RoundDone,
                                        StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped)
 from launcher.plan.elastic import ElasticSpec, Rendezvous
@@ -537,7 +537,7 @@ def test_a_keeper_that_took_over_is_never_dropped_for_its_own_silence():
     h = History(spec_)
     h.running(0.0, N1)
     theirs = es.decode(es.encode(es.Record(h.state), None, "job"), spec_, "job", None, 1.0)
-    alive = {"n1": es.Joiner(N1, 1, 2, True)}
+    alive = {"n1": ek.Joiner(N1, 1, 2, True)}
     record, _ = es.take_over(theirs, spec_, N1, "job", alive, 1.0)
     h.state, _, _ = es.reconcile(record, alive, [], set(), 1.0)
     h.state = h.state.state

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from launcher.nodes.elastic import membership as m
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek, state as es
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
 JOB = "job"
@@ -194,7 +194,7 @@ class Replay:
         does (``keeper_of``)."""
         before, gone = self.state, self.state.keeper
         theirs = es.decode(es.encode(es.Record(before), None, JOB), self.spec, JOB, None, self.now)
-        alive = {n.node_id: es.Joiner(n, 1, self.came[n.node_id], True) for n in self.known() if n.node_id != gone}
+        alive = {n.node_id: ek.Joiner(n, 1, self.came[n.node_id], True) for n in self.known() if n.node_id != gone}
         me = alive[es.keeper_of(alive.values())].node
         record, actions = es.take_over(theirs, self.spec, me, JOB, alive, self.now)
         record, more, _ = es.reconcile(record, alive, [], set(), self.now)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from launcher.nodes.elastic import model
-from launcher.nodes.elastic.etcd import paces, state as es
+from launcher.nodes.elastic.etcd import paces, keys as ek
 from launcher.nodes.elastic.job import ElasticJob
 from launcher.nodes.elastic.link import SharedSpeeds
 from launcher.nodes.transport import messages, wire
@@ -127,7 +127,7 @@ def test_a_pace_key_proves_its_writer_and_its_lease():
     for junk in ("", "[]", "{", json.dumps({"id": "n1", "entry": "x"}), "[" * 100_000):
         assert paces.read_pace(junk, 7, 7, None, "job") is None
     assert paces.node_id_of(paces.pace_key("/launcher/job/", "host-1/x"), "/launcher/job/") == "host-1/x"
-    start, end = es.orders_span("/launcher/job/")
+    start, end = ek.orders_span("/launcher/job/")
     assert start <= paces.pace_key("/launcher/job/", "n1") < end  # every launcher watches the paces
 
 

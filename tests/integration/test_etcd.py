@@ -199,30 +199,30 @@ def test_two_jobs_share_one_etcd_without_touching_each_other(tmp_path, etcd):
 
 def test_a_launcher_that_does_not_keep_the_membership_hears_no_report(etcd):
     """Its range and its watch (the etcd client's, on the real etcd) hold the node keys and the record only."""
-    from launcher.nodes.elastic.etcd import state as es
+    from launcher.nodes.elastic.etcd import keys as ek
     from launcher.nodes.elastic.etcd.client import Etcd3gwClient
     from launcher.plan.etcd import EtcdSpec, parse_endpoints
 
     client = Etcd3gwClient(EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]), 2.0)
-    prefix = es.job_prefix("span-test")
-    start, end = es.orders_span(prefix)
+    prefix = ek.job_prefix("span-test")
+    start, end = ek.orders_span(prefix)
     heard, ended = [], []
     try:
-        client.put(es.node_key(prefix, "a"), "{}")
-        client.put(es.report_key(prefix, "a", "stopped"), "{}")
+        client.put(ek.node_key(prefix, "a"), "{}")
+        client.put(ek.report_key(prefix, "a", "stopped"), "{}")
         revision, entries = client.range(start, end)
-        assert [e.key for e in entries] == [es.node_key(prefix, "a")]
+        assert [e.key for e in entries] == [ek.node_key(prefix, "a")]
         watch = client.watch(start, revision + 1, heard.extend, ended.append, end)
-        for key in (es.report_key(prefix, "b", "failed"), es.node_key(prefix, "b"), es.report_key(prefix, "a", "done"),
-                    es.record_key(prefix), es.job_prefix("span-test2") + "nodes/c"):
+        for key in (ek.report_key(prefix, "b", "failed"), ek.node_key(prefix, "b"), ek.report_key(prefix, "a", "done"),
+                    ek.record_key(prefix), ek.job_prefix("span-test2") + "nodes/c"):
             client.put(key, "{}")
         wait_for(lambda: len(heard) >= 2, 10, what="the watch's two events")
         time.sleep(0.3)
         watch.stop()
-        assert [e.key for e in heard] == [es.node_key(prefix, "b"), es.record_key(prefix)] and not ended
+        assert [e.key for e in heard] == [ek.node_key(prefix, "b"), ek.record_key(prefix)] and not ended
     finally:
         client.delete_prefix(prefix)
-        client.delete_prefix(es.job_prefix("span-test2"))
+        client.delete_prefix(ek.job_prefix("span-test2"))
         client.close()
 
 
@@ -458,12 +458,12 @@ def test_the_memory_double_behaves_like_etcd(etcd):
 def test_a_call_after_a_watch_stopped_mid_stream_is_answered(etcd):
     """A stopped watch's connection is its own: it never goes back to the calls' pool half read (the next call then
     failed with http.client's ResponseNotReady, seen once in a few hundred runs of the test above)."""
-    from launcher.nodes.elastic.etcd import state as es
+    from launcher.nodes.elastic.etcd import keys as ek
     from launcher.nodes.elastic.etcd.client import Etcd3gwClient
     from launcher.plan.etcd import EtcdSpec, parse_endpoints
 
     client = Etcd3gwClient(EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]), 2.0)
-    prefix = es.job_prefix("stopped-watch-test")
+    prefix = ek.job_prefix("stopped-watch-test")
     try:
         for i in range(40):
             heard = []

@@ -40,69 +40,16 @@ stop, a loss) costs O(N), once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Tuple
+from dataclasses import replace
+from typing import Optional, Tuple
 
-from launcher.nodes.elastic.model import (LEAVES, SILENT, Action, Admit, Closed, Drop, EndJob, Event,  # noqa: F401
-                                          Heartbeat, JobEnded, JoinAsked, Member, Node, PMap, PSet, Refuse, Round, RoundDone, Row,
-                                          StartRound, StopWorkers, TimePassed, WorkerFailed, WorkersStopped, describe)
+from launcher.nodes.elastic.model import (ENDED, LEAVES, REFORMING, RUNNING, SILENT, WAITING, Action, Admit,  # noqa: F401
+                                          Closed, Drop, EndJob, Event, Heartbeat, JobEnded, JoinAsked, Member, Node,
+                                          Refuse, Round, RoundDone, StartRound, State, StopWorkers, TimePassed,
+                                          WorkerFailed, WorkersStopped, describe)
+from launcher.nodes.elastic.persistent import PSet, Row
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
-
-WAITING = "waiting"  # no round runs: before the first, or fewer than MIN nodes are left
-REFORMING = "reforming"  # the last round's members are stopping their workers; the next round follows
-RUNNING = "running"
-ENDED = "ended"
-
-
-# ---------------------------------------------------------------- state
-
-
-@dataclass(frozen=True)
-class State:
-    spec: ElasticSpec
-    keeper: str  # node 0's id
-    job_id: str
-    phase: str = WAITING
-    members: Row = ()  # Node, in the order of the running round, or of the next one
-    standbys: Row = ()  # Node, in the order they came
-    heard: Mapping[str, float] = field(default_factory=dict)  # node id -> when node 0 last heard it (all but node 0)
-    rounds: tuple = ()  # every round started, the current one last
-    unstopped: PSet = frozenset()  # ids of the last round's members still stopping its workers
-    stop_began: Optional[float] = None
-    why: str = "start"  # what the next round is formed for
-    left: tuple = ()  # (Node, reason): lost since the last round started
-    restarts: int = 0
-    wait_began: Optional[float] = None  # WAITING: when the wait for MIN nodes began
-    min_reached: Optional[float] = None  # WAITING: when the MIN-th node came (the last call runs from here)
-    end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
-    done: PSet = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
-    failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss
-    index: Optional[tuple] = field(default=None, compare=False, repr=False)  # (members, standbys, PMap id -> Node)
-
-    def __post_init__(self) -> None:
-        """Fields given as tuples, a dict, sets (a state made outside, such as a record read back from etcd)
-        become the persistent containers, once (O(N)); the index of the ids known is made again unless it is of
-        these very members and standbys (a state made here passes it on, changed in O(1)). Node 0's silence is
-        never judged: a record read back from etcd, or taken over, has it in ``heard``; it goes."""
-        for name, kind in (("members", Row), ("standbys", Row), ("heard", PMap), ("unstopped", PSet), ("done", PSet)):
-            if type(getattr(self, name)) is not kind:
-                object.__setattr__(self, name, kind(getattr(self, name)))
-        object.__setattr__(self, "heard", self.heard.update(gone=(self.keeper,)))
-        if self.index is None or self.index[0] is not self.members or self.index[1] is not self.standbys:
-            known = PMap((n.node_id, n) for n in reversed(self.members + self.standbys))  # the first of an id wins
-            object.__setattr__(self, "index", (self.members, self.standbys, known))
-
-    @property
-    def round(self) -> Optional[Round]:
-        return self.rounds[-1] if self.rounds else None
-
-    def known(self, node_id: str) -> Optional[Node]:
-        try:
-            return self.index[2].get(node_id)
-        except TypeError:  # an id off the wire that is not a name: no node's
-            return None
-
 
 def _seated(state: State, members: Row, standbys: Row, came=(), gone=(), **changes) -> State:
     """``state`` with these members and standbys, its index of the ids known changed by the nodes that ``came``

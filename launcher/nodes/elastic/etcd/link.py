@@ -17,12 +17,11 @@ have re-formed without it. At the job's end each launcher revokes its lease, and
 from __future__ import annotations
 
 import selectors
-import socket
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
-from launcher.nodes.elastic.etcd import departures, state as es
+from launcher.nodes.elastic.etcd import departures, keys as ek, state as es
 from launcher.nodes.elastic.etcd.mirror import Mirror
 from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
@@ -66,7 +65,7 @@ class EtcdLink(LinkBase):
         super().__init__()
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
-        self.prefix = es.job_prefix(job_id)
+        self.prefix = ek.job_prefix(job_id)
         self.node_id = own_id()
         self.me = mb.Node(self.node_id, host, workers)
         self.lease = Lease(client, spec, clock, self.where)
@@ -90,9 +89,9 @@ class EtcdLink(LinkBase):
     def start(self) -> None:
         """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
         self.lease.grant()
-        key = es.node_key(self.prefix, self.node_id)
+        key = ek.node_key(self.prefix, self.node_id)
         ring = self.ring.listen(self.me.host) if self.ring is not None else None
-        value = es.node_value(self.me, self.lease.id, self.token, self.job_id, ring)
+        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring)
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
                 self.created = self.created or self.client.put(key, value, self.lease.id)
@@ -233,7 +232,7 @@ class EtcdLink(LinkBase):
 
     def _span(self) -> tuple:
         """Every key of the job for the keeper, which reads the reports; the node keys and the record for the others."""
-        return (self.prefix, None) if self.keeps else es.orders_span(self.prefix)
+        return (self.prefix, None) if self.keeps else ek.orders_span(self.prefix)
 
     def _unwatch(self) -> None:
         if self.watcher is not None:
@@ -247,9 +246,9 @@ class EtcdLink(LinkBase):
         self.client.txn([] if kind == departures.LEFT else [compare_created(key, 0)], [put_op(key, value)])
 
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
-        value = es.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id)
+        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id)
         try:
-            self.client.put(es.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
+            self.client.put(ek.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
         except (Unavailable, Refused) as e:
             log.warning("elastic job: could not tell %s that this node's workers %s (%s)", self.where, kind,
                         one_line(str(e), 200))
@@ -261,7 +260,7 @@ class EtcdLink(LinkBase):
         if self.ring is not None:  # the next proven launcher by its key's age
             ring = sorted((j for j in alive.values() if j.proven and j.ring), key=lambda j: j.created)
             self.ring.follow(successor([Peer(j.node.node_id, j.lease, j.ring) for j in ring], self.node_id))
-        entry = self.mirror.get(es.record_key(self.prefix))
+        entry = self.mirror.get(ek.record_key(self.prefix))
         theirs = self._read(entry)
         if entry is not None and theirs is None:  # not this job's: never obeyed, never overwritten
             if self.given_round == 0:
@@ -311,7 +310,7 @@ class EtcdLink(LinkBase):
         return self.record
 
     def _write(self, text: str, orders: str) -> None:
-        key = es.record_key(self.prefix)
+        key = ek.record_key(self.prefix)
         guard = [self._guard_record(key), self._guard_self()]
         try:
             done, revision = self.client.txn(guard, [put_op(key, text)])
@@ -331,7 +330,7 @@ class EtcdLink(LinkBase):
         return compare_modified(key, self.written) if self.written > 0 else compare_created(key, 0)
 
     def _guard_self(self) -> dict:
-        return compare_created(es.node_key(self.prefix, self.node_id), self.created)
+        return compare_created(ek.node_key(self.prefix, self.node_id), self.created)
 
     def _read(self, entry: Optional[Entry]) -> Optional[es.Record]:
         if entry is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from launcher.nodes.elastic.etcd import departures, paces, state as es
+from launcher.nodes.elastic.etcd import departures, paces, keys as ek, state as es
 from launcher.nodes.elastic.etcd.client import Entry
 
 
@@ -36,7 +36,7 @@ class Mirror:
         alive = {}
         for key, e in self.keys.items():
             if key.startswith(self.prefix + "nodes/"):
-                joiner = self._parsed(e, lambda: es.read_node(e.value, e.lease, e.create_revision, self.token,
+                joiner = self._parsed(e, lambda: ek.read_node(e.value, e.lease, e.create_revision, self.token,
                                                                self.job_id))
                 if joiner is not None:
                     alive[joiner.node.node_id] = joiner
@@ -47,9 +47,9 @@ class Mirror:
         for key, e in self.keys.items():
             if not key.startswith(self.prefix + "report/"):
                 continue
-            node = alive.get(es.read_node_id(key, self.prefix))
+            node = alive.get(ek.read_node_id(key, self.prefix))
             node_lease = node.lease if node else -1
-            event = self._parsed((e, node_lease), lambda: es.read_report(e.value, e.lease, node_lease, self.token,
+            event = self._parsed((e, node_lease), lambda: ek.read_report(e.value, e.lease, node_lease, self.token,
                                                                           self.job_id))
             if event is not None:
                 reports.append(((key, e.mod_revision), event))

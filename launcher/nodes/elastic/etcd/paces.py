@@ -10,7 +10,7 @@ import json
 from typing import Optional
 from urllib.parse import quote, unquote
 
-from launcher.nodes.elastic.etcd import state as es
+from launcher.nodes.elastic.etcd import keys as ek
 from launcher.nodes.elastic.etcd.client import Refused, Unavailable
 from launcher.nodes.elastic.link import member
 from launcher.nodes.transport import auth
@@ -38,11 +38,11 @@ def pace_value(node_id: str, lease: int, entry: stragglers.NodeSpeed, token: Opt
 
 def read_pace(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):
     """(node id, NodeSpeed) of a pace key's value; None when malformed, unproven, or not under its node's lease."""
-    data = es.json_object(value)
+    data = ek.json_object(value)
     if data is None or lease != node_lease or not isinstance(data.get("id"), str):
         return None
     body = {"id": data["id"], "entry": data.get("entry")}
-    if not es.proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
+    if not ek.proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
         return None
     entries = stragglers.read_speeds([body["entry"]])
     return (body["id"], entries[0]) if entries else None

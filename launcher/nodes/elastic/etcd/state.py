@@ -1,5 +1,6 @@
-"""An elastic job's membership in etcd, as keys and values: what each launcher writes there, the record
-the keeper writes, and what a launcher reads from them. Pure: no etcd, no clock (``now`` is given).
+"""An elastic job's membership in etcd: the record the keeper writes (the membership and its orders), how the keys
+feed the rules, and what a launcher reads from the record. Pure: no etcd, no clock (``now`` is given). What each
+launcher writes under its lease is in ``keys``.
 
 The keys of job ID (every one under ``/launcher/ID/``, the ID quoted so that no job's keys are
 another's prefix):
@@ -29,112 +30,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
-from urllib.parse import quote, unquote
 
 from launcher.nodes.transport import auth
+from launcher.nodes.elastic.etcd import keys as ek
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.plan.elastic import ElasticSpec
-
-ROOT = "/launcher/"
-KINDS = ("stopped", "done", "failed")
-
-
-def job_prefix(job_id: str) -> str:
-    return f"{ROOT}{quote(job_id, safe='')}/"
-
-
-def node_key(prefix: str, node_id: str) -> str:
-    return f"{prefix}nodes/{quote(node_id, safe='')}"
-
-
-def report_key(prefix: str, node_id: str, kind: str) -> str:
-    return f"{prefix}report/{quote(node_id, safe='')}/{kind}"
-
-
-def record_key(prefix: str) -> str:
-    return f"{prefix}record"
-
-
-def orders_span(prefix: str) -> Tuple[str, str]:
-    """The keys a launcher that does not keep the membership reads: the node keys (who keeps it), the paces and the
-    record (its orders), not the reports (a report of each node's stop would go to every launcher: N² at a round's end).
-    A range from the first node key up to, not including, the key just after the record."""
-    return f"{prefix}nodes/", record_key(prefix) + "\0"
-
-
-def read_node_id(key: str, prefix: str) -> str:
-    """The node id of a report key (``report/NODE/KIND``)."""
-    return unquote(key[len(prefix) + len("report/"):].rpartition("/")[0])
-
-
-# ---------------------------------------------------------------- what a launcher writes
-
-
-def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str, ring: Optional[tuple] = None) -> str:
-    """``ring``: where this launcher's liveness ring listens (``etcd.ring``), (host, port)."""
-    proof = auth.proof(token, f"lease {lease}", job_id, node.node_id) if token else None
-    return json.dumps({"id": node.node_id, "host": node.host, "workers": node.workers, "proof": proof,
-                       "ring": list(ring) if ring else None})
-
-
-def report_value(node_id: str, lease: int, kind: str, round_: int, code: int = 0, reason: str = "",
-                 token: Optional[str] = None, job_id: str = "") -> str:
-    body = {"id": node_id, "kind": kind, "round": round_, "code": code, "reason": reason}
-    text = json.dumps(body, sort_keys=True)
-    proof = auth.proof(token, f"{text} lease {lease}", job_id, node_id) if token else None
-    return json.dumps({**body, "proof": proof})
-
-
-@dataclass(frozen=True)
-class Joiner:
-    """A launcher as its node key shows it, with the lease its key is under and its key's create revision."""
-
-    node: mb.Node
-    lease: int
-    created: int
-    proven: bool  # it proves the job token (or the job has none and it proves none)
-    ring: Optional[tuple] = None  # where its liveness ring listens (host, port), if it has one
-
-
-def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str) -> Optional[Joiner]:
-    """A node key's value as a Joiner (None: not one of ours)."""
-    data = json_object(value)
-    if data is None or not isinstance(data.get("id"), str) or not data["id"]:
-        return None
-    node = mb.Node(data["id"], data.get("host") if isinstance(data.get("host"), str) else "", data.get("workers"))
-    return Joiner(node, lease, created, proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id),
-                  _ring_address(data.get("ring")))
-
-
-def _ring_address(value) -> Optional[tuple]:
-    """A node key's ring address, (host, port), if it is one."""
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and 0 < len(value[0]) <= 255
-            and type(value[1]) is int and 0 < value[1] < 65536):
-        return None
-    return value[0], value[1]
-
-
-def read_report(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):
-    """A report key's value as the membership's event (None: malformed, unproven, or not under the node's lease)."""
-    data = json_object(value)
-    if data is None or lease != node_lease or not isinstance(data.get("id"), str):
-        return None
-    body = {k: data.get(k) for k in ("id", "kind", "round", "code", "reason")}
-    if not proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
-        return None
-    round_, code, reason = body["round"], body["code"], body["reason"]
-    if type(round_) is not int or type(code) is not int or not isinstance(reason, str):
-        return None
-    if body["kind"] == "stopped":
-        return mb.WorkersStopped(body["id"], round_)
-    if body["kind"] == "done":
-        return mb.RoundDone(body["id"], round_)
-    if body["kind"] == "failed":
-        return mb.WorkerFailed(body["id"], round_, code, reason or "a worker failed")
-    return None
-
 
 # ---------------------------------------------------------------- the keeper's record
 
@@ -189,12 +91,12 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
 def decode(value: str, spec: ElasticSpec, job_id: str, token: Optional[str], now: float) -> Optional[Record]:
     """The record in ``value`` (None: malformed, or it does not prove the job token); the state's clocks
     start at ``now`` (a keeper that takes over gives each deadline its whole time again)."""
-    outer = json_object(value)
+    outer = ek.json_object(value)
     if outer is None or not isinstance(outer.get("body"), str):
         return None
     if not _proven_record(outer.get("proof"), token, outer["body"], job_id):
         return None
-    data = json_object(outer["body"])
+    data = ek.json_object(outer["body"])
     try:
         return _record(data, spec, job_id, now) if data is not None else None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError):
@@ -226,13 +128,13 @@ def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
 # ---------------------------------------------------------------- the keeper
 
 
-def keeper_of(joiners: Iterable[Joiner]) -> Optional[str]:
+def keeper_of(joiners: Iterable[ek.Joiner]) -> Optional[str]:
     """The launcher that keeps the membership: the live one whose key is the oldest."""
     first = min(joiners, key=lambda j: j.created, default=None)
     return first.node.node_id if first is not None else None
 
 
-def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: str, alive: Mapping[str, Joiner],
+def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: str, alive: Mapping[str, ek.Joiner],
               now: float) -> Tuple[Record, tuple]:
     """The keeper's record when this launcher becomes the keeper: the one in etcd, kept by this launcher now;
     a new one (``membership.begin``) when there is none, or it is of a run whose launchers are all gone or
@@ -249,7 +151,7 @@ def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: 
     return replace(record, state=state), ()
 
 
-def reconcile(record: Record, alive: Mapping[str, Joiner], reports: List[Tuple[int, object]], fed: set,
+def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tuple[int, object]], fed: set,
               now: float, why_gone: Callable[[str], str] = lambda _: "its key in etcd is gone (its lease expired, or "
                                                                        "it left)") -> Tuple[Record, tuple, set]:
     """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
@@ -322,22 +224,6 @@ def view(record: Record, node_id: str) -> View:
 # ---------------------------------------------------------------- the parts
 
 
-def json_object(value: str) -> Optional[dict]:
-    """A JSON object off etcd (None: not JSON, too deep, or not an object)."""
-    try:
-        data = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def proven(given, token: Optional[str], nonce: str, job_id: str, node_id: str) -> bool:
-    """Whether ``given`` proves the job token on ``nonce`` for ``node_id`` (with no token: that it proves none)."""
-    if token is None:
-        return given is None
-    return auth.proves(given, auth.proof(token, nonce, job_id, node_id))
-
-
 def _record_proof(token: Optional[str], body: str, job_id: str) -> Optional[str]:
     return auth.proof(token, hashlib.sha256(body.encode()).hexdigest(), job_id, "record") if token else None
 
@@ -380,4 +266,4 @@ def _read_round(data: dict) -> mb.Round:
 
 
 Reports = List[Tuple[Tuple[str, int], object]]  # ((key, mod revision), membership event)
-Alive = Dict[str, Joiner]
+Alive = Dict[str, ek.Joiner]
