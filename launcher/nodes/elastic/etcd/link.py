@@ -23,18 +23,18 @@ from typing import Optional
 
 from launcher.nodes.elastic.etcd import departures, keys as ek, state as es
 from launcher.nodes.elastic.etcd.mirror import Mirror
+from launcher.nodes.elastic.etcd.keeping import RecordKeeper
 from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
 from launcher.nodes.elastic.link import (JobOver, Leave, LinkBase, Report, Share, SharedSpeeds, StartFailed, StopOrder,
                                          own_id, place_in)
-from launcher.nodes.elastic.etcd.client import (Entry, KeyValue, Refused, Unavailable, compare_created, compare_modified,
-                                        put_op)
+from launcher.nodes.elastic.etcd.client import KeyValue, Refused, Unavailable, compare_created, put_op
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
 from launcher.nodes.elastic.etcd.ring import Peer, Ring, successor
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
-from launcher.plan.policy import Say, one_line
+from launcher.plan.policy import one_line
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,14 @@ class EtcdLink(LinkBase):
         self.me = mb.Node(self.node_id, host, workers)
         self.lease = Lease(client, spec, clock, self.where)
         self.ring = Ring() if ring else None  # finds a launcher whose process is gone before its lease expires
-        self.created = 0  # this launcher's node key's create revision
         self.mirror = Mirror(self.prefix, token, job_id)  # the job's keys as this launcher last heard them (``_span``)
+        self.records = RecordKeeper(spec, job_id, token, self.me, client, self.mirror, clock, self.where)
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
         self.watcher = None
-        self.record: Optional[es.Record] = None  # the keeper's (this launcher's while it keeps the membership)
-        self.written = -1  # the record's revision as this keeper wrote it last
-        self.encoded = ""  # the orders in the record as this keeper wrote it last (es.orders)
-        self.fed: set = set()
-        self.read_cache: tuple = (None, None)  # (revision, Record) of the record last decoded
         self.round_given: Optional[m.RoundStart] = None  # the last round given to the event loop
         self.paces = Paces(self.prefix, self.node_id, token, job_id, self.where)  # its speed, the members' read
         self.given_round = self.given_stop = 0
-        self.over_given = self.said_standby = self.said_unproven = self.ended = False
+        self.over_given = self.said_standby = self.ended = False
 
     # ------------------------------------------------------------ start, and the event loop's side
 
@@ -94,7 +89,7 @@ class EtcdLink(LinkBase):
         value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring)
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
-                self.created = self.created or self.client.put(key, value, self.lease.id)
+                self.records.created = self.records.created or self.client.put(key, value, self.lease.id)
                 self.resync()
                 break
             except (Unavailable, Refused) as e:
@@ -177,8 +172,7 @@ class EtcdLink(LinkBase):
 
     def _wait(self) -> float:
         times = [self.lease.next_beat, self.clock() + 1.0]
-        if self.record is not None:
-            times.append(mb.next_deadline(self.record.state) or times[-1])
+        times.append(self.records.next_deadline() or times[-1])
         return max(0.0, min(times) - self.clock())
 
     def _turn(self) -> None:
@@ -261,7 +255,7 @@ class EtcdLink(LinkBase):
             ring = sorted((j for j in alive.values() if j.proven and j.ring), key=lambda j: j.created)
             self.ring.follow(successor([Peer(j.node.node_id, j.lease, j.ring) for j in ring], self.node_id))
         entry = self.mirror.get(ek.record_key(self.prefix))
-        theirs = self._read(entry)
+        theirs = self.records.read(entry)
         if entry is not None and theirs is None:  # not this job's: never obeyed, never overwritten
             if self.given_round == 0:
                 self._over(1, f"the record of the job {self.job_id} in {self.where} does not prove this launcher's job "
@@ -277,9 +271,11 @@ class EtcdLink(LinkBase):
             if not self.keeps:  # the reports too from now on: read every key afresh, then decide on them
                 self.keeps = True
                 return self._resync_and_decide()
-            record = self._keep(alive, entry)
+            record, beaten = self.records.keep(alive, entry)
+            if beaten:  # another keeper wrote the record, or this launcher's key is gone: read everything again
+                self._unwatch()
         else:
-            self.record = None
+            self.records.record = None
             record = theirs
         if record is not None:
             self._deliver(es.view(record, self.node_id))
@@ -290,67 +286,6 @@ class EtcdLink(LinkBase):
         except (Unavailable, Refused):
             return  # tried again next turn
         self._decide()
-
-    def _keep(self, alive: es.Alive, entry: Optional[Entry]) -> Optional[es.Record]:
-        now = self.clock()
-        if self.record is None or (entry.mod_revision if entry else 0) != self.written:
-            theirs = self._read(entry)
-            before = theirs.state.keeper if theirs is not None else None
-            self.record, actions = es.take_over(theirs, self.spec, self.me, self.job_id, alive, now)
-            self.written, self.fed, self.encoded = (entry.mod_revision if entry else 0), set(), ""
-            if before is not None and before != self.node_id:
-                log.info("elastic job: this launcher keeps the membership now (node %s before it is gone)", before)
-            self._say(actions)
-        self.record, actions, self.fed = es.reconcile(self.record, alive, self.mirror.reports(alive), self.fed, now,
-                                                      self.mirror.why_gone(self.spec.rendezvous.heartbeat_timeout))
-        self._say(actions)
-        orders = es.encode(es.orders(self.record), None, self.job_id)
-        if orders != self.encoded:
-            self._write(es.encode(self.record, self.token, self.job_id), orders)
-        return self.record
-
-    def _write(self, text: str, orders: str) -> None:
-        key = ek.record_key(self.prefix)
-        guard = [self._guard_record(key), self._guard_self()]
-        try:
-            done, revision = self.client.txn(guard, [put_op(key, text)])
-        except (Unavailable, Refused) as e:
-            log.warning("elastic job: could not write the membership to %s (%s)", self.where, one_line(str(e), 200))
-            self.record = None  # read again and decided again next turn
-            return
-        if not done:  # another keeper wrote it, or this launcher's key is gone: read everything again
-            self.record = None
-            self._unwatch()
-            return
-        self.written, self.encoded = revision, orders
-        before = self.mirror.get(key)
-        self.mirror.put(Entry(key, text, before.create_revision if before else revision, revision))
-
-    def _guard_record(self, key: str) -> dict:
-        return compare_modified(key, self.written) if self.written > 0 else compare_created(key, 0)
-
-    def _guard_self(self) -> dict:
-        return compare_created(ek.node_key(self.prefix, self.node_id), self.created)
-
-    def _read(self, entry: Optional[Entry]) -> Optional[es.Record]:
-        if entry is None:
-            return None
-        if self.read_cache[0] == entry.mod_revision:
-            return self.read_cache[1]
-        record = es.decode(entry.value, self.spec, self.job_id, self.token, self.clock())
-        if record is None and not self.said_unproven:
-            log.warning("elastic job: the record of the job %s in %s is not this job's (it does not prove the job "
-                        "token, LAUNCHER_JOB_TOKEN, or is malformed); check that every node has the same token",
-                        self.job_id, self.where)
-            self.said_unproven = True
-        self.read_cache = (entry.mod_revision, record)
-        return record
-
-    def _say(self, actions) -> None:
-        rounds = {mb.describe(a.round) for a in actions if isinstance(a, mb.StartRound)}
-        for action in actions:
-            if isinstance(action, Say) and action.text not in rounds:  # each launcher says its rounds itself
-                log.log(action.level, "elastic job: %s", action.text)
 
     def _deliver(self, view: es.View) -> None:
         if view.refused is not None and self.given_round == 0:
