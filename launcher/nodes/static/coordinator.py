@@ -11,6 +11,9 @@
 - ``Follower`` (``follower``): every other node. It reports its own cause to node 0 and follows node 0's orders;
   if node 0 is lost, it stops on its own and ends with code 1.
 
+Each node's speed (the straggler's search) goes to node 0, which keeps each node's from that node only and sends
+them all back to every node at most every SHARE_EVERY seconds; no node of a fixed job leaves as a straggler.
+
 The supervisor calls ``local_cause`` when something happens here, feeds ``on_events`` what the
 channel reports (getting back events for the attempt's policy), and calls ``finish_attempt``
 once this node's processes of an attempt are all gone.
@@ -32,7 +35,6 @@ from launcher.plan import policy
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 from launcher.plan.ps import held_by
-from launcher.nodes.static.speeds import Gathering, SpeedSharing, Unshared
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
 REPORT_MARGIN = 10.0
@@ -51,13 +53,12 @@ class Solo:
         self.cause: Optional[Cause] = None
         self.channel: Optional[Union[HubChannel, SpokeChannel]] = None
         self.attempt = 0
-        self.speeds: SpeedSharing = Unshared()  # each node's speed, shared among the nodes (``speeds``)
 
     def share_speed(self, own: tuple, now: float) -> None:
-        self.speeds.share(own, now)
+        pass
 
     def peer_times(self, now: float) -> tuple:
-        return self.speeds.peer_times(now)
+        return ()
 
     def straggler_stays(self) -> Optional[str]:
         return "a job of a fixed set of nodes goes on with all of them (--nnodes MIN:MAX makes it elastic)"
@@ -124,7 +125,6 @@ class Peered(Solo):
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
     def tick(self, now: float) -> list:
-        self.speeds.tick(now)
         return self.on_events(self.channel.tick(now))
 
     def close(self) -> None:
@@ -141,7 +141,24 @@ class Leader(Peered):
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
         self.finished = False  # parameter-server mode: every node was told to stop its servers (Finish)
         self.held = held_by(plan) if plan.parameter_server else ()  # per node: (its server ids, its trainer ids)
-        self.speeds = Gathering(channel)
+        self.speeds: dict = {}  # node -> (its speed entry, when it came), from that node only
+        self.speeds_shared = float("-inf")
+
+    def share_speed(self, own: tuple, now: float) -> None:
+        self._put_speed(0, messages.node_speed(own), now)
+
+    def _put_speed(self, node: int, entry: Optional[messages.NodeSpeed], now: float) -> None:
+        if entry is not None:
+            self.speeds[node] = (entry, now)
+
+    def peer_times(self, now: float) -> tuple:
+        return messages.others(messages.fresh(self.speeds, now), 0)
+
+    def tick(self, now: float) -> list:
+        if self.speeds and now - self.speeds_shared >= messages.SHARE_EVERY:  # every node's entry back to all
+            self.speeds_shared = now
+            self.channel.broadcast(messages.to_wire(messages.Speeds(messages.fresh(self.speeds, now))))
+        return super().tick(now)
 
     def heartbeat_ages(self) -> dict:
         """Node 0 keeps the heartbeats: seconds since each joined node was last heard, by its node index."""
@@ -207,8 +224,8 @@ class Leader(Peered):
         return [policy.StopOrdered(cause.text, stacks=cause.kind == "hang")] if self._root(cause) else []
 
     def _on_message(self, node: int, message: messages.Message) -> list:
-        if isinstance(message, messages.Speeds):
-            self.speeds.heard(node, message, self.clock())
+        if isinstance(message, messages.Speeds):  # a node speaks for itself only
+            self._put_speed(node, next((e for e in message.nodes if e.node == node), None), self.clock())
             return []
         if not isinstance(message, (messages.Failed, messages.TrainersDone, messages.Report)) \
                 or message.attempt != self.attempt:

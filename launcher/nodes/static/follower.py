@@ -1,6 +1,5 @@
 """Every node of a job of fixed nodes but node 0 (``coordinator`` holds node 0's ``Leader``): it reports its own cause
-to node 0 and follows node 0's orders; if node 0 is lost, it stops on its own and ends with code 1. A cause found, its
-trainers done or its report, said before node 0 answered, is said again once it does."""
+to node 0 and follows node 0's orders; if node 0 is lost, it stops on its own and ends with code 1."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from typing import Optional, Tuple, Union
 
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received, SpokeChannel
 from launcher.nodes.static.coordinator import Clock, Peered, Turn
-from launcher.nodes.static.speeds import Sending
 from launcher.nodes.transport import messages
 from launcher.output.messages import log
 from launcher.plan import policy
@@ -26,7 +24,14 @@ class Follower(Peered):
         self.alone = False  # node 0 is lost or never answered
         self.reporting = False  # this node's part of the attempt is over: its report is due
         self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
-        self.speeds = Sending(channel, plan.node_rank)
+        self.speeds: tuple = ()  # every node's speed entry, as node 0 last shared them
+
+    def share_speed(self, own: tuple, now: float) -> None:
+        if own:
+            self.channel.send(messages.to_wire(messages.Speeds((messages.node_speed(own),))))
+
+    def peer_times(self, now: float) -> tuple:
+        return messages.others(self.speeds, self.plan.node_rank)
 
     def local_cause(self, cause: Cause) -> None:
         if self.cause is None:
@@ -70,7 +75,7 @@ class Follower(Peered):
 
     def _on_message(self, message: messages.Message) -> list:
         if isinstance(message, messages.Speeds):
-            self.speeds.heard(0, message, self.clock())
+            self.speeds = message.nodes
             return []
         if isinstance(message, messages.End) or (isinstance(message, messages.Start)
                                                  and message.attempt == self.attempt + 1):
