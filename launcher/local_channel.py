@@ -9,20 +9,24 @@ nonce before the worker takes any word from it. Messages are JSON objects, one a
 (``MAX_LINE``); ``decode`` returns None for anything else and never raises.
 
     launcher -> worker: challenge {nonce}; welcome {proof, round, reform_wait}; stop {round, reason};
-                        round {round, env}
+                        round {env, fds, progress} with its descriptors (``send_with_fds``)
     worker -> launcher: hello {nonce, proof, pid, keep}; parked {round}
+    a warm worker, on the socket pair it was started with: READY; then it is given its first round
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
 import json
 import secrets
-from typing import Optional
+import socket
+from typing import Optional, Tuple
 
 MAX_LINE = 1 << 20  # bytes of one message before the key is proven, or from a worker (a round's env may be longer)
 CHALLENGE, HELLO, WELCOME, STOP, ROUND, PARKED = "challenge", "hello", "welcome", "stop", "round", "parked"
+READY = b"ready\n"  # a warm worker's word on its socket pair once it waits for its first round
 
 
 def new_key() -> str:
@@ -62,6 +66,35 @@ def decode(line: bytes, limit: Optional[int] = MAX_LINE) -> Optional[dict]:
     if not isinstance(message, dict) or not isinstance(message.get("t"), str):
         return None
     return message
+
+
+def round_message(env: dict, fds: int, progress: bool = False) -> dict:
+    """A round for a worker kept from the round before, or woken warm: its whole environment, and how many descriptors
+    come with the message (its standard output and error, then its progress page's when ``progress``)."""
+    return {"t": ROUND, "env": env, "fds": fds, "progress": progress}
+
+
+def round_of(message: dict) -> Optional[Tuple[dict, int]]:
+    """A round's message as (its variables, how many descriptors came with it); None for any other message."""
+    if message.get("t") != ROUND or not isinstance(message.get("env"), dict):
+        return None
+    count = message.get("fds") if type(message.get("fds")) is int else 0
+    return {str(k): str(v) for k, v in message["env"].items()}, count
+
+
+def send_with_fds(sock: socket.socket, data: bytes, fds) -> int:
+    """Send ``data`` with the descriptors ``fds`` on its first byte (SCM_RIGHTS): the bytes sent, or OSError."""
+    return sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def receive_with_fds(sock: socket.socket, size: int) -> Tuple[bytes, list]:
+    """Up to ``size`` bytes and the descriptors that came with them (close-on-exec), or OSError."""
+    data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)  # 16 at most
+    fds: list = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", payload[:len(payload) - len(payload) % 4]).tolist()
+    return data, fds
 
 
 def address(name: str) -> str:

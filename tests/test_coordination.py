@@ -11,10 +11,11 @@ import signal
 
 import pytest
 
-from launcher.nodes.static import coordinator
+from launcher.nodes.static import coordinator, follower as follower_module
 from launcher.nodes.transport import messages
 from launcher.nodes.static.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
-from launcher.nodes.static.coordinator import REPORT_MARGIN, Follower, Leader, Solo
+from launcher.nodes.static.coordinator import REPORT_MARGIN, Leader, Solo
+from launcher.nodes.static.follower import Follower
 from launcher.nodes.static.hub import Hub
 from launcher.nodes.static.spoke import Spoke
 from launcher.plan import policy
@@ -506,7 +507,8 @@ def test_one_node_decides_alone():
 
 
 def test_the_coordinator_reads_no_clock_and_opens_no_socket_of_its_own():
-    assert not {"time", "socket", "selectors"} & set(vars(coordinator))
+    for module in (coordinator, follower_module):
+        assert not {"time", "socket", "selectors"} & set(vars(module))
 
 
 def protocol_members(protocol) -> tuple:

@@ -7,7 +7,7 @@ import pytest
 
 from launcher.nodes.static import job
 from launcher.nodes.static.channel import Lost, Received
-from launcher.nodes.static.coordinator import Follower
+from launcher.nodes.static.follower import Follower
 from launcher.plan import policy
 
 

@@ -16,7 +16,7 @@ from launcher.nodes.elastic import link as el
 from launcher.nodes.transport import messages as m
 from launcher.plan import elastic_backends
 from launcher.nodes.elastic.model import STRAGGLES
-from launcher.plan.stragglers import SHARE_EVERY, NodeSpeed
+from launcher.nodes.transport.messages import SHARE_EVERY, NodeSpeed
 from link_harness import INTERVAL, C10d, Etcd
 
 HARNESSES = [  # the contract suite's parameters: one line per backend

@@ -1,5 +1,5 @@
 """The straggler's search across nodes and what is done about one, without a process: each node's speed entry
-(``stragglers.NodeSpeed``) on the wire and back (hostile input included), node 0 gathering them (a node speaks for
+(``messages.NodeSpeed``) on the wire and back (hostile input included), node 0 gathering them (a node speaks for
 itself only) and sharing them back, an etcd pace key and its proof, how a member that left is counted, and an
 elastic node named a straggler under ``--straggler_policy leave`` (it leaves, or says why it stays)."""
 
@@ -12,9 +12,11 @@ from launcher.nodes.elastic import model
 from launcher.nodes.elastic.etcd import paces, keys as ek
 from launcher.nodes.elastic.job import ElasticJob
 from launcher.nodes.elastic.link import SharedSpeeds
-from launcher.nodes.transport import messages, wire
+from launcher.nodes.transport import elastic_messages, messages, wire
+from launcher.nodes.transport.messages import NodeSpeed
 from launcher.plan import policy, stragglers
-from launcher.plan.stragglers import NodeSpeed, RankTime
+from launcher.plan.stragglers import RankTime
+from launcher.run.straggler_watch import StragglerWatch
 from test_coordination import follower, leader, said
 
 SLOW = NodeSpeed(1, "10.0.0.2", 0, 40, (1, 0.8), (1, 0.8))
@@ -22,7 +24,7 @@ FAST = NodeSpeed(0, "10.0.0.1", 0, 40, (0, 0.2), (0, 0.2))
 
 
 def entry_off_the_wire(entry: list):
-    return stragglers.read_speeds([entry])
+    return messages.read_speeds([entry])
 
 
 def test_an_entry_goes_over_the_wire_and_back_the_same():
@@ -46,28 +48,28 @@ def test_whatever_is_not_an_entry_is_left_out_and_nothing_raises(bad):
 
 
 def test_a_message_of_too_many_entries_is_read_up_to_the_bound():
-    many = [[n, "h", 0, 1, n, 0.1, n, 0.2] for n in range(stragglers.SHARED_NODES + 500)]
-    assert len(stragglers.read_speeds(many)) == stragglers.SHARED_NODES
+    many = [[n, "h", 0, 1, n, 0.1, n, 0.2] for n in range(messages.SHARED_NODES + 500)]
+    assert len(messages.read_speeds(many)) == messages.SHARED_NODES
 
 
 def test_shared_keeps_the_fastest_and_the_slowest_nodes_when_there_are_too_many():
-    entries = [NodeSpeed(n, "h", 0, 1, (n, 1.0 + n), (n, 1.0 + n)) for n in range(stragglers.SHARED_NODES + 10)]
-    kept = stragglers.shared(entries)
-    assert 500 < len(kept) <= stragglers.SHARED_NODES
+    entries = [NodeSpeed(n, "h", 0, 1, (n, 1.0 + n), (n, 1.0 + n)) for n in range(messages.SHARED_NODES + 10)]
+    kept = messages.shared(entries)
+    assert 500 < len(kept) <= messages.SHARED_NODES
     assert kept[0].node == 0  # the fastest: what every node is compared with
-    last = stragglers.SHARED_NODES + 10
+    last = messages.SHARED_NODES + 10
     assert {e.node for e in kept[1:]} == set(range(last - len(kept) + 1, last))  # the slowest
 
 
 def test_a_node_s_entry_is_its_fastest_and_its_slowest_rank():
     own = (RankTime(4, 2, "h", 0.3, 10), RankTime(5, 2, "h", 0.9, 12), RankTime(6, 2, "h", 0.5, 11))
-    assert stragglers.node_speed(own, 3) == NodeSpeed(2, "h", 3, 12, (4, 0.3), (5, 0.9))
-    assert stragglers.node_speed(()) is None
+    assert messages.node_speed(own, 3) == NodeSpeed(2, "h", 3, 12, (4, 0.3), (5, 0.9))
+    assert messages.node_speed(()) is None
 
 
 def test_others_are_the_other_nodes_of_this_round_only():
     old_round = NodeSpeed(2, "h", 1, 5, (2, 0.1), (2, 0.1))
-    times = stragglers.others((SLOW, FAST, old_round), own_node=0, round_=0)
+    times = messages.others((SLOW, FAST, old_round), own_node=0, round_=0)
     assert [t.rank for t in times] == [1]
 
 
@@ -77,25 +79,35 @@ def test_node_0_takes_a_node_s_entry_only_for_that_node_and_shares_them_all_back
     lead.on_events([said(1, messages.Speeds((forged, SLOW)))])
     lead.on_events([said(2, messages.Speeds((NodeSpeed(1, "x", 0, 1, (1, 9.0), (1, 9.0)),)))])  # and 2 for 1
     lead.share_speed(FAST.rank_times(), lead.clock())
+    lead.tick(lead.clock())
     (to, shared), = lead.channel.sent
     assert to == "all" and shared == messages.Speeds((FAST, SLOW))
     assert lead.peer_times(lead.clock()) == SLOW.rank_times()
-    lead.share_speed(FAST.rank_times(), lead.clock() + 1)  # within SHARE_EVERY: nothing more sent
+    lead.tick(lead.clock() + 1)  # within SHARE_EVERY: nothing more sent
     assert len(lead.channel.sent) == 1
+    lead.tick(lead.clock() + messages.SHARE_EVERY)
+    assert len(lead.channel.sent) == 2
+
+
+def test_node_0_with_no_entry_sends_none():
+    lead = leader(nodes=2)
+    lead.share_speed((), lead.clock())
+    lead.tick(lead.clock())
+    assert lead.channel.sent == []
 
 
 def test_node_0_shares_no_entry_older_than_stale():
     lead = leader(nodes=2)
     lead.on_events([said(1, messages.Speeds((SLOW,)))])
     lead.clock.now += stragglers.STALE + 1
-    lead.share_speed((), lead.clock())
+    lead.tick(lead.clock())
     assert lead.channel.sent == [("all", messages.Speeds(()))] and lead.peer_times(lead.clock()) == ()
 
 
 def test_a_node_sends_its_own_entry_and_reads_node_0_s_table():
     node = follower(node=1)
     node.share_speed(SLOW.rank_times(), 100.0)
-    node.share_speed(SLOW.rank_times(), 100.5)  # within SHARE_EVERY
+    node.share_speed((), 100.5)  # no rank with a full window: nothing
     assert node.channel.sent == [messages.Speeds((SLOW,))]
     node.on_events([said(0, messages.Speeds((FAST, SLOW)))])
     assert node.peer_times(100.0) == FAST.rank_times()
@@ -137,7 +149,8 @@ def test_a_pace_key_proves_its_writer_and_its_lease():
 def test_a_member_that_left_as_a_straggler_is_counted_as_one():
     assert model.change_kind(f"{model.STRAGGLES} (its speed 0.25); {model.LEAVES}") == "straggler"
     assert model.change_kind(f"node 2 received SIGTERM; {model.LEAVES}") == "left"
-    assert messages.as_changes([["n", "h", "straggler", "why"]]) == (messages.Change("n", "h", "straggler", "why"),)
+    assert elastic_messages.as_changes([["n", "h", "straggler", "why"]]) == (messages.Change("n", "h", "straggler",
+                                                                                            "why"),)
 
 
 class Link:
@@ -184,12 +197,23 @@ def test_an_elastic_node_shares_its_entry_of_this_round_and_reads_the_members():
     job, link = elastic_job()
     own = (RankTime(1, 1, "h", 0.8, 40),)
     job.share_speed(own, 100.0)
-    job.share_speed(own, 101.0)  # within SHARE_EVERY
+    job.share_speed((), 101.0)  # no rank with a full window: nothing
     assert link.shared == [NodeSpeed(1, "h", 4, 40, (1, 0.8), (1, 0.8))]
     job.on_events([SharedSpeeds((NodeSpeed(0, "h", 4, 40, (0, 0.2), (0, 0.2)), NodeSpeed(2, "h", 3, 1, (2, 9.0),
                                                                                                 (2, 9.0))))])
     assert [t.rank for t in job.peer_times(100.0)] == [0]  # round 3's entry is not this round's
     assert not math.isnan(job.peer_times(100.0)[0].compute)
+
+
+def test_a_node_shares_its_ranks_at_most_every_share_every_seconds():
+    watch = StragglerWatch()
+    assert watch.to_share(99.0) == ()  # no full window yet: nothing, and the next share is not held back
+    for step in range(stragglers.WINDOW):
+        watch.note(3, 1, "h", {"step": step, "compute": 0.5}, 100.0)
+    own = watch.own(100.0)
+    assert own and watch.to_share(100.0) == own
+    assert watch.to_share(100.0 + messages.SHARE_EVERY / 2) == ()
+    assert watch.to_share(100.0 + messages.SHARE_EVERY) == own
 
 
 def test_ranks_within_the_gap_of_the_fastest_count_as_fast_as_it():
@@ -206,10 +230,10 @@ def test_ranks_within_the_gap_of_the_fastest_count_as_fast_as_it():
 def test_a_message_of_speeds_stays_within_a_control_message_whatever_the_hosts():
     """1,024 nodes whose hosts have 255 characters: the fastest and as many of the slowest as fit."""
     entries = [NodeSpeed(n, "h" * 255, 0, 1, (n, 1.0 + n), (n, 1.0 + n)) for n in range(1024)]
-    kept = stragglers.shared(entries)
+    kept = messages.shared(entries)
     assert kept[0].node == 0 and kept[-1].node == 1023  # the fastest, and the slowest
     assert len(wire.encode(messages.to_wire(messages.Speeds(kept)))) <= wire.MAX_MESSAGE // 2 + 1024
-    assert stragglers.shared(()) == ()
+    assert messages.shared(()) == ()
 
 
 class Puts:

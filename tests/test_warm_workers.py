@@ -117,3 +117,69 @@ def test_a_broken_wake_ends_the_worker_with_code_1(sent):
     finally:
         proc.kill()
     assert proc.returncode == 1 and b"rank" not in out
+
+
+class FakeClock:
+    """Time that moves only as the warm workers wait on it: a wait of any length takes no real time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def select(self, selector, timeout):
+        ready = selector.select(0)
+        if not ready:
+            self.now += timeout
+        return ready
+
+
+class NeverEnds:
+    """A starter whose processes never end and never speak; ``holds``: each keeps its end of the socket open (else
+    it is closed as soon as the process is started, as a worker's that closed it)."""
+
+    def __init__(self, holds: bool) -> None:
+        self.holds = holds
+        self.ends: list = []
+        self.killed: list = []
+
+    def start(self, cmd, env, stdout, stderr, pass_fds=(), cpus=None):
+        if self.holds:
+            self.ends += [os.dup(fd) for fd in pass_fds]
+        return SimpleNamespace(pid=4242)
+
+    def exit_status(self, pid):
+        return None
+
+    def signal_group(self, pid, sig):
+        self.killed.append(pid)
+
+    def reap(self, pid, wait=False):
+        return 0
+
+
+@pytest.mark.parametrize("holds, why, waited", [
+    (True, "it did not wait in launcher.runtime.elastic.run within 3600 s", 3600),
+    (False, "it closed its socket before it waited in launcher.runtime.elastic.run", warm_module.ENDING),
+])
+def test_the_waits_are_on_the_clock(caplog, holds, why, waited):
+    """The wait for ready, and the look for the exit code of a worker whose socket closed, run on the given clock:
+    an hour passes at once on a fake one."""
+    starter, clock = NeverEnds(holds), FakeClock()
+    warm = warm_module.WarmWorkers(starter, clock)
+    warm.start(plan(spec("")))
+    try:
+        with caplog.at_level("WARNING", logger="launcher"):
+            warm.await_ready(3600)
+    finally:
+        for fd in starter.ends:
+            os.close(fd)
+    assert f"rank 0 not kept warm: {why}; it starts with its round" in caplog.text
+    assert waited <= clock.now - 1000.0 < waited + 1 and starter.killed == [4242] and warm.take(0) is None

@@ -18,7 +18,6 @@ back (a restarted worker) starts a new window.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Mapping, Sequence, Tuple
@@ -188,86 +187,6 @@ def _reason(node: int, slow: Sequence[RankTime], ranks: Mapping[int, float], fas
             f"fastest's speed for {settings.patience} steps and {settings.hold:g} s)")
 
 
-# ---------------------------------------------------------------- what a node tells the others
-
-
-@dataclass(frozen=True)
-class NodeSpeed:
-    """A node's own ranks as the other nodes need them to judge the job: its fastest and its slowest rank's compute
-    time (a node is as fast as its slowest rank; the job's fastest rank is the one to compare against), at its last
-    step, in the round they were measured in (an elastic job's node indices and ranks change with its rounds)."""
-
-    node: int
-    host: str
-    round: int
-    step: int
-    fastest: Tuple[int, float]  # (rank, compute seconds)
-    slowest: Tuple[int, float]
-
-    def as_list(self) -> list:
-        return [self.node, self.host, self.round, self.step, *self.fastest, *self.slowest]
-
-    def rank_times(self) -> Tuple[RankTime, ...]:
-        ranks = {self.fastest[0]: self.fastest[1], self.slowest[0]: self.slowest[1]}
-        return tuple(RankTime(rank, self.node, self.host, compute, self.step) for rank, compute in sorted(ranks.items()))
-
-
-SHARED_NODES = 1024  # nodes one message of speeds carries at most
-SHARED_BYTES = 32 * 1024  # and bytes of their JSON: a control message is at most 64 KiB, sealed or not
-HOST_WIDTH = 255
-
-
-def node_speed(own: Sequence[RankTime], round_: int = 0) -> "NodeSpeed | None":
-    """This node's entry for the others, from its ranks with a full window (None: none yet)."""
-    if not own:
-        return None
-    fastest = min(own, key=lambda t: (t.compute, t.rank))
-    slowest = max(own, key=lambda t: (t.compute, -t.rank))
-    return NodeSpeed(own[0].node, own[0].host, round_, max(t.step for t in own), (fastest.rank, fastest.compute),
-                     (slowest.rank, slowest.compute))
-
-
-def read_speeds(value) -> Tuple[NodeSpeed, ...]:
-    """Entries off the wire (a list of [node, host, round, step, rank, compute, rank, compute]); whatever is not one,
-    or past SHARED_NODES, is left out: never raises."""
-    if not isinstance(value, list):
-        return ()
-    out = []
-    for item in value[:SHARED_NODES]:
-        if not (isinstance(item, list) and len(item) == 8 and isinstance(item[1], str) and len(item[1]) <= HOST_WIDTH
-                and all(_count(x) for x in (item[0], item[2], item[3], item[4], item[6]))
-                and valid(item[5]) and valid(item[7])):
-            continue
-        out.append(NodeSpeed(item[0], item[1], item[2], item[3], (item[4], float(item[5])), (item[6], float(item[7]))))
-    return tuple(out)
-
-
-def _count(value) -> bool:
-    return type(value) is int and 0 <= value < 1 << 31
-
-
-def shared(entries: Iterable[NodeSpeed]) -> Tuple[NodeSpeed, ...]:
-    """One entry per node for one message, within SHARED_NODES entries and SHARED_BYTES of JSON (a control message
-    is at most 64 KiB): the job's fastest node first, then the slowest ones (those a judgment turns on), by node."""
-    by_node = {e.node: e for e in entries}
-    if not by_node:
-        return ()
-    fastest = min(by_node.values(), key=lambda e: (e.fastest[1], e.node))
-    kept, size = [fastest], _size(fastest)
-    for e in sorted(by_node.values(), key=lambda e: (-e.slowest[1], e.node)):
-        if e is fastest:
-            continue
-        if len(kept) == SHARED_NODES or size + _size(e) > SHARED_BYTES:
-            break
-        kept.append(e)
-        size += _size(e)
-    return tuple(sorted(kept, key=lambda e: e.node))
-
-
-def _size(entry: NodeSpeed) -> int:
-    return len(json.dumps(entry.as_list())) + 1
-
-
 # ---------------------------------------------------------------- what is done about one
 
 def leaving(policy: str, verdict: Verdict, own_node: int) -> "Straggler | None":
@@ -276,50 +195,3 @@ def leaving(policy: str, verdict: Verdict, own_node: int) -> "Straggler | None":
     if policy != "leave" or not verdict.stragglers or verdict.stragglers[0].node != own_node:
         return None
     return verdict.stragglers[0]
-
-
-SHARE_EVERY = 2.0  # seconds between two messages of speeds from a node, and from the node that gathers them
-
-
-class Every:
-    """Due at most once every ``seconds`` (a node's messages of speeds, and the gathering node's)."""
-
-    def __init__(self, seconds: float = SHARE_EVERY) -> None:
-        self.seconds = seconds
-        self.last = float("-inf")
-
-    def due(self, now: float) -> bool:
-        if now - self.last < self.seconds:
-            return False
-        self.last = now
-        return True
-
-
-class Gathered:
-    """The entries a gathering node (node 0, an elastic job's keeper) holds: each node's last, by who sent it (a
-    sender speaks for itself only), and when it came; the fresh ones are shared back."""
-
-    def __init__(self, settings: Settings = Settings()) -> None:
-        self.settings = settings
-        self.entries: Dict[object, Tuple[NodeSpeed, float]] = {}
-        self.sharing = Every()
-
-    def put(self, sender, entry: "NodeSpeed | None", now: float) -> None:
-        if entry is not None:
-            self.entries[sender] = (entry, now)
-
-    def forget(self, sender) -> None:
-        self.entries.pop(sender, None)
-
-    def fresh(self, now: float, round_: "int | None" = None) -> Tuple[NodeSpeed, ...]:
-        """The entries heard within ``stale`` seconds (of ``round_`` where given), at most SHARED_NODES."""
-        return shared(e for e, heard in self.entries.values()
-                      if now - heard <= self.settings.stale and (round_ is None or e.round == round_))
-
-    def due(self, now: float) -> bool:
-        return self.sharing.due(now)
-
-
-def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tuple[RankTime, ...]:
-    """The other nodes' ranks to compare with this node's, from the entries shared with it (of its round only)."""
-    return tuple(t for e in entries if e.node != own_node and e.round == round_ for t in e.rank_times())

@@ -10,6 +10,7 @@ import selectors
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher import local_channel as lc
 from launcher.output.console import console
 from launcher.output.messages import log
 from launcher.plan import policy
@@ -128,9 +129,9 @@ class Loop:
         events = []
         by_pid = {w.pid: rank for rank, w in self.group.workers.items()} if self.group is not None else {}
         for s in said:
-            if s.message.get("t") == "hello" and s.message.get("keep") is True and s.pid in by_pid:
+            if s.message.get("t") == lc.HELLO and s.message.get("keep") is True and s.pid in by_pid:
                 events.append(policy.OptedIn(by_pid[s.pid]))
-            elif s.message.get("t") == "parked":
+            elif s.message.get("t") == lc.PARKED:
                 self.launch.parked.add(s.pid)
         return events
 

@@ -119,7 +119,7 @@ class Launch:
                 self.stragglers.note(spec.rank, self.plan.node_rank, self.plan.node_ip, self.progress.last(local_rank), now)
         if not self.stragglers.due(now):
             return []
-        job.share_speed(self.stragglers.own(now), now)
+        job.share_speed(self.stragglers.to_share(now), now)
         views = self.monitor.job_views if self.monitor is not None else None
         peers = job.peer_times(now) + peer_times(views.latest() if views is not None else (), self.plan.node_rank)
         self.stragglers.look(now, peers, self.events)

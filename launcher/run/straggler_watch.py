@@ -1,14 +1,15 @@
 """The straggler's search on this node (``launcher.plan.stragglers``, pure): each rank's compute time as its reports
 carry it (``launcher.runtime.report``), gathered as the event loop reads the progress pages; compared about every
-LOOK_EVERY seconds among this node's ranks and the other nodes' (as the job shares them: the control channel, the
-elastic membership; and the monitor's views, fetched while a page of ``--monitor_port`` watches); a node newly found
-slow named in the log (one warning) and in the event log (``straggler``), and one no longer slow said so
-(``straggler_cleared``)."""
+LOOK_EVERY seconds among this node's ranks and the other nodes' (as the job shares them, this node's at most every
+SHARE_EVERY seconds: the control channel, the elastic membership; and the monitor's views, fetched while a page of
+``--monitor_port`` watches); a node newly found slow named in the log (one warning) and in the event log
+(``straggler``), and one no longer slow said so (``straggler_cleared``)."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional, Tuple
 
+from launcher.nodes.transport.messages import SHARE_EVERY
 from launcher.output.messages import log
 from launcher.plan import stragglers
 
@@ -22,6 +23,7 @@ class StragglerWatch:
         self.verdict = stragglers.Verdict()
         self.named: dict = {}  # node -> the Straggler it was named as
         self.looked = float("-inf")
+        self.shared = float("-inf")  # when this node's ranks last went to the other nodes
 
     def note(self, rank: int, node: int, host: str, report: Optional[dict], now: float) -> None:
         """A new report of ``rank`` (a worker of this node): its compute time, where it has one, into its window."""
@@ -36,6 +38,14 @@ class StragglerWatch:
     def own(self, now: float) -> Tuple[stragglers.RankTime, ...]:
         """This node's ranks with a full window, heard from lately."""
         return stragglers.summarize(self.windows, now, self.settings)
+
+    def to_share(self, now: float) -> Tuple[stragglers.RankTime, ...]:
+        """This node's ranks for the other nodes, when they are due (at most every SHARE_EVERY seconds); else ()."""
+        own = self.own(now)
+        if not own or now - self.shared < SHARE_EVERY:
+            return ()
+        self.shared = now
+        return own
 
     def compute(self, rank: int, now: float) -> Optional[float]:
         """``rank``'s compute time (seconds per step, over its window), once its window is full."""

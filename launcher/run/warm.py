@@ -4,7 +4,7 @@ worker when the round begins. The others then wait for a joiner's re-form only, 
 and the model: seconds), and a standby's workers are ready when it takes a lost member's place.
 
 A warm worker is started with the variables that do not depend on the round (``warm_env``: the user's, its local rank,
-its GPUs, its threads) and LAUNCHER_WARM_FD, its end of a socket pair. ``elastic.run`` says ``ready`` there and waits;
+its GPUs, its threads) and LAUNCHER_WARM_FD, its end of a socket pair. ``elastic.run`` says ``READY`` there and waits;
 once the launcher's round began, it sends the worker its whole environment and its output's descriptors (``wake``), as
 it does for a worker kept in place from one round to the next. A worker that ends, or has not said ready within the
 wait, is not used: its round starts one afresh. A program that does not call ``elastic.run`` never says ready.
@@ -14,23 +14,21 @@ when the launcher ends without waking it (``close``), or its socket closes, it e
 
 from __future__ import annotations
 
-import array
 import selectors
 import signal
 import socket
-import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
 from launcher.output.messages import log
 from launcher.plan.model import Plan, WorkerSpec
-from launcher.run.starter import Process, ProcessStarter
+from launcher.run.starter import Clock, Process, ProcessStarter, SystemClock
 
-READY = b"ready\n"  # what a warm worker says once it waits in elastic.run
 LOOK_EVERY = 0.2  # seconds between two looks for a warm worker that ended, while waiting for them to be ready
 ENDING = 2.0  # seconds a warm worker whose socket closed has to end, for its exit code to be told
+EXIT_LOOK = 0.02  # seconds between two looks for that end
 
 # the variables of a worker that are the same in every round: its place on this node, not in the job
 LOCAL_VARIABLES = (ev.LOCAL_RANK, ev.LOCAL_WORLD_SIZE, ev.OMP_NUM_THREADS, ev.GLOO_SOCKET_IFNAME, ev.SELECTED_GPUS,
@@ -55,9 +53,9 @@ def warm_env(plan: Plan, spec: WorkerSpec, fd: int) -> dict:
 
 
 class WarmWorkers:
-    """The warm workers of this node, by local rank."""
+    """The warm workers of this node, by local rank; every wait on ``clock``."""
 
-    def __init__(self, starter: ProcessStarter, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, starter: ProcessStarter, clock: Clock = SystemClock()) -> None:
         self.starter = starter
         self.clock = clock
         self.by_local: dict = {}  # local rank -> Warm
@@ -80,12 +78,12 @@ class WarmWorkers:
     def await_ready(self, timeout: float) -> None:
         """Wait until every warm worker said it is ready, up to ``timeout`` seconds; those that ended or did not are
         let go (their rounds start them afresh), saying why."""
-        deadline = self.clock() + timeout
+        deadline = self.clock.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             for warm in self.by_local.values():
                 selector.register(warm.sock, selectors.EVENT_READ, warm)
-            while self._waiting() and self.clock() < deadline:
-                for key, _ in selector.select(min(LOOK_EVERY, max(0.0, deadline - self.clock()))):
+            while self._waiting() and self.clock.monotonic() < deadline:
+                for key, _ in self.clock.select(selector, min(LOOK_EVERY, max(0.0, deadline - self.clock.monotonic()))):
                     self._heard(key.data, selector)
                 for warm in self._waiting():
                     code = self.starter.exit_status(warm.proc.pid)
@@ -121,13 +119,13 @@ class WarmWorkers:
 
     def _heard(self, warm: Warm, selector) -> None:
         try:
-            data = warm.sock.recv(len(READY))
+            data = warm.sock.recv(len(lc.READY))
         except OSError:
             data = b""
         warm.heard += data
-        if warm.heard == READY:
+        if warm.heard == lc.READY:
             warm.ready = True
-        elif data and READY.startswith(warm.heard):
+        elif data and lc.READY.startswith(warm.heard):
             return
         selector.unregister(warm.sock)
         if warm.ready:
@@ -140,12 +138,12 @@ class WarmWorkers:
                      if code is not None else "it closed its socket before it waited in launcher.runtime.elastic.run")
 
     def _exit_within(self, warm: Warm, seconds: float) -> Optional[int]:
-        deadline = self.clock() + seconds
+        deadline = self.clock.monotonic() + seconds
         while True:
             code = self.starter.exit_status(warm.proc.pid)
-            if code is not None or self.clock() >= deadline:
+            if code is not None or self.clock.monotonic() >= deadline:
                 return code
-            time.sleep(0.02)
+            self.clock.sleep(EXIT_LOOK)
 
     def _let_go(self, warm: Warm, why: str) -> None:
         log.warning("%s not kept warm: %s; it starts with its round", warm.spec.label, why)
@@ -164,9 +162,9 @@ def wake(warm: Warm, env: dict, fds: tuple, progress: bool) -> Optional[str]:
     """Make ``warm`` a round's worker: told its environment, given its output's descriptors (and its progress page's,
     last, when ``progress``); None once done, else why it could not be. Its socket is closed either way."""
     sock, warm.sock = warm.sock, None
-    data = lc.encode({"t": lc.ROUND, "env": env, "fds": len(fds), "progress": progress})  # as a kept worker's round
+    data = lc.encode(lc.round_message(env, len(fds), progress))  # as a kept worker's round
     try:
-        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        sent = lc.send_with_fds(sock, data, fds)
         if sent < len(data):  # never an empty send: the worker may have closed its end once it had it all
             sock.sendall(data[sent:])
     except OSError as e:

@@ -12,7 +12,6 @@ out with ``send``.
 
 from __future__ import annotations
 
-import array
 import errno
 import os
 import secrets
@@ -110,7 +109,7 @@ class WorkerChannel:
             if c.out:
                 return False
             try:
-                sent = c.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                sent = lc.send_with_fds(c.sock, data, fds)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError:

@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 from typing import Optional
 
-from launcher import envvars as ev
+from launcher import envvars as ev, local_channel as lc
 from launcher.errors import LaunchError
 from launcher.output import error_file
 from launcher.output import log_files
@@ -182,7 +182,7 @@ class WorkerGroup:
             self.outputs.pop(rank, None)
             self.launch.parked.discard(w.pid)
             if channel is not None:
-                channel.send(w.pid, {"t": "stop", "reason": reason})
+                channel.send(w.pid, {"t": lc.STOP, "reason": reason})
             self.launch.kept[w.spec.local_rank] = w
 
     def _adopt(self, spec: WorkerSpec, kept: Worker) -> bool:
@@ -201,7 +201,7 @@ class WorkerGroup:
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
         self.launch.parked.discard(kept.pid)
-        told = channel.send(kept.pid, {"t": "round", "env": self.env_of(spec), "fds": len(fds)}, fds=fds)
+        told = channel.send(kept.pid, lc.round_message(self.env_of(spec), len(fds)), fds=fds)
         output.spawned()
         self.outputs[spec.rank] = output
         if not told:  # its channel failed just now: this round cannot start as planned here

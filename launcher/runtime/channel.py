@@ -4,7 +4,6 @@ output descriptors (``round``). And a warm worker's wait for its first round (``
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 import socket
@@ -41,10 +40,8 @@ class Lines:
                 return line
             if limit is not None and len(self.buffer) > limit:
                 return b""
-            data, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(16 * 4), socket.MSG_CMSG_CLOEXEC)
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    self.fds += array.array("i", payload[:len(payload) - len(payload) % 4]).tolist()
+            data, fds = lc.receive_with_fds(self.sock, 65536)
+            self.fds += fds
             if not data:
                 return b""
             self.buffer += data
@@ -112,14 +109,15 @@ class Channel:
             message = lc.decode(line, limit=None)
             if message is None:
                 continue
+            round_ = lc.round_of(message)
             if message["t"] == lc.STOP:
                 self.stopped.set()
                 self.on_stop()
                 with self.changed:
                     self.changed.notify_all()
-            elif _is_round(message):
+            elif round_ is not None:
                 with self.changed:
-                    self.rounds.append(_round_of(message, self.lines))
+                    self.rounds.append((round_[0], self.lines.take_fds(round_[1])))
                     self.changed.notify_all()
 
     def round_over(self, wait: float) -> bool:
@@ -146,16 +144,6 @@ class Channel:
             pass
 
 
-def _is_round(message: dict) -> bool:
-    return message.get("t") == lc.ROUND and isinstance(message.get("env"), dict)
-
-
-def _round_of(message: dict, lines: Lines) -> tuple:
-    """A round's (variables, the descriptors that came with its message)."""
-    count = message.get("fds") if type(message.get("fds")) is int else 0
-    return {str(k): str(v) for k, v in message["env"].items()}, lines.take_fds(count)
-
-
 def _redirect(fds: list) -> None:
     """Standard output and error onto the round's (the first two of ``fds``); every one of ``fds`` closed."""
     for stream in (sys.stdout, sys.stderr):
@@ -178,14 +166,15 @@ def await_first_round() -> None:
         return
     try:
         sock = socket.socket(fileno=int(fd))
-        sock.sendall(b"ready\n")
+        sock.sendall(lc.READY)
         lines = Lines(sock)
         message = lc.decode(lines.readline(None), limit=None)  # the launcher's own end of a socket pair: taken whole
     except (OSError, ValueError):
         raise LauncherGone(1) from None
-    if not message or not _is_round(message):
+    round_ = lc.round_of(message) if message else None
+    if round_ is None:
         raise LauncherGone(1)
-    env, fds = _round_of(message, lines)
+    env, fds = round_[0], lines.take_fds(round_[1])
     sock.close()
     progress = fds.pop() if message.get("progress") is True and len(fds) > 2 else None
     os.environ.clear()

@@ -21,7 +21,7 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.elastic.link import JobOver, Link, SharedSpeeds, StopOrder
 from launcher.nodes.elastic.model import STRAGGLES
 from launcher.output.messages import log
-from launcher.plan import policy, stragglers
+from launcher.plan import policy
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
@@ -49,7 +49,6 @@ class ElasticJob:
         self.stopped_early: set = set()  # rounds whose stop came before they began here
         self.rounds: list = [link.first]  # every round this node ran, for the state file
         self.speeds: tuple = ()  # every member's speed entry, as the membership last shared them
-        self.sending = stragglers.Every()  # this node's entry to the membership, at most every SHARE_EVERY
         self.min_nodes = min_nodes
 
     @property
@@ -61,11 +60,11 @@ class ElasticJob:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
     def share_speed(self, own: tuple, now: float) -> None:
-        if own and self.sending.due(now):
-            self.link.share_speed(stragglers.node_speed(own, self.round.number))
+        if own:
+            self.link.share_speed(m.node_speed(own, self.round.number))
 
     def peer_times(self, now: float) -> tuple:
-        return stragglers.others(self.speeds, self.plan.node_rank, self.round.number)
+        return m.others(self.speeds, self.plan.node_rank, self.round.number)
 
     def straggler_stays(self) -> Optional[str]:
         members = len(self.round.members or ())

@@ -82,14 +82,14 @@ class Leave:
 
 @dataclass(frozen=True)
 class Share:
-    """This node's speed entry (``stragglers.NodeSpeed``), for the other members."""
+    """This node's speed entry (``messages.NodeSpeed``), for the other members."""
 
     entry: object
 
 
 @dataclass(frozen=True)
 class SharedSpeeds:
-    """Every member's speed entry as the membership last shared them, for the event loop (``stragglers.others``)."""
+    """Every member's speed entry as the membership last shared them, for the event loop (``messages.others``)."""
 
     entries: tuple
 

@@ -8,8 +8,11 @@
   orders the servers stopped once the trainers of every node that joined are done: a node that
   never joined is not waited for (nothing could use it once the servers stop), and ends the job
   with code 1 if it holds a trainer (that trainer never ran).
-- ``Follower``: every other node. It reports its own cause to node 0 and follows node 0's orders;
+- ``Follower`` (``follower``): every other node. It reports its own cause to node 0 and follows node 0's orders;
   if node 0 is lost, it stops on its own and ends with code 1.
+
+Each node's speed (the straggler's search) goes to node 0, which keeps each node's from that node only and sends
+them all back to every node at most every SHARE_EVERY seconds; no node of a fixed job leaves as a straggler.
 
 The supervisor calls ``local_cause`` when something happens here, feeds ``on_events`` what the
 channel reports (getting back events for the attempt's policy), and calls ``finish_attempt``
@@ -32,8 +35,6 @@ from launcher.plan import policy
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 from launcher.plan.ps import held_by
-from launcher.plan import stragglers
-from launcher.nodes.static.speeds import Gathering, Sending, Unshared
 
 # How long node 0 waits for a joined node's report at the end of an attempt, beyond the grace
 REPORT_MARGIN = 10.0
@@ -43,7 +44,7 @@ Turn = Callable[[], list]  # one turn of the event loop: the policy events it pr
 Clock = Callable[[], float]  # monotonic seconds
 
 
-class Solo(Unshared):
+class Solo:
     history: tuple = ()  # a job of fixed nodes has no rounds
     reform_wait = 0.0  # nor workers kept from one round to the next
 
@@ -52,6 +53,18 @@ class Solo(Unshared):
         self.cause: Optional[Cause] = None
         self.channel: Optional[Union[HubChannel, SpokeChannel]] = None
         self.attempt = 0
+
+    def share_speed(self, own: tuple, now: float) -> None:
+        pass
+
+    def peer_times(self, now: float) -> tuple:
+        return ()
+
+    def straggler_stays(self) -> Optional[str]:
+        return "a job of a fixed set of nodes goes on with all of them (--nnodes MIN:MAX makes it elastic)"
+
+    def leave_as_straggler(self, straggler) -> list:
+        return []  # no node of a fixed job leaves as a straggler
 
     def node_label(self) -> str:
         return ""
@@ -105,7 +118,9 @@ class Solo(Unshared):
         pass
 
 
-class _Peered(Solo):
+class Peered(Solo):
+    """A node of a job of several: its control channel to the others."""
+
     def node_label(self) -> str:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
@@ -116,7 +131,7 @@ class _Peered(Solo):
         self.channel.close()
 
 
-class Leader(Gathering, _Peered):
+class Leader(Peered):
     def __init__(self, plan: Plan, channel: HubChannel, clock: Clock) -> None:
         super().__init__(plan)
         self.channel = channel
@@ -126,7 +141,24 @@ class Leader(Gathering, _Peered):
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
         self.finished = False  # parameter-server mode: every node was told to stop its servers (Finish)
         self.held = held_by(plan) if plan.parameter_server else ()  # per node: (its server ids, its trainer ids)
-        self.speeds = stragglers.Gathered()  # each node's speed entry, as it sent it
+        self.speeds: dict = {}  # node -> (its speed entry, when it came), from that node only
+        self.speeds_shared = float("-inf")
+
+    def share_speed(self, own: tuple, now: float) -> None:
+        self._put_speed(0, messages.node_speed(own), now)
+
+    def _put_speed(self, node: int, entry: Optional[messages.NodeSpeed], now: float) -> None:
+        if entry is not None:
+            self.speeds[node] = (entry, now)
+
+    def peer_times(self, now: float) -> tuple:
+        return messages.others(messages.fresh(self.speeds, now), 0)
+
+    def tick(self, now: float) -> list:
+        if self.speeds and now - self.speeds_shared >= messages.SHARE_EVERY:  # every node's entry back to all
+            self.speeds_shared = now
+            self.channel.broadcast(messages.to_wire(messages.Speeds(messages.fresh(self.speeds, now))))
+        return super().tick(now)
 
     def heartbeat_ages(self) -> dict:
         """Node 0 keeps the heartbeats: seconds since each joined node was last heard, by its node index."""
@@ -193,7 +225,7 @@ class Leader(Gathering, _Peered):
 
     def _on_message(self, node: int, message: messages.Message) -> list:
         if isinstance(message, messages.Speeds):  # a node speaks for itself only
-            self.heard(node, message, self.clock())
+            self._put_speed(node, next((e for e in message.nodes if e.node == node), None), self.clock())
             return []
         if not isinstance(message, (messages.Failed, messages.TrainersDone, messages.Report)) \
                 or message.attempt != self.attempt:
@@ -253,128 +285,3 @@ def _ids(role: str, ids) -> str:
         return f"{role} {ids[0]}"
     shown = ", ".join(map(str, ids[:MAX_IDS_NAMED]))
     return f"{role}s {shown}" + (f", ... ({len(ids)} in all)" if len(ids) > MAX_IDS_NAMED else "")
-
-
-class Follower(Sending, _Peered):
-    def __init__(self, plan: Plan, channel: SpokeChannel, clock: Clock) -> None:
-        super().__init__(plan)
-        self.channel = channel
-        self.clock = clock
-        self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
-        self.order: Optional[Union[messages.Start, messages.End]] = None  # node 0's order for this attempt
-        self.alone = False  # node 0 is lost or never answered
-        self.reporting = False  # this node's part of the attempt is over: its report is due
-        self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
-        self.speeds: tuple = ()  # every node's entry, as node 0 last shared them
-        self.sending = stragglers.Every()  # this node's entry to node 0, at most every SHARE_EVERY
-
-    def local_cause(self, cause: Cause) -> None:
-        if self.cause is None:
-            self.cause = cause
-            self.channel.send(messages.to_wire(messages.Failed(self.attempt, cause)))
-
-    def trainers_done(self) -> list:
-        self.trained = True
-        self.channel.send(messages.to_wire(messages.TrainersDone(self.attempt)))
-        return []
-
-    def _report(self) -> None:
-        self.channel.send(messages.to_wire(messages.Report(self.attempt, self.cause)))
-
-    def on_events(self, events) -> list:
-        out = []
-        for e in events:
-            if isinstance(e, Joined):
-                self._say_again()
-            elif isinstance(e, (Lost, NeverJoined)):
-                self.alone = True
-                cause = Cause(0, "lost" if isinstance(e, Lost) else "join", 1, e.reason)
-                self.root = self.root or cause
-                if self.cause is None:
-                    self.cause = cause
-                out.append(policy.StopOrdered(e.reason))
-            elif isinstance(e, Received):
-                out += self._on_message(messages.from_wire(e.message))
-        return out
-
-    def _say_again(self) -> None:
-        """What was said before node 0 answered went nowhere (the channel drops it): say it now, in the
-        order it happened. Node 0 counts a node's trainers done only on TrainersDone (a report does not
-        say it): a parameter-server node that left it out would keep every server of the job running."""
-        if self.trained:
-            self.channel.send(messages.to_wire(messages.TrainersDone(self.attempt)))
-        if self.reporting:
-            self._report()
-        elif self.cause is not None:
-            self.channel.send(messages.to_wire(messages.Failed(self.attempt, self.cause)))
-
-    def _on_message(self, message: messages.Message) -> list:
-        if isinstance(message, messages.Speeds):
-            self.speeds = message.nodes
-            return []
-        if isinstance(message, messages.End) or (isinstance(message, messages.Start)
-                                                 and message.attempt == self.attempt + 1):
-            self.order = message
-            return []
-        if isinstance(message, messages.Finish) and message.attempt == self.attempt:
-            return [policy.TrainersDone("every trainer of the job finished")]
-        if isinstance(message, messages.Stop) and message.attempt == self.attempt:
-            if message.cause is not None and self.root is None:
-                self.root = message.cause
-                return [policy.StopOrdered(message.cause.text, stacks=message.cause.kind == "hang")]
-        return []
-
-    def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
-        self.reporting = True
-        try:
-            return self._await_order(turn)
-        finally:
-            self.reporting = False
-
-    def _await_order(self, turn: Turn) -> Tuple[str, int]:
-        if self.cause is None and not self.channel.welcomed:
-            stopped = self._await_welcome(turn)
-            if stopped is not None:
-                return stopped
-            if not self.channel.welcomed:  # node 0 never answered: nothing here waits for it
-                log.warning("%s never answered within %g s; this node's workers all finished, so the job ends here "
-                            "with exit code 0", self.channel.node_name(0), self.plan.control.heartbeat_timeout)
-                return "end", 0
-        else:
-            self._report()  # (a node welcomed while it waited has reported on joining)
-        while self.order is None and not self.alone:
-            stopped = self._stopped_by_signal(turn())
-            if stopped is not None:
-                return stopped
-        if self.order is None:  # node 0 is gone: end with what is known here
-            known = self.final_cause()
-            return "end", known.code if known else 1
-        order, self.order = self.order, None
-        if isinstance(order, messages.Start):
-            self.attempt, self.cause, self.root, self.trained = order.attempt, None, None, False
-            log.info("node 0 restarts the job: attempt %d of %d", self.attempt + 1, self.plan.max_restarts + 1)
-            return "restart", self.attempt
-        self.root = order.cause or self.root
-        return "end", order.code
-
-    def _await_welcome(self, turn: Turn) -> Optional[Tuple[str, int]]:
-        """This node's workers are done and node 0 has not answered yet: it gets the heartbeat timeout to do
-        so (a node 0 still starting on a busy machine would otherwise count this node as one that never
-        joined, and its trainers as never run). ("end", code) when a signal stops the wait."""
-        deadline = self.clock() + self.plan.control.heartbeat_timeout
-        while not self.channel.welcomed and not self.alone and self.clock() < deadline:
-            stopped = self._stopped_by_signal(turn())
-            if stopped is not None:
-                return stopped
-        return None
-
-    def _stopped_by_signal(self, events) -> Optional[Tuple[str, int]]:
-        for e in events:
-            if isinstance(e, policy.StopSignal):
-                self.local_cause(self.signal_cause(e.sig))
-                self.root = self.root or self.cause
-                return "end", self.cause.code
-        return None
-
-    def final_cause(self) -> Optional[Cause]:
-        return self.root or self.cause

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from launcher.errors import LaunchError
-from launcher.nodes.static.coordinator import Follower, Leader, Solo
+from launcher.nodes.static.coordinator import Leader, Solo
+from launcher.nodes.static.follower import Follower
 from launcher.nodes.static.hub import Hub
 from launcher.nodes.transport.messages import Identity
 from launcher.nodes.static.spoke import Spoke

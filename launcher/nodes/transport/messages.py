@@ -4,18 +4,23 @@ encode/decode pair: ``to_wire`` (a message as the JSON object the channel sends)
 
 ``from_wire`` never raises: a field of a wrong type reads as None (or, for an end's code, as 1),
 an unknown type as ``Unknown``, so each handler decides on typed values only. The objects
-``to_wire`` makes are byte for byte those of earlier versions (same keys, same order).
+``to_wire`` makes are byte for byte those of earlier versions (same keys, same order). An elastic
+job's membership's messages are written in ``elastic_messages`` and taken in here (``messages.RoundStart``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, fields
-from typing import Callable, ClassVar, Optional, Union
+from typing import Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-from launcher.nodes.transport.values import as_attempt, as_code, as_flag, as_strict_int, as_text, as_texts
+from launcher.nodes.transport import elastic_messages
+from launcher.nodes.transport.elastic_messages import (Admitted, Change, Dropped, Leaving, RoundDone, RoundFailed,
+                                                       RoundStart, Seat, StopWorkers, Stopped)
+from launcher.nodes.transport.values import as_attempt, as_code, as_strict_int, as_text, as_texts
 from launcher.plan.policy import Cause
-from launcher.plan.stragglers import NodeSpeed, read_speeds
+from launcher.plan.stragglers import STALE, RankTime, valid
 
 LISTED_NODES = 256  # a job of more nodes names them in its hello by their digest
 
@@ -153,119 +158,33 @@ class End:
     cause: Optional[Cause]
 
 
-# ---------------------------------------------------------------- an elastic job's membership
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """Node 0 to a joining launcher of an elastic job: it is in (a standby waits for a member's place)."""
-
-    type: ClassVar[str] = "admitted"
-    standby: Optional[bool]
-    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce and its own
-    keeper_nonce: Optional[str] = None  # with a job token: node 0's nonce, for their session (auth.Session.elastic)
-
-
-@dataclass(frozen=True)
-class Seat:
-    """A member's place in a round, as the round's message carries it (on the wire: a list of the five)."""
-
-    node_id: str
-    host: str
-    workers: int
-    node_rank: int
-    first_rank: int  # the global rank of its local rank 0
-
-    def as_list(self) -> list:
-        return [self.node_id, self.host, self.workers, self.node_rank, self.first_rank]
-
-
-@dataclass(frozen=True)
-class Change:
-    """A change of the membership since the round before (on the wire: a list of the four): a node ``joined``, or was
-    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), ``left`` (it said it leaves), or ``straggler``
-    (it left, named a straggler: ``--straggler_policy leave``)."""
-
-    node_id: str
-    host: str
-    kind: str
-    reason: str
-
-    def as_list(self) -> list:
-        return [self.node_id, self.host, self.kind, self.reason]
-
-
-CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler")
-
-
-@dataclass(frozen=True)
-class RoundStart:
-    """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
-    seats)."""
-
-    type: ClassVar[str] = "round"
-    number: Optional[int]
-    members: Optional[tuple]  # Seat
-    world_size: Optional[int]
-    restarts: Optional[int]
-    text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
-    changes: Optional[tuple] = None  # Change: the membership's since the round before (the event log's)
-    why: Optional[str] = None  # what ended the round before: "start", "lost", "joined", "restart"
-
-
-@dataclass(frozen=True)
-class StopWorkers:
-    """Node 0 to each member: stop this round's workers (a membership change)."""
-
-    type: ClassVar[str] = "stop_workers"
-    round: Optional[int]
-    reason: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Stopped:
-    """A member to node 0: its workers of this round are all gone."""
-
-    type: ClassVar[str] = "stopped"
-    round: Optional[int]
-
-
-@dataclass(frozen=True)
-class RoundDone:
-    """A member to node 0: its workers of this round all finished (exit code 0)."""
-
-    type: ClassVar[str] = "round_done"
-    round: Optional[int]
-
-
-@dataclass(frozen=True)
-class RoundFailed:
-    """A member to node 0: a cause to stop found there while the round ran (a worker failed, a start, a hang)."""
-
-    type: ClassVar[str] = "round_failed"
-    round: Optional[int]
-    code: int  # off the wire: 1 unless an int of 0 to 255
-    reason: Optional[str]
-
-
-@dataclass(frozen=True)
-class Leaving:
-    """A member to node 0: its launcher ends (a stop signal): it left the job, it is not lost."""
-
-    type: ClassVar[str] = "leaving"
-    reason: Optional[str]
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """Node 0 to a launcher it counts out of the job: end with ``code``, saying ``reason``."""
-
-    type: ClassVar[str] = "dropped"
-    code: int  # off the wire: 1 unless an int of 0 to 255
-    reason: Optional[str]
-
-
 # ---------------------------------------------------------------- each node's speed (``launcher.plan.stragglers``)
+
+SHARE_EVERY = 2.0  # seconds between two messages of speeds from a node, and from the node that gathers them
+SHARED_NODES = 1024  # nodes one message of speeds carries at most
+SHARED_BYTES = 32 * 1024  # and bytes of their JSON: a control message is at most 64 KiB, sealed or not
+HOST_WIDTH = 255
+
+
+@dataclass(frozen=True)
+class NodeSpeed:
+    """A node's own ranks as the other nodes need them to judge the job: its fastest and its slowest rank's compute
+    time (a node is as fast as its slowest rank; the job's fastest rank is the one to compare against), at its last
+    step, in the round they were measured in (an elastic job's node indices and ranks change with its rounds)."""
+
+    node: int
+    host: str
+    round: int
+    step: int
+    fastest: Tuple[int, float]  # (rank, compute seconds)
+    slowest: Tuple[int, float]
+
+    def as_list(self) -> list:
+        return [self.node, self.host, self.round, self.step, *self.fastest, *self.slowest]
+
+    def rank_times(self) -> Tuple[RankTime, ...]:
+        ranks = {self.fastest[0]: self.fastest[1], self.slowest[0]: self.slowest[1]}
+        return tuple(RankTime(rank, self.node, self.host, compute, self.step) for rank, compute in sorted(ranks.items()))
 
 
 @dataclass(frozen=True)
@@ -275,6 +194,69 @@ class Speeds:
 
     type: ClassVar[str] = "speeds"
     nodes: tuple  # NodeSpeed (off the wire, what is not one is left out)
+
+
+def node_speed(own: Sequence[RankTime], round_: int = 0) -> Optional[NodeSpeed]:
+    """This node's entry for the others, from its ranks with a full window (None: none yet)."""
+    if not own:
+        return None
+    fastest = min(own, key=lambda t: (t.compute, t.rank))
+    slowest = max(own, key=lambda t: (t.compute, -t.rank))
+    return NodeSpeed(own[0].node, own[0].host, round_, max(t.step for t in own), (fastest.rank, fastest.compute),
+                     (slowest.rank, slowest.compute))
+
+
+def read_speeds(value) -> Tuple[NodeSpeed, ...]:
+    """Entries off the wire (a list of [node, host, round, step, rank, compute, rank, compute]); whatever is not one,
+    or past SHARED_NODES, is left out: never raises."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for item in value[:SHARED_NODES]:
+        if not (isinstance(item, list) and len(item) == 8 and isinstance(item[1], str) and len(item[1]) <= HOST_WIDTH
+                and all(_count(x) for x in (item[0], item[2], item[3], item[4], item[6]))
+                and valid(item[5]) and valid(item[7])):
+            continue
+        out.append(NodeSpeed(item[0], item[1], item[2], item[3], (item[4], float(item[5])), (item[6], float(item[7]))))
+    return tuple(out)
+
+
+def _count(value) -> bool:
+    return type(value) is int and 0 <= value < 1 << 31
+
+
+def shared(entries: Iterable[NodeSpeed]) -> Tuple[NodeSpeed, ...]:
+    """One entry per node for one message, within SHARED_NODES entries and SHARED_BYTES of JSON (a control message
+    is at most 64 KiB): the job's fastest node first, then the slowest ones (those a judgment turns on), by node."""
+    by_node = {e.node: e for e in entries}
+    if not by_node:
+        return ()
+    fastest = min(by_node.values(), key=lambda e: (e.fastest[1], e.node))
+    kept, size = [fastest], _size(fastest)
+    for e in sorted(by_node.values(), key=lambda e: (-e.slowest[1], e.node)):
+        if e is fastest:
+            continue
+        if len(kept) == SHARED_NODES or size + _size(e) > SHARED_BYTES:
+            break
+        kept.append(e)
+        size += _size(e)
+    return tuple(sorted(kept, key=lambda e: e.node))
+
+
+def _size(entry: NodeSpeed) -> int:
+    return len(json.dumps(entry.as_list())) + 1
+
+
+def fresh(gathered: Mapping[object, Tuple[NodeSpeed, float]], now: float, round_: Optional[int] = None,
+          stale: float = STALE) -> Tuple[NodeSpeed, ...]:
+    """What a gathering node shares of the entries it holds (sender -> (its entry, when it came)): those heard within
+    ``stale`` seconds (of ``round_`` where given), as one message carries them (``shared``)."""
+    return shared(e for e, heard in gathered.values() if now - heard <= stale and (round_ is None or e.round == round_))
+
+
+def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tuple[RankTime, ...]:
+    """The other nodes' ranks to compare with this node's, from the entries shared with it (of its round only)."""
+    return tuple(t for e in entries if e.node != own_node and e.round == round_ for t in e.rank_times())
 
 
 # ---------------------------------------------------------------- gathering an MPI job's node list (``gather``)
@@ -333,28 +315,6 @@ def as_cause(value) -> Optional[Cause]:
     return Cause.from_dict(value) if value else None
 
 
-def as_members(value) -> Optional[tuple]:
-    """A round's seats: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
-    if not isinstance(value, list):
-        return None
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
-                and all(type(x) is int for x in item[2:])):
-            return None
-    return tuple(Seat(*item) for item in value)
-
-
-def as_changes(value) -> Optional[tuple]:
-    """A round's changes: a list of [id, host, kind, reason] (four texts, the kind one of CHANGE_KINDS)."""
-    if not isinstance(value, list):
-        return None
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(x, str) for x in item)
-                and item[2] in CHANGE_KINDS):
-            return None
-    return tuple(Change(*item) for item in value)
-
-
 def _hello(m: dict) -> Hello:
     identity = m.get("identity")
     return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
@@ -374,16 +334,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
-    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
-    "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
-                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
-                                  as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),
-    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round")), as_text(m.get("reason"))),
-    "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
-    "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),
-    "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
-    "leaving": lambda m: Leaving(as_text(m.get("reason"))),
-    "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
+    **elastic_messages.READERS,
     "speeds": lambda m: Speeds(read_speeds(m.get("nodes"))),
     "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
                            as_text(m.get("nonce")), as_text(m.get("proof"))),

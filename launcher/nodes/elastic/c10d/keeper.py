@@ -32,7 +32,6 @@ from launcher.plan.policy import one_line
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
-from launcher.plan import stragglers
 
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
 
@@ -60,7 +59,8 @@ class Keeper(LinkBase):
         self.stalled = False  # the last turn took longer than a heartbeat interval
         self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
         self.over = False  # the job ended: no more rounds
-        self.speeds = stragglers.Gathered()  # each member's speed entry, by node id, shared back every few seconds
+        self.speeds: dict = {}  # node id -> (its speed entry, when it came), shared back every SHARE_EVERY seconds
+        self.speeds_shared = float("-inf")
         self.next_beat = clock()
         self.state, actions = mb.begin(spec, me, job_id, clock())
         self.carry_out(actions)
@@ -135,15 +135,16 @@ class Keeper(LinkBase):
         round_ = self.state.round
         seat = round_.member(node_id) if round_ is not None else None
         if entry is not None and seat is not None and entry.round == round_.number and entry.node == seat.node_rank:
-            self.speeds.put(node_id, entry, self.clock())
+            self.speeds[node_id] = (entry, self.clock())
 
     def share_speeds(self) -> None:
         """Every member's entry of the running round, to every member (node 0's own through its inbox)."""
         round_ = self.state.round
         now = self.clock()
-        if round_ is None or not self.speeds.entries or not self.speeds.due(now):
+        if round_ is None or not self.speeds or now - self.speeds_shared < m.SHARE_EVERY:
             return
-        entries = self.speeds.fresh(now, round_.number)
+        self.speeds_shared = now
+        entries = m.fresh(self.speeds, now, round_.number)
         encoded = Shared(m.Speeds(entries))
         for x in round_.members:
             if x.node.node_id != self.node_id:
@@ -348,7 +349,7 @@ class Keeper(LinkBase):
         if peer is None:
             return
         self.fds.pop(peer.node_id, None)
-        self.speeds.forget(peer.node_id)
+        self.speeds.pop(peer.node_id, None)
         self.selector.unregister(peer.sock)
         peer.sock.close()
         if peer.node_id is not None:

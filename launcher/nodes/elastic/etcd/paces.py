@@ -1,8 +1,8 @@
-"""Each launcher's speed in an etcd job (``launcher.plan.stragglers.NodeSpeed``): its key ``pace/NODE`` under its lease,
-rewritten while its workers report steps, at most every SHARE_EVERY seconds (longer in a job of many nodes: every
-write goes to every launcher's watch), and proven with the job token where there is one; and every member's entry of
-the running round, read from the mirror, for the event loop. A launcher speaks for itself only: an entry counts under
-its writer's node key's lease, of its own id, of its seat in the round."""
+"""Each launcher's speed in an etcd job (``messages.NodeSpeed``): its key ``pace/NODE`` under its lease, rewritten
+while its workers report steps, at most every SHARE_EVERY seconds (longer in a job of many nodes: every write goes to
+every launcher's watch), and proven with the job token where there is one; and every member's entry of the running
+round, read from the mirror, for the event loop. A launcher speaks for itself only: an entry counts under its
+writer's node key's lease, of its own id, of its seat in the round."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from urllib.parse import quote, unquote
 from launcher.nodes.elastic.etcd import keys as ek
 from launcher.nodes.elastic.etcd.client import Refused, Unavailable
 from launcher.nodes.elastic.link import member
-from launcher.nodes.transport import auth
+from launcher.nodes.transport import auth, messages
 from launcher.output.messages import log
-from launcher.plan import stragglers
 from launcher.plan.policy import one_line
 
 NODES_PER_PERIOD = 16  # a job of more members writes its paces less often, in proportion
@@ -30,7 +29,7 @@ def node_id_of(key: str, prefix: str) -> str:
     return unquote(key[len(prefix) + len("pace/"):])
 
 
-def pace_value(node_id: str, lease: int, entry: stragglers.NodeSpeed, token: Optional[str], job_id: str) -> str:
+def pace_value(node_id: str, lease: int, entry: messages.NodeSpeed, token: Optional[str], job_id: str) -> str:
     body = {"id": node_id, "entry": entry.as_list()}
     text = json.dumps(body, sort_keys=True)
     return json.dumps({**body, "proof": auth.proof(token, f"{text} lease {lease}", job_id, node_id) if token else None})
@@ -44,7 +43,7 @@ def read_pace(value: str, lease: int, node_lease: int, token: Optional[str], job
     body = {"id": data["id"], "entry": data.get("entry")}
     if not ek.proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
         return None
-    entries = stragglers.read_speeds([body["entry"]])
+    entries = messages.read_speeds([body["entry"]])
     return (body["id"], entries[0]) if entries else None
 
 
@@ -64,7 +63,7 @@ class Paces:
         within a tenth of its period (every launcher watches every write)."""
         members = len(round_.members or ()) if round_ is not None else 1
         periods = members // NODES_PER_PERIOD
-        return 0.0 if periods <= 1 else 0.9 * stragglers.SHARE_EVERY * periods
+        return 0.0 if periods <= 1 else 0.9 * messages.SHARE_EVERY * periods
 
     def write(self, client, lease: int, entry, round_, now: float) -> None:
         if entry is None or now - self.written_at < self.spacing(round_):
@@ -86,7 +85,7 @@ class Paces:
             seat = member(round_, node_id)
             if seat is not None and entry.round == round_.number and entry.node == seat.node_rank:
                 entries.append(entry)
-        entries = stragglers.shared(entries)
+        entries = messages.shared(entries)
         if entries == self.given:
             return None
         self.given = entries

@@ -10,7 +10,7 @@ another's prefix):
   the membership (it is the *keeper*), so that when the keeper is lost the next one takes over.
 - ``report/NODE/KIND``: what a launcher tells the keeper, under its lease: its workers of a round
   ``stopped``, all ``done``, or one ``failed`` (the last of each kind; a later round's replaces it).
-- ``pace/NODE``: each launcher's speed entry (``launcher.plan.stragglers.NodeSpeed``), under its lease, rewritten
+- ``pace/NODE``: each launcher's speed entry (``launcher.nodes.transport.messages.NodeSpeed``), under its lease, rewritten
   every few seconds while its workers report steps: every launcher reads every one and judges the job itself.
 - ``gone/NODE``: why a launcher left, under no lease (``departures``): read by the keeper only.
 - ``record``: the membership as the keeper decided it (``membership.State``) and its orders: the

@@ -1,0 +1,156 @@
+"""The messages of an elastic job's membership, between node 0 and each launcher: a launcher admitted, a round's
+start with its seats and the changes since the round before, the stop of a round's workers and each member's
+answers, a launcher's leaving or being dropped. ``messages`` writes and reads them with the others (``to_wire``, and
+``from_wire`` through ``READERS``): a field of a wrong type reads as None, nothing raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Optional
+
+from launcher.nodes.transport.values import as_code, as_flag, as_strict_int, as_text
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Node 0 to a joining launcher of an elastic job: it is in (a standby waits for a member's place)."""
+
+    type: ClassVar[str] = "admitted"
+    standby: Optional[bool]
+    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce and its own
+    keeper_nonce: Optional[str] = None  # with a job token: node 0's nonce, for their session (auth.Session.elastic)
+
+
+@dataclass(frozen=True)
+class Seat:
+    """A member's place in a round, as the round's message carries it (on the wire: a list of the five)."""
+
+    node_id: str
+    host: str
+    workers: int
+    node_rank: int
+    first_rank: int  # the global rank of its local rank 0
+
+    def as_list(self) -> list:
+        return [self.node_id, self.host, self.workers, self.node_rank, self.first_rank]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change of the membership since the round before (on the wire: a list of the four): a node ``joined``, or was
+    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), ``left`` (it said it leaves), or ``straggler``
+    (it left, named a straggler: ``--straggler_policy leave``)."""
+
+    node_id: str
+    host: str
+    kind: str
+    reason: str
+
+    def as_list(self) -> list:
+        return [self.node_id, self.host, self.kind, self.reason]
+
+
+CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler")
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
+    seats)."""
+
+    type: ClassVar[str] = "round"
+    number: Optional[int]
+    members: Optional[tuple]  # Seat
+    world_size: Optional[int]
+    restarts: Optional[int]
+    text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
+    changes: Optional[tuple] = None  # Change: the membership's since the round before (the event log's)
+    why: Optional[str] = None  # what ended the round before: "start", "lost", "joined", "restart"
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Node 0 to each member: stop this round's workers (a membership change)."""
+
+    type: ClassVar[str] = "stop_workers"
+    round: Optional[int]
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A member to node 0: its workers of this round are all gone."""
+
+    type: ClassVar[str] = "stopped"
+    round: Optional[int]
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """A member to node 0: its workers of this round all finished (exit code 0)."""
+
+    type: ClassVar[str] = "round_done"
+    round: Optional[int]
+
+
+@dataclass(frozen=True)
+class RoundFailed:
+    """A member to node 0: a cause to stop found there while the round ran (a worker failed, a start, a hang)."""
+
+    type: ClassVar[str] = "round_failed"
+    round: Optional[int]
+    code: int  # off the wire: 1 unless an int of 0 to 255
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """A member to node 0: its launcher ends (a stop signal): it left the job, it is not lost."""
+
+    type: ClassVar[str] = "leaving"
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Node 0 to a launcher it counts out of the job: end with ``code``, saying ``reason``."""
+
+    type: ClassVar[str] = "dropped"
+    code: int  # off the wire: 1 unless an int of 0 to 255
+    reason: Optional[str]
+
+
+def as_members(value) -> Optional[tuple]:
+    """A round's seats: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
+                and all(type(x) is int for x in item[2:])):
+            return None
+    return tuple(Seat(*item) for item in value)
+
+
+def as_changes(value) -> Optional[tuple]:
+    """A round's changes: a list of [id, host, kind, reason] (four texts, the kind one of CHANGE_KINDS)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(x, str) for x in item)
+                and item[2] in CHANGE_KINDS):
+            return None
+    return tuple(Change(*item) for item in value)
+
+
+READERS: dict[str, Callable[[dict], object]] = {
+    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
+    "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
+                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
+                                  as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),
+    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round")), as_text(m.get("reason"))),
+    "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
+    "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),
+    "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
+    "leaving": lambda m: Leaving(as_text(m.get("reason"))),
+    "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
+}
