@@ -27,7 +27,7 @@ monitor run on a fake clock, which the test moves.
 from __future__ import annotations
 
 import errno
-import json
+import logging
 import os
 import resource
 import secrets
@@ -577,3 +577,136 @@ def test_out_of_descriptors_the_server_neither_spins_nor_dies_and_accepts_again(
         server.serve_legit()
     finally:
         knocking.close()
+
+
+# ---------------------------------------------------------------- the listener alone, on a fake clock
+
+
+class Conn:
+    """An accepted connection, as far as the listener looks at it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        self.fd = -1
+
+
+class Queue:
+    """A listening socket whose accept queue the test fills (a Conn, or an OSError to raise)."""
+
+    def __init__(self) -> None:
+        self.waiting: list = []
+        self.closed = False
+
+    def fileno(self) -> int:
+        return 3
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def set_inheritable(self, flag: bool) -> None:
+        pass
+
+    def listen(self, backlog: int) -> None:
+        pass
+
+    def accept(self):
+        if not self.waiting:
+            raise BlockingIOError()
+        got = self.waiting.pop(0)
+        if isinstance(got, OSError):
+            raise got
+        return got, ("127.0.0.1", got.fd)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_past_the_cap_the_oldest_pending_is_pushed_out_and_an_introduced_one_never_is():
+    queue = Queue()
+    listener = kit.Listener(queue, "test", cap=3)
+    queue.waiting = [Conn(fd) for fd in range(10, 13)]
+    new, pushed = listener.accept(1.0)
+    assert [c.fd for c, _ in new] == [10, 11, 12] and pushed == []
+    listener.settled(new[0][0])  # introduced: no longer pending
+    queue.waiting = [Conn(13), Conn(14)]
+    new2, pushed = listener.accept(2.0)
+    assert [c.fd for c, _ in new2] == [13, 14] and [c.fd for c in pushed] == [11]
+    # a batch longer than the cap: those the owner never saw are closed by the listener, not handed back
+    queue.waiting = [Conn(fd) for fd in range(20, 26)]
+    new3, pushed = listener.accept(3.0)
+    assert [c.fd for c, _ in new3] == [23, 24, 25] and sorted(c.fd for c in pushed) == [12, 13, 14]
+    assert len(listener.pending) == 3
+
+
+def test_a_connection_already_closed_by_its_owner_is_not_handed_back():
+    queue = Queue()
+    listener = kit.Listener(queue, "test", cap=1)
+    queue.waiting = [Conn(10)]
+    (first, _), = listener.accept(1.0)[0]
+    first.close()  # the owner closed it and forgot to say so
+    queue.waiting = [Conn(11)]
+    assert listener.accept(2.0)[1] == []
+
+
+def test_the_hello_deadline_names_the_overdue_oldest_first_on_the_owners_clock():
+    queue = Queue()
+    listener = kit.Listener(queue, "test", hello_within=5.0)
+    queue.waiting = [Conn(10)]
+    listener.accept(100.0)
+    queue.waiting = [Conn(11)]
+    listener.accept(102.0)
+    assert listener.next_deadline() == 105.0
+    assert listener.overdue(104.9) == []
+    assert [c.fd for c in listener.overdue(105.0)] == [10]
+    assert listener.next_deadline() == 107.0
+    assert kit.Listener(Queue(), "no deadline").next_deadline() is None
+
+
+def test_out_of_descriptors_it_pauses_says_so_once_and_accepts_again(caplog):
+    caplog.set_level(logging.DEBUG, logger="launcher")
+    queue = Queue()
+    listener = kit.Listener(queue, "test")
+    for _ in range(2):
+        queue.waiting = [OSError(errno.EMFILE, "Too many open files"), Conn(10)]
+        assert listener.accept(100.0) == ([], [])
+        assert listener.registrations(100.0) == {} and listener.next_deadline() == 100.0 + kit.PAUSE
+        assert listener.accept(100.0) == ([], [])  # not even tried while it pauses
+        assert listener.registrations(100.0 + kit.PAUSE) == {3: selectors.EVENT_READ}
+        assert [c.fd for c, _ in listener.accept(100.0 + kit.PAUSE)[0]] == [10]
+    warned = [r for r in caplog.records if "cannot accept a connection" in r.getMessage()]
+    assert [r.levelname for r in warned] == ["WARNING", "DEBUG"]
+
+
+def test_any_other_accept_failure_is_no_pause():
+    queue = Queue()
+    listener = kit.Listener(queue, "test")
+    queue.waiting = [ConnectionAbortedError(), OSError(errno.EPROTO, "protocol"), Conn(10)]
+    assert listener.accept(1.0) == ([], [])  # the aborted one skipped, the failure ends the batch
+    assert listener.registrations(1.0) == {3: selectors.EVENT_READ}
+    assert [c.fd for c, _ in listener.accept(1.0)[0]] == [10]
+
+
+def test_a_selector_kept_by_its_owner_watches_it_while_it_accepts_and_close_lets_go():
+    queue = Queue()
+    listener = kit.Listener(queue, "test")
+    with selectors.DefaultSelector() as selector:
+        sock = socket.socket()
+        queue.fileno = sock.fileno  # a real descriptor for the selector
+        listener.watch_with(selector, 1.0, "data")
+        assert selector.get_map()[sock.fileno()].data == "data"
+        listener.paused_until = 5.0
+        listener.watch_with(selector, 2.0)
+        assert sock.fileno() not in selector.get_map()
+        listener.watch_with(selector, 5.0)
+        listener.close()
+        listener.close()
+        assert sock.fileno() not in selector.get_map() and queue.closed
+        sock.close()

@@ -22,7 +22,6 @@ from typing import Callable, Optional
 from launcher.host.preflight import monitor_listener
 from launcher.nodes.transport.listener import Listener
 from launcher.output import monitor_view
-from launcher.output.messages import log
 from launcher.run.job_view import JobViews
 
 MAX_CLIENTS = 64
