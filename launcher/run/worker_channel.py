@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
-from launcher.nodes.transport.listener import Listener, bind
+from launcher.nodes.transport.listener import BACKLOG, Listener, bind
 from launcher.output.messages import log
 
 RECV_BYTES = 64 * 1024
@@ -71,7 +71,9 @@ class WorkerChannel:
 
     def listen(self) -> None:
         try:
-            self.listener = Listener(bind(lc.address(self.name)), "local channel")
+            # its own workers only, one connection each, stay pending (the others are closed at once): all of them may
+            # connect at once, however many there are
+            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG)
         except OSError as e:
             log.warning("no local channel to the workers (%s): they are restarted at each round", e.strerror)
 
