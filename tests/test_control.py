@@ -12,7 +12,8 @@ import pytest
 from launcher.nodes.transport.auth import fresh_nonce, hub_proof, proof, Session
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received
 from launcher.nodes.transport.connection import tune
-from launcher.nodes.transport.connection import HELLO_TIMEOUT, MAX_PENDING
+from launcher.nodes.transport.connection import HELLO_TIMEOUT
+from launcher.nodes.transport.listener import MAX_PENDING
 from launcher.nodes.static.hub import Hub
 from launcher.nodes.transport.messages import Identity
 from launcher.nodes.static.spoke import Spoke

@@ -265,7 +265,7 @@ def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_witho
 
 
 def test_connections_that_never_say_hello_cannot_keep_a_launcher_out():
-    from launcher.nodes.transport.connection import MAX_PENDING
+    from launcher.nodes.transport.listener import MAX_PENDING
 
     port = free_ports(1)
     spec = spec_of(port)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher.nodes.transport.connection import MAX_PENDING
+from launcher.nodes.transport.listener import MAX_PENDING
 from launcher.nodes.transport.wire import encode
 from launcher.nodes.static import gather
 from tests.conftest import free_port, pose_as_node_0

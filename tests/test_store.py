@@ -123,6 +123,19 @@ def new_store():
     return store.AgentStore(agent_store.StoreSpec("127.0.0.1", held.getsockname()[1]), [held]), held
 
 
+def watch(agent, selector) -> None:
+    """``selector`` told what the store's ``changes`` say, as the launcher's event loop is."""
+    for fd, events in agent.changes():
+        key = selector.get_map().get(fd)
+        if not events:
+            if key is not None:
+                selector.unregister(fd)
+        elif key is not None:
+            selector.modify(fd, events)
+        else:
+            selector.register(fd, events)
+
+
 @contextmanager
 def served(limit_s=60.0, **attrs):
     """An AgentStore on a free loopback port, served by a loop like the launcher's in a thread: its port."""
@@ -138,15 +151,7 @@ def served(limit_s=60.0, **attrs):
         deadline = time.monotonic() + limit_s
         while not stop.is_set() and time.monotonic() < deadline:
             with lock:
-                for fd, events in agent.changes():
-                    key = selector.get_map().get(fd)
-                    if not events:
-                        if key is not None:
-                            selector.unregister(fd)
-                    elif key is not None:
-                        selector.modify(fd, events)
-                    else:
-                        selector.register(fd, events)
+                watch(agent, selector)
             for key, mask in selector.select(0.05):
                 with lock:
                     agent.ready(key.fd, mask, time.monotonic())
@@ -175,6 +180,19 @@ def sized(b: bytes) -> bytes:
 
 
 VALIDATE = frame(Query.VALIDATE, struct.pack("<I", protocol.MAGIC))
+
+
+def closed_by_server(sock, timeout) -> bool:
+    """Whether the server closed ``sock`` (end of stream or reset) within ``timeout``; what it sent is read and dropped."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
 
 
 class Raw:
@@ -207,15 +225,7 @@ class Raw:
 
     def closed_by_store(self, timeout=10):
         """Whether the store closed this connection (within ``timeout``)."""
-        self.sock.settimeout(timeout)
-        try:
-            while self.sock.recv(65536):
-                pass
-            return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except socket.timeout:
-            return False
+        return closed_by_server(self.sock, timeout)
 
     def close(self):
         self.sock.close()
@@ -236,7 +246,7 @@ def test_the_reserved_socket_is_the_one_listened_on_and_kept():
         port = held.getsockname()[1]
         agent = store.AgentStore(agent_store.StoreSpec("127.0.0.1", port), [held])
         agent.listen()
-        assert agent.listener is held
+        assert agent.listener.sock is held
         with socket.create_connection(("127.0.0.1", port), timeout=5):  # queued, not refused
             pass
         agent.close()
@@ -314,15 +324,7 @@ def test_a_client_that_never_validates_is_let_go_after_a_while():
         """Turns of the launcher's loop at ``now``, at least one, until ``until()`` (120 s: a hang guard)."""
         deadline = time.monotonic() + 120
         while True:
-            for fd, events in agent.changes():
-                key = selector.get_map().get(fd)
-                if not events:
-                    if key is not None:
-                        selector.unregister(fd)
-                elif key is not None:
-                    selector.modify(fd, events)
-                else:
-                    selector.register(fd, events)
+            watch(agent, selector)
             for key, mask in selector.select(0.02):
                 agent.ready(key.fd, mask, now)
             agent.tick(now)
@@ -334,12 +336,12 @@ def test_a_client_that_never_validates_is_let_go_after_a_while():
     silent = Raw(agent.spec.port, validate=False)
     validated = Raw(agent.spec.port)
     try:
-        turn(came, until=lambda: len(agent.clients) == 2 and len(agent.newcomers) == 1)
+        turn(came, until=lambda: len(agent.clients) == 2 and len(agent.listener.pending) == 1)
         assert agent.next_deadline() == came + store.VALIDATE_SECONDS
         turn(came + store.VALIDATE_SECONDS - 0.01)
         assert len(agent.clients) == 2  # not before its time
         turn(came + store.VALIDATE_SECONDS)
-        assert len(agent.clients) == 1 and not agent.newcomers
+        assert len(agent.clients) == 1 and not agent.listener.pending
         turn(came + store.VALIDATE_SECONDS)  # the loop lets go of the socket: closed
         assert silent.closed_by_store(timeout=120)
         later = came + 100 * store.VALIDATE_SECONDS

@@ -175,8 +175,9 @@ class Loop:
             waits.append(self.follow_delay)
         if state is not None and not state.running:
             waits.append(0.05)  # leftovers and the drain: looked at while they last
+        channel = self.launch.worker_channel
         for t in (self.job.channel.next_deadline() if self.job.channel is not None else None,
-                  self.launch.store.next_deadline()):
+                  self.launch.store.next_deadline(), channel.next_deadline() if channel is not None else None):
             if t is not None:
                 waits.append(max(0.0, t - now))
         if self.launch.plan.hang_timeout is not None and self.group is not None:

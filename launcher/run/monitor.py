@@ -1,7 +1,8 @@
 """``--monitor_port``: this node's view of the job over HTTP, served by one thread of its own that never touches the
 launch: the event loop publishes a ``NodeView`` (immutable) about twice a second, the thread serves the last one.
 
-What a client can do to it is bounded: at most MAX_CLIENTS connections (one more is closed at once), a request's
+What a client can do to it is bounded: at most MAX_CLIENTS connections waiting to send their request (one more pushes
+the oldest out) and MAX_CLIENTS streams (one more is closed at once), a request's
 head at most HEAD_LIMIT bytes, the whole exchange REQUEST_WAIT seconds (the rest of a huge request is never read),
 and at most SEND_LIMIT bytes waiting for a stream's client that does not read (then it is dropped). No client can stall the launcher,
 its logs or the other clients. Paths: /metrics, /healthz, /status.json, /view.json, /job.json (this node's view and
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from launcher.host.preflight import monitor_listener
+from launcher.nodes.transport.listener import Listener
 from launcher.output import monitor_view
-from launcher.output.messages import log
 from launcher.run.job_view import JobViews
 
 MAX_CLIENTS = 64
@@ -44,8 +45,8 @@ class Client:
 class Monitor:
     def __init__(self, host: str, port: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock  # prometheus_client is there: launcher.host.preflight.check_monitor said so
-        self.listener = monitor_listener(host, port)
-        self.host, self.port = host, self.listener.getsockname()[1]
+        self.listener = Listener(monitor_listener(host, port), "monitor", MAX_CLIENTS)
+        self.host, self.port = host, self.listener.sock.getsockname()[1]
         # the other nodes serve at the same port: known when it was given, not when each node picked a free one
         self.job_views = JobViews(port, self._wake) if port else None
         self.view: Optional[monitor_view.NodeView] = None
@@ -91,10 +92,10 @@ class Monitor:
     # ------------------------------------------------------------ the thread
 
     def _serve(self) -> None:
-        self.selector.register(self.listener, selectors.EVENT_READ, "listener")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         sent_view = sent_peers = None
         while not self.stopped:
+            self.listener.watch_with(self.selector, self.clock(), "listener")
             for key, mask in self.selector.select(self._timeout()):
                 if key.data == "listener":
                     self._accept()
@@ -129,22 +130,22 @@ class Monitor:
         return tuple(rows.get(node) or monitor_view.unreachable(node, ip, "not heard from yet") for node, ip in others)
 
     def _timeout(self) -> float:
-        return 1.0 if self.clients else 60.0
+        wait = 1.0 if self.clients else 60.0
+        resume = self.listener.next_deadline()  # the end of a pause out of descriptors
+        return wait if resume is None else max(0.0, min(wait, resume - self.clock()))
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # out of descriptors: the next one is tried when one is freed
-                log.debug("monitor: accept failed: %s", e)
-                return
-            if len(self.clients) >= MAX_CLIENTS:
+        now = self.clock()
+        new, pushed_out = self.listener.accept(now)
+        for sock in pushed_out:
+            self._drop(self.clients[sock.fileno()])
+        asked = sum(c.sock not in self.listener.pending for c in self.clients.values())
+        for sock, _ in new:
+            if asked >= MAX_CLIENTS:  # as many clients that asked (streams, most) as it serves
+                self.listener.settled(sock)
                 sock.close()
                 continue
-            sock.setblocking(False)
-            client = Client(sock, self.clock())
+            client = Client(sock, now)
             self.clients[sock.fileno()] = client
             self.selector.register(sock, selectors.EVENT_READ, client)
 
@@ -176,6 +177,7 @@ class Monitor:
         end = client.head.find(b"\r\n\r\n")
         if end < 0 and len(client.head) <= HEAD_LIMIT:
             return
+        self.listener.settled(client.sock)  # it asked
         if end < 0:
             return self._answer(client, 431, b"request head over 8 KiB\n", "text/plain")
         line = bytes(client.head[:client.head.find(b"\r\n")]).split(b" ")
@@ -237,6 +239,7 @@ class Monitor:
         self.selector.modify(client.sock, wanted, client)
 
     def _drop(self, client: Client) -> None:
+        self.listener.settled(client.sock)
         fd = client.sock.fileno()
         if self.clients.pop(fd, None) is not None:
             self.selector.unregister(client.sock)

@@ -13,7 +13,6 @@ keys carry no attempt, so a restart meets as a first start does.
 
 from __future__ import annotations
 
-import errno
 import selectors
 import socket
 import time
@@ -22,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 from launcher.errors import LaunchError
 from launcher.host import preflight
+from launcher.nodes.transport.listener import Listener, pending_cap
 from launcher.output.messages import log
 from launcher.plan.agent_store import StoreSpec
 from launcher.run import limits
@@ -32,8 +32,6 @@ BUFFER_LIMIT = 256 << 20  # bytes waiting in the clients' buffers, in and out, a
 RECV_BYTES = 256 * 1024
 OUT_PAUSE = 1 << 20  # a client with this much not yet taken is not read until it takes it
 VALIDATE_SECONDS = 30.0  # a connection that has not validated by then is let go
-ACCEPT_PAUSE = 0.5  # no descriptor left to accept with: the listener waits this long
-ACCEPT_BATCH = 64  # connections accepted in one turn at most
 WARNINGS = 10  # warnings an attempt may print; later ones go to the debug log
 
 
@@ -58,13 +56,11 @@ class AgentStore:
         self.spec = spec
         self.reserved = reserved
         self.expected, self.keep_free = expected, keep_free  # clients, and descriptors left to the launch
-        self.listener: Optional[socket.socket] = None
+        self.listener: Optional[Listener] = None  # its pending connections: the clients yet to validate
         self.state = tcpstore.KeyValueStore(STORE_LIMIT)
         self.clients: dict = {}  # fd -> Client
-        self.newcomers: dict = {}  # the clients yet to validate, oldest first (-> None)
         self.max_clients = 0
         self.serving = False
-        self.accept_at = 0.0  # when the listener may accept again after running out of descriptors
         self.told: dict = {}  # fd -> the selector events the event loop was last told
         self.pending: dict = {}  # fd -> the events to tell it at its next turn (0: stop watching)
         self.discarded: list = []  # sockets let go of, closed once the loop stopped watching them
@@ -76,12 +72,13 @@ class AgentStore:
             return
         port = self.spec.port
         held = [s for s in self.reserved if s.getsockname()[1] == port]
-        self.listener = held[0] if held else preflight.reserve_port(self.spec.address, port)
+        sock = held[0] if held else preflight.reserve_port(self.spec.address, port)
         try:
-            if self.listener is None:
+            if sock is None:
                 raise OSError("it is in use")
-            self.listener.listen(socket.SOMAXCONN)
-            self.listener.setblocking(False)
+            # every rank's client (torch's, and its agent's) may come at once; the others push the oldest out
+            self.listener = Listener(sock, f"the rendezvous store {self._where()}", pending_cap(2 * self.expected),
+                                     VALIDATE_SECONDS)
         except OSError as e:
             raise LaunchError(f"port {port} on {self.spec.address}, the rendezvous store's (MASTER_PORT), cannot be "
                               f"listened on ({e.strerror or e}); stop the program holding it, or choose another "
@@ -95,7 +92,7 @@ class AgentStore:
         for client in list(self.clients.values()):
             self._drop(client, "the attempt ended")
         self.state = tcpstore.KeyValueStore(STORE_LIMIT)
-        self.serving, self.warnings, self.accept_at = True, 0, 0.0
+        self.serving, self.warnings = True, 0
         self._want(self.listener.fileno(), selectors.EVENT_READ)
 
     # ---------------------------------------------------------------- what the event loop calls
@@ -116,18 +113,16 @@ class AgentStore:
         return found
 
     def next_deadline(self) -> Optional[float]:
-        times = [next(iter(self.newcomers)).opened + VALIDATE_SECONDS] if self.newcomers else []
-        if self.serving and self.accept_at:
-            times.append(self.accept_at)
-        return min(times) if times else None
+        return self.listener.next_deadline() if self.serving else None
 
     def tick(self, now: float) -> None:
         """Let go of the connections that never validated in time; accept again after a pause."""
-        while self.newcomers and now >= next(iter(self.newcomers)).opened + VALIDATE_SECONDS:
-            self._drop(next(iter(self.newcomers)), f"no VALIDATE within {VALIDATE_SECONDS:g} s")
-        if self.serving and self.accept_at and now >= self.accept_at:
-            self.accept_at = 0.0
-            self._want(self.listener.fileno(), selectors.EVENT_READ)
+        if self.listener is None:
+            return
+        for sock in self.listener.overdue(now):
+            self._drop(self.clients[sock.fileno()], f"no VALIDATE within {VALIDATE_SECONDS:g} s")
+        if self.serving:
+            self._want(self.listener.fileno(), selectors.EVENT_READ if self.listener.accepting(now) else 0)
 
     def ready(self, fd: int, mask: int, now: float) -> None:
         """The listener or a client's socket is ready."""
@@ -168,37 +163,27 @@ class AgentStore:
             self._drop(client, "the launch ended")
         self.changes()
         self.serving = False
-        if self.listener is not None and self.listener not in self.reserved:
-            self.listener.close()
+        if self.listener is not None:
+            self.listener.close(keep_socket=self.listener.sock in self.reserved)
 
     # ---------------------------------------------------------------- connections
 
     def _accept(self, now: float) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, address = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._warn(f"the rendezvous store {self._where()} cannot accept a connection ({e.strerror}); "
-                               f"it tries again in {ACCEPT_PAUSE:g} s")
-                    self.accept_at = now + ACCEPT_PAUSE
-                    self._want(self.listener.fileno(), 0)
-                    return
-                log.debug("rendezvous store: accept failed: %s", e)
-                continue
+        new, pushed_out = self.listener.accept(now)
+        self._want(self.listener.fileno(), selectors.EVENT_READ if self.listener.accepting(now) else 0)
+        for sock in pushed_out:
+            self._drop(self.clients[sock.fileno()], "it had not validated, and newer connections came")
+        for sock, address in new:
             peer = _peer(address)
             if len(self.clients) >= self.max_clients:
                 self._warn(f"the rendezvous store {self._where()} holds {len(self.clients)} connections, as many as "
                            f"its open files allow (ulimit -n); the connection from {peer} is closed")
+                self.listener.settled(sock)
                 sock.close()
                 continue
-            sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client = Client(sock, peer, now)
             self.clients[sock.fileno()] = client
-            self.newcomers[client] = None
             self._want(sock.fileno(), selectors.EVENT_READ)
 
     def _read(self, client: Client) -> None:
@@ -215,7 +200,7 @@ class AgentStore:
         client.input.feed(data)
         self._serve(client)
         if client.input.validated:
-            self.newcomers.pop(client, None)
+            self.listener.settled(client.sock)
 
     def _serve(self, client: Client) -> None:
         """Carry out the client's complete requests, while it takes its answers."""
@@ -276,7 +261,7 @@ class AgentStore:
         client.alive = False
         fd = client.sock.fileno()
         del self.clients[fd]
-        self.newcomers.pop(client, None)
+        self.listener.settled(client.sock)
         self.state.forget(client)
         self.discarded.append(client.sock)
         self._want(fd, 0)

@@ -12,22 +12,22 @@ out with ``send``.
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import selectors
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
+from launcher.nodes.transport.listener import BACKLOG, Listener, bind
 from launcher.output.messages import log
 
 RECV_BYTES = 64 * 1024
 OUT_LIMIT = 64 << 20  # bytes waiting for one worker to read them: past this, the worker is let go
-ACCEPT_BATCH = 16
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -53,12 +53,14 @@ class WorkerChannel:
     """Only this launcher's workers may connect (``is_worker(pid)``, and the launcher their parent): not their
     children, a data loader's, even once the launcher adopted them as orphans."""
 
-    def __init__(self, run_id: str, welcome: Callable[[], dict], is_worker: Callable[[int], bool]) -> None:
+    def __init__(self, run_id: str, welcome: Callable[[], dict], is_worker: Callable[[int], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = f"@launcher-{run_id}-{secrets.token_hex(8)}"
         self.key = lc.new_key()
         self.is_worker = is_worker
         self.welcome = welcome  # what the welcome says besides its proof: the round, how long to wait for a stop
-        self.listener: Optional[socket.socket] = None
+        self.clock = clock
+        self.listener: Optional[Listener] = None
         self.connections: dict = {}  # fd -> Connection
         self.by_pid: dict = {}  # pid -> Connection, once welcomed
 
@@ -67,20 +69,17 @@ class WorkerChannel:
         return {ev.CONTROL_SOCKET: self.name, ev.CONTROL_KEY: self.key} if self.listener is not None else {}
 
     def listen(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(lc.address(self.name))
-            sock.listen(64)
+            # its own workers only, one connection each, stay pending (the others are closed at once): all of them may
+            # connect at once, however many there are
+            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG)
         except OSError as e:
-            sock.close()
             log.warning("no local channel to the workers (%s): they are restarted at each round", e.strerror)
-            return
-        self.listener = sock
 
     def registrations(self) -> dict:
         if self.listener is None:
             return {}
-        wanted = {self.listener.fileno(): selectors.EVENT_READ}
+        wanted = self.listener.registrations(self.clock())
         for fd, c in self.connections.items():
             wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
         return wanted
@@ -97,6 +96,10 @@ class WorkerChannel:
         if mask & selectors.EVENT_READ and fd in self.connections:
             return self._read(c)
         return []
+
+    def next_deadline(self) -> Optional[float]:
+        """When the event loop should come back: the end of the listener's pause (out of descriptors)."""
+        return self.listener.next_deadline() if self.listener is not None else None
 
     def send(self, pid: int, message: dict, fds: tuple = ()) -> bool:
         """Queue ``message`` for the worker ``pid``; False when it has no welcomed connection. ``fds``: descriptors
@@ -146,19 +149,15 @@ class WorkerChannel:
     # ------------------------------------------------------------ inside
 
     def _accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.debug("local channel: cannot accept (%s)", e.strerror)
-                return
-            sock.setblocking(False)
+        new, pushed_out = self.listener.accept(self.clock())
+        for sock in pushed_out:  # connections that never said hello, the oldest past the listener's cap
+            if sock.fileno() in self.connections:
+                self._close(self.connections[sock.fileno()])
+        for sock, _ in new:
             pid = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))[0]
             if _parent_of(pid) != os.getpid() or not self.is_worker(pid):
                 log.debug("local channel: process %d is not a worker of this launcher; closed", pid)
+                self.listener.settled(sock)
                 sock.close()
                 continue
             for older in [o for o in self.connections.values() if o.pid == pid and not o.welcomed]:
@@ -206,6 +205,7 @@ class WorkerChannel:
         if old is not None:  # a worker connects once; a second connection replaces the first
             self._close(old)
         c.welcomed = True
+        self.listener.settled(c.sock)
         self.by_pid[c.pid] = c
         c.out += lc.encode({**self.welcome(), "t": lc.WELCOME, "proof": lc.proof(self.key, "launcher", c.nonce, nonce)})
         self._flush(c)
@@ -232,6 +232,8 @@ class WorkerChannel:
             self.connections.pop(fd, None)
         if self.by_pid.get(c.pid) is c:
             del self.by_pid[c.pid]
+        if self.listener is not None:
+            self.listener.settled(c.sock)
         c.sock.close()
 
 

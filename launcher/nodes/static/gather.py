@@ -30,6 +30,7 @@ import time
 from typing import Optional
 
 from launcher.nodes.transport import auth, connection, wire
+from launcher.nodes.transport.listener import Listener, bind, pending_cap
 from launcher.nodes.transport.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
 from launcher.host import preflight
 from launcher.errors import LaunchError
@@ -110,19 +111,13 @@ class _Peer:
 
 
 def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", spec.port))
+        listener = Listener(bind(address, spec.port, everywhere=True), "the gathering of the node list",
+                            pending_cap(spec.size))
     except OSError as e:
-        listener.close()
         raise LaunchError(f"rank 0 cannot listen on port {spec.port} ({spec.given_as}) to gather the node list ({e.strerror}); "
                           f"choose a free port with --control_port.") from None
-    listener.listen(connection.BACKLOG)
-    listener.setblocking(False)
     selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, None)
     peers: dict = {}  # fd -> _Peer
     joined: dict = {}  # rank -> _Peer
     dropped: list = []  # why each stranger's connection was dropped
@@ -135,12 +130,12 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
                 raise GatherTimeout(f"MPI rank(s) {_ranks(missing)} did not join the gathering of the node list on port {spec.port} "
                                     f"({spec.given_as}) within {timeout:g} s (--join_timeout){last}; check that they run, "
                                     f"reach this node and have the same LAUNCHER_JOB_TOKEN.")
+            listener.watch_with(selector, time.monotonic())
             for key, _ in selector.select(min(left, 0.5)):
                 if key.data is None:
-                    _accept(listener, selector, peers, spec.size)
+                    _accept(listener, selector, peers)
                 else:
-                    _read(key.data, spec, token, selector, peers, joined, dropped)
-        selector.unregister(listener)
+                    _read(key.data, spec, token, selector, peers, joined, dropped, listener)
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
         for peer in joined.values():
@@ -153,38 +148,29 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
     finally:
         for peer in peers.values():
             peer.sock.close()
-        selector.close()
         listener.close()
+        selector.close()
 
 
-def _accept(listener, selector, peers, size: int) -> None:
-    try:
-        sock, where = listener.accept()
-    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-        return
-    except OSError:  # out of descriptors: the ranks try again
-        return
-    _make_room(selector, peers, size)
-    peer = _Peer(sock, f"{where[0]}:{where[1]}")
-    sock.setblocking(False)
-    peers[sock.fileno()] = peer
-    selector.register(sock, selectors.EVENT_READ, peer)
-    _send(sock, to_wire(Challenge(peer.nonce)))
-
-
-def _make_room(selector, peers, size: int) -> None:
-    """At most ``connection.pending_cap`` connections wait for their join (every rank may come at once): the
-    oldest goes, so that a flood of connections that never speak neither runs rank 0 out of descriptors
+def _accept(listener: Listener, selector, peers) -> None:
+    """New connections, each sent its challenge; the oldest that never joined pushed out past the listener's cap (every
+    rank may come at once), so that a flood of connections that never speak neither runs rank 0 out of descriptors
     nor keeps a rank out."""
-    cap = connection.pending_cap(size)
-    if len(peers) >= cap and sum(peer.rank is None for peer in peers.values()) >= cap:
-        oldest = next(peer for peer in peers.values() if peer.rank is None)  # peers keeps the order of arrival
-        selector.unregister(oldest.sock)
-        peers.pop(oldest.sock.fileno())
-        oldest.sock.close()
+    new, pushed_out = listener.accept(time.monotonic())
+    for sock in pushed_out:
+        if peers.pop(sock.fileno(), None) is not None:
+            selector.unregister(sock)
+            sock.close()
+    for sock, where in new:
+        peer = _Peer(sock, f"{where[0]}:{where[1]}")
+        peers[sock.fileno()] = peer
+        selector.register(sock, selectors.EVENT_READ, peer)
+        _send(sock, to_wire(Challenge(peer.nonce)))
 
 
-def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped) -> None:
+def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped, listener: Listener) -> None:
+    if peers.get(peer.sock.fileno()) is not peer:  # pushed out in this turn
+        return
     try:
         data = peer.sock.recv(65536)
     except (BlockingIOError, InterruptedError):
@@ -192,19 +178,21 @@ def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped) -> N
     except OSError:
         data = b""
     if not data:  # gone before or after joining: a rank that joined must stay until the answer
-        _forget(peer, selector, peers, joined)
+        _forget(peer, selector, peers, joined, listener)
         return
     try:
         for message in peer.framer.feed(data):
             _join_message(peer, message, spec, token, joined)
+            listener.settled(peer.sock)
     except (wire.ProtocolError, _Stranger) as e:
         why = f"{peer.where} {e if isinstance(e, _Stranger) else f'sent junk ({e})'}"
         log.warning("dropped a connection to the gathering of the node list on port %s: %s", spec.port, why)
         dropped.append(why)
-        _forget(peer, selector, peers, joined)
+        _forget(peer, selector, peers, joined, listener)
 
 
-def _forget(peer: _Peer, selector, peers, joined) -> None:
+def _forget(peer: _Peer, selector, peers, joined, listener: Listener) -> None:
+    listener.settled(peer.sock)
     selector.unregister(peer.sock)
     peers.pop(peer.sock.fileno(), None)
     peer.sock.close()

@@ -3,10 +3,8 @@ job token), and keeps one connection per node."""
 
 from __future__ import annotations
 
-import errno
 import secrets
 import selectors
-import socket
 import time
 from typing import Callable, Optional
 
@@ -14,7 +12,8 @@ from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_p
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined
 from launcher.nodes.transport.connection import Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
-from launcher.nodes.transport.connection import BACKLOG, HELLO_TIMEOUT, pending_cap
+from launcher.nodes.transport.connection import HELLO_TIMEOUT
+from launcher.nodes.transport.listener import Listener, bind, pending_cap
 from launcher.nodes.transport.wire import MAX_FRAME
 from launcher.nodes.transport.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
@@ -28,12 +27,7 @@ class Hub(Endpoint):
     def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
                  join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(identity, 0, heartbeat_timeout, join_timeout, token, clock)
-        family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-        self.listener.listen(BACKLOG)
-        self.listener.setblocking(False)
+        self.listener = Listener(bind(bind_ip, port, everywhere=True), "control", pending_cap(len(identity.nodes)))
         self.port = port
         self.peers: dict = {}  # node -> fd
         self.ever_joined: set = set()
@@ -43,11 +37,11 @@ class Hub(Endpoint):
     def registrations(self) -> dict:
         wanted = super().registrations()
         if not self.closed:
-            wanted[self.listener.fileno()] = selectors.EVENT_READ
+            wanted.update(self.listener.registrations(self.clock()))
         return wanted
 
     def next_deadline(self) -> Optional[float]:
-        times = [t for t in (super().next_deadline(),) if t is not None]
+        times = [t for t in (super().next_deadline(), self.listener.next_deadline()) if t is not None]
         if not self.join_reported and len(self.ever_joined) < len(self.identity.nodes) - 1:
             times.append(self.join_deadline)
         return min(times) if times else None
@@ -73,30 +67,17 @@ class Hub(Endpoint):
         return events
 
     def _accept(self, now: float) -> None:
-        while True:
-            try:
-                sock, addr = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE):
-                    log.warning("control: out of file descriptors; not accepting connections now")
-                return
-            self._make_room()
+        new, pushed_out = self.listener.accept(now)
+        for sock in pushed_out:  # silently: a flood would flood the log
+            if self.connections.pop(sock.fileno(), None) is not None:
+                self.discarded.append(sock)
+                self.dropped += 1
+        for sock, addr in new:
             tune(sock, self.heartbeat_timeout)
             c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=self.awake(now))
             self.connections[sock.fileno()] = c
             c.send(to_wire(Challenge(c.nonce)), now)
             self._watch_from(c.opened + HELLO_TIMEOUT)
-
-    def _make_room(self) -> None:
-        """At most ``pending_cap`` connections wait for their hello: the oldest goes (silently: a flood
-        would flood the log), so that connections that never speak cannot keep a node out."""
-        if len(self.connections) - len(self.peers) >= pending_cap(len(self.identity.nodes)):
-            pending = [fd for fd, c in self.connections.items() if c.node is None]
-            oldest = min(pending, key=lambda fd: self.connections[fd].opened)
-            self.discarded.append(self.connections.pop(oldest).sock)
-            self.dropped += 1
 
     def _handshake(self, fd, c, message: Message, now: float) -> list:
         if not isinstance(message, Hello):
@@ -114,6 +95,7 @@ class Hub(Endpoint):
             self._refuse_node(fd, c, node, problem, now)
             return []
         c.node = node
+        self.listener.settled(c.sock)
         c.framer.limit = MAX_FRAME  # a node of the job: what it says is not limited
         self.peers[node] = fd
         self._watch_from(now)

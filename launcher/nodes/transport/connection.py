@@ -11,18 +11,8 @@ from launcher.nodes.transport.auth import Session
 from launcher.nodes.transport.wire import Framer, decode, encode
 
 HELLO_TIMEOUT = 5.0
-MAX_PENDING = 64  # connections not yet introduced, at the least; more are closed at once (the oldest first)
-# The accept queue of node 0's listeners (the kernel caps it at net.core.somaxconn): as many launchers as join at
-# once wait there. A shorter queue drops the connections past it, which the kernel then retries after 1, 3, 7, 15 s.
-BACKLOG = 4096
 RETRY_EVERY = 0.2  # a node that cannot reach node 0 yet tries again this often
 RETRY_REFUSED = 1.0  # ... and after a refusal that does not prove the job token
-
-
-def pending_cap(nodes: int) -> int:
-    """How many connections may wait for their hello: every node of the job may come at once (a burst of
-    thousands of launchers is not a flood), and silent strangers past that push the oldest out."""
-    return max(MAX_PENDING, nodes)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share, SharedSpeeds,
                                          StopOrder)
-from launcher.nodes.transport.connection import pending_cap
+from launcher.nodes.transport.listener import Listener, pending_cap
 from launcher.plan.policy import one_line
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -45,11 +45,12 @@ class Keeper(LinkBase):
 
     def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
         super().__init__()
-        self.listener, self.spec, self.clock, self.token, self.job_id = listener, spec, clock, token, job_id
+        self.spec, self.clock, self.token, self.job_id = spec, clock, token, job_id
+        # silent connections cannot keep a launcher out: every launcher and standby may come at once
+        self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes))
         self.node_id = me.node_id
         self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
         self.selector = selectors.DefaultSelector()
-        self.selector.register(listener, selectors.EVENT_READ)
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
         self.peers: dict = {}  # fd -> Peer
         self.fds: dict = {}  # node id -> fd, for the peers that said hello
@@ -106,6 +107,7 @@ class Keeper(LinkBase):
         """One turn: connections, what the event loop queued, heartbeats, and the membership's deadlines.
         Heartbeats reach the membership together, once per beat (or when a deadline comes): its cost
         per turn is then the same for 10,000 nodes as for 2."""
+        self.listener.watch_with(self.selector, self.clock())
         ready = self.selector.select(self.wait())
         began = self.clock()
         for key, _ in ready:
@@ -244,15 +246,12 @@ class Keeper(LinkBase):
     # ------------------------------------------------------------ connections
 
     def accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        if len(self.peers) - len(self.fds) >= pending_cap(2 * self.spec.max_nodes):  # silent ones cannot keep one out
-            self.forget(next(fd for fd, p in self.peers.items() if p.node_id is None), "too many connections without a hello")
-        sock.setblocking(False)  # a read takes what is there; a send waits only for a full buffer (peers)
-        self.peers[sock.fileno()] = Peer(sock, wire.Framer())
-        self.selector.register(sock, selectors.EVENT_READ)
+        new, pushed_out = self.listener.accept(self.clock())
+        for sock in pushed_out:
+            self.forget(sock.fileno(), "too many connections without a hello")
+        for sock, _ in new:  # non-blocking: a read takes what is there; a send waits only for a full buffer (peers)
+            self.peers[sock.fileno()] = Peer(sock, wire.Framer())
+            self.selector.register(sock, selectors.EVENT_READ)
 
     def read(self, fd: int) -> None:
         peer = self.peers.get(fd)
@@ -319,6 +318,7 @@ class Keeper(LinkBase):
             self.forget(fd, problem)
             return
         peer.node_id, peer.nonce = message.node_id, message.nonce or ""
+        self.listener.settled(peer.sock)
         self.fds[peer.node_id] = fd
         node = mb.Node(message.node_id, message.host or "", message.workers)
         self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
@@ -370,7 +370,6 @@ class Keeper(LinkBase):
         if self.listener is None:
             return
         deadline = self.clock() + (CLOSE_WAIT if wait_for_them else 0)
-        self.selector.unregister(self.listener)
         self.listener.close()
         self.listener = None
         while self.peers and self.clock() < deadline:

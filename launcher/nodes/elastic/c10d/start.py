@@ -35,7 +35,7 @@ from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.c10d.keeper import Keeper
 from launcher.nodes.elastic.c10d.member import MemberLink
 from launcher.nodes.elastic.link import Link, StartFailed, own_id
-from launcher.nodes.transport.connection import BACKLOG
+from launcher.nodes.transport.listener import bind
 from launcher.plan.elastic import ElasticSpec
 
 
@@ -69,17 +69,10 @@ def join(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
 
 def listen(host: str, port: int) -> Optional[socket.socket]:
     """A listener on the endpoint, or None when another launcher holds it (or the host is not this machine's)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
+        return bind(host, port)
     except OSError as e:
-        sock.close()
         if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             return None
         raise LaunchError(f"cannot listen on the rendezvous endpoint {host}:{port} ({e.strerror}); "
                           "give another --rdzv-endpoint (the same on every node).") from None
-    sock.setblocking(False)
-    return sock

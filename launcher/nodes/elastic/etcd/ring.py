@@ -7,7 +7,7 @@ closes its sockets: the launcher before it in the ring sees its connection close
 afresh) and revokes the gone launcher's lease, which deletes its keys, so that every launcher learns of the loss
 through its watch as of any other. A launcher that is alive but silent (stopped, partitioned, its machine powered
 off) closes nothing: it is found when its lease expires, as before. Nothing is sent on a connection; the listener
-only accepts and holds. The ring is driven by the link's thread (``link.EtcdLink``): ``follow`` names the launcher
+only accepts and holds (one that says anything is no watcher: let go). The ring is driven by the link's thread (``link.EtcdLink``): ``follow`` names the launcher
 to watch, ``registrations`` and ``ready`` serve its selector, and ``ready`` returns the launchers found gone.
 """
 
@@ -16,12 +16,13 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import time
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.nodes.transport.listener import Listener, bind
 from launcher.output.messages import log
 
-ACCEPT_BATCH = 16
 HELD_LIMIT = 4096  # connections the listener holds at most (one is expected; more are dropped, oldest first)
 
 
@@ -36,8 +37,8 @@ class Peer:
 
 class Ring:
     def __init__(self) -> None:
-        self.listener: Optional[socket.socket] = None
-        self.held: dict = {}  # fd -> socket: connections from the launcher before this one
+        self.listener: Optional[Listener] = None
+        self.held: dict = {}  # fd -> socket: connections from the launcher before this one (its listener's pending)
         self.watched: Optional[Peer] = None
         self.conn: Optional[socket.socket] = None  # to ``watched``
         self.connected = False
@@ -45,16 +46,12 @@ class Ring:
     def listen(self, host: str) -> Optional[tuple]:
         """Listen on ``host`` (a free port); the address to publish, or None where it cannot (no ring then)."""
         try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-            sock.bind((host, 0))
-            sock.listen(64)
+            self.listener = Listener(bind(host, 0, reuse=False), "the liveness ring", HELD_LIMIT)
         except OSError as e:
             log.debug("elastic job: no liveness ring on %s (%s): a gone launcher is found when its lease expires",
                       host, e.strerror)
             return None
-        self.listener = sock
-        return host, sock.getsockname()[1]
+        return host, self.listener.sock.getsockname()[1]
 
     def follow(self, peer: Optional[Peer]) -> None:
         """Watch ``peer`` from now on (None: nobody); a connection to another one is closed."""
@@ -75,7 +72,7 @@ class Ring:
     def registrations(self) -> dict:
         wanted = {}
         if self.listener is not None:
-            wanted[self.listener.fileno()] = selectors.EVENT_READ
+            wanted.update(self.listener.registrations(time.monotonic()))
         for fd in self.held:
             wanted[fd] = selectors.EVENT_READ
         if self.conn is not None:
@@ -135,29 +132,25 @@ class Ring:
         return []
 
     def _accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            sock.setblocking(False)
-            if len(self.held) >= HELD_LIMIT:
-                oldest = next(iter(self.held))
-                self.held.pop(oldest).close()
+        """Every connection is held, silent (a watcher never speaks), up to HELD_LIMIT: past it the oldest goes."""
+        new, pushed_out = self.listener.accept(time.monotonic())
+        for sock in pushed_out:
+            self.held.pop(sock.fileno(), None)
+            sock.close()
+        for sock, _ in new:
             self.held[sock.fileno()] = sock
 
     def _read_held(self, fd: int) -> None:
+        """A held connection that says anything, or closes its end, is no watcher (or a gone one): let go."""
         sock = self.held[fd]
         try:
-            if sock.recv(4096):
-                return
+            sock.recv(1)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             pass
         del self.held[fd]
+        self.listener.settled(sock)
         sock.close()
 
     def _drop_conn(self) -> None:
