@@ -146,6 +146,37 @@ def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
         ours(**values)
 
 
+@pytest.mark.parametrize("endpoint, host, port", [
+    ("10.0.0.1:29500", "10.0.0.1", 29500), ("[::1]:29500", "::1", 29500), ("[fe80::1%eth0]:2", "fe80::1%eth0", 2),
+    ("node0", "node0", 29400), ("fe80::1", "fe80::1", 29400), ("[::1]", "::1", 29400), ("node0:1", "node0", 1),
+    ("node0:65535", "node0", 65535),
+])
+def test_a_fixed_jobs_rdzv_endpoint_is_node_0_and_its_store_port(endpoint, host, port):
+    options = cli.request_of(["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint, "train.py"], {}).options
+    assert (options.master_addr, options.started_port) == (host, port)
+    spec = cli.request_of(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "train.py"],
+                          {}).elastic
+    assert (spec.host, spec.port) == (host, port)
+
+
+@pytest.mark.parametrize("nodes", [("--nnodes", "2", "--node-rank", "1"), ("--nnodes", "1:2", "--rdzv-backend", "c10d")])
+@pytest.mark.parametrize("endpoint", ["node0:0", "node0:65536", "[::1", "::1:29500", "[node0]:29500", "h/x:1"])
+def test_a_bad_rdzv_endpoint_exits_2_naming_it(tmp_path, nodes, endpoint):
+    assert_refused_in_one_line(tmp_path, (*nodes, "--rdzv-endpoint", endpoint), f"--rdzv-endpoint {endpoint} is not "
+                               "HOST:PORT; give node 0's address and a port such as 10.0.0.1:29400.")
+
+
+def test_the_master_port_takes_the_ports_every_address_takes():
+    line = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port"]
+    assert cli.request_of([*line, "1", "train.py"], {}).options.started_port == 1
+    assert cli.request_of([*line, "65535", "train.py"], {}).options.started_port == 65535
+    with pytest.raises(click.BadParameter, match="'0' is not a port from 1 to 65535; give a whole number in that range"):
+        cli.request_of([*line, "0", "train.py"], {})
+    with pytest.raises(LaunchError, match="^PET_MASTER_PORT=0: '0' is not a port from 1 to 65535"):
+        cli.request_of(["train.py"], {"PET_NNODES": "1:2", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "h",
+                                      "PET_MASTER_PORT": "0"})
+
+
 @pytest.mark.parametrize("args, sentence", [
     (("--nnodes", "3:2", "--rdzv-backend", "c10d"), "'3:2' has its minimum above its maximum; give MIN:MAX with MIN at "
                                                     "most MAX, such as 2:3."),

@@ -11,6 +11,7 @@ from typing import Optional
 from launcher.cli import table
 from launcher.errors import LaunchError
 from launcher.plan import elastic as elastic_options
+from launcher.plan import elastic_backends as backends
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off", "")
@@ -54,9 +55,9 @@ def elastic(values: dict, given, env=None) -> Optional[dict]:
                                              if given(n)} | {"np": values.get("nnodes") if given("nnodes") else None}, env)
         if not spec.backend_row.has_node_0:
             return {"elastic": spec, "nnodes": None, "elastic_server": None}
-    etcd_master = "://" in str(values.get("master") or "") and given("master")
+    url_master = given("master") and backends.for_url(values.get("master")) is not None  # a backend's, not node 0's
     nodes = values.get("nnodes")  # a NodeRange; a whole number once torchrun's options took it as theirs
-    if not given("nnodes") or isinstance(nodes, int) or (not etcd_master and not nodes.elastic):
+    if not given("nnodes") or isinstance(nodes, int) or (not url_master and not nodes.elastic):
         return None
     spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)}, env)
     if not spec.backend_row.has_node_0:
@@ -133,28 +134,15 @@ def _rank(out: dict, given: set) -> None:
 
 
 def _master(out: dict, given: set) -> None:
+    """Paddle's --master IP:PORT of a fixed job: node 0's control channel (an elastic one is ``elastic``'s)."""
     if "master" not in given or not out["master"]:
         return
-    text = str(out["master"]).strip()
-    if "://" in text:  # an etcd:// one with --nnodes is an elastic job (``elastic``), taken before this
-        from launcher.plan import etcd  # an elastic job's only: every launch would pay its import
-
-        shown = etcd.without_password(text)
-        if text.lower().startswith("etcd://"):
-            raise LaunchError(f"--master {shown} keeps the job's membership in etcd, which needs the number of nodes; "
-                              "give --nnodes N or MIN:MAX too, the same on every node.")
-        raise LaunchError(f"--master {shown} is not IP:PORT; give node 0's address and a free port, such as "
-                          "10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes).")
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as 10.0.0.1:8090.")
-    first = out["cluster_node_ips"].split(",")[0].strip()
-    if len(out["cluster_node_ips"].split(",")) > 1 and host.strip("[]") != first:
-        raise LaunchError(f"--master {text} is not on node 0 ({first}, the first of --ips): the rendezvous is node 0's; "
-                          f"give --master {first}:{port}.")
-    if "control_port" in given and out["control_port"] != int(port):
-        raise LaunchError(f"--master {text} disagrees with --control_port {out['control_port']}; give one of them.")
-    out["control_port"] = int(port)
+    nodes = out["cluster_node_ips"].split(",")
+    _, port = elastic_options.paddle_master(out["master"], nodes[0].strip() if len(nodes) > 1 else None)
+    if "control_port" in given and out["control_port"] != port:
+        raise LaunchError(f"--master {str(out['master']).strip()} disagrees with --control_port {out['control_port']}; "
+                          "give one of them.")
+    out["control_port"] = port
 
 
 def _run_mode(out: dict, given: set) -> None:

@@ -247,7 +247,7 @@ ROWS = (
               "there.", click={"metavar": "HOST"}),
     _torchrun("master_port", TORCHRUN_GROUP, f"rank 0's store port (= --started_port; default {STATIC_PORT} on several "
               "nodes); node 0's launcher also listens on PORT-1 for the other nodes.",
-              click={"type": click.IntRange(2, 65535), "metavar": "PORT"}),
+              click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
     _torchrun("local_addr", TORCHRUN_GROUP, "this node's address (= --node_ip).", click={"metavar": "IP"}),
     _torchrun("role", TORCHRUN_GROUP, "the workers' ROLE_NAME.",
               click={"default": "default", "show_default": True, "metavar": "NAME"}),

@@ -20,7 +20,7 @@ from typing import Optional
 
 from launcher.cli import table
 from launcher.errors import LaunchError
-from launcher.plan import elastic, streams, torchrun_values
+from launcher.plan import c10d, elastic, streams, torchrun_values
 from launcher.plan import elastic_backends as backends
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
@@ -169,15 +169,8 @@ def _store_endpoint(values: dict, nodes: int):
     --master-addr/--master-port; --standalone: this node, a free port."""
     if values["standalone"]:
         return None, None
-    endpoint = values["rdzv_endpoint"]
-    if endpoint:
-        host, colon, port = endpoint.rpartition(":")
-        if not colon or endpoint.endswith("]"):  # no port: torchrun's c10d default
-            host, port = endpoint, str(elastic.C10D_PORT)
-        host = host.strip("[]")
-        if not host or not port.isascii() or not port.isdigit() or not 2 <= int(port) <= 65535:
-            raise LaunchError(f"--rdzv-endpoint {endpoint} is not HOST:PORT; give node 0's address and a port such as 10.0.0.1:29400.")
-        return host, int(port)
+    if values["rdzv_endpoint"]:
+        return c10d.parse_rdzv_endpoint(values["rdzv_endpoint"])
     port = values["master_port"]
     if port is None and nodes > 1:
         port = STATIC_PORT
