@@ -14,12 +14,12 @@ from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
 from launcher.cli import table
-from launcher.cli.torchrun import NAMES, to_ours
+from launcher.cli.torchrun import own_names, to_ours
 from launcher.plan.parsing import node_range
 from launcher.plan.streams import StreamChoice
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
-DEFAULTS = {name: table.ROW[name].default for name in NAMES}
+DEFAULTS = {name: table.ROW[name].default for name in own_names()}
 
 
 def ours(given=(), env=None, **values):
@@ -41,13 +41,14 @@ def test_every_torchrun_option_is_accepted_by_the_command_line():
 
 def test_one_node_options_map_onto_ours():
     assert ours()["role"] == "default" and "nnodes" not in ours()
-    values = ours(standalone=True, rdzv_id="job7", role="trainer", local_addr="127.0.0.3")
-    assert (values["nnodes"], values["job_id"], values["role"], values["node_ip"]) == (1, "job7", "trainer", "127.0.0.3")
+    values = ours(standalone=True, rdzv_id="job7", role="trainer")
+    assert (values["nnodes"], values["job_id"], values["role"]) == (1, "job7", "trainer")
+    assert cli.request_of(["--standalone", "--local-addr", "127.0.0.3", "train.py"], {}).options.node_ip == "127.0.0.3"
     assert "started_port" not in values  # --standalone: a free port
     assert ours(nnodes="1", master_port=29517)["started_port"] == 29517
     fields = {"role", "node_rank", "master_addr", "nnodes", "virtual_local_rank", "duplicate_stdout_filters",
               "duplicate_stderr_filters", "numa_binding"}  # torchrun's names that are fields of the options too
-    assert not set(NAMES) - fields & set(ours(standalone=True))
+    assert not set(own_names()) - fields & set(ours(standalone=True))
 
 
 def test_several_nodes_map_onto_a_gathered_cluster():
@@ -283,5 +284,6 @@ def test_every_variable_torchrun_reads_is_one_of_ours():
     from launcher.cli import pet
 
     read = {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, (env, check_env))}
-    assert read == set(pet.VALUES) | set(pet.FLAGS)
-    assert {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, check_env)} == set(pet.FLAGS)
+    assert read == {row.name for row in pet.read_rows()}
+    flags = {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, check_env)}
+    assert flags == {row.name for row in pet.read_rows() if row.click.get("is_flag")}

@@ -4,7 +4,7 @@
 options already (every option has a dashed spelling), and ``--nnodes`` is shared with Paddle 2.6/3.x's
 command line (launcher.cli.paddle): it is torchrun's unless Paddle's options name the nodes
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
-Paddle's check of the nodes found. The others are in TORCHRUN_OPTIONS;
+Paddle's check of the nodes found. The others are the table's rows of torchrun's alone (``own_names``);
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint
 into a cluster of fixed size (gathered from node 0 when there are several), ``--redirects``, ``--tee``
 and ``--local-ranks-filter`` into where each worker's streams go (launcher.plan.streams), the rest into
@@ -27,10 +27,6 @@ DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = table.STATIC_PORT
 
 
-# torchrun's own options (the table's rows of torchrun's that are not ours): turned into ours by ``to_ours``
-NAMES = tuple(r.name for r in table.rows(dialect=table.TORCHRUN) if r.status != table.OURS and r.name != "nnodes")
-PADDLE_NODE_OPTIONS = ("ips", "master", "rank", "host", "cluster_node_ips", "use_paddlecloud")
-TORCHRUN_NODE_OPTIONS = ("standalone", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
 
 
 # Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
@@ -43,17 +39,17 @@ def to_ours(values: dict, given, env=None, shown=None) -> dict:
     ``env``: the launcher's environment (a scheduler's node rank); ``shown(name)``: how a refusal names the
     option (its PET_* variable when it came from there)."""
     shown = shown or (lambda name: f"--{name.replace('_', '-')}")
-    ours = {k: v for k, v in values.items() if k not in NAMES}
+    ours = {k: v for k, v in values.items() if k not in own_names()}
     ours["role"] = values["role"]
     _check_monitor_interval(values["monitor_interval"])
     ours.update(_torchrun_213(values, shown))
     ours.update(_streams(values, given))
-    if values["local_addr"]:
-        ours["node_ip"] = values["local_addr"]
     if values["rdzv_id"] and not given("job_id"):
         ours["job_id"] = values["rdzv_id"]
-    if any(given(name) for name in PADDLE_NODE_OPTIONS):
-        named = ", ".join(f"--{n.replace('_', '-')}" for n in TORCHRUN_NODE_OPTIONS if values.get(n) is not None and values.get(n) is not False)
+    node_rows = table.rows(tag=table.NAMES_NODES)  # torchrun's and Paddle's: one command line may not mix them
+    if any(given(r.name) for r in node_rows if not r.torchruns):
+        named = ", ".join(r.shown[0] for r in node_rows if r.torchruns and values[r.name] is not None
+                          and values[r.name] is not False)
         if named:
             hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
             raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
@@ -71,6 +67,11 @@ def to_ours(values: dict, given, env=None, shown=None) -> dict:
     ours["node_rank"] = _node_rank(values, nodes or 1, env or {})
     ours["master_addr"] = host
     return ours
+
+
+def own_names() -> tuple:
+    """torchrun's own options (the table's rows of torchrun's alone that are not ours): turned into ours here."""
+    return tuple(r.name for r in table.ROWS if r.torchruns)
 
 
 def _elastic_range(values: dict) -> bool:
