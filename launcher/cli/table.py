@@ -23,7 +23,7 @@ from launcher.plan.model import NUMA_MODES, STRAGGLER_POLICIES
 
 # statuses
 OURS = "ours"  # this launcher's own option (Paddle 1.8's are ours)
-ALIAS = "alias"  # another launcher's name for one of ours: the same value (maps_to)
+ALIAS = "alias"  # another name for an option (maps_to), in any dialect: the same value
 HONOURED = "honoured"  # another launcher's option, doing here what it does there
 NO_EFFECT = "no effect"  # accepted; what it asks makes no difference here (reason)
 REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless its value asks for nothing (harmless)

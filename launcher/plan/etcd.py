@@ -27,7 +27,6 @@ from launcher.plan.elastic_backends import without_password
 ETCD_PORT = 2379
 PASSWORD_VAR = "LAUNCHER_ETCD_PASSWORD"
 ROW = elastic_backends.ETCD
-CONF_KEYS = ROW.conf_keys  # --rdzv-conf keys of an etcd rendezvous
 PROTOCOLS = ("http", "https")
 URL_PASSWORD = "etcd://NAME:PASSWORD@HOST:PORT"  # Paddle's spelling of a password given with the user
 Spec = object  # an ``ElasticSpec`` (launcher.plan.elastic_spec, which names this module's EtcdSpec)
@@ -83,11 +82,6 @@ def from_url(text: str, option: str) -> EtcdSpec:
         raise LaunchError(f"{option} etcd://...@{hosts} names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT "
                           "or no '@'.")
     return EtcdSpec(endpoints, protocol=protocol or "http", user=user or None, password=password if colon else None)
-
-
-def split_conf(text: Optional[str]) -> Tuple[str, dict]:
-    """torchrun's ``--rdzv-conf`` as (its rendezvous settings, the etcd keys given): the etcd keys out."""
-    return elastic_backends.split_conf(text, ROW)
 
 
 def from_torchrun(spec: Spec, text: Optional[str], conf: Mapping[str, str], env: Mapping) -> Spec:
