@@ -69,7 +69,7 @@ def test_master_with_a_scheme_but_no_nnodes_is_refused_naming_the_fix(master, se
 ])
 def test_master_is_node_0s_address_and_port_an_ipv6_one_in_brackets(master, ips, host, port):
     assert request_of(["--ips", ips, "--master", master, "train.py"], {}).options.control_port == port
-    spec = request_of(["--nnodes", "2:3", "--master", master, "train.py"], {}).elastic
+    spec = request_of(["--nnodes", "2:3", "--master", master, "--started_port", "6070", "train.py"], {}).elastic
     assert (spec.host, spec.port) == (host, port)
 
 

@@ -155,9 +155,20 @@ def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
 def test_a_fixed_jobs_rdzv_endpoint_is_node_0_and_its_store_port(endpoint, host, port):
     options = cli.request_of(["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint, "train.py"], {}).options
     assert (options.master_addr, options.started_port) == (host, port)
-    spec = cli.request_of(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "train.py"],
-                          {}).elastic
+    elastic = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--started_port", "6070"]
+    spec = cli.request_of([*elastic, "train.py"], {}).elastic  # node 0 keeps the membership on PORT
     assert (spec.host, spec.port) == (host, port)
+
+
+def test_an_elastic_jobs_node_0_leaves_a_port_above_its_own_for_the_workers():
+    line = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint"]
+    assert cli.request_of([*line, "node0:65534", "train.py"], {}).options.started_port == 65535
+    with pytest.raises(LaunchError) as refusal:
+        cli.request_of([*line, "node0:65535", "train.py"], {})
+    assert str(refusal.value) == ("node 0's port 65535 leaves no port above it for the workers, whose ports start one "
+                                  "above node 0's; give node 0 a lower port, or --started_port.")
+    with pytest.raises(LaunchError, match="^node 0's port 65535 leaves no port above it"):
+        cli.request_of(["--nnodes", "1:2", "--master", "node0:65535", "train.py"], {})
 
 
 @pytest.mark.parametrize("nodes", [("--nnodes", "2", "--node-rank", "1"), ("--nnodes", "1:2", "--rdzv-backend", "c10d")])

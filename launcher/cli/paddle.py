@@ -46,21 +46,16 @@ def elastic(values: dict, given, env=None) -> Optional[dict]:
     if given("elastic_server") or env.get("PADDLE_ELASTIC_SERVER"):  # Paddle 2.x's elastic mode
         spec = elastic_options.from_paddle2({**named, "np": named.get("nnodes")}, env)
         if not spec.backend_row.has_node_0:
-            return {"elastic": spec, "nnodes": None, "elastic_server": None}
+            return {**elastic_options.first_round(spec, given("started_port")), "elastic_server": None}
     url_master = given("master") and backends.for_url(values.get("master")) is not None  # a backend's, not node 0's
     nodes = values.get("nnodes")  # a NodeRange; a whole number once torchrun's options took it as theirs
     if not given("nnodes") or isinstance(nodes, int) or (not url_master and not nodes.elastic):
         return None
     spec = elastic_options.from_paddle3(named, env)
-    if not spec.backend_row.has_node_0:
-        return {"elastic": spec, "nnodes": None, "master": None, "elastic_level": "-1"}
-    if given("ips") or spec.port is None:
+    if spec.backend_row.has_node_0 and (given("ips") or spec.port is None):
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")
-    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None, "master": None, "elastic_level": "-1"}
-    if not given("started_port"):
-        ours["started_port"] = spec.port + 1  # node 0's control channel on PORT, one below the store's
-    return ours
+    return {**elastic_options.first_round(spec, given("started_port")), "master": None, "elastic_level": "-1"}
 
 
 def expected_nodes(values: dict, given: set) -> Optional[int]:

@@ -88,12 +88,7 @@ def _elastic(values: dict, given) -> dict:
     workers' ports (rank 0's store first) start one above it."""
     spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None},
                                  os.environ)
-    if not spec.backend_row.has_node_0:  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
-        return {"elastic": spec, "nnodes": None}
-    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
-    if not given("started_port"):
-        ours["started_port"] = spec.port + 1
-    return ours
+    return elastic.first_round(spec, given("started_port"))
 
 
 def _torchrun_213(values: dict, shown) -> dict:

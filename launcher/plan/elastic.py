@@ -119,6 +119,18 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     return replace(spec, host=host, port=port, node_hosts=hosts)
 
 
+def first_round(spec: ElasticSpec, started_port_given: bool) -> dict:
+    """The options an elastic job starts from (its rounds give the nodes and this node's rank): with a node 0, its
+    address as the workers' master and their ports one above node 0's own port, unless --started_port is given."""
+    if not spec.backend_row.has_node_0:  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
+        return {"elastic": spec, "nnodes": None}
+    if not started_port_given and spec.port >= addresses.HIGHEST_PORT:
+        raise LaunchError(f"node 0's port {spec.port} leaves no port above it for the workers, whose ports start one "
+                          "above node 0's; give node 0 a lower port, or --started_port.")
+    return {"elastic": spec, "nnodes": None, "master_addr": spec.host,
+            **({} if started_port_given else {"started_port": spec.port + 1})}
+
+
 # ---------------------------------------------------------------- the parts
 
 
