@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from conftest import PROBE, REPO, read_dumps, start_launcher
+from conftest import PROBE, REPO, assert_refused_in_one_line, read_dumps, start_launcher
 from launcher import __version__
 from launcher.cli.main import launch, prog_name
 
@@ -83,3 +83,19 @@ def test_shutdown_timeout_refuses_what_the_stop_sequence_cannot_wait_for(value):
 def test_shutdown_timeout_accepts_a_day_at_most(value, seconds):
     ctx = launch.make_context("launcher", ["--shutdown_timeout", value, "train.py"])
     assert ctx.params["shutdown_timeout"] == seconds
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--servers", "::1:6170", "--workers", "127.0.0.1:6171"), "--servers has the endpoint '::1:6170', which has no "
+     "port (an IPv6 address takes its port in brackets: [::1:6170]:PORT); give comma-separated host:port pairs such as "
+     "10.0.0.1:6170."),
+    (("--servers", "127.0.0.1:0", "--workers", "127.0.0.1:6171"), "--servers has the endpoint '127.0.0.1:0', which has "
+     "the port '0', not a whole number from 1 to 65535; give comma-separated host:port pairs such as 10.0.0.1:6170."),
+    (("--nnodes", "2:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", "[::1"), "--rdzv-endpoint [::1 has the endpoint "
+     "'[::1', which is not HOST:PORT; give etcd's address and client port, such as 10.0.0.1:2379."),
+    (("--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "1"), "--cluster_env auto "
+     "(found torchrun's options): --master-port 1 leaves no port below it to gather the node list on; give one with "
+     "--control_port."),
+])
+def test_a_bad_address_exits_2_with_one_sentence_whichever_option_holds_it(tmp_path, args, sentence):
+    assert_refused_in_one_line(tmp_path, args, sentence)

@@ -32,15 +32,18 @@ def owners():
     for row in eb.ROWS:
         if row.forms:
             allowed += [module_path(row.subpackage)] + ([module_path(row.endpoint)] if row.endpoint else [])
-    names = {name for row in eb.ROWS if row.forms for name in row.names}
+    names = {name for row in eb.ROWS if row.forms for name in (*row.names, *filter(None, [row.url_scheme]))}
     return names, allowed
 
 
 def literals(path, names):
-    """(line, text) of every string constant of ``path`` that is one of ``names`` (in any case)."""
+    """(line, text) of every string constant of ``path`` that is one of ``names`` (in any case), or begins with a
+    URL of one (``etcd://``: a value tested or built, where a sentence only mentions it further on)."""
     tree = ast.parse(path.read_text(), str(path))
+    urls = tuple(f"{name}://" for name in names)
     return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip().lower() in names]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and (node.value.strip().lower() in names or node.value.strip().lower().startswith(urls))]
 
 
 def test_no_backend_name_is_a_string_literal_outside_its_row_and_its_own_modules():
@@ -57,8 +60,9 @@ def test_no_backend_name_is_a_string_literal_outside_its_row_and_its_own_modules
 
 def test_the_check_finds_a_literal_and_passes_a_docstring(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('"""etcd"""\n\ndef f(spec):\n    """About c10d and etcd."""\n    return spec.backend == "ETCD"\n')
-    assert literals(sample, {"etcd", "c10d"}) == [(1, "etcd"), (5, "ETCD")]  # a docstring of the name alone counts
+    sample.write_text('"""etcd"""\n\ndef f(spec):\n    """About c10d and etcd."""\n    return spec.backend == "ETCD"\n'
+                      '\n\ndef g(text):\n    """Takes --master etcd://HOST."""\n    return text.startswith("Etcd://")\n')
+    assert literals(sample, {"etcd", "c10d"}) == [(1, "etcd"), (5, "ETCD"), (10, "Etcd://")]  # a name alone counts
     assert literals(sample, {"c10d"}) == []
 
 
@@ -114,6 +118,19 @@ def test_a_conf_key_of_another_backend_is_refused_naming_it():
         eb.split_conf("cacert=ca.pem", eb.C10D)
 
 
-def test_paddles_url_names_its_backend():
+def test_paddles_url_names_its_backend_and_a_scheme_of_none_is_refused_naming_those_there_are():
     assert eb.for_url("10.0.0.1:8090") is None and eb.for_url(None) is None
-    assert eb.for_url("etcd://h1:2379") is eb.ETCD and eb.elastic_server() is eb.ETCD
+    assert eb.for_url("etcd://h1:2379") is eb.ETCD and eb.for_url(" ETCD://h1") is eb.ETCD
+    assert eb.elastic_server() is eb.ETCD
+    with pytest.raises(LaunchError) as refusal:
+        eb.for_url("redis://u:pw@h1:6379", "--elastic_server")
+    assert str(refusal.value) == ("--elastic_server redis://...@h1:6379 is not IP:PORT; give node 0's address and a free "
+                                  "port, such as 10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes).")
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("etcd://root:secret@h1:2379", "etcd://...@h1:2379"), ("etcd://h1", "etcd://h1"), ("h1:2379", "h1:2379"),
+    ("etcd://a@b@h1", "etcd://...@h1"), (" x://:@h ", "x://...@h"),
+])
+def test_a_url_is_shown_without_its_password(text, shown):
+    assert eb.without_password(text) == shown

@@ -5,7 +5,9 @@ A module imports only from its own folder or from a layer below its own; no impo
 (imports inside functions count); no module uses another's private (``_name``) names; no module over 400
 lines. Inside ``nodes`` the rooms have an order of their own (``NODES_ROOMS``): the transport at the bottom,
 the static channel and the elastic core beside each other (neither imports the other), the backends over
-the elastic core, and ``elastic.backends`` (which picks one) over them. The worker side (runtime, fleet, ps, transpiler) imports nothing of the launcher but ``launcher.envvars`` and ``launcher.local_channel``.
+the elastic core, and ``elastic.backends`` (which picks one) over them. The worker side (runtime, fleet, ps,
+transpiler) imports nothing of the launcher but ``launcher.addresses``, ``launcher.envvars`` and
+``launcher.local_channel``.
 """
 
 import ast
@@ -23,7 +25,7 @@ MAX_LINES = 400
 # layer: rank (an import must point to a lower or equal rank; equal only within the same layer)
 LAUNCHER_LAYERS = {"cli": 7, "tools": 6, "run": 5, "nodes": 4, "host": 3, "output": 2, "plan": 1, "base": 0}
 WORKER_LAYERS = ("runtime", "fleet", "ps", "transpiler")
-BASE = ("envvars", "errors", "local_channel", "progress_page")
+BASE = ("addresses", "envvars", "errors", "local_channel", "progress_page")
 # rooms inside nodes: module prefix -> rank (an import points to a lower rank, or stays in its own room)
 # (each backend's subpackage, named by its row in launcher/plan/elastic_backends.py, is a room of rank 2)
 NODES_ROOMS = {"launcher.nodes.transport": 0, "launcher.nodes.static": 1, "launcher.nodes.elastic": 1,
@@ -120,7 +122,8 @@ def allowed(importer: str, imported: str) -> bool:
     if a == "top" or (imported == "launcher" and a != "worker"):  # the package itself: its version
         return True
     if a == "worker":
-        return b == "worker" or imported in ("launcher.envvars", "launcher.local_channel", "launcher.progress_page")
+        return b == "worker" or imported in ("launcher.addresses", "launcher.envvars", "launcher.local_channel",
+                                             "launcher.progress_page")
     if b in ("worker", "top"):
         return False
     return a == b or LAUNCHER_LAYERS[a] > LAUNCHER_LAYERS[b]

@@ -7,7 +7,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from launcher.cli import pet, table
+from launcher.cli import table
 from launcher.cli.config_file import LIST_KEYS
 from launcher.cli.main import launch
 
@@ -36,7 +36,7 @@ def test_each_row_is_well_formed():
         assert row.group in table.GROUPS, row.name
         assert row.status in (table.OURS, table.ALIAS, table.HONOURED, table.NO_EFFECT, table.REFUSED), row.name
         assert (row.status == table.ALIAS) == (row.maps_to is not None), row.name
-        assert row.maps_to is None or row.maps_to in table.ROW, row.name
+        assert row.maps_to is None or table.ROW[row.maps_to].status != table.ALIAS, row.name  # the option, no alias
         assert (row.status in (table.REFUSED, table.NO_EFFECT)) == (row.reason is not None), row.name
         assert row.help.strip() and row.help.rstrip().endswith("."), row.name
 
@@ -57,9 +57,7 @@ def test_the_most_used_options_come_first():
     assert first[0].startswith("--nproc_per_node")
 
 
-def test_pet_variables_and_config_lists_come_from_the_table():
-    assert set(pet.VALUES) | set(pet.FLAGS) == {r.name for r in table.ROWS if r.pet}
-    assert set(pet.FLAGS) == {r.name for r in table.ROWS if r.pet and r.click.get("is_flag")}
+def test_config_lists_come_from_the_table():
     assert set(LIST_KEYS) == {r.name for r in table.ROWS if r.listed}
 
 
@@ -135,3 +133,95 @@ def test_each_value_knows_where_it_came_from_and_the_command_line_wins_over_conf
     assert sources["shutdown_timeout"] == "PET_SHUTDOWN_TIMEOUT"
     assert request_of(["train.py"], env).sources["max_restarts"] == "PET_MAX_RESTARTS"
     assert sources["heartbeat_timeout"] == "default"
+
+
+def command_of_the_table():
+    """The launch command made from the table as it is now (a test's rows included), as launcher.cli.main makes it."""
+    import click
+
+    from launcher.cli import options
+
+    @click.command(cls=options.GroupedCommand)
+    @options.launch_options
+    @click.argument("training_script", required=False)
+    @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
+    def launch_again(**values):
+        """A command of the table's options."""
+
+    return launch_again
+
+
+def with_a_row(monkeypatch, row):
+    """The table with ``row`` added: ``request_of(argv, env)``, the request of a command line made from it."""
+    from launcher.cli import request
+
+    rows = (*table.ROWS, row)
+    monkeypatch.setattr(table, "ROWS", rows)
+    monkeypatch.setattr(table, "ROW", {r.name: r for r in rows})
+    command = command_of_the_table()
+
+    def request_of(argv, env=None):
+        with command.make_context("launcher", [*argv, "train.py"]) as ctx:
+            return request.resolve(ctx, dict(ctx.params), env or {})
+
+    return request_of
+
+
+@pytest.mark.parametrize("dialect", [table.PADDLE18, table.TORCHRUN, table.PADDLE3, table.FLEETRUN])
+@pytest.mark.parametrize("maps_to, value, arrived", [
+    ("job_id", "j7", lambda request: request.options.job_id),  # one of ours
+    ("rdzv_id", "j7", lambda request: request.options.job_id),  # torchrun's, turned into ours
+    ("log_dir", "logs", lambda request: request.options.log_dir),  # ours, and torchrun's spelling too
+    ("master", "127.0.0.1:8090", lambda request: str(request.options.control_port)),  # Paddle's, mapped onto ours
+])
+def test_an_alias_row_of_any_dialect_gives_its_value_to_the_option_it_names(monkeypatch, dialect, maps_to, value,
+                                                                           arrived):
+    row = table.Row("new_spelling", table.JOB, "A new spelling.", (dialect,), table.ALIAS, maps_to=maps_to,
+                    click={"metavar": "V"})
+    request_of = with_a_row(monkeypatch, row)
+    for spelling in row.spellings:
+        assert arrived(request_of([spelling, value])) == value.rpartition(":")[2], spelling
+
+
+def test_an_alias_row_given_beside_the_option_it_names_must_agree(monkeypatch):
+    from launcher.errors import LaunchError
+
+    row = table.Row("new_spelling", table.JOB, "A new spelling.", (table.TORCHRUN,), table.ALIAS, maps_to="job_id",
+                    pet=True, click={"metavar": "V"})
+    request_of = with_a_row(monkeypatch, row)
+    assert request_of(["--new-spelling", "a", "--job_id", "a"]).options.job_id == "a"
+    with pytest.raises(LaunchError) as refusal:
+        request_of(["--new-spelling", "a", "--job_id", "b"])
+    assert str(refusal.value) == "--new-spelling a disagrees with --job_id b, which is the same option; give one of them."
+    with pytest.raises(LaunchError) as refusal:
+        request_of(["--job_id", "b"], {"PET_NEW_SPELLING": "a"})
+    assert str(refusal.value) == "PET_NEW_SPELLING a disagrees with --job_id b, which is the same option; give one of them."
+
+
+def test_two_aliases_of_one_option_must_agree_too():
+    from launcher.cli.main import request_of
+    from launcher.errors import LaunchError
+
+    assert request_of(["--host", "127.0.0.2", "--local-addr", "127.0.0.2", "train.py"], {}).options.node_ip == "127.0.0.2"
+    with pytest.raises(LaunchError) as refusal:
+        request_of(["--host", "127.0.0.1", "--local-addr", "127.0.0.2", "train.py"], {})
+    assert str(refusal.value) == ("--host 127.0.0.1 disagrees with --local-addr 127.0.0.2, which is the same option; "
+                                  "give one of them.")
+
+
+def test_no_module_of_the_command_line_lists_option_names_by_hand():
+    """A tuple, list or set of two or more row names written out is a list the table should say (a tag, a field)."""
+    import ast
+
+    import launcher.cli as cli_package
+
+    found = []
+    for path in sorted(pathlib.Path(cli_package.__file__).parent.glob("*.py")):
+        if path.name == "table.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in table.ROW]
+                if len(names) > 1:
+                    found.append(f"{path.name}:{node.lineno}: {names}")
+    assert not found, found

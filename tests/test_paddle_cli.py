@@ -63,6 +63,39 @@ def test_master_with_a_scheme_but_no_nnodes_is_refused_naming_the_fix(master, se
     assert refused("--master", master) == sentence
 
 
+@pytest.mark.parametrize("master, ips, host, port", [
+    ("[::1]:8090", "::1,::2", "::1", 8090), ("[fe80::1%eth0]:8090", "fe80::1%eth0,fe80::2%eth0", "fe80::1%eth0", 8090),
+    ("127.0.0.1:1", "127.0.0.1,127.0.0.2", "127.0.0.1", 1), ("node0:65535", "node0,node1", "node0", 65535),
+])
+def test_master_is_node_0s_address_and_port_an_ipv6_one_in_brackets(master, ips, host, port):
+    assert request_of(["--ips", ips, "--master", master, "train.py"], {}).options.control_port == port
+    spec = request_of(["--nnodes", "2:3", "--master", master, "--started_port", "6070", "train.py"], {}).elastic
+    assert (spec.host, spec.port) == (host, port)
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (("--master", "fe80::1:8090"), "--master fe80::1:8090 is not IP:PORT; give node 0's address and a free port, such "
+                                   "as [fe80::1]:8090."),
+    (("--nnodes", "2:3", "--master", "fe80::1:8090"), "--master fe80::1:8090 is not IP:PORT; give node 0's address "
+                                                      "and a free port, such as [fe80::1]:8090."),
+    (("--master", "10.0.0.1:0"), "--master 10.0.0.1:0 is not IP:PORT; give node 0's address and a free port, such as "
+                                 "10.0.0.1:8090."),
+    (("--master", "[::1"), "--master [::1 is not IP:PORT; give node 0's address and a free port, such as "
+                           "[fe80::1]:8090."),
+    (("--ips", "::1,::2", "--master", "[::2]:8090"), "--master [::2]:8090 is not on node 0 (::1, the first of --ips): "
+                                                     "the rendezvous is node 0's; give --master [::1]:8090."),
+    (("--master", "ftp://u:secret@h:1"), "--master ftp://...@h:1 is not IP:PORT; give node 0's address and a free "
+                                         "port, such as 10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes)."),
+    (("--nnodes", "2", "--master", "ftp://h:1"), "--master ftp://h:1 is not IP:PORT; give node 0's address and a free "
+                                                 "port, such as 10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with "
+                                                 "--nnodes)."),
+    (("--master", "127.0.0.1:8090", "--control_port", "8091"), "--master 127.0.0.1:8090 disagrees with --control_port "
+                                                               "8091; give one of them."),
+])
+def test_a_bad_master_exits_2_naming_it(tmp_path, args, sentence):
+    assert_refused_in_one_line(tmp_path, args, sentence)
+
+
 def test_sort_ip_ranks_the_nodes_by_address():
     p = plan_of("--ips", "127.0.0.10,127.0.0.2", "--sort_ip", "true", "--host", "127.0.0.2", "--devices", "0")
     assert p.node_ips == ("127.0.0.2", "127.0.0.10") and p.node_rank == 0

@@ -90,6 +90,30 @@ def test_user_defined_endpoints_give_local_and_node_ranks():
         env_from_endpoints(4, ENDPOINTS.split(","))
 
 
+def test_ipv6_endpoints_are_read_in_brackets_as_the_launcher_writes_them():
+    endpoints = ["[fd00::1]:6170", "[fd00::1]:6171", "[fe80::2%eth0]:6170", "[fe80::2%eth0]:6171"]
+    env = env_from_endpoints(3, endpoints)
+    assert (env.master_addr, env.master_port, env.node_rank, env.local_rank, env.node_count) == ("fd00::1", 6170, 1, 1, 2)
+    environ = {ev.TRAINER_ID: "1", ev.TRAINERS_NUM: "2", ev.TRAINER_ENDPOINTS: "[::1]:6170,[::1]:6171"}
+    assert (read_worker_env(environ).master_addr, read_worker_env(environ).master_port) == ("::1", 6170)
+
+
+@pytest.mark.parametrize("endpoint, reason", [
+    ("fd00::1:6170", "it has no port (an IPv6 address takes its port in brackets: [fd00::1:6170]:PORT)"),
+    ("10.0.0.1:0", "it has the port '0', not a whole number from 1 to 65535"),
+    ("10.0.0.1:65536", "it has the port '65536', not a whole number from 1 to 65535"),
+    ("[fd00::1", "it is not HOST:PORT (brackets hold an IPv6 address, such as [::1]:29500)"),
+    (":6170", "it has no host before its port"),
+])
+def test_a_bad_endpoint_is_refused_saying_what_is_wrong(endpoint, reason):
+    environ = {ev.TRAINER_ID: "0", ev.TRAINERS_NUM: "1", ev.TRAINER_ENDPOINTS: endpoint}
+    with pytest.raises(WorkerEnvError) as refusal:
+        read_worker_env(environ)
+    assert str(refusal.value) == f"{ev.TRAINER_ENDPOINTS} holds {endpoint!r} where ip:port belongs: {reason}."
+    with pytest.raises(WorkerEnvError, match="where ip:port belongs: it"):
+        env_from_endpoints(0, [endpoint])
+
+
 @pytest.mark.parametrize("gpus, cuda, requested, backend", [
     ("0", True, None, "nccl"),
     ("3", False, None, "gloo"),

@@ -14,12 +14,12 @@ from launcher.errors import LaunchError
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
 from launcher.cli import table
-from launcher.cli.torchrun import NAMES, to_ours
+from launcher.cli.torchrun import own_names, to_ours
 from launcher.plan.parsing import node_range
 from launcher.plan.streams import StreamChoice
 
 HOST = HostFacts(gpu_count=None, cpu_count=6, python="/usr/bin/python3", run_id="abc", temp_dir="/tmp")
-DEFAULTS = {name: table.ROW[name].default for name in NAMES}
+DEFAULTS = {name: table.ROW[name].default for name in own_names()}
 
 
 def ours(given=(), env=None, **values):
@@ -41,13 +41,14 @@ def test_every_torchrun_option_is_accepted_by_the_command_line():
 
 def test_one_node_options_map_onto_ours():
     assert ours()["role"] == "default" and "nnodes" not in ours()
-    values = ours(standalone=True, rdzv_id="job7", role="trainer", local_addr="127.0.0.3")
-    assert (values["nnodes"], values["job_id"], values["role"], values["node_ip"]) == (1, "job7", "trainer", "127.0.0.3")
+    values = ours(standalone=True, rdzv_id="job7", role="trainer")
+    assert (values["nnodes"], values["job_id"], values["role"]) == (1, "job7", "trainer")
+    assert cli.request_of(["--standalone", "--local-addr", "127.0.0.3", "train.py"], {}).options.node_ip == "127.0.0.3"
     assert "started_port" not in values  # --standalone: a free port
     assert ours(nnodes="1", master_port=29517)["started_port"] == 29517
     fields = {"role", "node_rank", "master_addr", "nnodes", "virtual_local_rank", "duplicate_stdout_filters",
               "duplicate_stderr_filters", "numa_binding"}  # torchrun's names that are fields of the options too
-    assert not set(NAMES) - fields & set(ours(standalone=True))
+    assert not set(own_names()) - fields & set(ours(standalone=True))
 
 
 def test_several_nodes_map_onto_a_gathered_cluster():
@@ -144,6 +145,48 @@ def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence)
 def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
     with pytest.raises(LaunchError, match=fragment):
         ours(**values)
+
+
+@pytest.mark.parametrize("endpoint, host, port", [
+    ("10.0.0.1:29500", "10.0.0.1", 29500), ("[::1]:29500", "::1", 29500), ("[fe80::1%eth0]:2", "fe80::1%eth0", 2),
+    ("node0", "node0", 29400), ("fe80::1", "fe80::1", 29400), ("[::1]", "::1", 29400), ("node0:1", "node0", 1),
+    ("node0:65535", "node0", 65535),
+])
+def test_a_fixed_jobs_rdzv_endpoint_is_node_0_and_its_store_port(endpoint, host, port):
+    options = cli.request_of(["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", endpoint, "train.py"], {}).options
+    assert (options.master_addr, options.started_port) == (host, port)
+    elastic = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--started_port", "6070"]
+    spec = cli.request_of([*elastic, "train.py"], {}).elastic  # node 0 keeps the membership on PORT
+    assert (spec.host, spec.port) == (host, port)
+
+
+def test_an_elastic_jobs_node_0_leaves_a_port_above_its_own_for_the_workers():
+    line = ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint"]
+    assert cli.request_of([*line, "node0:65534", "train.py"], {}).options.started_port == 65535
+    with pytest.raises(LaunchError) as refusal:
+        cli.request_of([*line, "node0:65535", "train.py"], {})
+    assert str(refusal.value) == ("node 0's port 65535 leaves no port above it for the workers, whose ports start one "
+                                  "above node 0's; give node 0 a lower port, or --started_port.")
+    with pytest.raises(LaunchError, match="^node 0's port 65535 leaves no port above it"):
+        cli.request_of(["--nnodes", "1:2", "--master", "node0:65535", "train.py"], {})
+
+
+@pytest.mark.parametrize("nodes", [("--nnodes", "2", "--node-rank", "1"), ("--nnodes", "1:2", "--rdzv-backend", "c10d")])
+@pytest.mark.parametrize("endpoint", ["node0:0", "node0:65536", "[::1", "::1:29500", "[node0]:29500", "h/x:1"])
+def test_a_bad_rdzv_endpoint_exits_2_naming_it(tmp_path, nodes, endpoint):
+    assert_refused_in_one_line(tmp_path, (*nodes, "--rdzv-endpoint", endpoint), f"--rdzv-endpoint {endpoint} is not "
+                               "HOST:PORT; give node 0's address and a port such as 10.0.0.1:29400.")
+
+
+def test_the_master_port_takes_the_ports_every_address_takes():
+    line = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port"]
+    assert cli.request_of([*line, "1", "train.py"], {}).options.started_port == 1
+    assert cli.request_of([*line, "65535", "train.py"], {}).options.started_port == 65535
+    with pytest.raises(click.BadParameter, match="'0' is not a port from 1 to 65535; give a whole number in that range"):
+        cli.request_of([*line, "0", "train.py"], {})
+    with pytest.raises(LaunchError, match="^PET_MASTER_PORT=0: '0' is not a port from 1 to 65535"):
+        cli.request_of(["train.py"], {"PET_NNODES": "1:2", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "h",
+                                      "PET_MASTER_PORT": "0"})
 
 
 @pytest.mark.parametrize("args, sentence", [
@@ -252,5 +295,6 @@ def test_every_variable_torchrun_reads_is_one_of_ours():
     from launcher.cli import pet
 
     read = {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, (env, check_env))}
-    assert read == set(pet.VALUES) | set(pet.FLAGS)
-    assert {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, check_env)} == set(pet.FLAGS)
+    assert read == {row.name for row in pet.read_rows()}
+    flags = {a.dest for a in torch_run.get_args_parser()._actions if isinstance(a, check_env)}
+    assert flags == {row.name for row in pet.read_rows() if row.click.get("is_flag")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from launcher import __version__
-from launcher.cli.table import GROUPS, REFUSED, ROW, ROWS, Row
+from launcher.cli import table
 
 OTHER = "Other"  # --version and --help
 
@@ -26,7 +26,7 @@ class TableOption(click.Option):
             self.opts = taken
 
 
-def click_option(row: Row):
+def click_option(row: table.Row):
     """The click decorator of one row: every spelling, its type, default and help."""
     return click.option(*row.short, *row.spellings, row.name, cls=TableOption, shown=(*row.short, *row.shown),
                         help=row.help, **row.click)
@@ -40,9 +40,9 @@ class GroupedCommand(click.Command):
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None:
-                row = ROW.get(param.name)
+                row = table.ROW.get(param.name)
                 sections.setdefault(row.group if row is not None else OTHER, []).append(record)
-        for group in (*GROUPS, OTHER):
+        for group in (*table.GROUPS, OTHER):
             if sections.get(group):
                 with formatter.section(group):
                     formatter.write_dl(sections[group])
@@ -50,7 +50,7 @@ class GroupedCommand(click.Command):
 
 def launch_options(command):
     """Every option of the launch command, as click decorators in the table's order, and --version."""
-    for row in reversed(ROWS):
+    for row in reversed(table.ROWS):
         command = click_option(row)(command)
     return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
                         help="Show the version and exit.")(command)
@@ -60,7 +60,7 @@ def refused_options_epilog() -> str:
     """--help's last paragraph: the hidden rows, taken only to be refused, by name (from the table)."""
     import textwrap
 
-    names = " ".join(r.spellings[0] for r in ROWS if r.status == REFUSED and r.click.get("hidden"))
+    names = " ".join(r.spellings[0] for r in table.rows(status=table.REFUSED) if r.click.get("hidden"))
     return textwrap.fill(f"Paddle 2.6/3.x and fleetrun options taken only to be refused, each saying why (NPUs and "
                          "XPUs, the auto-parallel tuner, rank auto-mapping, heterogeneous and federated parameter "
                          f"servers, fleetrun's commands to scale an elastic job): {names}", 95) + "\n"

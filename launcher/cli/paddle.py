@@ -11,20 +11,16 @@ from typing import Optional
 from launcher.cli import table
 from launcher.errors import LaunchError
 from launcher.plan import elastic as elastic_options
+from launcher.plan import elastic_backends as backends
 
-_TRUE = ("1", "true", "t", "yes", "y", "on")
-_FALSE = ("0", "false", "f", "no", "n", "off", "")
-
-
-PS_OPTIONS = ("server_num", "worker_num", "servers", "workers")
+PS_OPTIONS = table.names(tag=table.PARAMETER_SERVERS)
 
 
 def translate(values: dict, given: set) -> dict:
     """This launcher's option values, with the Paddle 2.6/3.x ones (``given``: the names set by the user) mapped
-    onto them; the Paddle names are left in ``values`` for the caller's checks (``expected_nodes``)."""
+    onto them; the Paddle names are left in ``values`` for the caller's checks (``expected_nodes``). Alias rows
+    are the request's (``launcher.cli.request``), whatever their dialect."""
     out = dict(values)
-    for row in table.rows(status=table.ALIAS):
-        _same_as(out, given, row.name, row.maps_to)
     if _flag(out, given, "sort_ip"):
         out["cluster_node_ips"] = ",".join(sorted(out["cluster_node_ips"].split(","), key=_address_key))
     if _flag(out, given, "log_overwrite"):
@@ -40,34 +36,26 @@ def translate(values: dict, given: set) -> dict:
     return out
 
 
-ELASTIC_OPTIONS = ("nnodes", "master", "job_id", "elastic_level", "elastic_timeout", "max_restart", "rank", "ips")
-
-
 def elastic(values: dict, given, env=None) -> Optional[dict]:
     """Paddle 3.x's ``--nnodes MIN:MAX --master IP:PORT`` (or ``--master etcd://...``) and fleetrun's
     ``--elastic_server HOST:PORT --job_id ID --np N[:M]``: the ElasticSpec (``elastic``) and the values its first
     round completes (the nodes, this node's rank; the control channel on PORT); None for a fixed job.
     ``given(name)``: whether the user gave that option; ``env``: the launcher's environment."""
     env = env or {}
+    named = {name: value for name, value in values.items() if given(name)}  # each reader takes the names it knows
     if given("elastic_server") or env.get("PADDLE_ELASTIC_SERVER"):  # Paddle 2.x's elastic mode
-        spec = elastic_options.from_paddle2({n: values.get(n) for n in (*ELASTIC_OPTIONS, "elastic_server", "np")
-                                             if given(n)} | {"np": values.get("nnodes") if given("nnodes") else None}, env)
+        spec = elastic_options.from_paddle2({**named, "np": named.get("nnodes")}, env)
         if not spec.backend_row.has_node_0:
-            return {"elastic": spec, "nnodes": None, "elastic_server": None}
-    etcd_master = "://" in str(values.get("master") or "") and given("master")
+            return {**elastic_options.first_round(spec, given("started_port")), "elastic_server": None}
+    url_master = given("master") and backends.for_url(values.get("master")) is not None  # a backend's, not node 0's
     nodes = values.get("nnodes")  # a NodeRange; a whole number once torchrun's options took it as theirs
-    if not given("nnodes") or isinstance(nodes, int) or (not etcd_master and not nodes.elastic):
+    if not given("nnodes") or isinstance(nodes, int) or (not url_master and not nodes.elastic):
         return None
-    spec = elastic_options.from_paddle3({n: values.get(n) for n in ELASTIC_OPTIONS if given(n)}, env)
-    if not spec.backend_row.has_node_0:
-        return {"elastic": spec, "nnodes": None, "master": None, "elastic_level": "-1"}
-    if given("ips") or spec.port is None:
+    spec = elastic_options.from_paddle3(named, env)
+    if spec.backend_row.has_node_0 and (given("ips") or spec.port is None):
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")
-    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None, "master": None, "elastic_level": "-1"}
-    if not given("started_port"):
-        ours["started_port"] = spec.port + 1  # node 0's control channel on PORT, one below the store's
-    return ours
+    return {**elastic_options.first_round(spec, given("started_port")), "master": None, "elastic_level": "-1"}
 
 
 def expected_nodes(values: dict, given: set) -> Optional[int]:
@@ -85,23 +73,13 @@ def expected_nodes(values: dict, given: set) -> Optional[int]:
 # ---------------------------------------------------------------- one option each
 
 
-def _same_as(out: dict, given: set, paddle: str, ours: str) -> None:
-    """``--paddle`` is ``--ours`` under Paddle's name: both given must agree."""
-    if paddle not in given:
-        return
-    value = out[paddle]
-    if ours in given and out[ours] != value:
-        raise LaunchError(f"--{paddle} {value} disagrees with --{ours} {out[ours]}, which is the same option; give one of them.")
-    out[ours] = value
-
-
 def _flag(out: dict, given: set, name: str) -> bool:
     if name not in given:
         return False
     text = str(out[name]).strip().lower()
-    if text not in _TRUE + _FALSE:
+    if text not in table.TRUE_WORDS + table.FALSE_WORDS:
         raise LaunchError(f"--{name} {out[name]} is not true or false; give true, false, 1 or 0.")
-    return text in _TRUE
+    return text in table.TRUE_WORDS
 
 
 def _address_key(host: str):
@@ -133,28 +111,15 @@ def _rank(out: dict, given: set) -> None:
 
 
 def _master(out: dict, given: set) -> None:
+    """Paddle's --master IP:PORT of a fixed job: node 0's control channel (an elastic one is ``elastic``'s)."""
     if "master" not in given or not out["master"]:
         return
-    text = str(out["master"]).strip()
-    if "://" in text:  # an etcd:// one with --nnodes is an elastic job (``elastic``), taken before this
-        from launcher.plan import etcd  # an elastic job's only: every launch would pay its import
-
-        shown = etcd.without_password(text)
-        if text.lower().startswith("etcd://"):
-            raise LaunchError(f"--master {shown} keeps the job's membership in etcd, which needs the number of nodes; "
-                              "give --nnodes N or MIN:MAX too, the same on every node.")
-        raise LaunchError(f"--master {shown} is not IP:PORT; give node 0's address and a free port, such as "
-                          "10.0.0.1:8090 (or etcd://HOST:PORT of etcd, with --nnodes).")
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as 10.0.0.1:8090.")
-    first = out["cluster_node_ips"].split(",")[0].strip()
-    if len(out["cluster_node_ips"].split(",")) > 1 and host.strip("[]") != first:
-        raise LaunchError(f"--master {text} is not on node 0 ({first}, the first of --ips): the rendezvous is node 0's; "
-                          f"give --master {first}:{port}.")
-    if "control_port" in given and out["control_port"] != int(port):
-        raise LaunchError(f"--master {text} disagrees with --control_port {out['control_port']}; give one of them.")
-    out["control_port"] = int(port)
+    nodes = out["cluster_node_ips"].split(",")
+    _, port = elastic_options.paddle_master(out["master"], nodes[0].strip() if len(nodes) > 1 else None)
+    if "control_port" in given and out["control_port"] != port:
+        raise LaunchError(f"--master {str(out['master']).strip()} disagrees with --control_port {out['control_port']}; "
+                          "give one of them.")
+    out["control_port"] = port
 
 
 def _run_mode(out: dict, given: set) -> None:
@@ -175,9 +140,9 @@ def _run_mode(out: dict, given: set) -> None:
 
 
 def _gloo_only_with_servers(out: dict, given: set) -> None:
-    stray = [n for n in ("gloo_port", "with_gloo", "http_port") if n in given]
-    if stray and not any(out.get(n) is not None for n in PS_OPTIONS):
-        raise LaunchError(f"--{stray[0]} sets fleet's gloo rendezvous of a parameter-server job, and this is a collective "
+    stray = sorted((r for r in table.rows(tag=table.FLEET_GLOO) if r.name in given), key=lambda r: r.status != table.ALIAS)
+    if stray and not any(out.get(n) is not None for n in PS_OPTIONS):  # an alias named first: the spelling given
+        raise LaunchError(f"--{stray[0].name} sets fleet's gloo rendezvous of a parameter-server job, and this is a collective "
                           "one (whose workers meet at rank 0's store, PADDLE_MASTER); drop it, or give --server_num/--trainer_num.")
 
 

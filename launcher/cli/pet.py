@@ -21,11 +21,6 @@ from launcher.errors import LaunchError
 from launcher.plan import elastic_backends as backends
 from launcher.plan.parsing import node_range
 
-# torch/distributed/run.py's options read with argparse_util.env / check_env: the table's rows marked pet
-VALUES = tuple(r.name for r in table.ROWS if r.pet and not r.click.get("is_flag"))
-FLAGS = tuple(r.name for r in table.ROWS if r.pet and r.click.get("is_flag"))
-NODE_VARIABLES = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_node")  # a fixed job's: Kubeflow's source
-
 
 def variable(name: str) -> str:
     return f"PET_{name.upper()}"
@@ -34,11 +29,17 @@ def variable(name: str) -> str:
 def values_from(env: Mapping[str, str], ctx: click.Context, given: Callable[[str], bool]) -> Tuple[dict, set]:
     """(the options the PET_* variables of ``env`` give, and their names): each one the command line does not."""
     params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)}
-    names = [n for n in (*VALUES, *FLAGS) if variable(n) in env and not given(n) and n in params]
-    if not _elastic(env):
-        names = [n for n in names if n not in NODE_VARIABLES]
-    found = {n: (_flag(env, n) if n in FLAGS else _value(env, n, params[n], ctx)) for n in names}
+    rows = [r for r in read_rows() if variable(r.name) in env and not given(r.name) and r.name in params]
+    if not _elastic(env):  # a fixed job's node variables are the Kubeflow cluster source's
+        rows = [r for r in rows if table.KUBEFLOW_NODES not in r.tags]
+    found = {r.name: (_flag(env, r.name) if r.click.get("is_flag") else _value(env, r.name, params[r.name], ctx))
+             for r in rows}
     return found, set(found)
+
+
+def read_rows() -> tuple:
+    """torch/distributed/run.py's options read with argparse_util.env / check_env: the table's rows marked pet."""
+    return tuple(r for r in table.ROWS if r.pet)
 
 
 def _elastic(env: Mapping[str, str]) -> bool:

@@ -3,8 +3,9 @@ other launchers' spellings resolved once into the options, the elastic spec (or 
 where each value came from.
 
 The precedence is written once, in ``_layers``: the command line over ``--config`` over ``PET_*`` over the defaults.
-torchrun's spellings (``launcher.cli.torchrun``) and then Paddle 2.6/3.x's (``launcher.cli.paddle``) are mapped onto
-this launcher's own options; an option the table refuses is refused there, in one sentence.
+An option the table refuses is refused there, in one sentence; an alias row's value, whatever its dialect, goes to
+the option it names; then torchrun's spellings (``launcher.cli.torchrun``) and Paddle 2.6/3.x's
+(``launcher.cli.paddle``) are mapped onto this launcher's own options.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def resolve(ctx: click.Context, values: dict, env: Mapping[str, str]) -> Request
     values, sources = _layers(ctx, values, env)
     given = lambda name: sources.get(name, DEFAULT) != DEFAULT  # noqa: E731
     _refuse(values, given)
-    shown = lambda name: sources[name] if sources.get(name, "").startswith("PET_") else f"--{name.replace('_', '-')}"  # noqa: E731
-    values = torchrun_cli.to_ours(values, given, env, shown)
+    shown = lambda name: sources[name] if sources.get(name, "").startswith("PET_") else table.ROW[name].shown[0]  # noqa: E731
+    values = torchrun_cli.to_ours(_aliased(values, sources, shown), given, env, shown)
     log_level = values["log_level"]
     if "elastic" not in values:
         from launcher.cli import paddle as paddle_cli
@@ -96,6 +97,22 @@ def _refuse(values: dict, given) -> None:
         if given(row.name) and value is not None and str(value).strip().lower() not in row.harmless:
             shown = row.spellings[-1] if table.TORCHRUN in row.dialects else row.spellings[0]
             raise LaunchError(f"{shown} {value} cannot be honoured: {row.reason}; drop {shown}.")
+
+
+def _aliased(values: dict, sources: dict, shown) -> dict:
+    """Each alias row given (whatever launcher's spelling it is) as the option it names, given from where the alias
+    was (``sources``), before either dialect's options are mapped onto ours; two values for one option are refused."""
+    out, by = dict(values), {}
+    for row in table.rows(status=table.ALIAS):
+        if sources.get(row.name, DEFAULT) == DEFAULT:
+            continue
+        target = row.maps_to
+        first = by.get(target, target if sources.get(target, DEFAULT) != DEFAULT else None)
+        if first is not None and out[target] != out[row.name]:
+            raise LaunchError(f"{shown(row.name)} {out[row.name]} disagrees with {shown(first)} {out[target]}, which is "
+                              "the same option; give one of them.")
+        out[target], by[target], sources[target] = out[row.name], row.name, sources[row.name]
+    return out
 
 
 def given_in(ctx: click.Context):

@@ -23,7 +23,7 @@ from launcher.plan.model import NUMA_MODES, STRAGGLER_POLICIES
 
 # statuses
 OURS = "ours"  # this launcher's own option (Paddle 1.8's are ours)
-ALIAS = "alias"  # another launcher's name for one of ours: the same value (maps_to)
+ALIAS = "alias"  # another name for an option (maps_to), in any dialect: the same value
 HONOURED = "honoured"  # another launcher's option, doing here what it does there
 NO_EFFECT = "no effect"  # accepted; what it asks makes no difference here (reason)
 REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless its value asks for nothing (harmless)
@@ -37,9 +37,16 @@ JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = 
     "Parameter servers", "torchrun's spellings", "Paddle 2.x/3.x spellings")
 GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
 
+# what the code asks of a row by its tag (Row.tags), never by a list of names of its own
+NAMES_NODES = "names the nodes"  # torchrun's and Paddle's ways of naming the nodes, which may not be mixed
+KUBEFLOW_NODES = "Kubeflow's"  # its PET_* variable in a job of fixed size is the Kubeflow cluster source's
+PARAMETER_SERVERS = "parameter servers"  # given, it asks for a parameter-server job
+FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
+
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
 START_METHODS = ("spawn", "fork", "forkserver")
-_FALSE = ("0", "false", "f", "no", "n", "off", "")
+TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # a true or false value of a Paddle option, as Paddle reads it
+FALSE_WORDS = ("0", "false", "f", "no", "n", "off", "")
 _XPU = "Kunlun XPUs are not supported: this launcher drives CPU and NVIDIA GPU workers"
 _TUNER = "Paddle's auto-parallel tuner is not supported"
 _MAPPING = "fleetrun's rank auto-mapping is not supported"
@@ -66,6 +73,12 @@ class Row:
     harmless: tuple = ()  # REFUSED: values that ask for nothing, accepted
     pet: bool = False  # torchrun reads it from PET_<NAME> too
     listed: bool = False  # a YAML list in the config file is joined with commas
+    tags: tuple = ()  # the sets of options the code asks for (NAMES_NODES, KUBEFLOW_NODES, ...)
+
+    @property
+    def torchruns(self) -> bool:
+        """torchrun's own option, not one of ours nor shared with Paddle: turned into ours (launcher.cli.torchrun)."""
+        return self.dialects == (TORCHRUN,) and self.status != OURS
 
     @property
     def spellings(self) -> tuple:
@@ -79,8 +92,7 @@ class Row:
     @property
     def shown(self) -> tuple:
         """The spellings --help shows: one for each name, with dashes if only torchrun spells it, else underscores."""
-        dashes = self.dialects == (TORCHRUN,) and self.status != OURS
-        return tuple("--" + (n.replace("_", "-") if dashes else n) for n in (self.name, *self.aliases))
+        return tuple("--" + (n.replace("_", "-") if self.torchruns else n) for n in (self.name, *self.aliases))
 
     @property
     def default(self):
@@ -109,7 +121,7 @@ ROWS = (
     # ---------------------------------------------------------------- the job
     _ours("nproc_per_node", JOB, "Workers on this node: CPU workers when there is no GPU (default 2), or how many of "
           "the visible GPUs to use; torchrun's auto, gpu, cpu too.", dialects=(PADDLE3, TORCHRUN), pet=True,
-          click={"type": WorkerCount(), "metavar": "N"}),
+          tags=(KUBEFLOW_NODES,), click={"type": WorkerCount(), "metavar": "N"}),
     _ours("selected_gpus", JOB, "Comma-separated GPU ids, one worker each. Default: all visible GPUs.",
           click={"metavar": "IDS"}, listed=True),
     _ours("module", JOB, "Run training_script as a module: python -m training_script.", dialects=(TORCHRUN,),
@@ -146,7 +158,7 @@ ROWS = (
           click={"type": CpuList(), "metavar": "CPUS"}),
     # ---------------------------------------------------------------- the nodes
     _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
-          click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
+          tags=(NAMES_NODES,), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
     _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
           click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
     _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
@@ -155,12 +167,12 @@ ROWS = (
     _ours("nnodes", NODES, "The number of nodes: N, checked against the nodes found; MIN:MAX, an elastic job "
           "(torchrun's, with --rdzv-endpoint; Paddle's, with --master: docs/elastic.md).", aliases=("np",),
           dialects=(TORCHRUN, PADDLE3, FLEETRUN), status=HONOURED, pet=True,
-          click={"type": NodeCount(), "metavar": "N|MIN:MAX"}),
+          tags=(KUBEFLOW_NODES,), click={"type": NodeCount(), "metavar": "N|MIN:MAX"}),
     _ours("cluster_env", NODES, "Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), "
           "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
           "alone.", click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
     _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
-          click={"is_flag": True, "default": False}),
+          tags=(NAMES_NODES,), click={"is_flag": True, "default": False}),
     _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
           "also to gather the node list). Default: the first worker port minus one.",
           click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
@@ -177,7 +189,7 @@ ROWS = (
               "(or etcd-v2): the membership in etcd at --rdzv-endpoint, no node is special.",
               click={"type": click.Choice(backends.NAMES), "default": backends.FIXED.name, "show_default": True}),
     _torchrun("rdzv_endpoint", ELASTIC, "node 0's address and store port (instead of --master-addr/--master-port); "
-              "etcd's endpoints with --rdzv-backend etcd.", click={"metavar": "HOST[:PORT]"}),
+              "etcd's endpoints with --rdzv-backend etcd.", tags=(NAMES_NODES,), click={"metavar": "HOST[:PORT]"}),
     _torchrun("rdzv_id", ELASTIC, "the job's id (= --job_id).", click={"metavar": "ID"}),
     _torchrun("rdzv_conf", ELASTIC, "an elastic job's rendezvous settings: join_timeout, last_call_timeout, "
               "close_timeout, heartbeat_timeout, read_timeout, keep_alive_interval, keep_alive_max_attempt, and etcd's "
@@ -226,29 +238,30 @@ ROWS = (
               click={"metavar": "NAME"}),
     # ---------------------------------------------------------------- parameter servers
     _ours("server_num", PS, "Parameter-server mode on one node: start N servers (default 2 when --worker_num is given).",
-          click={"type": int, "metavar": "N"}),
+          tags=(PARAMETER_SERVERS,), click={"type": int, "metavar": "N"}),
     _ours("worker_num", PS, "Parameter-server mode on one node: start N trainers (default 2 when --server_num is "
-          "given).", click={"type": int, "metavar": "N"}),
+          "given).", tags=(PARAMETER_SERVERS,), click={"type": int, "metavar": "N"}),
     _ours("servers", PS, "Parameter-server mode on several nodes: every server's endpoint; each node starts its own.",
-          aliases=("endpoints",), click={"metavar": "IP:PORT,..."}, listed=True),
+          aliases=("endpoints",), tags=(PARAMETER_SERVERS,), click={"metavar": "IP:PORT,..."}, listed=True),
     _ours("workers", PS, "Parameter-server mode on several nodes: every trainer's endpoint; each node starts its own.",
-          click={"metavar": "IP:PORT,..."}, listed=True),
+          tags=(PARAMETER_SERVERS,), click={"metavar": "IP:PORT,..."}, listed=True),
     _ours("with_gloo", PS, "Paddle 2.6/3.x, parameter servers: fleet's gloo among trainers (1), all (2), or none (0).",
-          dialects=(PADDLE3,), click={"default": "1", "show_default": True, "metavar": "0|1|2"}),
+          dialects=(PADDLE3,), tags=(FLEET_GLOO,), click={"default": "1", "show_default": True, "metavar": "0|1|2"}),
     _ours("gloo_port", PS, "Paddle 2.6/3.x, parameter servers: the port of fleet's gloo rendezvous on server 0's host "
           "(default: a free port on one node, 6767 with --servers).", dialects=(PADDLE3,),
-          click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
+          tags=(FLEET_GLOO,), click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
     # ---------------------------------------------------------------- torchrun's spellings
     _torchrun("standalone", TORCHRUN_GROUP, "one node, on a free port (the default here).",
-              click={"is_flag": True, "default": False}),
+              tags=(NAMES_NODES,), click={"is_flag": True, "default": False}),
     _torchrun("node_rank", TORCHRUN_GROUP, "this node's rank, 0 to --nnodes minus 1.",
-              click={"type": click.IntRange(0), "metavar": "R"}),
+              tags=(NAMES_NODES, KUBEFLOW_NODES), click={"type": click.IntRange(0), "metavar": "R"}),
     _torchrun("master_addr", TORCHRUN_GROUP, "node 0's address (where rank 0 hosts the store); the other nodes join "
-              "there.", click={"metavar": "HOST"}),
+              "there.", tags=(NAMES_NODES, KUBEFLOW_NODES), click={"metavar": "HOST"}),
     _torchrun("master_port", TORCHRUN_GROUP, f"rank 0's store port (= --started_port; default {STATIC_PORT} on several "
               "nodes); node 0's launcher also listens on PORT-1 for the other nodes.",
-              click={"type": click.IntRange(2, 65535), "metavar": "PORT"}),
-    _torchrun("local_addr", TORCHRUN_GROUP, "this node's address (= --node_ip).", click={"metavar": "IP"}),
+              tags=(NAMES_NODES, KUBEFLOW_NODES), click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+    _torchrun("local_addr", TORCHRUN_GROUP, "this node's address (= --node_ip).", status=ALIAS, maps_to="node_ip",
+              click={"metavar": "IP"}),
     _torchrun("role", TORCHRUN_GROUP, "the workers' ROLE_NAME.",
               click={"default": "default", "show_default": True, "metavar": "NAME"}),
     _torchrun("signals_to_handle", TORCHRUN_GROUP, "the signals that stop the job, each passed on to the workers "
@@ -273,13 +286,13 @@ ROWS = (
     _paddle("devices", "GPU ids, as --selected_gpus.", (PADDLE3, FLEETRUN), ALIAS, aliases=("gpus",),
             maps_to="selected_gpus", click={"metavar": "IDS"}, listed=True),
     _paddle("ips", "every node's address, as --cluster_node_ips.", (PADDLE3, FLEETRUN), ALIAS,
-            maps_to="cluster_node_ips", click={"metavar": "IPS"}, listed=True),
+            maps_to="cluster_node_ips", tags=(NAMES_NODES,), click={"metavar": "IPS"}, listed=True),
     _paddle("host", "this node's address, as --node_ip.", (PADDLE3, FLEETRUN), ALIAS, maps_to="node_ip",
-            click={"metavar": "IP"}),
+            tags=(NAMES_NODES,), click={"metavar": "IP"}),
     _paddle("rank", "this node's rank, its place in --ips or --cluster_node_ips (-1: found from --host); needed where "
-            "nodes share a host (an address listed twice).", click={"metavar": "N"}),
+            "nodes share a host (an address listed twice).", tags=(NAMES_NODES,), click={"metavar": "N"}),
     _paddle("master", "the rendezvous: node 0 (the first of --ips) listens on PORT, as --control_port; "
-            "etcd://HOST:PORT with --nnodes: the membership in etcd.", click={"metavar": "IP:PORT"}),
+            "etcd://HOST:PORT with --nnodes: the membership in etcd.", tags=(NAMES_NODES,), click={"metavar": "IP:PORT"}),
     _paddle("elastic_server", "etcd's endpoint, with --job_id and --np: an elastic job whose membership is in etcd "
             "(docs/elastic.md).", (FLEETRUN,), click={"metavar": "HOST:PORT"}),
     _paddle("trainers", "every trainer's endpoint, as --workers.", status=ALIAS, maps_to="workers",
@@ -297,7 +310,7 @@ ROWS = (
             "--max_restart); 0, the failing node leaves and the others go on. A fixed job: -1 only.",
             click={"metavar": "N"}),
     _paddle("http_port", "fleet's gloo port, as --gloo_port.", (FLEETRUN,), ALIAS, maps_to="gloo_port",
-            click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
+            tags=(FLEET_GLOO,), click={"type": click.IntRange(1, 65535), "metavar": "PORT"}),
     _paddle("sort_ip", "rank the nodes by address.", click={"metavar": "BOOL"}),
     _paddle("log_overwrite", "false only: logs are appended, one header line per run.", click={"metavar": "BOOL"}),
     _paddle("legacy", "either: both command lines are taken at once.", status=NO_EFFECT, click={"metavar": "BOOL"},
@@ -305,13 +318,13 @@ ROWS = (
     _refused_paddle("npus", "Ascend NPUs are not supported: this launcher drives CPU and NVIDIA GPU workers"),
     _refused_paddle("xpus", _XPU),
     _refused_paddle("selected_xpus", _XPU),
-    _refused_paddle("enable_gpu_log", "this launcher records no GPU log (run nvidia-smi alongside)", _FALSE),
+    _refused_paddle("enable_gpu_log", "this launcher records no GPU log (run nvidia-smi alongside)", FALSE_WORDS),
     _refused_paddle("auto_parallel_config", _TUNER),
-    _refused_paddle("auto_cluster_config", _TUNER, _FALSE),
+    _refused_paddle("auto_cluster_config", _TUNER, FALSE_WORDS),
     _refused_paddle("auto_tuner_json", _TUNER),
     _refused_paddle("cluster_topo_path", _MAPPING),
     _refused_paddle("rank_mapping_path", _MAPPING),
-    _refused_paddle("enable_auto_mapping", _MAPPING, _FALSE),
+    _refused_paddle("enable_auto_mapping", _MAPPING, FALSE_WORDS),
     _refused_paddle("coordinators", _FEDERATED),
     _refused_paddle("coordinator_num", _FEDERATED, ("0",)),
     _refused_paddle("heter_workers", _HETER),
@@ -319,15 +332,16 @@ ROWS = (
     _refused_paddle("heter_worker_num", _HETER, ("0",)),
     _refused_paddle("elastic_pre_hook", _SCALE),
     _refused_paddle("scale", _SCALE, ("0",)),
-    _refused_paddle("force", _SCALE, _FALSE),
+    _refused_paddle("force", _SCALE, FALSE_WORDS),
 )
 ROW = {r.name: r for r in ROWS}
 
 
-def rows(*, dialect: Optional[str] = None, status: Optional[str] = None, group: Optional[str] = None) -> tuple:
-    """The rows of that dialect, status and group (each None: any)."""
+def rows(*, dialect: Optional[str] = None, status: Optional[str] = None, group: Optional[str] = None,
+         tag: Optional[str] = None) -> tuple:
+    """The rows of that dialect, status, group and tag (each None: any)."""
     return tuple(r for r in ROWS if (dialect is None or dialect in r.dialects) and (status is None or r.status == status)
-                 and (group is None or r.group == group))
+                 and (group is None or r.group == group) and (tag is None or tag in r.tags))
 
 
 def names(**selected) -> tuple:

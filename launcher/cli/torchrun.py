@@ -4,7 +4,7 @@
 options already (every option has a dashed spelling), and ``--nnodes`` is shared with Paddle 2.6/3.x's
 command line (launcher.cli.paddle): it is torchrun's unless Paddle's options name the nodes
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
-Paddle's check of the nodes found. The others are in TORCHRUN_OPTIONS;
+Paddle's check of the nodes found. The others are the table's rows of torchrun's alone (``own_names``);
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint
 into a cluster of fixed size (gathered from node 0 when there are several), ``--redirects``, ``--tee``
 and ``--local-ranks-filter`` into where each worker's streams go (launcher.plan.streams), the rest into
@@ -20,17 +20,13 @@ from typing import Optional
 
 from launcher.cli import table
 from launcher.errors import LaunchError
-from launcher.plan import elastic, streams, torchrun_values
+from launcher.plan import c10d, elastic, streams, torchrun_values
 from launcher.plan import elastic_backends as backends
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = table.STATIC_PORT
 
 
-# torchrun's own options (the table's rows of torchrun's that are not ours): turned into ours by ``to_ours``
-NAMES = tuple(r.name for r in table.rows(dialect=table.TORCHRUN) if r.status != table.OURS and r.name != "nnodes")
-PADDLE_NODE_OPTIONS = ("ips", "master", "rank", "host", "cluster_node_ips", "use_paddlecloud")
-TORCHRUN_NODE_OPTIONS = ("standalone", "node_rank", "master_addr", "master_port", "rdzv_endpoint")
 
 
 # Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
@@ -43,17 +39,17 @@ def to_ours(values: dict, given, env=None, shown=None) -> dict:
     ``env``: the launcher's environment (a scheduler's node rank); ``shown(name)``: how a refusal names the
     option (its PET_* variable when it came from there)."""
     shown = shown or (lambda name: f"--{name.replace('_', '-')}")
-    ours = {k: v for k, v in values.items() if k not in NAMES}
+    ours = {k: v for k, v in values.items() if k not in own_names()}
     ours["role"] = values["role"]
     _check_monitor_interval(values["monitor_interval"])
     ours.update(_torchrun_213(values, shown))
     ours.update(_streams(values, given))
-    if values["local_addr"]:
-        ours["node_ip"] = values["local_addr"]
     if values["rdzv_id"] and not given("job_id"):
         ours["job_id"] = values["rdzv_id"]
-    if any(given(name) for name in PADDLE_NODE_OPTIONS):
-        named = ", ".join(f"--{n.replace('_', '-')}" for n in TORCHRUN_NODE_OPTIONS if values.get(n) is not None and values.get(n) is not False)
+    node_rows = table.rows(tag=table.NAMES_NODES)  # torchrun's and Paddle's: one command line may not mix them
+    if any(given(r.name) for r in node_rows if not r.torchruns):
+        named = ", ".join(r.shown[0] for r in node_rows if r.torchruns and values[r.name] is not None
+                          and values[r.name] is not False)
         if named:
             hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
             raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
@@ -73,6 +69,11 @@ def to_ours(values: dict, given, env=None, shown=None) -> dict:
     return ours
 
 
+def own_names() -> tuple:
+    """torchrun's own options (the table's rows of torchrun's alone that are not ours): turned into ours here."""
+    return tuple(r.name for r in table.ROWS if r.torchruns)
+
+
 def _elastic_range(values: dict) -> bool:
     """An elastic job: ``--nnodes MIN:MAX``, or any count with ``--rdzv-backend etcd`` (whose membership may change
     at any count); not with ``--standalone``."""
@@ -87,12 +88,7 @@ def _elastic(values: dict, given) -> dict:
     workers' ports (rank 0's store first) start one above it."""
     spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None},
                                  os.environ)
-    if not spec.backend_row.has_node_0:  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
-        return {"elastic": spec, "nnodes": None}
-    ours = {"elastic": spec, "master_addr": spec.host, "nnodes": None}
-    if not given("started_port"):
-        ours["started_port"] = spec.port + 1
-    return ours
+    return elastic.first_round(spec, given("started_port"))
 
 
 def _torchrun_213(values: dict, shown) -> dict:
@@ -169,15 +165,8 @@ def _store_endpoint(values: dict, nodes: int):
     --master-addr/--master-port; --standalone: this node, a free port."""
     if values["standalone"]:
         return None, None
-    endpoint = values["rdzv_endpoint"]
-    if endpoint:
-        host, colon, port = endpoint.rpartition(":")
-        if not colon or endpoint.endswith("]"):  # no port: torchrun's c10d default
-            host, port = endpoint, str(elastic.C10D_PORT)
-        host = host.strip("[]")
-        if not host or not port.isascii() or not port.isdigit() or not 2 <= int(port) <= 65535:
-            raise LaunchError(f"--rdzv-endpoint {endpoint} is not HOST:PORT; give node 0's address and a port such as 10.0.0.1:29400.")
-        return host, int(port)
+    if values["rdzv_endpoint"]:
+        return c10d.parse_rdzv_endpoint(values["rdzv_endpoint"])
     port = values["master_port"]
     if port is None and nodes > 1:
         port = STATIC_PORT

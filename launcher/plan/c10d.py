@@ -1,7 +1,8 @@
 """A c10d rendezvous's endpoint: node 0's ``HOST[:PORT]``, where its launcher keeps the job's membership. Pure.
 
 torchrun's ``--rdzv-backend c10d --rdzv-endpoint HOST[:PORT]`` (``[v6]:PORT``): no port is torchrun's 29400;
-no endpoint, the first node of a static node list, else loopback (torchrun's localhost). Paddle's
+no endpoint, the first node of a static node list, else loopback (torchrun's localhost). A job of fixed nodes
+reads its ``--rdzv-endpoint`` here too (``launcher.cli.torchrun``: node 0's address and rank 0's store port). Paddle's
 ``--master IP:PORT`` of a range of nodes is node 0's too (``launcher.plan.elastic``).
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Optional, Tuple
 
+from launcher import addresses
 from launcher.errors import LaunchError
-from launcher.plan.parsing import DIGITS
 
 if TYPE_CHECKING:
     from launcher.plan.elastic_spec import ElasticSpec
@@ -27,19 +28,12 @@ def from_torchrun(spec: "ElasticSpec", text: Optional[str], conf: Mapping[str, s
 
 
 def parse_rdzv_endpoint(text: Optional[str], hosts: tuple = ()) -> Tuple[str, int]:
-    """``HOST[:PORT]`` (``[v6]:PORT``) of node 0; no port: torchrun's 29400; none given: the first of
-    ``hosts``, else loopback (torchrun's localhost)."""
+    """``HOST[:PORT]`` (``[v6]:PORT``) of node 0 (``launcher.addresses``); no port: torchrun's 29400; none given: the
+    first of ``hosts``, else loopback (torchrun's localhost)."""
     if text is None or not str(text).strip():
         return (hosts[0] if hosts else LOOPBACK), PORT
-    text = str(text).strip()
-    if text.startswith("["):
-        host, _, port = text[1:].partition("]")
-        port = port[1:] if port.startswith(":") else port or str(PORT)
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:  # a host alone, or a bare IPv6 address
-        host, port = text, str(PORT)
-    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"--rdzv-endpoint {text} is not HOST[:PORT]; give node 0's address and a port from 1 to "
-                          "65535, such as 10.0.0.1:29400.")
-    return host, int(port)
+    try:
+        return addresses.split(text, PORT)
+    except addresses.NotAnAddress:
+        raise LaunchError(f"--rdzv-endpoint {str(text).strip()} is not HOST:PORT; give node 0's address and a port "
+                          "such as 10.0.0.1:29400.") from None

@@ -33,13 +33,13 @@ import math
 from dataclasses import replace
 from typing import Mapping, Optional, Tuple
 
+from launcher import addresses
 from launcher.errors import LaunchError
-from launcher.plan import c10d, elastic_backends as eb
+from launcher.plan import elastic_backends as eb
 from launcher.plan.elastic_backends import Backend
 from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting
 from launcher.plan.parsing import DIGITS, INTEGER, node_range, parse_node_list
 
-C10D_PORT = c10d.PORT  # torchrun's port of a --rdzv-endpoint given without one
 ELASTIC_LEVELS = (-1, 0, 1)
 TRUE, FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")
 ALIASES = {"timeout": "join_timeout"}  # the static rendezvous's key
@@ -117,6 +117,18 @@ def from_paddle2(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
         return _placed(row, row.endpoint_module().from_paddle2(replace(spec, node_hosts=hosts), server, shown, env))
     host, port = _paddle_master(_given(values, "master"), hosts, low, high, shown)
     return replace(spec, host=host, port=port, node_hosts=hosts)
+
+
+def first_round(spec: ElasticSpec, started_port_given: bool) -> dict:
+    """The options an elastic job starts from (its rounds give the nodes and this node's rank): with a node 0, its
+    address as the workers' master and their ports one above node 0's own port, unless --started_port is given."""
+    if not spec.backend_row.has_node_0:  # each round's node 0 hosts rank 0's store on the workers' ports (6070 on)
+        return {"elastic": spec, "nnodes": None}
+    if not started_port_given and spec.port >= addresses.HIGHEST_PORT:
+        raise LaunchError(f"node 0's port {spec.port} leaves no port above it for the workers, whose ports start one "
+                          "above node 0's; give node 0 a lower port, or --started_port.")
+    return {"elastic": spec, "nnodes": None, "master_addr": spec.host,
+            **({} if started_port_given else {"started_port": spec.port + 1})}
 
 
 # ---------------------------------------------------------------- the parts
@@ -279,12 +291,24 @@ def _paddle_master(master, hosts: tuple, low: int, high: int, option: str) -> Tu
             raise LaunchError(f"{option} {low}:{high} needs node 0's address: give --master IP:PORT (the same on "
                               "every node) or --ips with node 0 first.")
         return hosts[0], None
+    return paddle_master(master, hosts[0] if hosts else None)
+
+
+def paddle_master(master, first: Optional[str]) -> Tuple[str, int]:
+    """Paddle's ``--master IP:PORT`` (``[v6]:PORT``) of node 0, which is ``first`` (the first of --ips) when the nodes
+    are listed; a ``SCHEME://...`` one (a backend's, ``elastic_backends.for_url``) needs a number of nodes."""
     text = str(master).strip()
-    host, _, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as 10.0.0.1:8090.")
-    if hosts and host != hosts[0]:
-        raise LaunchError(f"--master {text} is not on node 0 ({hosts[0]}, the first of --ips); give --master "
-                          f"{hosts[0]}:{port}.")
-    return host, int(port)
+    row = eb.for_url(text)
+    if row is not None:  # with --nnodes, ``from_paddle3`` takes it first
+        raise LaunchError(f"--master {eb.without_password(text)} keeps the job's membership in {row.name}, which needs "
+                          "the number of nodes; give --nnodes N or MIN:MAX too, the same on every node.")
+    try:
+        host, port = addresses.split(text)
+    except addresses.NotAnAddress:
+        example = "[fe80::1]:8090" if text.count(":") > 1 else "10.0.0.1:8090"  # IPv6: its port in brackets
+        raise LaunchError(f"--master {text} is not IP:PORT; give node 0's address and a free port, such as "
+                          f"{example}.") from None
+    if first is not None and host != first:
+        raise LaunchError(f"--master {text} is not on node 0 ({first}, the first of --ips): the rendezvous is node "
+                          f"0's; give --master {addresses.joined(first, port)}.")
+    return host, port

@@ -99,14 +99,25 @@ def backend_named(name, option: str = "--rdzv-backend") -> Backend:
     return BY_NAME[text]
 
 
-def for_url(text) -> Optional[Backend]:
-    """The row that Paddle 3.x's ``--master SCHEME://...`` names (None: no ``://``, node 0's IP:PORT); a scheme
-    of no row's is the first such row's, whose endpoint's module refuses it in its own words."""
+def for_url(text, option: str = "--master") -> Optional[Backend]:
+    """The row that Paddle 3.x's ``--master SCHEME://...`` names (None: no ``://``, node 0's IP:PORT); a scheme of no
+    row's is refused, naming the ones there are."""
     if text is None or "://" not in str(text):
         return None
     scheme = str(text).strip().partition("://")[0].lower()
-    rows = [row for row in ROWS if row.url_scheme]
-    return next((row for row in rows if row.url_scheme == scheme), rows[0])
+    row = next((row for row in ROWS if row.url_scheme and row.url_scheme == scheme), None)
+    if row is None:
+        urls = " or ".join(f"{row.url_scheme}://HOST:PORT of {row.name}" for row in ROWS if row.url_scheme)
+        raise LaunchError(f"{option} {without_password(text)} is not IP:PORT; give node 0's address and a free port, "
+                          f"such as 10.0.0.1:8090 (or {urls}, with --nnodes).")
+    return row
+
+
+def without_password(text) -> str:
+    """``SCHEME://USER:PASSWORD@HOSTS`` as ``SCHEME://...@HOSTS``: how a message names a value (never its password)."""
+    scheme, sep, rest = str(text).strip().partition("://")
+    _, at, hosts = rest.rpartition("@")
+    return f"{scheme}{sep}...@{hosts}" if sep and at else str(text).strip()
 
 
 def elastic_server() -> Backend:

@@ -16,21 +16,18 @@ user of the machine in ``ps``). This is the etcd row's endpoint module (``launch
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
+from launcher import addresses
 from launcher.errors import LaunchError
 from launcher.plan import elastic_backends
-from launcher.plan.parsing import DIGITS
+from launcher.plan.elastic_backends import without_password
 
 ETCD_PORT = 2379
 PASSWORD_VAR = "LAUNCHER_ETCD_PASSWORD"
 ROW = elastic_backends.ETCD
-CONF_KEYS = ROW.conf_keys  # --rdzv-conf keys of an etcd rendezvous
 PROTOCOLS = ("http", "https")
-HOST = re.compile(r"[A-Za-z0-9_.-]+")  # a name or an IPv4 address (an underscore too: docker compose's names have one)
 URL_PASSWORD = "etcd://NAME:PASSWORD@HOST:PORT"  # Paddle's spelling of a password given with the user
 Spec = object  # an ``ElasticSpec`` (launcher.plan.elastic_spec, which names this module's EtcdSpec)
 
@@ -49,7 +46,7 @@ class EtcdSpec:
 
     def shown(self) -> str:
         """The endpoints as the messages name them."""
-        return ",".join(f"{self.protocol}://{_host(h)}:{p}" for h, p in self.endpoints)
+        return ",".join(f"{self.protocol}://{addresses.joined(h, p)}" for h, p in self.endpoints)
 
 
 def parse_endpoints(text, option: str, shown: Optional[str] = None) -> Tuple[Tuple[Tuple[str, int], ...], Optional[str]]:
@@ -78,29 +75,13 @@ def parse_endpoints(text, option: str, shown: Optional[str] = None) -> Tuple[Tup
 def from_url(text: str, option: str) -> EtcdSpec:
     """Paddle 3.x's ``etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`` (each endpoint may say ``https://``)."""
     text = str(text).strip()
-    scheme, _, rest = text.partition("://")
-    if scheme.lower() != ROW.url_scheme:
-        raise LaunchError(f"{option} {without_password(text)} is not etcd://HOST:PORT; give node 0's IP:PORT, or "
-                          "etcd://HOST:PORT of etcd.")
-    credentials, at, hosts = rest.rpartition("@")
+    credentials, at, hosts = text.partition("://")[2].rpartition("@")
     endpoints, protocol = parse_endpoints(hosts, option, without_password(text))
     user, colon, password = credentials.partition(":")
     if at and not user:
         raise LaunchError(f"{option} etcd://...@{hosts} names no user before '@'; give etcd://USER:PASSWORD@HOST:PORT "
                           "or no '@'.")
     return EtcdSpec(endpoints, protocol=protocol or "http", user=user or None, password=password if colon else None)
-
-
-def without_password(text) -> str:
-    """``SCHEME://USER:PASSWORD@HOSTS`` as ``SCHEME://...@HOSTS``: how a message names a value (never its password)."""
-    scheme, sep, rest = str(text).strip().partition("://")
-    _, at, hosts = rest.rpartition("@")
-    return f"{scheme}{sep}...@{hosts}" if sep and at else str(text).strip()
-
-
-def split_conf(text: Optional[str]) -> Tuple[str, dict]:
-    """torchrun's ``--rdzv-conf`` as (its rendezvous settings, the etcd keys given): the etcd keys out."""
-    return elastic_backends.split_conf(text, ROW)
 
 
 def from_torchrun(spec: Spec, text: Optional[str], conf: Mapping[str, str], env: Mapping) -> Spec:
@@ -168,28 +149,9 @@ def with_conf(spec: EtcdSpec, conf: Mapping[str, str], env: Mapping[str, str], p
 
 
 def _endpoint(item: str, text, option: str) -> Tuple[str, int]:
-    """``HOST[:PORT]`` (``[v6][:PORT]``, or a bare IPv6 address) as (host, port); no port: etcd's 2379."""
-    closed = True
-    if item.startswith("["):
-        host, closed, port = item[1:].partition("]")
-        port = port[1:] if port.startswith(":") else (port or str(ETCD_PORT))
-    elif item.count(":") == 1:
-        host, _, port = item.partition(":")
-    else:  # a host alone, or a bare IPv6 address
-        host, port = item, str(ETCD_PORT)
-    if not closed or not _is_host(host) or not DIGITS.fullmatch(port) or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"{option} {text} has the endpoint {item!r}, which is not HOST:PORT; give etcd's address "
-                          "and client port, such as 10.0.0.1:2379.")
-    return host, int(port)
-
-
-def _host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _is_host(host: str) -> bool:
+    """``HOST[:PORT]`` (``launcher.addresses``) as (host, port); no port: etcd's 2379."""
     try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return bool(HOST.fullmatch(host)) and not host.replace(".", "").isdigit()  # 2379 alone is a port
+        return addresses.split(item, ETCD_PORT)
+    except addresses.NotAnAddress:
+        raise LaunchError(f"{option} {text} has the endpoint {item!r}, which is not HOST:PORT; give etcd's address "
+                          "and client port, such as 10.0.0.1:2379.") from None

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from launcher import envvars as ev
+from launcher import addresses, envvars as ev
 from launcher.plan.agent_store import StoreSpec
 from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER, Role, role_named
@@ -209,14 +209,14 @@ class Plan:
         """The port this node holds for the job's rendezvous store (rank 0's, or server 0's), if it hosts it."""
         if self.node_rank != 0:
             return None
-        return int(self.servers[0].rpartition(":")[2]) if self.servers else self.ports[0]
+        return addresses.split(self.servers[0])[1] if self.servers else self.ports[0]
 
     @property
     def job_ports(self) -> tuple:
         """The ports of the whole job, the same on every node (part of its identity): node 0's, which every
         other node's follow from."""
         if self.servers:
-            return tuple(int(e.rpartition(":")[2]) for e in self.servers + self.trainers)
+            return tuple(addresses.split(e)[1] for e in self.servers + self.trainers)
         return self.node_ports[0] if self.node_ports else self.ports
 
     @property

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from launcher import addresses
 from launcher.errors import LaunchError
 
-DIGITS = re.compile(r"[0-9]+")  # ASCII digits only (fullmatch): "²".isdigit() is true, but int("²") fails
+DIGITS = addresses.DIGITS
 INTEGER = re.compile(r"-?[0-9]+")
 HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -53,14 +54,12 @@ def node_range(text) -> NodeRange:
 
 
 def parse_endpoint(text: str, name: str):
-    """``host:port`` (``[v6]:port``) as (host, port), the port within 1-65535."""
-    host, _, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not DIGITS.fullmatch(port):
-        raise LaunchError(f"{name} has a malformed endpoint {text!r}; give comma-separated host:port pairs such as 10.0.0.1:6170.")
-    if not 1 <= int(port) <= 65535:
-        raise LaunchError(f"{name} has the endpoint {text!r}, whose port {port} is outside 1-65535; give a port in that range.")
-    return host, int(port)
+    """``host:port`` (``[v6]:port``) as (host, port) (``launcher.addresses``)."""
+    try:
+        return addresses.split(text)
+    except addresses.NotAnAddress as e:
+        raise LaunchError(f"{name} has the endpoint {text!r}, which {e}; give comma-separated host:port pairs such as "
+                          "10.0.0.1:6170.") from None
 
 
 def port_range(first: int, count: int, given_as: str) -> tuple:
@@ -115,12 +114,7 @@ def spoken_list(numbers: list, word: str = "and") -> str:
 
 def node_endpoints(node_ips: Sequence[str], node_ports: Sequence[Sequence[int]]) -> list:
     """Every worker's endpoint in rank order: each node's address with each of its own ports."""
-    return [f"{host_part(ip)}:{p}" for ip, ports in zip(node_ips, node_ports) for p in ports]
-
-
-def host_part(ip: str) -> str:
-    """An address as the host of an endpoint: an IPv6 one in brackets."""
-    return f"[{ip}]" if ":" in ip else ip
+    return [addresses.joined(ip, p) for ip, ports in zip(node_ips, node_ports) for p in ports]
 
 
 def first_duplicate(items: Sequence[str]) -> Optional[str]:

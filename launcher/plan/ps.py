@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from launcher import envvars as ev
+from launcher.addresses import joined
 from launcher.errors import LaunchError
 from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
                                   interface_of, monitor_address, python_of)
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
-from launcher.plan.parsing import first_duplicate, host_part, is_valid_host, parse_endpoint, port_range
+from launcher.plan.parsing import first_duplicate, is_valid_host, parse_endpoint, port_range
 from launcher.plan.roles import SERVER, TRAINER, Role
 
 DEFAULT_COUNT = 2  # Paddle 1.8's launch_ps starts 2 servers and 2 trainers unless told otherwise
@@ -43,7 +44,7 @@ class Endpoint:
     port: int
 
     def __str__(self) -> str:
-        return f"{host_part(self.host)}:{self.port}"
+        return joined(self.host, self.port)
 
 
 @dataclass(frozen=True)

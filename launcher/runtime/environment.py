@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
-from launcher import envvars as ev
+from launcher import addresses, envvars as ev
 
 
 class WorkerEnvError(ValueError):
@@ -180,10 +180,11 @@ def _same_host(rank: int, endpoints: tuple) -> tuple:
 
 
 def split_endpoint(endpoint: str, name: str) -> tuple:
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise WorkerEnvError(f"{name} holds {endpoint!r} where ip:port belongs.")
-    return host.strip("[]"), int(port)
+    """``ip:port`` (``[v6]:port``) as (ip, port), read as the launcher reads it (``launcher.addresses``)."""
+    try:
+        return addresses.split(endpoint)
+    except addresses.NotAnAddress as e:
+        raise WorkerEnvError(f"{name} holds {endpoint!r} where ip:port belongs: it {e}.") from None
 
 
 def _gpus(environ: Mapping[str, str]) -> Optional[str]:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
+from launcher.addresses import joined
 from launcher.errors import LaunchError
 from launcher.plan.clusters import command_line
 from launcher.plan.clusters.source import DEFAULT_NODES, Cluster, Request, Source, int_var, var
-from launcher.plan.parsing import first_duplicate, host_part, parse_endpoint, parse_node_list, port_range
+from launcher.plan.parsing import first_duplicate, parse_endpoint, parse_node_list, port_range
 
 if TYPE_CHECKING:  # annotations only
     from launcher.plan.model import LaunchOptions
@@ -72,7 +73,7 @@ def _ports_from_endpoints(text: str, node_ips: tuple, node_rank: int, nper: int)
     if len(endpoints) != nper * len(node_ips):
         raise LaunchError(f"{name} has {len(endpoints)} endpoints, but {len(node_ips)} nodes of {nper} workers need {nper * len(node_ips)}.")
     parsed = [parse_endpoint(e, name) for e in endpoints]
-    dup = first_duplicate([f"{host_part(h)}:{p}" for h, p in parsed])
+    dup = first_duplicate([joined(h, p) for h, p in parsed])
     if dup is not None:
         raise LaunchError(f"{name} lists the endpoint {dup} twice; give every worker an endpoint of its own.")
     mine = range(node_rank * nper, (node_rank + 1) * nper)

@@ -50,8 +50,12 @@ def _torchrun_gathering(req: Request) -> Optional[GatherSpec]:
     nodes, rank = _torchrun_world(opts)
     if nodes == 1:
         return None
-    port = opts.control_port if opts.control_port is not None else opts.started_port - 1
-    return GatherSpec(rank, nodes, opts.master_addr, port, f"--master-port {opts.started_port} minus one")
+    if opts.control_port is not None:
+        return GatherSpec(rank, nodes, opts.master_addr, opts.control_port, f"--control_port {opts.control_port}")
+    if opts.started_port < 2:  # port 1 is a port (launcher.addresses), with none below it to gather on
+        raise fail(req, f"--master-port {opts.started_port} leaves no port below it to gather the node list on; give "
+                        "one with --control_port.")
+    return GatherSpec(rank, nodes, opts.master_addr, opts.started_port - 1, f"--master-port {opts.started_port} minus one")
 
 
 SOURCE = Source(NAME, "torchrun's options", _torchrun_found, _torchrun, "give --nnodes, --node-rank and --master-addr",
