@@ -144,10 +144,10 @@ class Simulation:
         node.sock.close()
 
     def wait_round(self, number: int, bound: float) -> Optional[float]:
-        """Serve until every node holds round ``number``; when the last got it (None: not within ``bound``, or every
-        node's connection closed by node 0: ``problems`` says why)."""
+        """Serve until every node holds round ``number``; when the last got it (None: not within ``bound``, or too
+        few nodes left for a round, node 0 having closed their connections: ``problems`` says why)."""
         deadline = time.monotonic() + bound
-        while time.monotonic() < deadline and self.nodes:
+        while time.monotonic() < deadline and self.nodes and len(self.nodes) >= self.count - 1:  # MIN: all but one
             if all(n.round >= number for n in self.nodes.values()):
                 return max(n.round_at for n in self.nodes.values())
             self.serve(0.2)
@@ -166,6 +166,19 @@ def node_0(nodes: int, workers: int, port: int, job_id: str, folder: Path) -> ha
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={job_id}",
             "--rdzv-conf=last_call_timeout=5,join_timeout=900", f"--started_port={port + 1}", str(WORKER), str(ready)]
     return harness.Run(line, folder, name="node0")
+
+
+def listening(port: int, run: harness.Run, bound: float) -> bool:
+    """Whether node 0's launcher listens on ``port`` within ``bound`` (a node connecting before it does is refused,
+    and the simulation does not try again: fewer than MIN would join)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline and not run.exited:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
 def ready_at(folder: Path, world: int, count: int, bound: float, run: harness.Run) -> Optional[float]:
@@ -198,7 +211,8 @@ def measure(args, folder: Path) -> dict:
         run = node_0(args.nodes, args.workers, port, job_id, folder)
         sim = Simulation(args.nodes, args.workers, port, job_id)
         try:
-            time.sleep(2.0)  # node 0's launcher binds the endpoint
+            if not listening(port, run, EVENT_BOUND_S):
+                raise harness.BenchError(f"node 0 never listened on port {port}{run.stderr_tail()}")
             began = time.time()
             sim.connect_all()
             out["connected_s"] = since(time.time(), began)
