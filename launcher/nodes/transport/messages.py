@@ -53,7 +53,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class Challenge:
-    """Node 0 to a new connection: prove the job token on this nonce."""
+    """A server to a new connection: prove the job token on this nonce (``handshake``)."""
 
     type: ClassVar[str] = "challenge"
     nonce: Optional[str]
@@ -61,8 +61,8 @@ class Challenge:
 
 @dataclass(frozen=True)
 class Hello:
-    """A joining node to node 0. ``node`` and ``proof`` are as sent (node 0 checks them and names
-    a wrong value in its refusal); ``proof`` is left out without a job token."""
+    """A joining node to node 0, after its challenge. ``node`` and ``proof`` are as sent (node 0 checks them and
+    names a wrong value in its refusal); ``proof`` is left out without a job token."""
 
     type: ClassVar[str] = "hello"
     identity: Optional[dict]
@@ -77,7 +77,7 @@ class Hello:
 @dataclass(frozen=True)
 class Welcome:
     type: ClassVar[str] = "welcome"
-    proof: Optional[str] = None  # with a job token: node 0's proof on the node's nonce
+    proof: Optional[str] = None  # with a job token: the server's proof on the client's nonce
 
 
 @dataclass(frozen=True)
@@ -158,12 +158,10 @@ class End:
 
 @dataclass(frozen=True)
 class Admitted:
-    """Node 0 to a joining launcher of an elastic job: it is in (a standby waits for a member's place)."""
+    """Node 0 to a launcher of an elastic job it welcomed: it is in (a standby waits for a member's place)."""
 
     type: ClassVar[str] = "admitted"
     standby: Optional[bool]
-    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce and its own
-    keeper_nonce: Optional[str] = None  # with a job token: node 0's nonce, for their session (auth.Session.elastic)
 
 
 @dataclass(frozen=True)
@@ -282,7 +280,7 @@ class Speeds:
 
 @dataclass(frozen=True)
 class Join:
-    """An MPI rank to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
+    """An MPI rank's hello to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
 
     type: ClassVar[str] = "join"
     rank: Optional[int]  # strictly ints on the wire, else None
@@ -294,7 +292,8 @@ class Join:
 
 @dataclass(frozen=True)
 class NodeList:
-    """Rank 0's answer: every node's address in MPI rank order (None off the wire: not a list of text)."""
+    """Rank 0's answer after its welcome: every node's address in MPI rank order (None off the wire: not a list of
+    text)."""
 
     type: ClassVar[str] = "nodes"
     nodes: Optional[list]
@@ -311,7 +310,7 @@ Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, Traine
                 Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Speeds, Join,
                 NodeList, Unknown]
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce", "changes", "why")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:
@@ -374,7 +373,7 @@ READERS: dict[str, Callable[[dict], Message]] = {
     "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
     "start": lambda m: Start(as_strict_int(m.get("attempt"))),
     "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
-    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
+    "admitted": lambda m: Admitted(as_flag(m.get("standby"))),
     "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
                                   as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
                                   as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),
