@@ -296,7 +296,7 @@ class Keeper(LinkBase):
         if problem is not None:
             self.forget(fd, problem)
             return
-        self.fds[peer.node] = fd
+        self.fds[peer.node], self.heard[peer.node] = fd, self.clock()  # its hello: its first word
         job_id = (message.identity or {}).get("job_id")
         self.decide(mb.JoinAsked(mb.Node(message.node_id, message.host or "", message.workers),
                                  job_id if isinstance(job_id, str) else ""))
