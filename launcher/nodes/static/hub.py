@@ -111,7 +111,6 @@ class Hub(Endpoint):
             problem = f"{self.node_name(node)} is already joined"
         if problem is not None:  # with a token, a node that does not prove it is told nothing of the job
             c.send(c.handshake.refusal(problem), now)
-            c.flush()
             self._drop(fd, f"not a node of this job: {problem}")
             return []
         c.node = node
