@@ -134,7 +134,7 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
                 if key.data is None:
                     _accept(listener, selector, peers, spec.size, token)
                 else:
-                    _read(key.data, spec, token, selector, peers, joined, dropped)
+                    _read(key.data, spec, selector, peers, joined, dropped)
         selector.unregister(listener)
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
@@ -179,7 +179,7 @@ def _make_room(selector, peers, size: int) -> None:
         oldest.sock.close()
 
 
-def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped) -> None:
+def _read(peer: _Peer, spec: Spec, selector, peers, joined, dropped) -> None:
     try:
         for body in peer.receive():
             _join_message(peer, peer.open(body), spec, joined)
