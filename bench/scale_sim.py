@@ -6,8 +6,8 @@
 Node 0 is a real launcher, the membership's keeper (``python -m launcher --nnodes N-1:N --nproc-per-node W
 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P``), and its W workers are real (``scale_worker.py``). The
 N-1 other launchers are this one process: a connection each to node 0, speaking what a launcher's link
-speaks (``launcher.nodes.elastic.c10d.member.MemberLink``): a hello (an id of its own, a host 10.x.y.z of its
-own, W workers), an answer to each of node 0's heartbeats, ``stopped`` when told to stop its workers. It
+speaks (``launcher.nodes.elastic.c10d.member.MemberLink``): a hello answering node 0's challenge (an id of its
+own, a host 10.x.y.z of its own, W workers; no job token), an answer to each of node 0's heartbeats, ``stopped`` when told to stop its workers. It
 starts no worker. Each message is framed as the launcher frames it; of a round only the type and number
 are read (one node decodes it whole and checks its members), so that the simulation costs less than
 the launchers it stands for.
@@ -62,7 +62,7 @@ class Node:
     def __init__(self, index: int, sock: socket.socket, limit: int, hello: bytes) -> None:
         self.index, self.sock, self.framer = index, sock, wire.Framer(limit)
         self.round, self.round_at, self.members = 0, 0.0, None
-        self.hello: Optional[bytes] = hello  # sent once connected
+        self.hello: Optional[bytes] = hello  # sent once node 0's challenge came
         self.stop_at = 0.0  # when node 0's last order to stop its workers came
 
 
@@ -96,11 +96,9 @@ class Simulation:
                 self.serve(0.05)
 
     def serve(self, timeout: float) -> None:
-        for key, _ in self.selector.select(timeout):
+        for key, mask in self.selector.select(timeout):
             node = key.data
-            if node.hello is not None:  # connected (or refused: the read says so)
-                self.send(node, node.hello)
-                node.hello = None
+            if mask & selectors.EVENT_WRITE:  # connected (or refused: the read says so)
                 self.selector.modify(node.sock, selectors.EVENT_READ, node)
                 continue
             try:
@@ -119,7 +117,10 @@ class Simulation:
 
     def on_message(self, node: Node, body: bytes) -> None:
         head = body[:40]
-        if head.startswith(b'{"type":"beat"'):
+        if head.startswith(b'{"type":"challenge"') and node.hello is not None:
+            self.send(node, node.hello)
+            node.hello = None
+        elif head.startswith(b'{"type":"beat"'):
             self.send(node, BEAT)
         elif head.startswith(b'{"type":"round"'):
             node.round, node.round_at = int(NUMBER.search(head).group(1)), time.time()

@@ -245,7 +245,7 @@ class C10d(Harness):
         if link is self.keeper:  # the kernel closes a killed process's sockets
             type(link).close_all(link, wait_for_them=False)
         else:
-            link.sock.close()
+            link.conn.sock.close()
 
 
 class Etcd(Harness):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.nodes.transport.auth import fresh_nonce, hub_proof, proof, Session
+from launcher.nodes.transport.auth import Session, fresh_nonce, proof, step_proof
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received
 from launcher.nodes.transport.connection import tune
 from launcher.nodes.transport.connection import HELLO_TIMEOUT
@@ -235,17 +235,32 @@ def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
         spoke.close()
 
 
-def test_with_a_token_the_refusal_says_nothing_of_the_job():
+def test_with_a_token_a_node_that_proves_it_is_told_why_and_gives_up_at_once():
     port = free_port()
     hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
     other = Identity("job1", IDENTITY.nodes, IDENTITY.ports, "-u other.py")
     spoke = Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token="right")
     try:  # the right token and another script: node 0 proves its refusal, the node gives up at once
         events = pump([hub, spoke], 5, until=lambda ev: ev)
-        assert [e.reason.split(": ", 1)[1] for e in events] == ["wrong job or job token"]
+        assert [e.reason.split(": ", 1)[1] for e in events] == ["its script is '-u other.py', this job's is '-u train.py'"]
     finally:
         hub.close()
         spoke.close()
+
+
+def test_with_a_token_a_node_that_does_not_prove_it_is_told_nothing_of_the_job():
+    port = free_port()
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    try:
+        s, _ = handshake(hub, port, "wrong", identity=Identity("other", IDENTITY.nodes, IDENTITY.ports, "x.py"))
+        with s:
+            assert pump([hub], 1) == []
+            refusal = recv_message(s)
+            assert refusal["reason"] == "wrong job or job token"
+            # proven on the node's nonce (a node with the token would give up), over nothing of the job
+            assert refusal["proof"] == step_proof("right", "refused", "job1", 1, "c" * 32, "wrong job or job token")
+    finally:
+        hub.close()
 
 
 # ---------------------------------------------------------------- what an adversary sends
@@ -367,8 +382,8 @@ def test_a_stranger_on_node_0s_port_is_not_obeyed_and_the_real_node_0_is_joined_
 
 
 def test_a_session_opens_each_sealed_message_once_in_order_and_in_its_direction():
-    hub = Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=True)
-    node = Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False)
+    hub = Session.of("t", "a" * 32, "b" * 32, "job1", 1, at_server=True)
+    node = Session.of("t", "a" * 32, "b" * 32, "job1", 1, at_server=False)
     first, second = hub.seal(b'{"type":"stop"}'), hub.seal(b'{"type":"end"}')
     with pytest.raises(ProtocolError):
         node.open(second)  # reordered
@@ -381,19 +396,26 @@ def test_a_session_opens_each_sealed_message_once_in_order_and_in_its_direction(
         with pytest.raises(ProtocolError, match="wrong authentication"):
             node.open(bad)
     assert node.open(second) == b'{"type":"end"}'
-    other = Session.between("t", "a" * 32, "c" * 32, "job1", 1, at_hub=True)  # another connection's
+    other = Session.of("t", "a" * 32, "c" * 32, "job1", 1, at_server=True)  # another connection's
     with pytest.raises(ProtocolError):
-        Session.between("t", "a" * 32, "b" * 32, "job1", 1, at_hub=False).open(other.seal(b"{}"))
+        Session.of("t", "a" * 32, "b" * 32, "job1", 1, at_server=False).open(other.seal(b"{}"))
+    another = Session.of("t", "a" * 32, "b" * 32, "job1", 2, at_server=True)  # another node's, the same nonces
+    with pytest.raises(ProtocolError):
+        Session.of("t", "a" * 32, "b" * 32, "job1", 1, at_server=False).open(another.seal(b"{}"))
 
 
-def handshake(hub, port, token, node_nonce="c" * 32):
+def hello_of(token, hub_nonce, node_nonce="c" * 32, identity=IDENTITY, node=1, **change) -> dict:
+    """A node's hello as a launcher says it, proving ``token`` on node 0's nonce; ``change``: fields replaced."""
+    hello = {"type": "hello", "identity": identity.as_dict(), "node": node, "nonce": node_nonce, **change}
+    return {"proof": step_proof(token, "hello", "job1", hello["node"], hub_nonce, node_nonce), **hello}
+
+
+def handshake(hub, port, token, node_nonce="c" * 32, identity=IDENTITY):
     """A raw client that knows the token says hello; the socket and node 0's nonce."""
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     pump([hub], 0.2)
     challenge = recv_message(s)
-    hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": node_nonce,
-             "proof": proof(token, challenge["nonce"], "job1", 1)}
-    s.sendall(encode(hello))
+    s.sendall(encode(hello_of(token, challenge["nonce"], node_nonce, identity)))
     return s, challenge["nonce"]
 
 
@@ -406,8 +428,8 @@ def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_nod
         events = pump([hub], 1, until=lambda ev: ev)
         assert events == [Joined(1)]
         welcome = recv_message(s)
-        assert welcome["proof"] == hub_proof("right", "c" * 32, hub_nonce, "job1", 1)
-        mine = Session.between("right", hub_nonce, "c" * 32, "job1", 1, at_hub=False)
+        assert welcome["proof"] == step_proof("right", "welcome", "job1", 1, "c" * 32, hub_nonce)
+        mine = Session.of("right", hub_nonce, "c" * 32, "job1", 1, at_server=False)
         s.sendall(encode({"type": "report", "attempt": 0}, mine))
         assert pump([hub], 1, until=lambda ev: ev) == [Received(1, {"type": "report", "attempt": 0})]
         s.sendall(encode({"type": "failed", "attempt": 0, "cause": {"text": "INJECTED"}}))  # not sealed
@@ -420,11 +442,30 @@ def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_nod
         hub.close()
 
 
+def test_a_hello_replayed_on_a_new_connection_is_refused():
+    """Its proof is on the first connection's challenge: a new connection has a new one."""
+    port = free_port()
+    hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
+    try:
+        first, hub_nonce = handshake(hub, port, "right")
+        with first:
+            assert pump([hub], 1, until=lambda ev: ev) == [Joined(1)]
+        assert isinstance(pump([hub], 1, until=lambda ev: ev)[0], Lost)  # its place is free again
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as again:
+            pump([hub], 0.2)
+            assert recv_message(again)["nonce"] != hub_nonce  # a new challenge
+            again.sendall(encode(hello_of("right", hub_nonce)))  # the hello of the first connection, replayed
+            assert pump([hub], 1) == []
+            assert recv_message(again)["reason"] == "wrong job or job token"
+    finally:
+        hub.close()
+
+
 @pytest.mark.parametrize("change, why", [
     ({"node": True}, "node index True is not one of 1 to 1"),
     ({"node": 1.0}, "node index 1.0 is not one of 1 to 1"),
-    ({"nonce": None}, "it gives no nonce for node 0 to prove the job token on"),
-    ({"nonce": "x" * 32}, "it gives no nonce for node 0 to prove the job token on"),
+    ({"nonce": None}, "it gives no nonce to prove the job token on"),
+    ({"nonce": "x" * 32}, "it gives no nonce to prove the job token on"),
     ({"proof": "\u00e9" * 64}, "its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
     ({"proof": ["x"]}, "it gives no proof of the job token"),
     ({"identity": ["job1"]}, "no job identity"),
@@ -437,9 +478,7 @@ def test_a_hello_with_wrong_types_is_dropped_with_its_reason(change, why, caplog
         nonce = None
         pump([hub], 0.2)
         nonce = recv_message(s)["nonce"]
-        hello = {"type": "hello", "identity": IDENTITY.as_dict(), "node": 1, "nonce": "c" * 32,
-                 "proof": proof("right", nonce, "job1", 1), **change}
-        s.sendall(encode(hello))
+        s.sendall(encode({**hello_of("right", nonce, node=change.get("node", 1)), **change}))
         assert pump([hub], 1) == []
         assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
         assert recv_message(s)["type"] == "refused"

@@ -1,11 +1,10 @@
-"""The c10d elastic channel sealed with the job token after its hello (``auth.Session.elastic``), over real
+"""The c10d elastic channel sealed with the job token after its handshake (``handshake``), over real
 loopback sockets: what a replay, a reordering, a forged report or another member's message does (loses that
 one connection, with a warning, never a traceback), and that the job still forms and re-forms. Node 0's
 keeper runs in the test's own thread (``Node0.pump``) where the test plays the other launchers itself, so
 that what it sees does not depend on timing; every wait is bounded, none asserts a duration."""
 
 import logging
-import secrets
 import select
 import socket
 import threading
@@ -22,6 +21,7 @@ from launcher.nodes.elastic.c10d.keeper import Keeper
 from launcher.nodes.elastic.c10d.member import MemberLink
 from launcher.nodes.transport import auth, wire
 from launcher.nodes.transport import messages as m
+from launcher.nodes.transport.handshake import Client, Server
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
 HOST = "127.0.0.1"
@@ -65,17 +65,19 @@ class Puppet:
 
     def __init__(self, node0: Node0, node_id: str) -> None:
         self.node0, self.node_id = node0, node_id
-        self.nonce = secrets.token_hex(16)
+        self.client = Client(TOKEN, JOB, node_id)
+        self.nonce = self.client.nonce
         self.sock = socket.create_connection((HOST, node0.port), timeout=10)
+        self.sock.setblocking(False)
         self.framer = wire.Framer(wire.MAX_FRAME)
         self.session = None
-        self.got: list = []  # node 0's messages, opened
+        self.got: list = []  # node 0's messages, opened (its challenge and welcome taken by the handshake)
         self.closed = False
-        self.hello = hello_of(node_id, self.nonce)
-        self.sock.sendall(self.hello)
-        self.sock.setblocking(False)
+        self.hello = b""
+        node0.pump(lambda: self.poll() or self.hello, f"{node_id} challenged")
+        self.write(self.hello)
         node0.pump(lambda: self.poll() or self.got, f"{node_id} admitted")
-        assert isinstance(self.got[0], m.Admitted), self.got
+        assert self.session is not None and isinstance(self.got[0], m.Admitted), self.got
 
     def poll(self) -> bool:
         """Read what node 0 sent so far; whether its connection is closed."""
@@ -90,10 +92,12 @@ class Puppet:
                 self.closed = True
             for body in self.framer.bodies(data):
                 message = m.from_wire(wire.decode(self.session.open(body) if self.session else body))
-                if isinstance(message, m.Admitted) and self.session is None:
-                    self.session = auth.Session.elastic(TOKEN, message.keeper_nonce, self.nonce, JOB, self.node_id,
-                                                        at_keeper=False)
-                self.got.append(message)
+                if isinstance(message, m.Challenge):
+                    self.hello = hello_of(self.node_id, *self.client.answer(message))
+                elif isinstance(message, m.Welcome) and self.client.welcomed(message):
+                    self.session = self.client.session
+                else:
+                    self.got.append(message)
         return self.closed
 
     def seal(self, message) -> bytes:
@@ -112,8 +116,7 @@ class Puppet:
         return self.got[-1]
 
 
-def hello_of(node_id: str, nonce: str, token=TOKEN) -> bytes:
-    proof = auth.proof(token, nonce, JOB, node_id)
+def hello_of(node_id: str, nonce: str, proof: str) -> bytes:
     return wire.encode(m.to_wire(m.Hello({"job_id": JOB}, None, nonce, proof, node_id=node_id, host=HOST, workers=1)))
 
 
@@ -155,9 +158,7 @@ def node0():
 
 def test_what_node_0_says_after_the_admission_is_sealed_for_that_member(node0):
     a = Puppet(node0, "a")
-    admitted = a.got[0]
-    assert auth.fresh_nonce(admitted.keeper_nonce) and admitted.proof == auth.admission_proof(
-        TOKEN, a.nonce, JOB, "a", admitted.keeper_nonce)
+    assert a.got[0] == m.Admitted(False)  # it opened in a's session (a plain one would not)
     beats = node0.keeper.next_beat
     node0.pump(lambda: node0.keeper.next_beat > beats and (a.poll() or len(a.got) > 1), "node 0's beat")
     assert a.got[1:2] == [m.Beat()]  # it opened in a's session (a plain one would not)
@@ -194,6 +195,10 @@ def test_a_real_members_bytes_replayed_do_nothing(monkeypatch, caplog):
             recorded.append(bytes(data))
             self.sock.sendall(data)
 
+        def send(self, data) -> int:
+            recorded.append(bytes(data))  # before it goes: node 0 may read it before this thread goes on
+            return self.sock.send(data)  # a small message: the kernel's buffer takes it whole
+
         def __getattr__(self, name):
             return getattr(self.sock, name)
 
@@ -209,16 +214,17 @@ def test_a_real_members_bytes_replayed_do_nothing(monkeypatch, caplog):
         link.serve()
         link.failed(1, 7, "a worker failed")  # sealed: node 0 spends a restart and re-forms the job
         node0.pump(lambda: node0.keeper.state.restarts == 1, "the member's failure heard")
-        hello, failure = recorded[0], recorded[-1]
+        hello, failure = recorded[0], next(x for x in recorded if b"round_failed" in x)
         assert isinstance(m.from_wire(wire.decode(hello[4:])), m.Hello)
         assert b"round_failed" in failure[4 + auth.TAG:]  # sealed: its tag, then the message
         with pytest.raises(wire.ProtocolError):
             wire.decode(failure[4:])
         answer = strangers(node0, b"".join(recorded))  # its whole stream, from its hello, on a new connection
-        assert answer and isinstance(answer[0], m.Refusal) and answer[0].reason == "wrong job or job token"
-        assert strangers(node0, failure) == []  # without the hello: closed, no word
+        assert [type(x) for x in answer] == [m.Challenge, m.Refusal]  # a new challenge: the hello's proof fails
+        assert answer[1].reason == "wrong job or job token"
+        assert [type(x) for x in strangers(node0, failure)] == [m.Challenge]  # without the hello: closed
         assert node0.joined(link.node_id) and node0.keeper.state.restarts == 1 and warnings_of(caplog) == []
-        link.sock.sock.sendall(failure)  # on its own connection (as if injected into it)
+        link.conn.sock.sock.sendall(failure)  # on its own connection (as if injected into it)
         node0.pump(lambda: not node0.joined(link.node_id), "the member's connection lost")
         assert node0.keeper.state.restarts == 1 and len(warnings_of(caplog)) == 1
         over = [x for x in inbox_until(link.inbox, el.JobOver) if isinstance(x, el.JobOver)]
@@ -249,10 +255,10 @@ def test_a_forged_report_has_no_effect_on_the_membership(caplog):
         b.sock.close()  # lost: a and node 0 are told to stop their workers
         node0.pump(lambda: node0.keeper.state.unstopped == {"zero", "a"}, "a re-form begun")
         answer = strangers(node0, a.hello + wire.encode(m.to_wire(m.Stopped(1))))
-        assert isinstance(answer[0], m.Refusal) and node0.keeper.state.unstopped == {"zero", "a"}
-        assert strangers(node0, wire.encode(m.to_wire(m.Stopped(1)))) == []  # no hello: closed
+        assert isinstance(answer[1], m.Refusal) and node0.keeper.state.unstopped == {"zero", "a"}
+        assert [type(x) for x in strangers(node0, wire.encode(m.to_wire(m.Stopped(1))))] == [m.Challenge]  # closed
         assert node0.keeper.state.unstopped == {"zero", "a"}
-        wrong = auth.Session.elastic("guessed", a.got[0].keeper_nonce, a.nonce, JOB, "a", at_keeper=False)
+        wrong = auth.Session.of("guessed", a.client.server_nonce, a.nonce, JOB, "a", at_server=False)
         wrong.sent = a.session.sent  # the right number, the wrong key
         a.write(wire.encode(m.to_wire(m.RoundFailed(1, 7, "forged")), wrong) +
                 wire.encode(m.to_wire(m.RoundFailed(1, 7, "forged"))))
@@ -277,9 +283,10 @@ def test_a_members_sealed_message_on_another_members_connection_is_refused(node0
     node0.keeper.heard.pop("a", None)
     a.write(a.seal(m.Stopped(1)))  # a itself is still heard, its session untouched
     node0.pump(lambda: "a" in node0.keeper.heard, "a's next message heard")
-    # a launcher with the token that claims a joined member's id is refused
-    answer = strangers(node0, hello_of("a", secrets.token_hex(16)))
-    assert isinstance(answer[0], m.Refusal) and "taken" in answer[0].reason and node0.joined("a")
+    # a launcher with the token that claims a joined member's id is refused, and told why
+    with pytest.raises(AssertionError, match="taken"):
+        Puppet(node0, "a")
+    assert node0.joined("a")
     a.sock.close()
 
 
@@ -297,11 +304,12 @@ class FakeNode0:
     def serve(self, script) -> None:
         conn, _ = self.listener.accept()
         self.held.append(conn)
+        shake = Server(TOKEN, JOB)
+        conn.sendall(wire.encode(m.to_wire(shake.challenge())))
         hello = m.from_wire(wire.Framer().feed(conn.recv(65536))[0])
-        ours = secrets.token_hex(16)
-        conn.sendall(wire.encode(m.to_wire(m.Admitted(False, auth.admission_proof(
-            TOKEN, hello.nonce, JOB, hello.node_id, ours), ours))))
-        script(conn, auth.Session.elastic(TOKEN, ours, hello.nonce, JOB, hello.node_id, at_keeper=True), hello)
+        assert shake.hello(hello.node_id, hello.nonce, hello.proof) is None
+        conn.sendall(wire.encode(m.to_wire(shake.welcome())) + wire.encode(m.to_wire(m.Admitted(False)), shake.session))
+        script(conn, shake.session, hello)
 
     def close(self) -> None:
         self.thread.join(BOUND)
@@ -329,7 +337,7 @@ def test_a_member_counts_node_0_gone_when_a_forged_order_comes():
 
     def script(conn, session, hello):
         conn.sendall(wire.encode(m.to_wire(round_1(hello.node_id)), session))
-        wrong = auth.Session.elastic(TOKEN, "0" * 32, hello.nonce, JOB, hello.node_id, at_keeper=True)
+        wrong = auth.Session.of(TOKEN, "0" * 32, hello.nonce, JOB, hello.node_id, at_server=True)
         wrong.sent = session.sent
         conn.sendall(wire.encode(m.to_wire(m.StopWorkers(1, "forged")), wrong))
 
@@ -355,7 +363,7 @@ def test_node_0_messages_swapped_before_the_first_round_fail_the_start():
 
     node0 = FakeNode0(port, script)
     try:
-        with pytest.raises(el.StartFailed, match="failed the job token's authentication .message 0 of its session"):
+        with pytest.raises(el.StartFailed, match="failed the job token's authentication .message 1 of its session"):
             es.join(spec_of(port, 2, 2), JOB, 1, TOKEN)
     finally:
         node0.close()
@@ -381,7 +389,7 @@ def test_a_sealed_job_forms_round_1_and_re_forms_round_2_after_a_loss():
         keeper, (a, b) = keepers[0], links
         assert keeper.first.number == a.first.number == b.first.number == 1 and len(a.first.members) == 3
         assert len(keeper.peers) == 2 and all(p.session is not None for p in keeper.peers.values())
-        assert a.session is not None and b.session is not None
+        assert a.conn.session is not None and b.conn.session is not None
         keeper.serve()
         a.serve()
         b.serve()

@@ -11,6 +11,7 @@ from launcher.nodes.elastic import link as el
 from launcher.nodes.elastic.c10d import start as es
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
+from launcher.nodes.transport.handshake import Client, Server
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 
 HOST = "127.0.0.1"
@@ -49,15 +50,31 @@ def joined(spec, job, workers, token=None, clock=None):
         link.close()
 
 
-def answer_to(port, body: bytes, timeout=10.0) -> bytes:
-    """Connect as a stranger, send ``body``, read until node 0 closes (bounded)."""
+def say_hello(sock, job="job", token=None, node_id="x", proof=None) -> tuple:
+    """Answer node 0's challenge on ``sock`` with a hello of ``job`` and ``node_id``, proving ``token`` (None: proving
+    none; ``proof``: this one instead); the hello's bytes and its ``Client``."""
+    challenge = m.from_wire(wire.Framer().feed(sock.recv(65536))[0])
+    client = Client(token, job, node_id)
+    nonce, proven = client.answer(challenge)
+    data = wire.encode(m.to_wire(m.Hello({"job_id": job}, None, nonce, proof or proven, node_id=node_id, host=HOST,
+                                         workers=1)))
+    sock.sendall(data)
+    return data, client
+
+
+def answer_to(port, body=None, timeout=10.0, **hello) -> list:
+    """Connect as a stranger, send ``body`` after node 0's challenge (None: a hello, ``say_hello``'s), node 0's
+    messages after its challenge until it closes (bounded)."""
     with socket.create_connection((HOST, port), timeout=timeout) as s:
-        s.sendall(body)
+        if body is None:
+            say_hello(s, **hello)
+        else:
+            s.sendall(body)
         got = b""
         while True:
             data = s.recv(65536)
             if not data:
-                return got
+                return [m.from_wire(x) for x in wire.Framer().feed(got)][0 if body is None else 1:]
             got += data
 
 
@@ -75,15 +92,13 @@ def test_strangers_lose_only_their_connection_and_the_round_still_forms():
     port = free_ports(1)
     spec = spec_of(port)
     thread, outcome = leading(spec)
-    assert answer_to(port, b"\x00\x00\x00\x05junk!") == b""  # junk: closed, no word
-    refused = answer_to(port, wire.encode(m.to_wire(m.Hello({"job_id": "other"}, None, None, node_id="x", host=HOST,
-                                                             workers=1))))
-    reason = m.from_wire(wire.Framer().feed(refused)[0])
-    assert isinstance(reason, m.Refusal) and "its job id is 'other', this job's is 'job'" in reason.reason
-    assert answer_to(port, wire.encode(m.to_wire(m.Beat()))) == b""  # no hello first
+    assert answer_to(port, b"\x00\x00\x00\x05junk!") == []  # junk: closed, no word
+    welcome, reason = answer_to(port, job="other")  # welcomed (no token), then refused by the membership
+    assert welcome == m.Welcome() and "its job id is 'other', this job's is 'job'" in reason.reason
+    assert answer_to(port, wire.encode(m.to_wire(m.Beat()))) == []  # no hello first
     nested = b'{"type": "hello", "identity": ' + b'{"a": ' * 50 + b'1' + b'}' * 50 + b'}'
-    assert answer_to(port, len(nested).to_bytes(4, "big") + nested) == b""  # too deep: closed, no word
-    assert answer_to(port, (1 << 30).to_bytes(4, "big") + b"x" * 100) == b""  # a 1 GiB frame announced
+    assert answer_to(port, len(nested).to_bytes(4, "big") + nested) == []  # too deep: closed, no word
+    assert answer_to(port, (1 << 30).to_bytes(4, "big") + b"x" * 100) == []  # a 1 GiB frame announced
     assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
     assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
@@ -100,6 +115,14 @@ def test_below_min_after_join_timeout_node_0_tells_those_that_joined():
     assert outcome[0].exit_code == 1
 
 
+def welcome(conn) -> m.Hello:
+    """A node 0 played by the test, without a token: its challenge, the launcher's hello (returned), its welcome."""
+    conn.sendall(wire.encode(m.to_wire(Server(None, "job").challenge())))
+    hello = m.from_wire(wire.Framer().feed(conn.recv(65536))[0])
+    conn.sendall(wire.encode(m.to_wire(m.Welcome())))
+    return hello
+
+
 def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
     port = free_ports(1)
     listener = socket.create_server((HOST, port))
@@ -107,6 +130,7 @@ def test_node_0_that_closes_after_admitting_ends_the_start_saying_so():
 
     def close_first():
         conn, _ = listener.accept()
+        welcome(conn)
         conn.sendall(wire.encode(m.to_wire(m.Admitted(False))))
         conn.recv(100)
         conn.close()
@@ -125,7 +149,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
 
     def node_0():
         conn, _ = listener.accept()
-        hello = m.from_wire(wire.Framer().feed(conn.recv(65536))[0])
+        hello = welcome(conn)
         members = (m.Seat("zero", HOST, 1, 0, 0), m.Seat(hello.node_id, HOST, 1, 1, 1))
         conn.sendall(b"".join(wire.encode(m.to_wire(x)) for x in (
             m.Admitted(False), m.RoundStart(1, members, 2, 0, "round 1"), m.StopWorkers(1, "node x lost"))))
@@ -167,13 +191,12 @@ def test_junk_from_node_0_is_a_start_failure():
 
 
 def test_what_closes_before_admitting_is_not_called_node_0():
-    """Whatever else listens on the endpoint and closes on the hello."""
+    """Whatever else listens on the endpoint and closes the connection."""
     port = free_ports(1)
     listener = socket.create_server((HOST, port))
 
     def store_like():
         conn, _ = listener.accept()
-        conn.recv(100)
         conn.close()
 
     threading.Thread(target=store_like, daemon=True).start()
@@ -182,15 +205,8 @@ def test_what_closes_before_admitting_is_not_called_node_0():
     listener.close()
 
 
-def hello(job="job", token=None, nonce="a" * 32, node_id="x"):
-    from launcher.nodes.transport import auth
-
-    proof = auth.proof(token, nonce, job, node_id) if token else None
-    return wire.encode(m.to_wire(m.Hello({"job_id": job}, None, nonce, proof, node_id=node_id, host=HOST, workers=1)))
-
-
-def refusal_of(port, body) -> str:
-    answer = m.from_wire(wire.Framer().feed(answer_to(port, body))[0])
+def refusal_of(port, body=None, **hello) -> str:
+    (answer,) = answer_to(port, body, **hello)
     assert isinstance(answer, m.Refusal)
     return answer.reason
 
@@ -199,19 +215,19 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     port = free_ports(1)
     spec = spec_of(port, low=3, high=3)
     thread, outcome = leading(spec, token="s3cret")
-    assert refusal_of(port, hello()) == "wrong job or job token"  # proves nothing
-    assert refusal_of(port, hello(token="other")) == "wrong job or job token"
+    assert refusal_of(port) == "wrong job or job token"  # proves nothing
+    assert refusal_of(port, token="other") == "wrong job or job token"
+    assert refusal_of(port, token="s3cret", proof="0" * 64) == "wrong job or job token"
     with pytest.raises(el.StartFailed, match="did not take this launcher: wrong job or job token"):
         joined(spec, "job", 1, "wrong")
-    first = hello(token="s3cret", node_id="first")
     sock = socket.create_connection((HOST, port), timeout=10)
-    sock.sendall(first)  # joins, and stays
-    from launcher.nodes.transport.auth import admission_proof, fresh_nonce
-    admitted = m.from_wire(wire.decode(wire.Framer().bodies(sock.recv(65536))[0]))  # sealed beats may follow
-    assert fresh_nonce(admitted.keeper_nonce)  # node 0's own nonce, for their session
-    assert admitted == m.Admitted(False, admission_proof(  # node 0 proves the token on the joiner's nonce and its own
-        "s3cret", "a" * 32, "job", "first", admitted.keeper_nonce), admitted.keeper_nonce)
-    assert refusal_of(port, hello(token="s3cret", node_id="first")) == "wrong job or job token"  # its nonce, replayed
+    first, client = say_hello(sock, token="s3cret", node_id="first")  # joins, and stays
+    framer, bodies = wire.Framer(), []
+    while len(bodies) < 2:
+        bodies += framer.bodies(sock.recv(65536))
+    assert client.welcomed(m.from_wire(wire.decode(bodies[0])))  # node 0 proves the token on the joiner's nonce
+    assert m.from_wire(wire.decode(client.session.open(bodies[1]))) == m.Admitted(False)  # in their session
+    assert refusal_of(port, first) == "wrong job or job token"  # its hello replayed: a new challenge
     place = joined(spec, "job", 1, "s3cret")
     thread.join(10)
     sock.close()
@@ -226,8 +242,9 @@ def test_with_a_job_token_a_node_0_that_does_not_prove_it_is_not_joined(proof):
 
     def impostor():
         conn, _ = listener.accept()
+        conn.sendall(wire.encode(m.to_wire(Server("s3cret", "job").challenge())))
         conn.recv(65536)
-        conn.sendall(wire.encode(m.to_wire(m.Admitted(False, proof))))
+        conn.sendall(wire.encode(m.to_wire(m.Welcome(proof))) + wire.encode(m.to_wire(m.Admitted(False))))
         conn.recv(100)
         conn.close()
 
@@ -241,7 +258,7 @@ def test_without_a_job_token_a_hello_that_proves_one_is_refused():
     port = free_ports(1)
     spec = spec_of(port)
     thread, outcome = leading(spec)
-    assert refusal_of(port, hello(token="s3cret")) == "it proves a job token, and this job has none"
+    assert refusal_of(port, token="s3cret") == "it proves a job token, and this job has none"
     joined(spec, "job", 1)
     thread.join(10)
     assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]
@@ -252,13 +269,13 @@ def test_a_joined_launcher_that_goes_silent_is_dropped_and_the_round_forms_witho
     spec = spec_of(port, high=3, heartbeat_timeout=0.5, keep_alive_interval=0.1, last_call_timeout=1.5)
     thread, outcome = leading(spec)
     with socket.create_connection((HOST, port), timeout=10) as silent:
-        silent.sendall(hello(node_id="silent"))  # then never a heartbeat
+        say_hello(silent, node_id="silent")  # then never a heartbeat
         framer, seen = wire.Framer(), []
         while not any(isinstance(x, m.Dropped) for x in seen):
             data = silent.recv(65536)
             assert data, f"closed without a word after {seen}"
             seen += [m.from_wire(b) for b in framer.feed(data)]
-    assert seen[0] == m.Admitted(False) and "no heartbeat for" in seen[-1].reason
+    assert seen[:2] == [m.Welcome(), m.Admitted(False)] and "no heartbeat for" in seen[-1].reason
     assert joined(spec, "job", 1).node_rank == 1
     thread.join(10)
     assert outcome == [el.Place(0, 2, 2, (HOST, HOST), True)]

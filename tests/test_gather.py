@@ -231,11 +231,13 @@ def test_nothing_a_stranger_sends_stops_the_gathering(payload, fragment, caplog)
     assert any(fragment in r.getMessage() for r in caplog.records if "dropped a connection" in r.getMessage())
 
 
-def test_a_rank_obeys_no_stranger_posing_as_rank_0_and_joins_rank_0_after(caplog):
+@pytest.mark.parametrize("welcome", [None, {"type": "welcome", "proof": "0" * 64}, {"type": "welcome"}],
+                         ids=["no welcome", "a forged welcome", "a welcome without proof"])
+def test_a_rank_obeys_no_stranger_posing_as_rank_0_and_joins_rank_0_after(welcome, caplog):
     port = free_port()
-    forged = {"type": "nodes", "nodes": ["10.6.6.6", "127.0.0.2"]}
+    forged = encode({"type": "nodes", "nodes": ["10.6.6.6", "127.0.0.2"], "proof": "0" * 64})
     r1 = start(spec(1, 2, port), "127.0.0.2", timeout=15, token="right")
-    answered = len(pose_as_node_0(port, encode({**forged, "proof": "0" * 64}), timeout=10))
+    answered = len(pose_as_node_0(port, (encode(welcome) if welcome else b"") + forged, timeout=10))
     assert answered == 3 and r1["thread"].is_alive()
     r0 = start(spec(0, 2, port), "127.0.0.1", token="right")
     finish(r0, r1)

@@ -8,8 +8,6 @@ change nothing; a hung job shows where each rank of each node was. Every wait is
 every process a test starts (launchers, watchdogs, workers) is gone at its end.
 """
 
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -27,6 +25,7 @@ import psutil
 import pytest
 
 from conftest import REPO, WORKERS, alive, free_ports, launcher_cmd, pose_as_node_0, wait_for
+from launcher.nodes.transport.auth import step_proof
 from launcher.run import stacks
 
 WORKER = str(WORKERS / "node_worker.py")
@@ -637,8 +636,9 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
         return False
 
 
-def hmac_proof(token: str, nonce: str, job_id: str, node: int) -> str:
-    return hmac.new(token.encode(), f"{nonce}|{job_id}|{node}".encode(), hashlib.sha256).hexdigest()
+def hello_proof(token: str, challenge: str, job_id: str, node) -> str:
+    """A hello's proof of ``token`` on node 0's ``challenge`` (the node's nonce: "c" * 32)."""
+    return step_proof(token, "hello", job_id, node, challenge, "c" * 32)
 
 
 def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, tmp_path):
@@ -659,10 +659,8 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
                 "script": " ".join(["-u", *map(str, script)])}
 
     def hello(challenge, **change):
-        m = {"type": "hello", "identity": identity, "node": 1, "nonce": "c" * 32,
-             "proof": hmac_proof(token, challenge, job_id, 1)}
-        m.update(change)
-        return message(m)
+        m = {"type": "hello", "identity": identity, "node": 1, "nonce": "c" * 32, **change}
+        return message({"proof": hello_proof(token, challenge, job_id, m["node"]), **m})
 
     cases = [
         ("junk", lambda n: b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -683,16 +681,16 @@ def test_strangers_at_the_control_port_are_dropped_and_change_nothing(cluster, t
         ("wrong script", lambda n: hello(n, identity={**identity, "script": "-u other.py"}),
          "not a node of this job: its script is '-u other.py'"),
         ("node out of range", lambda n: hello(n, node=2), "not a node of this job: node index 2 is not one of 1 to 1"),
-        ("wrong token proof", lambda n: hello(n, proof=hmac_proof("not-the-token", n, job_id, 1)),
+        ("wrong token proof", lambda n: hello(n, proof=hello_proof("not-the-token", n, job_id, 1)),
          "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
         ("a proof not in ASCII", lambda n: hello(n, proof="\u00e9" * 64),
          "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
         ("node index true", lambda n: hello(n, node=True), "not a node of this job: node index True is not one of 1 to 1"),
         ("no nonce for node 0", lambda n: hello(n, nonce=None),
-         "not a node of this job: it gives no nonce for node 0 to prove the job token on"),
+         "not a node of this job: it gives no nonce to prove the job token on"),
         ("no proof", lambda n: hello(n, proof=None),
          "not a node of this job: it gives no proof of the job token (LAUNCHER_JOB_TOKEN)"),
-        ("proof for another nonce", lambda n: hello(n, proof=hmac_proof(token, "0" * 32, job_id, 1)),
+        ("proof for another nonce", lambda n: hello(n, proof=hello_proof(token, "0" * 32, job_id, 1)),
          "not a node of this job: its proof of the job token (LAUNCHER_JOB_TOKEN) is wrong"),
         ("node 1 again, right identity and proof", lambda n: hello(n),
          "not a node of this job: node 1 (127.0.0.2) is already joined"),

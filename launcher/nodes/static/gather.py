@@ -1,14 +1,14 @@
 """Gathering the node list of an MPI job (one launcher per node under mpirun) before planning.
 
 MPI tells each launcher its rank and the number of ranks, never the other hosts. Rank 0 listens
-on the gathering port (every address), sends each connection a ``challenge`` (a random nonce),
-and waits for one ``join`` (``messages.Join``) from every other rank: its rank, the number of ranks, its address, a nonce,
-with ``proof`` (auth.proof of the challenge) when LAUNCHER_JOB_TOKEN is set; then rank 0's
-answer proves the token too (``answer_proof`` on the rank's nonce), and a rank obeys no answer
-that does not (it may be a stranger's on the port: the rank tries again until the join timeout). Once all N-1 have
-joined it closes the listener (so that the control channel can bind the same port), answers each
-with ``messages.NodeList`` (node rank = MPI rank) and returns the list. The other
-ranks connect to MASTER_ADDR, retrying every 0.2 s, and wait for that answer.
+on the gathering port (every address) and shakes hands with each connection (``handshake``): its
+challenge, then the rank's hello, a ``join`` (``messages.Join``: its rank, the number of ranks, its
+address, a nonce, with ``proof`` of LAUNCHER_JOB_TOKEN when it is set), then rank 0's welcome, which
+proves the token too; a rank obeys no answer that does not (it may be a stranger's on the port: the
+rank tries again until the join timeout). Once all N-1 have joined it closes the listener (so that
+the control channel can bind the same port), sends each ``messages.NodeList`` (node rank = MPI rank),
+sealed in their session with a token, and returns the list. The other ranks connect to MASTER_ADDR,
+retrying every 0.2 s, and wait for that list.
 
 Messages are framed as the control channel frames them (``wire.encode``/``wire.Framer``). Every wait
 is bounded by the join timeout (``GatherTimeout``, exit code 1). What a stranger can send (junk, a
@@ -16,22 +16,22 @@ message that is no join, a join that does not prove the token) only loses that c
 warning, and the gathering goes on: the timeout's message names the last such connection. A duplicate
 rank or a size mismatch in a join (a proven one, with a token) is a mistake in how the job was
 started: it stops the gathering on rank 0 (``LaunchError``, exit 2), which tells the ranks already
-connected why (``refused``), so that they stop at once too.
+connected why (``refused``, in their session), so that they stop at once too.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import selectors
-import secrets
 import socket
 import time
 from typing import Optional
 
 from launcher.nodes.transport import auth, connection, wire
+from launcher.nodes.transport.connection import Connection
+from launcher.nodes.transport.handshake import Client, Server
 from launcher.nodes.transport.listener import Listener, bind, pending_cap
-from launcher.nodes.transport.messages import Challenge, Join, NodeList, Refusal, from_wire, to_wire
+from launcher.nodes.transport.messages import Join, NodeList, Refusal, Welcome, from_wire, to_wire
 from launcher.host import preflight
 from launcher.errors import LaunchError
 from launcher.output.messages import log
@@ -99,15 +99,10 @@ def gather(spec: Spec, address: str, timeout: float, token: Optional[str] = None
 # ---------------------------------------------------------------- rank 0
 
 
-class _Peer:
-    def __init__(self, sock: socket.socket, where: str) -> None:
-        self.sock = sock
-        self.where = where
-        self.nonce = secrets.token_hex(16)
-        self.framer = wire.Framer()
-        self.rank: Optional[int] = None
-        self.address = ""
-        self.rank_nonce = ""  # the rank's own, for rank 0's answer to prove the token on
+class _Peer(Connection):
+    """A connection to rank 0; ``node``: the MPI rank it joined as, ``address`` its node's."""
+
+    address: str = ""
 
 
 def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Optional[str]) -> tuple:
@@ -133,17 +128,17 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
             listener.watch_with(selector, time.monotonic())
             for key, _ in selector.select(min(left, 0.5)):
                 if key.data is None:
-                    _accept(listener, selector, peers)
+                    _accept(listener, selector, peers, token)
                 else:
-                    _read(key.data, spec, token, selector, peers, joined, dropped, listener)
+                    _read(key.data, spec, selector, peers, joined, dropped, listener)
         listener.close()  # before the answers: the control channel may bind this port next
         nodes = (address, *(joined[r].address for r in range(1, spec.size)))
         for peer in joined.values():
-            _send(peer.sock, _proven(to_wire(NodeList(list(nodes))), peer, token))
+            peer.send_within(NodeList(list(nodes)))
         return nodes
     except LaunchError as e:
-        for peer in peers.values():
-            _send(peer.sock, _proven(to_wire(Refusal(str(e))), peer, token))
+        for peer in peers.values():  # a rank welcomed hears it in its session, any other proven on its nonce
+            peer.send_within(Refusal(str(e)) if peer.node is not None else peer.handshake.refusal(str(e)))
         raise
     finally:
         for peer in peers.values():
@@ -152,7 +147,7 @@ def _lead(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
         selector.close()
 
 
-def _accept(listener: Listener, selector, peers) -> None:
+def _accept(listener: Listener, selector, peers, token) -> None:
     """New connections, each sent its challenge; the oldest that never joined pushed out past the listener's cap (every
     rank may come at once), so that a flood of connections that never speak neither runs rank 0 out of descriptors
     nor keeps a rank out."""
@@ -162,28 +157,21 @@ def _accept(listener: Listener, selector, peers) -> None:
             selector.unregister(sock)
             sock.close()
     for sock, where in new:
-        peer = _Peer(sock, f"{where[0]}:{where[1]}")
+        peer = _Peer(sock, f"{where[0]}:{where[1]}", handshake=Server(token, PROOF_JOB))
         peers[sock.fileno()] = peer
         selector.register(sock, selectors.EVENT_READ, peer)
-        _send(sock, to_wire(Challenge(peer.nonce)))
+        peer.send_within(peer.handshake.challenge())
 
 
-def _read(peer: _Peer, spec: Spec, token, selector, peers, joined, dropped, listener: Listener) -> None:
+def _read(peer: _Peer, spec: Spec, selector, peers, joined, dropped, listener: Listener) -> None:
     if peers.get(peer.sock.fileno()) is not peer:  # pushed out in this turn
         return
     try:
-        data = peer.sock.recv(65536)
-    except (BlockingIOError, InterruptedError):
-        return
-    except OSError:
-        data = b""
-    if not data:  # gone before or after joining: a rank that joined must stay until the answer
-        _forget(peer, selector, peers, joined, listener)
-        return
-    try:
-        for message in peer.framer.feed(data):
-            _join_message(peer, message, spec, token, joined)
+        for body in peer.receive():
+            _join_message(peer, peer.open(body), spec, joined)
             listener.settled(peer.sock)
+    except ConnectionError:  # gone before or after joining: a rank that joined must stay until the answer
+        _forget(peer, selector, peers, joined, listener)
     except (wire.ProtocolError, _Stranger) as e:
         why = f"{peer.where} {e if isinstance(e, _Stranger) else f'sent junk ({e})'}"
         log.warning("dropped a connection to the gathering of the node list on port %s: %s", spec.port, why)
@@ -196,31 +184,21 @@ def _forget(peer: _Peer, selector, peers, joined, listener: Listener) -> None:
     selector.unregister(peer.sock)
     peers.pop(peer.sock.fileno(), None)
     peer.sock.close()
-    if peer.rank is not None and joined.get(peer.rank) is peer:
-        joined.pop(peer.rank)
+    if peer.node is not None and joined.get(peer.node) is peer:
+        joined.pop(peer.node)
 
 
-def answer_proof(token: str, message: dict, rank_nonce: str, rank: int) -> str:
-    """Rank 0's proof of the token on a rank's nonce, over the whole of its answer."""
-    return auth.proof(token, f"answer|{rank_nonce}|{json.dumps(message, sort_keys=True)}", PROOF_JOB, rank)
-
-
-def _proven(message: dict, peer: _Peer, token) -> dict:
-    """``message`` with rank 0's proof, where the peer is a rank that gave a nonce."""
-    if token and peer.rank is not None:
-        return {**message, "proof": answer_proof(token, message, peer.rank_nonce, peer.rank)}
-    return message
-
-
-def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None:
+def _join_message(peer: _Peer, message: dict, spec: Spec, joined) -> None:
+    """A rank's hello: its proof checked (``handshake``), then its rank and size; welcomed, it waits for the list."""
     join = from_wire(message)
-    if not isinstance(join, Join) or peer.rank is not None or join.rank is None or not join.address or join.size is None:
+    if not isinstance(join, Join) or peer.node is not None or join.rank is None or not join.address or join.size is None:
         raise _Stranger(f"sent a message that is not a rank's join ({one_line(str(message), 80)})")
     rank, size, address = join.rank, join.size, join.address
     who = f"MPI rank {rank} ({one_line(address, 80)}, from {peer.where})"
-    if token and not (auth.proves(join.proof, auth.proof(token, peer.nonce, PROOF_JOB, rank))
-                      and auth.fresh_nonce(join.nonce)):
-        raise _Stranger(f"joined as MPI rank {rank} without proving it knows LAUNCHER_JOB_TOKEN")
+    problem = peer.handshake.hello(rank, join.nonce, join.proof)
+    if problem is not None:
+        peer.send_within(peer.handshake.refusal(problem))
+        raise _Stranger(f"joined as MPI rank {rank} without proving it knows LAUNCHER_JOB_TOKEN ({problem})")
     if size != spec.size:
         raise LaunchError(f"{who} says the job has {size} ranks, rank 0 says {spec.size}; start every rank with the same mpirun.")
     if not 1 <= rank < spec.size:
@@ -228,23 +206,13 @@ def _join_message(peer: _Peer, message: dict, spec: Spec, token, joined) -> None
     if rank in joined:
         raise LaunchError(f"{who} joined twice: {joined[rank].address} (from {joined[rank].where}) is rank {rank} already; "
                           f"start one launcher per rank.")
-    peer.rank, peer.address, peer.rank_nonce = rank, address, join.nonce
+    peer.send_within(peer.handshake.welcome())
+    peer.node, peer.address, peer.session = rank, address, peer.handshake.session
     joined[rank] = peer
 
 
 def _ranks(ranks: list) -> str:
     return ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-
-
-def _send(sock: socket.socket, message: dict) -> None:
-    """A short message on a fresh connection: the kernel's buffer takes it at once."""
-    try:
-        sock.settimeout(2.0)
-        sock.sendall(wire.encode(message))
-    except OSError:
-        pass  # the peer is gone; its rank will say so, or time out
-    finally:
-        sock.setblocking(False)
 
 
 # ---------------------------------------------------------------- every other rank
@@ -297,46 +265,47 @@ def _connect(spec: Spec, address: str, deadline: float, timeout: float, where: s
 
 
 def _ask(sock, spec: Spec, address: str, deadline: float, timeout: float, where: str, token: Optional[str]) -> tuple:
-    """Rank 0's answer to this rank's join, and whether it proves the token (where one is set)."""
-    framer = (wire.Framer(wire.sized_for(spec.size)), [])  # the answer lists every rank's node
-    challenge = _receive(sock, framer, deadline, spec, address, where, timeout)
-    asked = from_wire(challenge)
-    if not isinstance(asked, Challenge) or not auth.fresh_nonce(asked.nonce):
+    """Rank 0's answer to this rank's join (after its welcome, in their session), and whether it proves the token
+    (where one is set)."""
+    said = (Connection(sock, framer=wire.Framer(wire.sized_for(spec.size))), [])  # the answer lists every rank's node
+    shake = Client(token, PROOF_JOB, spec.rank)
+    challenge = _receive(said, deadline, spec, address, where, timeout)
+    answer = shake.answer(from_wire(challenge))
+    if answer is None:
         if token:
             return challenge, False
         raise LaunchError(f"{where} answered MPI rank {spec.rank} ({address}) with something other than the gathering's challenge; "
                           f"check that MASTER_ADDR and the port belong to this job.")
-    nonce = secrets.token_hex(16)
-    given = auth.proof(token, asked.nonce, PROOF_JOB, spec.rank) if token else None
-    sock.sendall(wire.encode(to_wire(Join(spec.rank, spec.size, address, nonce, given))))
-    answer = _receive(sock, framer, deadline, spec, address, where, timeout)
-    body = {k: v for k, v in answer.items() if k != "proof"}
-    return answer, not token or auth.proves(answer.get("proof"), answer_proof(token, body, nonce, spec.rank))
+    sock.sendall(wire.encode(to_wire(Join(spec.rank, spec.size, address, *answer))))
+    reply = _receive(said, deadline, spec, address, where, timeout)
+    typed = from_wire(reply)
+    if isinstance(typed, Refusal):
+        return reply, shake.refused(typed)
+    if not isinstance(typed, Welcome) or not shake.welcomed(typed):
+        return reply, not token
+    said[0].session = shake.session
+    return _receive(said, deadline, spec, address, where, timeout), True
 
 
-def _receive(sock, framer, deadline, spec: Spec, address: str, where: str, timeout: float) -> dict:
-    """The next message from node 0, waiting no later than ``deadline``."""
-    framer, pending = framer  # the Framer, and messages that came with an earlier one
+def _receive(said, deadline, spec: Spec, address: str, where: str, timeout: float) -> dict:
+    """The next message from node 0 (opened in their session, once there is one), waiting no later than ``deadline``."""
+    conn, pending = said  # the connection, and bodies that came with an earlier message
     while not pending:
         left = deadline - time.monotonic()
         if left <= 0:
             raise GatherTimeout(f"{where} did not send MPI rank {spec.rank} ({address}) the node list within {timeout:g} s "
                                 f"(--join_timeout); check that every rank of the mpirun runs.")
-        sock.settimeout(left)
+        conn.sock.settimeout(left)
         try:
-            data = sock.recv(65536)
-        except socket.timeout:
-            continue
-        except OSError as e:
-            data, why = b"", e.strerror
-        else:
-            why = "connection closed"
-        if not data:
-            raise _NoAnswer(f"{where} closed the gathering of the node list before MPI rank {spec.rank} ({address}) had it ({why}); "
-                            f"see rank 0's messages.", f"closed the connection without an answer ({why})")
-        try:
-            pending += framer.feed(data)
+            pending += conn.receive()
+        except ConnectionError as e:
+            raise _NoAnswer(f"{where} closed the gathering of the node list before MPI rank {spec.rank} ({address}) had it ({e}); "
+                            f"see rank 0's messages.", f"closed the connection without an answer ({e})") from None
         except wire.ProtocolError as e:
             raise _NoAnswer(f"{where} sent MPI rank {spec.rank} ({address}) junk ({e}); check that MASTER_ADDR and the port belong "
                             f"to this job.", f"sent junk ({e})") from None
-    return pending.pop(0)
+    try:
+        return conn.open(pending.pop(0))
+    except wire.ProtocolError as e:
+        raise _NoAnswer(f"{where} sent MPI rank {spec.rank} ({address}) a message that failed the job token's authentication "
+                        f"({e}).", f"sent junk ({e})") from None

@@ -3,19 +3,18 @@ job token), and keeps one connection per node."""
 
 from __future__ import annotations
 
-import secrets
 import selectors
 import time
 from typing import Callable, Optional
 
-from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined
 from launcher.nodes.transport.connection import Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
 from launcher.nodes.transport.connection import HELLO_TIMEOUT
+from launcher.nodes.transport.handshake import Server
 from launcher.nodes.transport.listener import Listener, bind, pending_cap
 from launcher.nodes.transport.wire import MAX_FRAME
-from launcher.nodes.transport.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
+from launcher.nodes.transport.messages import Hello, Identity, Message
 from launcher.output.messages import log
 
 
@@ -74,25 +73,26 @@ class Hub(Endpoint):
                 self.dropped += 1
         for sock, addr in new:
             tune(sock, self.heartbeat_timeout)
-            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, nonce=secrets.token_hex(16), heard=self.awake(now))
+            c = Connection(sock, f"{addr[0]}:{addr[1]}", now, handshake=Server(self.token, self.identity.job_id),
+                           heard=self.awake(now))
             self.connections[sock.fileno()] = c
-            c.send(to_wire(Challenge(c.nonce)), now)
+            c.send(c.handshake.challenge(), now)
             self._watch_from(c.opened + HELLO_TIMEOUT)
 
     def _handshake(self, fd, c, message: Message, now: float) -> list:
+        """A hello: its proof checked (``handshake``), then its job identity and node index."""
         if not isinstance(message, Hello):
             self._drop(fd, f"a {message.type[:40]!r} message before saying hello")
             return []
-        node, c.peer_nonce = message.node, message.nonce
-        problem = self.identity.mismatch(message.identity)
+        node = message.node
+        problem = c.handshake.hello(node, message.nonce, message.proof) or self.identity.mismatch(message.identity)
         if problem is None and not (type(node) is int and 0 < node < len(self.identity.nodes)):
             problem = f"node index {node!r} is not one of 1 to {len(self.identity.nodes) - 1}"
-        if problem is None:
-            problem = self._check_proof(c, message.proof, node)
         if problem is None and node in self.peers:
             problem = f"{self.node_name(node)} is already joined"
-        if problem is not None:
-            self._refuse_node(fd, c, node, problem, now)
+        if problem is not None:  # with a token, a node that does not prove it is told nothing of the job
+            c.send(c.handshake.refusal(problem), now)
+            self._drop(fd, f"not a node of this job: {problem}")
             return []
         c.node = node
         self.listener.settled(c.sock)
@@ -100,35 +100,10 @@ class Hub(Endpoint):
         self.peers[node] = fd
         self._watch_from(now)
         self.ever_joined.add(node)
-        if self.token is not None:  # node 0 proves the token on the node's nonce; then every message is sealed
-            c.send(to_wire(Welcome(hub_proof(self.token, c.peer_nonce, c.nonce, self.identity.job_id, node))), now)
-            c.session = Session.between(self.token, c.nonce, c.peer_nonce, self.identity.job_id, node, at_hub=True)
-        else:
-            c.send(to_wire(Welcome()), now)
+        c.send(c.handshake.welcome(), now)
+        c.session = c.handshake.session  # with a token: every message from now on is sealed
         log.debug("control: %s joined from %s", self.node_name(node), c.where)
         return [Joined(node)]
-
-    def _refuse_node(self, fd, c, node, problem: str, now: float) -> None:
-        """Tell a joining node why (which job, in the open, only where no token guards it), then drop it.
-        With a token the refusal is proven on the node's nonce: only then does the node give up."""
-        said = (problem if self.token is None else "wrong job or job token")[:1000]
-        proven = None
-        if self.token is not None and fresh_nonce(c.peer_nonce):
-            proven = refusal_proof(self.token, c.peer_nonce, said, self.identity.job_id, node)
-        c.send(to_wire(Refusal(said, proven)), now)
-        c.flush()
-        self._drop(fd, f"not a node of this job: {problem}")
-
-    def _check_proof(self, c, given, node) -> Optional[str]:
-        if self.token is None:
-            return None if given is None else "it proves a job token, and this job has none"
-        if not isinstance(given, str):
-            return f"it gives no proof of the job token ({TOKEN_VAR})"
-        if not proves(given, proof(self.token, c.nonce, self.identity.job_id, node)):
-            return f"its proof of the job token ({TOKEN_VAR}) is wrong"
-        if not fresh_nonce(c.peer_nonce):
-            return "it gives no nonce for node 0 to prove the job token on"
-        return None
 
     def _lose(self, fd: int, reason: str) -> Lost:
         lost = super()._lose(fd, reason)

@@ -4,19 +4,19 @@ timeout), obeys only a node 0 that proves the job token, and stays."""
 from __future__ import annotations
 
 import os
-import secrets
 import selectors
 import socket
 import time
 from typing import Callable, Optional
 
-from launcher.nodes.transport.auth import Session, TOKEN_VAR, fresh_nonce, hub_proof, proof, proves, refusal_proof
+from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.static.channel import Joined, NeverJoined
 from launcher.nodes.transport.connection import Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
 from launcher.nodes.transport.connection import RETRY_EVERY, RETRY_REFUSED
+from launcher.nodes.transport.handshake import Client
 from launcher.nodes.transport.wire import MAX_FRAME
-from launcher.nodes.transport.messages import Challenge, Hello, Identity, Message, Refusal, Welcome, to_wire
+from launcher.nodes.transport.messages import Hello, Identity, Message, Refusal, Welcome, to_wire
 from launcher.output.messages import log
 from launcher.plan.policy import one_line
 
@@ -81,8 +81,8 @@ class Spoke(Endpoint):
             sock.close()
             self.next_try = now + RETRY_EVERY
             return
-        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now, nonce=secrets.token_hex(16),
-                       heard=self.awake(now), connected=False)
+        c = Connection(sock, f"{self.address[0]}:{self.address[1]}", now,
+                       handshake=Client(self.token, self.identity.job_id, self.node), heard=self.awake(now), connected=False)
         self.connections[sock.fileno()] = c
 
     def ready(self, fd: int, mask: int, now: float) -> list:
@@ -116,14 +116,13 @@ class Spoke(Endpoint):
         self._retry(fd, self.clock())
 
     def _handshake(self, fd, c, message: Message, now: float) -> list:
-        if isinstance(message, Challenge) and fresh_nonce(message.nonce) and not c.peer_nonce:
-            c.peer_nonce = message.nonce
-            given = proof(self.token, c.peer_nonce, self.identity.job_id, self.node) if self.token is not None else None
-            c.send(to_wire(Hello(self.identity.as_dict(), self.node, c.nonce, given)), now)
+        answer = c.handshake.answer(message)
+        if answer is not None:
+            c.send(to_wire(Hello(self.identity.as_dict(), self.node, *answer)), now)
             return []
-        if isinstance(message, Refusal) and c.peer_nonce:
+        if isinstance(message, Refusal) and c.handshake.server_nonce:
             return self._refused(fd, c, message, now)
-        if isinstance(message, Welcome) and c.peer_nonce:
+        if isinstance(message, Welcome) and c.handshake.server_nonce:
             return self._welcomed(fd, c, message)
         self._drop(fd, f"unexpected {message.type[:40]!r} in the handshake")
         return []
@@ -132,8 +131,7 @@ class Spoke(Endpoint):
         """Node 0 will not take this node: no point in trying again, if it is node 0 (with a token:
         if it proves it); a refusal that proves nothing may be a stranger's, so try again."""
         reason = message.reason if message.reason is not None else "no reason given"
-        if self.token is None or proves(message.proof,
-                                        refusal_proof(self.token, c.nonce, reason[:1000], self.identity.job_id, self.node)):
+        if c.handshake.refused(message):
             self.gave_up = True
             self.discarded.append(self.connections.pop(fd).sock)
             return [NeverJoined((0,), f"{self.node_name(0)} refused this node: {one_line(reason)}")]
@@ -142,12 +140,10 @@ class Spoke(Endpoint):
         return []
 
     def _welcomed(self, fd, c, message: Welcome) -> list:
-        if self.token is not None:
-            expected = hub_proof(self.token, c.nonce, c.peer_nonce, self.identity.job_id, self.node)
-            if not proves(message.proof, expected):
-                self._unproven(fd, f"welcomed this node without proving the job token ({TOKEN_VAR})")
-                return []
-            c.session = Session.between(self.token, c.peer_nonce, c.nonce, self.identity.job_id, self.node, at_hub=False)
+        if not c.handshake.welcomed(message):
+            self._unproven(fd, f"welcomed this node without proving the job token ({TOKEN_VAR})")
+            return []
+        c.session = c.handshake.session
         c.node = 0
         c.framer.limit = MAX_FRAME  # node 0 of the job: what it says is not limited
         self.welcomed = True

@@ -13,12 +13,10 @@ from launcher.nodes.transport.values import as_code, as_flag, as_strict_int, as_
 
 @dataclass(frozen=True)
 class Admitted:
-    """Node 0 to a joining launcher of an elastic job: it is in (a standby waits for a member's place)."""
+    """Node 0 to a launcher of an elastic job it welcomed: it is in (a standby waits for a member's place)."""
 
     type: ClassVar[str] = "admitted"
     standby: Optional[bool]
-    proof: Optional[str] = None  # with a job token: node 0's proof on the joining launcher's nonce and its own
-    keeper_nonce: Optional[str] = None  # with a job token: node 0's nonce, for their session (auth.Session.elastic)
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ def as_changes(value) -> Optional[tuple]:
 
 
 READERS: dict[str, Callable[[dict], object]] = {
-    "admitted": lambda m: Admitted(as_flag(m.get("standby")), as_text(m.get("proof")), as_text(m.get("keeper_nonce"))),
+    "admitted": lambda m: Admitted(as_flag(m.get("standby"))),
     "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
                                   as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
                                   as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),

@@ -58,7 +58,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class Challenge:
-    """Node 0 to a new connection: prove the job token on this nonce."""
+    """A server to a new connection: prove the job token on this nonce (``handshake``)."""
 
     type: ClassVar[str] = "challenge"
     nonce: Optional[str]
@@ -66,8 +66,8 @@ class Challenge:
 
 @dataclass(frozen=True)
 class Hello:
-    """A joining node to node 0. ``node`` and ``proof`` are as sent (node 0 checks them and names
-    a wrong value in its refusal); ``proof`` is left out without a job token."""
+    """A joining node to node 0, after its challenge. ``node`` and ``proof`` are as sent (node 0 checks them and
+    names a wrong value in its refusal); ``proof`` is left out without a job token."""
 
     type: ClassVar[str] = "hello"
     identity: Optional[dict]
@@ -82,7 +82,7 @@ class Hello:
 @dataclass(frozen=True)
 class Welcome:
     type: ClassVar[str] = "welcome"
-    proof: Optional[str] = None  # with a job token: node 0's proof on the node's nonce
+    proof: Optional[str] = None  # with a job token: the server's proof on the client's nonce
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tupl
 
 @dataclass(frozen=True)
 class Join:
-    """An MPI rank to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
+    """An MPI rank's hello to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
 
     type: ClassVar[str] = "join"
     rank: Optional[int]  # strictly ints on the wire, else None
@@ -276,7 +276,8 @@ class Join:
 
 @dataclass(frozen=True)
 class NodeList:
-    """Rank 0's answer: every node's address in MPI rank order (None off the wire: not a list of text)."""
+    """Rank 0's answer after its welcome: every node's address in MPI rank order (None off the wire: not a list of
+    text)."""
 
     type: ClassVar[str] = "nodes"
     nodes: Optional[list]
@@ -293,7 +294,7 @@ Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, Traine
                 Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Speeds, Join,
                 NodeList, Unknown]
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "keeper_nonce", "changes", "why")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:

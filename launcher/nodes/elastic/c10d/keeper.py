@@ -5,33 +5,30 @@ Until the first round starts it runs in the caller's thread (``first_round``); t
 in a thread of its own, which keeps accepting launchers (a newcomer below MAX re-forms the job, at
 MAX it waits as a standby), hears their heartbeats and sends its own, and carries out what the
 membership decides: each member is told to stop its workers and then the next round; node 0's own
-orders go to its event loop through the ``Inbox``. What a stranger sends (junk, no hello, another
-job's id, a hello that does not prove the job token) only loses its connection. With a job token each
-admission carries a nonce of node 0's, and from then on every message both ways is sealed in that
-member's session (``peers``): one that fails it (forged, replayed, reordered, another member's) loses
-the member's connection, with a warning.
+orders go to its event loop through the ``Inbox``. Each connection shakes hands first (``arrivals``);
+what a stranger sends (junk, no hello, another job's id, no proof of the job token) only loses its
+connection. With a job token every message from the welcome on (the admission too) is sealed in the
+member's session: one it does not open loses the member's connection, with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import selectors
 from typing import Optional
 
-from launcher.nodes.transport import auth
 from launcher.nodes.elastic import membership as mb
-from launcher.nodes.elastic.c10d.peers import BEAT, BEAT_BODY, Peer, Shared
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share, SharedSpeeds,
                                          StopOrder)
+from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, messages, stranger
+from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.listener import Listener, pending_cap
-from launcher.plan.policy import one_line
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
-from launcher.plan.policy import Say
+from launcher.plan.policy import Say, one_line
 
 CLOSE_WAIT = 2.0  # at the end, node 0 waits this long for the others to close first (their ends keep TIME_WAIT)
 
@@ -49,11 +46,10 @@ class Keeper(LinkBase):
         # silent connections cannot keep a launcher out: every launcher and standby may come at once
         self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes))
         self.node_id = me.node_id
-        self.nonces: set = set()  # every nonce proven so far: a hello replayed is refused
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
-        self.peers: dict = {}  # fd -> Peer
-        self.fds: dict = {}  # node id -> fd, for the peers that said hello
+        self.peers: dict = {}  # fd -> Connection (its ``node``: the launcher's node id, once welcomed)
+        self.fds: dict = {}  # node id -> fd, for the peers welcomed
         self.heard: dict = {}  # node id -> when it was last heard, since the membership was last told
         self.last_heard: dict = {}  # node id -> when each connected member was last heard (a new dict at each beat)
         self.deadline: Optional[float] = None  # the membership's next deadline (None: to compute afresh)
@@ -84,7 +80,7 @@ class Keeper(LinkBase):
             self.serve_once()
         if self.failed_start is not None:
             for peer in list(self.peers.values()):
-                peer.send(m.Dropped(*self.failed_start))
+                peer.send_within(m.Dropped(*self.failed_start))
             self.close_all(wait_for_them=True)  # closed first, unread beats would reset them: Dropped lost
         return self.first
 
@@ -181,7 +177,7 @@ class Keeper(LinkBase):
         self.next_beat = now + self.spec.rendezvous.keep_alive_interval
         self.decide(mb.TimePassed())  # the heartbeats heard since the last beat, told to the membership
         for fd in list(self.fds.values()):
-            if fd in self.peers and not self.peers[fd].send_shared(BEAT):
+            if fd in self.peers and not self.peers[fd].send_within(BEAT):
                 self.forget(fd, "node 0 could not send it a heartbeat")
 
     def forgive_silence(self) -> None:
@@ -203,7 +199,7 @@ class Keeper(LinkBase):
             if isinstance(action, Say):
                 log.log(action.level, "elastic job: %s", action.text)
             elif isinstance(action, mb.Admit):
-                self.admit(action)
+                self.send_to(action.node_id, m.Admitted(action.standby))
             elif isinstance(action, mb.Refuse):
                 self.send_to(action.node_id, m.Refusal(action.reason), close=True)
             elif isinstance(action, mb.Drop):
@@ -240,7 +236,7 @@ class Keeper(LinkBase):
             return
         self.over = True
         for peer in list(self.peers.values()):
-            peer.send(m.Dropped(action.code, action.reason))
+            peer.send_within(m.Dropped(action.code, action.reason))
         self.inbox.put(JobOver(action.code, action.reason))
 
     # ------------------------------------------------------------ connections
@@ -249,49 +245,38 @@ class Keeper(LinkBase):
         new, pushed_out = self.listener.accept(self.clock())
         for sock in pushed_out:
             self.forget(sock.fileno(), "too many connections without a hello")
-        for sock, _ in new:  # non-blocking: a read takes what is there; a send waits only for a full buffer (peers)
-            self.peers[sock.fileno()] = Peer(sock, wire.Framer())
+        for sock, _ in new:  # non-blocking: a read takes what is there; a send waits only for a full buffer
+            self.peers[sock.fileno()] = stranger(sock, self.token, self.job_id)
             self.selector.register(sock, selectors.EVENT_READ)
 
     def read(self, fd: int) -> None:
         peer = self.peers.get(fd)
-        bodies = peer.receive() if peer is not None else []
-        if bodies is None:
+        try:
+            for message in messages(peer) if peer is not None else ():
+                if self.peers.get(fd) is not peer:
+                    return  # lost meanwhile: what it sent after does not count
+                self.on_message(fd, peer, message)
+        except Unsealed as e:
+            self.unsealed(fd, peer, str(e))
+        except ConnectionError:
             self.forget(fd, "its connection closed")
-            return
-        for body in bodies:
-            if self.peers.get(fd) is not peer:
-                return  # lost meanwhile: what it sent after does not count
-            if peer.session is not None:
-                try:
-                    body = peer.session.open(body)
-                except wire.ProtocolError as e:
-                    self.unsealed(fd, peer, str(e))
-                    return
-            if body == BEAT_BODY and peer.node_id is not None:  # most of what comes: no need to decode it
-                self.heard[peer.node_id] = self.clock()
-                continue
-            try:
-                message = wire.decode(body)
-            except wire.ProtocolError:
-                self.forget(fd, "it sent what is not a message")
-                return
-            self.on_message(fd, peer, m.from_wire(message))
+        except wire.ProtocolError:
+            self.forget(fd, "it sent what is not a message")
 
-    def unsealed(self, fd: int, peer: Peer, problem: str) -> None:
+    def unsealed(self, fd: int, peer: Connection, problem: str) -> None:
         """A message on a member's connection that its session does not open: not the member's (a stranger's
         on its connection, one replayed or reordered, another member's); the member's connection is lost."""
         log.warning("elastic job: %s's connection carried a message its session does not open (%s, or sealed for "
-                    "another member); closing it: %s counts as lost", peer.node_id, problem, peer.node_id)
-        peer.send(m.Dropped(1, "a message on its connection to node 0 failed the job token's authentication"))
+                    "another member); closing it: %s counts as lost", peer.node, problem, peer.node)
+        peer.send_within(m.Dropped(1, "a message on its connection to node 0 failed the job token's authentication"))
         self.forget(fd, "a message that failed its session's authentication",
                     lost="a message on its connection failed the job token's authentication")
 
-    def on_message(self, fd: int, peer: Peer, message) -> None:
-        if peer.node_id is None:
+    def on_message(self, fd: int, peer: Connection, message) -> None:
+        if peer.node is None:
             self.on_hello(fd, peer, message)
             return
-        node_id = peer.node_id
+        node_id = peer.node
         self.heard[node_id] = self.clock()  # every message says the launcher is alive
         if isinstance(message, m.Stopped) and message.round is not None:
             self.decide(mb.WorkersStopped(node_id, message.round))
@@ -305,64 +290,38 @@ class Keeper(LinkBase):
         elif isinstance(message, m.Leaving):  # counted out now, as left (not lost), before its connection closes
             self.forget(fd, "it left", lost=f"{one_line(message.reason or 'its launcher ends', 200)}; {mb.LEAVES}")
 
-    def on_hello(self, fd: int, peer: Peer, message) -> None:
+    def on_hello(self, fd: int, peer: Connection, message) -> None:
         if self.over or not isinstance(message, m.Hello) or message.node_id is None:
             self.forget(fd, "it said no elastic hello")
             return
-        identity = message.identity or {}
-        problem = self.unproven(message)
-        if problem is None and message.node_id in self.fds:
-            problem = f"the node id {message.node_id!r} is taken"
+        problem = answer(peer, message, self.fds)
         if problem is not None:
-            peer.send(m.Refusal(problem))
             self.forget(fd, problem)
             return
-        peer.node_id, peer.nonce = message.node_id, message.nonce or ""
         self.listener.settled(peer.sock)
-        self.fds[peer.node_id] = fd
-        node = mb.Node(message.node_id, message.host or "", message.workers)
-        self.decide(mb.JoinAsked(node, identity.get("job_id") if isinstance(identity.get("job_id"), str) else ""))
-
-    def admit(self, action: mb.Admit) -> None:
-        """With a job token: node 0's proof on the launcher's nonce and a nonce of its own, then their session."""
-        peer = self.peers.get(self.fds.get(action.node_id))
-        if self.token is None or peer is None:
-            self.send_to(action.node_id, m.Admitted(action.standby))
-            return
-        ours = secrets.token_hex(16)
-        proven = auth.admission_proof(self.token, peer.nonce, self.job_id, action.node_id, ours)
-        self.send_to(action.node_id, m.Admitted(action.standby, proven, ours))
-        peer.session = auth.Session.elastic(self.token, ours, peer.nonce, self.job_id, action.node_id, at_keeper=True)
-
-    def unproven(self, hello: m.Hello) -> Optional[str]:
-        """Why a hello does not prove the job token (None: it does, or the job has none and it proves none)."""
-        if self.token is None:
-            return None if hello.proof is None else "it proves a job token, and this job has none"
-        expected = auth.proof(self.token, hello.nonce or "", self.job_id, hello.node_id)
-        if not auth.fresh_nonce(hello.nonce) or hello.nonce in self.nonces or not auth.proves(hello.proof, expected):
-            return "wrong job or job token"
-        self.nonces.add(hello.nonce)
-        return None
+        self.fds[peer.node], self.heard[peer.node] = fd, self.clock()  # its hello: its first word
+        job_id = (message.identity or {}).get("job_id")
+        self.decide(mb.JoinAsked(mb.Node(message.node_id, message.host or "", message.workers),
+                                 job_id if isinstance(job_id, str) else ""))
 
     def forget(self, fd: int, reason: str, lost: str = "its connection closed") -> None:
         peer = self.peers.pop(fd, None)
         if peer is None:
             return
-        self.fds.pop(peer.node_id, None)
-        self.speeds.pop(peer.node_id, None)
+        self.fds.pop(peer.node, None)
+        self.speeds.pop(peer.node, None)
         self.selector.unregister(peer.sock)
         peer.sock.close()
-        if peer.node_id is not None:
-            log.log(logging.DEBUG, "elastic job: closed %s (%s)", peer.node_id, reason)
-            self.decide(mb.Closed(peer.node_id, lost))
+        if peer.node is not None:
+            log.log(logging.DEBUG, "elastic job: closed %s (%s)", peer.node, reason)
+            self.decide(mb.Closed(peer.node, lost))
 
     def send_to(self, node_id: str, message, close: bool = False) -> None:
         """A message, or one ``Shared`` by many, to one launcher."""
         fd = self.fds.get(node_id)
         if fd is None:
             return
-        peer = self.peers[fd]
-        if not (peer.send_shared(message) if isinstance(message, Shared) else peer.send(message)) or close:
+        if not self.peers[fd].send_within(message) or close:
             self.forget(fd, "node 0 closed it")
 
     def close_all(self, wait_for_them: bool) -> None:
@@ -377,23 +336,16 @@ class Keeper(LinkBase):
                 if key.fileobj == self.waker.read_fd:
                     self.waker.take()
                     continue
-                peer = self.peers.get(key.fileobj.fileno())
-                if peer is None:
-                    continue
                 try:
-                    gone = not peer.sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    gone = True
-                if gone:
-                    self._close(peer.sock.fileno())
+                    self.peers[key.fileobj.fileno()].receive()  # what it says now goes unread
+                except (ConnectionError, wire.ProtocolError):
+                    self._close(key.fileobj.fileno())
         for fd in list(self.peers):
             self._close(fd)
 
     def _close(self, fd: int) -> None:
         peer = self.peers.pop(fd)
-        self.fds.pop(peer.node_id, None)
+        self.fds.pop(peer.node, None)
         self.selector.unregister(peer.sock)
         peer.sock.close()
 

@@ -1,18 +1,17 @@
 """Every other launcher's link to node 0's keeper (the c10d backend): hello, heartbeats both ways, node 0's
 orders in ``inbox``.
 
-A joining launcher says hello with an id of its own, its host (its end of the connection) and its
-number of workers, proving the job token (when there is one) on a nonce of its own; node 0 proves it
-back on the same nonce and one of its own in its admission, and from then on every message both ways
-is sealed in their session (``auth.Session.elastic``): one that fails it (forged, replayed, reordered)
-counts node 0 as gone. Both ends then beat every ``keep_alive_interval`` (node 0 beats every member at
+A joining launcher answers node 0's challenge with its hello (``handshake``): an id of its own, its host
+(its end of the connection) and its number of workers, proving the job token (when there is one) on node
+0's nonce; node 0's welcome proves it back on the launcher's nonce, and from then on every message both
+ways (node 0's admission first) is sealed in their session: one that fails it (forged, replayed,
+reordered) counts node 0 as gone. Both ends then beat every ``keep_alive_interval`` (node 0 beats every member at
 once, each answers), and each counts the other gone when its connection closes or it is silent for
 ``heartbeat_timeout``. Node 0's launcher leaving ends the job on every node.
 """
 
 from __future__ import annotations
 
-import secrets
 import selectors
 import socket
 import time
@@ -20,13 +19,14 @@ from typing import Optional
 
 from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
                                          StartFailed, StopOrder, member, own_id, place_in)
-from launcher.nodes.transport import auth, messages as m, wire
-from launcher.nodes.transport.connection import RETRY_EVERY
+from launcher.nodes.transport import messages as m, wire
+from launcher.nodes.transport.auth import TOKEN_VAR
+from launcher.nodes.transport.connection import RETRY_EVERY, Connection
+from launcher.nodes.transport.handshake import Client
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
 
-SEND_TIMEOUT = 2.0  # one small message to node 0; longer, and node 0 counts as gone
 REPORTS = {STOPPED: lambda r: m.Stopped(r.round), DONE: lambda r: m.RoundDone(r.round),
            FAILED: lambda r: m.RoundFailed(r.round, r.code, r.reason)}
 
@@ -41,10 +41,8 @@ class MemberLink(LinkBase):
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
-        self.nonce = ""
-        self.session: Optional[auth.Session] = None  # with a job token, from the admission on
-        self.sock: Optional[socket.socket] = None
-        self.framer = wire.Framer(wire.sized_for(spec.max_nodes))  # a round lists every member
+        self.handshake = Client(token, job_id, self.node_id)
+        self.conn: Optional[Connection] = None
         self.early: list = []  # node 0's messages that came with the first round (their bodies, still sealed)
         self.heard = clock()  # when node 0 last said anything
         self.next_beat = clock()
@@ -57,18 +55,12 @@ class MemberLink(LinkBase):
         join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard)."""
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
-        self.sock = _connect(self.spec, self.where, deadline, self.clock)
+        sock = _connect(self.spec, self.where, deadline, self.clock)
+        self.conn = Connection(sock, framer=wire.Framer(wire.sized_for(self.spec.max_nodes)))  # a round lists all
         try:
-            host = self.sock.getsockname()[0]
-            nonce = self.nonce = secrets.token_hex(16)
-            given = auth.proof(self.token, nonce, self.job_id, self.node_id) if self.token else None
-            self.sock.sendall(wire.encode(m.to_wire(m.Hello({"job_id": self.job_id}, None, nonce, given,
-                                                            node_id=self.node_id, host=host, workers=self.workers))))
-            log.info("elastic job: joined %s as node %s (%s); waiting for the round to start", self.where,
-                     self.node_id, host)
             self.first = self._await_round(deadline + rendezvous.read_timeout)
         except BaseException:
-            self.sock.close()
+            sock.close()
             raise
         if self.first is None:  # a standby whose job finished without it
             return self
@@ -78,7 +70,7 @@ class MemberLink(LinkBase):
         return self
 
     def _await_round(self, deadline: float) -> Optional[m.RoundStart]:
-        admitted = False
+        welcomed = admitted = False
         self.heard = self.clock()
         while True:
             now = self.clock()
@@ -87,16 +79,18 @@ class MemberLink(LinkBase):
             if admitted and now - self.heard > self.spec.rendezvous.heartbeat_timeout:
                 raise StartFailed(f"{self.where} went silent for {now - self.heard:.1f} s (heartbeat_timeout) before "
                                   "this launcher's round started.")
-            beating = admitted or not self.token  # with a token, its beats are sealed: from the admission on
-            if beating:
+            if welcomed:  # from the welcome on (sealed with a token)
                 self._beat(now)
-            self.sock.settimeout(max(0.01, min(self.next_beat if beating else deadline,
-                                               deadline if not admitted else self.next_beat) - now))
+            self.conn.sock.settimeout(max(0.01, min(self.next_beat if welcomed else deadline,
+                                                    deadline if not admitted else self.next_beat) - now))
             bodies = self._receive(admitted)
             for i, body in enumerate(bodies):
                 message = self._open(body)
                 if isinstance(message, StartFailed):
                     raise message
+                if not welcomed and not isinstance(message, (m.Refusal, m.Dropped)):
+                    welcomed = self._shake(message)
+                    continue
                 if admitted and isinstance(message, m.Dropped) and message.code == 0:
                     log.info("elastic job: the job ended without this launcher: %s",
                              one_line(str(message.reason or "it finished"), 300))
@@ -105,7 +99,6 @@ class MemberLink(LinkBase):
                     raise StartFailed(f"{self.where} did not take this launcher: "
                                       f"{one_line(str(message.reason or 'no reason given'), 300)}.")
                 if isinstance(message, m.Admitted) and not admitted:
-                    self._check_admission(message)
                     admitted = True
                     if message.standby:
                         log.info("elastic job: this launcher waits as a standby")
@@ -115,47 +108,49 @@ class MemberLink(LinkBase):
                     self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
-    def _check_admission(self, message: m.Admitted) -> None:
-        """With a job token, node 0 must prove it too (else what answers on the endpoint is not this job's); then
-        every message both ways is sealed in their session."""
-        if self.token is None:
-            return
-        theirs = message.keeper_nonce
-        if not (auth.fresh_nonce(theirs) and auth.proves(
-                message.proof, auth.admission_proof(self.token, self.nonce, self.job_id, self.node_id, theirs))):
-            raise StartFailed(f"{self.where} did not prove the job token (LAUNCHER_JOB_TOKEN); check that the endpoint "
+    def _shake(self, message) -> bool:
+        """Node 0's challenge (answered with the hello) or welcome (True: node 0 proves the job token, when there
+        is one; then every message both ways is sealed in their session); StartFailed for anything else."""
+        answer = self.handshake.answer(message)
+        if answer is not None:
+            host = self.conn.sock.getsockname()[0]
+            self.conn.send_within(m.Hello({"job_id": self.job_id}, None, *answer, node_id=self.node_id, host=host,
+                                          workers=self.workers))
+            log.info("elastic job: joined %s as node %s (%s); waiting for the round to start", self.where,
+                     self.node_id, host)
+            return False
+        if isinstance(message, m.Welcome) and self.handshake.welcomed(message):
+            self.conn.session = self.handshake.session
+            self.next_beat = self.clock() + self.spec.rendezvous.keep_alive_interval  # its hello was the first word
+            return True
+        if isinstance(message, m.Welcome):
+            raise StartFailed(f"{self.where} did not prove the job token ({TOKEN_VAR}); check that the endpoint "
                               "is this job's node 0 and every node has the same token.")
-        self.session = auth.Session.elastic(self.token, theirs, self.nonce, self.job_id, self.node_id, at_keeper=False)
+        raise StartFailed(f"{self.where} sent {message.type[:40]!r} before its welcome; check that the endpoint "
+                          "belongs to this job.")
 
     def _open(self, body: bytes):
         """A body from node 0 as its message, its seal checked in their session; StartFailed naming what is wrong
         with it (then node 0 counts as gone)."""
         try:
-            return m.from_wire(wire.decode(self.session.open(body) if self.session is not None else body))
+            return m.from_wire(self.conn.open(body))
         except wire.ProtocolError as e:
-            if self.session is None:
+            if self.conn.session is None:
                 return StartFailed(f"{self.where} sent junk ({e}); check that the endpoint belongs to this job.")
             return StartFailed(f"a message on the connection to {self.where} failed the job token's authentication "
                                f"({e}); node 0 counts as gone, which ends an elastic job")
 
     def _beat(self, now: float) -> None:
         if now >= self.next_beat:
-            try:
-                self.sock.sendall(wire.encode(m.to_wire(m.Beat()), self.session))
-            except OSError:
-                pass  # the read sees the connection gone
+            self.conn.send_within(m.Beat())  # if the connection is gone, the read sees it
             self.next_beat = now + self.spec.rendezvous.keep_alive_interval
 
     def _receive(self, admitted: bool) -> list:
         """What node 0 sent (blocking up to the socket's timeout); StartFailed once it closed or sent junk."""
         try:
-            data = self.sock.recv(65536)
-        except socket.timeout:
-            return []
-        except OSError:
-            data = b""
-        try:
-            bodies = self.framer.bodies(data) if data else None
+            bodies = self.conn.receive()
+        except ConnectionError:
+            bodies = None
         except wire.ProtocolError as e:
             raise StartFailed(f"{self.where} sent junk ({e}); check that the endpoint belongs to this job.") from None
         if bodies is None and admitted:
@@ -172,8 +167,8 @@ class MemberLink(LinkBase):
     def serve(self) -> None:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
-        self.sock.setblocking(False)
-        self.selector.register(self.sock, selectors.EVENT_READ)
+        self.conn.sock.setblocking(False)
+        self.selector.register(self.conn.sock, selectors.EVENT_READ)
         over = self._take_bodies(self.early)
         if over is not None:
             self.inbox.put(over)
@@ -186,7 +181,7 @@ class MemberLink(LinkBase):
     def release(self) -> None:
         if self.selector is not None:
             self.selector.close()
-        self.sock.close()
+        self.conn.sock.close()
 
     # ------------------------------------------------------------ the link's thread
 
@@ -228,7 +223,7 @@ class MemberLink(LinkBase):
         as left, not lost; the connection closes once the thread ends)."""
         if isinstance(item, Report):
             self._send(REPORTS[item.kind](item))
-        elif isinstance(item, Leave) and self.sock.fileno() >= 0:
+        elif isinstance(item, Leave) and self.conn.sock.fileno() >= 0:
             self._send(m.Leaving(item.reason))
             self.stopping = True
         elif isinstance(item, Share) and item.entry is not None and not self.stopping:
@@ -236,13 +231,8 @@ class MemberLink(LinkBase):
 
     def _read(self) -> Optional[JobOver]:
         try:
-            data = self.sock.recv(65536)
-            bodies = self.framer.bodies(data) if data else None
-        except BlockingIOError:
-            return None
-        except (OSError, wire.ProtocolError):
-            bodies = None
-        if bodies is None:
+            bodies = self.conn.receive()
+        except (ConnectionError, wire.ProtocolError):
             return JobOver(1, f"{self.where} closed the connection; node 0's launcher leaving ends an elastic job")
         self.heard = self.clock()
         return self._take_bodies(bodies)
@@ -274,16 +264,7 @@ class MemberLink(LinkBase):
         return None
 
     def _send(self, message) -> None:
-        try:
-            self.sock.settimeout(SEND_TIMEOUT)
-            self.sock.sendall(wire.encode(m.to_wire(message), self.session))
-        except OSError:
-            pass  # the read sees the connection gone
-        finally:
-            try:
-                self.sock.setblocking(False)
-            except OSError:
-                pass
+        self.conn.send_within(message)  # if the connection is gone, the read sees it
 
 
 def _connect(spec: ElasticSpec, where: str, deadline: float, clock) -> socket.socket:

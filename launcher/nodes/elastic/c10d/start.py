@@ -13,14 +13,13 @@ member's place); from then on the link's thread (``serve``) passes node 0's orde
 round's workers, the next round, the job's end) to the event loop's ``Inbox`` and node 0 what
 happened here. Node 0's launcher leaving ends the job on every node (exit 1, saying so).
 
-Messages are framed as the control channel frames them (``wire``). With a job token
-(LAUNCHER_JOB_TOKEN) both ends prove it: the hello on a nonce of the joining launcher's (a nonce
-proven once is refused again), node 0's admission on that same nonce and a fresh one of node 0's.
-From the admission on, every message both ways is sealed in a session of that member's (as the
-static channel's after its welcome: ``auth.Session.elastic``, keyed on the token, both nonces and the
-member's id): a message forged, replayed, reordered or sealed for another member loses the
-connection (node 0 counts the member lost; the member, node 0 gone). Without a token the channel
-is open, as the static one is. Every wait is bounded.
+Messages are framed as the control channel frames them (``wire``), and each connection shakes hands
+as every link between launchers does (``handshake``): node 0's challenge, the launcher's hello (with a
+job token (LAUNCHER_JOB_TOKEN), its proof on node 0's nonce), node 0's welcome (its proof on the
+launcher's) or refusal. From the welcome on, every message both ways (node 0's admission first) is
+sealed in that member's session: a message forged, replayed, reordered or sealed for another member
+loses the connection (node 0 counts the member lost; the member, node 0 gone). Without a token the
+channel is open, as the static one is. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
          clock: Callable[[], float] = time.monotonic) -> Link:
     """This launcher's link to the job's membership once its first round started (node 0's when it can
     listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
-    proves on a nonce of its own, and which seals their channel from the admission on. Its ``first`` is that
+    proves on node 0's nonce, and which seals their channel from the welcome on. Its ``first`` is that
     round (None: a standby whose job ended with 0)."""
     listener = listen(spec.host, spec.port)
     if listener is None:
