@@ -710,3 +710,20 @@ def test_a_selector_kept_by_its_owner_watches_it_while_it_accepts_and_close_lets
         listener.close()
         assert sock.fileno() not in selector.get_map() and queue.closed
         sock.close()
+
+
+def test_node_0_of_an_elastic_job_lets_go_a_connection_with_no_hello_within_read_timeout(monkeypatch, tmp_path):
+    """The keeper's hello deadline is the rendezvous' read_timeout (a joining launcher's own wait for node 0's answer),
+    on its clock: a connection still silent then is closed, and a launcher that speaks still joins."""
+    server = KeeperServer(monkeypatch, tmp_path)
+    server.start()
+    try:
+        silent = server.connect()
+        assert not closed_by_server(silent, 0.5), "closed before its hello's deadline"
+        server.harness.clock.advance(server.harness.rendezvous.read_timeout + 1.0)
+        server.keeper.waker.put(None)
+        assert closed_by_server(silent, 20.0), "a connection with no hello past read_timeout is still held"
+        silent.close()
+        server.serve_legit()
+    finally:
+        server.stop()

@@ -22,7 +22,7 @@ launcher keeps the membership on its control channel, ``launcher.nodes.elastic.m
   10 s with etcd (torchrun's etcd lease), which outlasts the election of etcd's next leader.
 - ``read_timeout`` (default 60 s, torchrun's): how long a launcher waits for node 0's answer to a
   request on the control channel (its join) before it drops that connection and connects again
-  (within ``join_timeout``).
+  (within ``join_timeout``); node 0 holds a new connection that has not said hello as long.
 - ``keep_alive_interval`` (default 1 s): how often each launcher sends node 0 a heartbeat.
 - ``keep_alive_max_attempt`` (default 3): the heartbeats a node may miss before it is lost, when
   ``heartbeat_timeout`` is not given.

@@ -76,19 +76,22 @@ class StopWorkers:
 
 
 @dataclass(frozen=True)
-class Stopped:
+class OfRound:
+    """What a member's word on one round carries."""
+
+    round: Optional[int]
+
+
+class Stopped(OfRound):
     """A member to node 0: its workers of this round are all gone."""
 
     type: ClassVar[str] = "stopped"
-    round: Optional[int]
 
 
-@dataclass(frozen=True)
-class RoundDone:
+class RoundDone(OfRound):
     """A member to node 0: its workers of this round all finished (exit code 0)."""
 
     type: ClassVar[str] = "round_done"
-    round: Optional[int]
 
 
 @dataclass(frozen=True)

@@ -97,57 +97,54 @@ class Beat:
     type: ClassVar[str] = "beat"
 
 
-# ---------------------------------------------------------------- a node to node 0
+# ---------------------------------------------------------------- a node to node 0, and node 0's orders
 
 
 @dataclass(frozen=True)
-class Failed:
+class Attempt:
+    """What a message about one attempt carries (``Start``'s number strictly an int on the wire, else None)."""
+
+    attempt: Optional[int]
+
+
+@dataclass(frozen=True)
+class AttemptCause:
+    """What a message about one attempt and its cause carries."""
+
+    attempt: Optional[int]
+    cause: Optional[Cause]
+
+
+class Failed(AttemptCause):
     """A cause to stop found on a node: node 0 takes the first as the attempt's root cause."""
 
     type: ClassVar[str] = "failed"
-    attempt: Optional[int]
-    cause: Optional[Cause]
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(AttemptCause):
     """A node's part of an attempt is over, with its cause (None: its workers all finished)."""
 
     type: ClassVar[str] = "report"
-    attempt: Optional[int]
-    cause: Optional[Cause]
 
 
-@dataclass(frozen=True)
-class TrainersDone:
+class TrainersDone(Attempt):
     """Parameter-server mode: this node's trainers all exited 0."""
 
     type: ClassVar[str] = "trainers_done"
-    attempt: Optional[int]
 
 
-# ---------------------------------------------------------------- node 0's orders
-
-
-@dataclass(frozen=True)
-class Stop:
+class Stop(AttemptCause):
     type: ClassVar[str] = "stop"
-    attempt: Optional[int]
-    cause: Optional[Cause]
 
 
-@dataclass(frozen=True)
-class Finish:
+class Finish(Attempt):
     """Parameter-server mode: every trainer of the job finished; stop the servers."""
 
     type: ClassVar[str] = "finish"
-    attempt: Optional[int]
 
 
-@dataclass(frozen=True)
-class Start:
+class Start(Attempt):
     type: ClassVar[str] = "start"
-    attempt: Optional[int]  # strictly an int on the wire, else None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share, SharedSpeeds,
                                          StopOrder)
 from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, messages, stranger
+from launcher.nodes.elastic.c10d.speeds import SpeedTable
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.listener import Listener, pending_cap
 from launcher.output.messages import log
@@ -43,8 +44,9 @@ class Keeper(LinkBase):
     def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
         super().__init__()
         self.spec, self.clock, self.token, self.job_id = spec, clock, token, job_id
-        # silent connections cannot keep a launcher out: every launcher and standby may come at once
-        self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes))
+        # silent connections keep no launcher out: every launcher and standby may come at once, each has read_timeout
+        self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes),
+                                                     hello_within=spec.rendezvous.read_timeout)
         self.node_id = me.node_id
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.waker.read_fd, selectors.EVENT_READ)
@@ -56,8 +58,7 @@ class Keeper(LinkBase):
         self.stalled = False  # the last turn took longer than a heartbeat interval
         self.failed_start: Optional[tuple] = None  # (code, reason) when the first round never formed
         self.over = False  # the job ended: no more rounds
-        self.speeds: dict = {}  # node id -> (its speed entry, when it came), shared back every SHARE_EVERY seconds
-        self.speeds_shared = float("-inf")
+        self.speeds = SpeedTable()
         self.next_beat = clock()
         self.state, actions = mb.begin(spec, me, job_id, clock())
         self.carry_out(actions)
@@ -112,7 +113,7 @@ class Keeper(LinkBase):
             elif key.fileobj == self.waker.read_fd:
                 for item in self.waker.take():
                     if isinstance(item, Share):
-                        self.take_speed(self.node_id, item.entry)
+                        self.speeds.take(self.node_id, item.entry, self.state.round, self.clock())
                     elif item is not None:
                         self.decide(self.event_of(item))
             else:
@@ -123,26 +124,19 @@ class Keeper(LinkBase):
         if self.stalled:
             self.stalled = False
             self.forgive_silence()
+        if self.clock() >= (self.listener.next_deadline() or float("inf")):
+            self.accept()  # the end of a pause without descriptors, or a connection past its hello's deadline
         self.beat()
         self.share_speeds()
         if self.clock() >= self.next_deadline():
             self.decide(mb.TimePassed())
 
-    def take_speed(self, node_id: str, entry) -> None:
-        """A member's speed entry, kept if it is of the running round and of that member's seat in it."""
-        round_ = self.state.round
-        seat = round_.member(node_id) if round_ is not None else None
-        if entry is not None and seat is not None and entry.round == round_.number and entry.node == seat.node_rank:
-            self.speeds[node_id] = (entry, self.clock())
-
     def share_speeds(self) -> None:
         """Every member's entry of the running round, to every member (node 0's own through its inbox)."""
         round_ = self.state.round
-        now = self.clock()
-        if round_ is None or not self.speeds or now - self.speeds_shared < m.SHARE_EVERY:
+        entries = self.speeds.due(round_, self.clock())
+        if entries is None:
             return
-        self.speeds_shared = now
-        entries = m.fresh(self.speeds, now, round_.number)
         encoded = Shared(m.Speeds(entries))
         for x in round_.members:
             if x.node.node_id != self.node_id:
@@ -165,7 +159,8 @@ class Keeper(LinkBase):
         return self.deadline
 
     def wait(self) -> float:
-        return max(0.0, min(1.0, min(self.next_beat, self.next_deadline()) - self.clock()))
+        wake = min(self.next_beat, self.next_deadline(), self.listener.next_deadline() or self.next_beat)
+        return max(0.0, min(1.0, wake - self.clock()))
 
     def beat(self) -> None:
         """Every member and standby at once, each interval; each answers (``MemberLink``)."""
@@ -245,6 +240,8 @@ class Keeper(LinkBase):
         new, pushed_out = self.listener.accept(self.clock())
         for sock in pushed_out:
             self.forget(sock.fileno(), "too many connections without a hello")
+        for sock in self.listener.overdue(self.clock()):  # a hung or silent one, within read_timeout
+            self.forget(sock.fileno(), "no hello within read_timeout")
         for sock, _ in new:  # non-blocking: a read takes what is there; a send waits only for a full buffer
             self.peers[sock.fileno()] = stranger(sock, self.token, self.job_id)
             self.selector.register(sock, selectors.EVENT_READ)
@@ -286,7 +283,7 @@ class Keeper(LinkBase):
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
         elif isinstance(message, m.Speeds):  # a member speaks for itself only
             for entry in message.nodes[:1]:
-                self.take_speed(node_id, entry)
+                self.speeds.take(node_id, entry, self.state.round, self.clock())
         elif isinstance(message, m.Leaving):  # counted out now, as left (not lost), before its connection closes
             self.forget(fd, "it left", lost=f"{one_line(message.reason or 'its launcher ends', 200)}; {mb.LEAVES}")
 
@@ -309,7 +306,7 @@ class Keeper(LinkBase):
         if peer is None:
             return
         self.fds.pop(peer.node, None)
-        self.speeds.pop(peer.node, None)
+        self.speeds.forget(peer.node)
         self.selector.unregister(peer.sock)
         peer.sock.close()
         if peer.node is not None:
