@@ -146,9 +146,9 @@ PADDLECLOUD = {"PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINERS": "127.0.0.1,127.0.0
 
 @pytest.mark.parametrize("env,fragment", [
     ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:35019,127.0.0.1:99999,127.0.0.2:35019,127.0.0.2:35020"},
-     "'127.0.0.1:99999', whose port 99999 is outside 1-65535"),
+     "'127.0.0.1:99999', which has the port '99999', not a whole number from 1 to 65535"),
     ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:0,127.0.0.1:35020,127.0.0.2:35019,127.0.0.2:35020"},
-     "'127.0.0.1:0', whose port 0 is outside 1-65535"),
+     "'127.0.0.1:0', which has the port '0', not a whole number from 1 to 65535"),
     ({"DISTRIBUTED_TRAINER_ENDPOINTS": "127.0.0.1:35019,127.0.0.1:35019,127.0.0.2:35019,127.0.0.2:35020"},
      "DISTRIBUTED_TRAINER_ENDPOINTS lists the endpoint 127.0.0.1:35019 twice"),
     ({"PADDLE_PORT": "0"}, "PADDLE_PORT=0 with 2 workers needs ports 0 to 1, outside 1-65535"),
