@@ -13,15 +13,13 @@ once, each answers), and each counts the other gone when its connection closes o
 from __future__ import annotations
 
 import selectors
-import socket
-import time
 from typing import Optional
 
 from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
                                          StartFailed, StopOrder, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
 from launcher.nodes.transport.auth import TOKEN_VAR
-from launcher.nodes.transport.connection import RETRY_EVERY, Connection
+from launcher.nodes.transport.connection import Connection, dial
 from launcher.nodes.transport.handshake import Client
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -55,7 +53,11 @@ class MemberLink(LinkBase):
         join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard)."""
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
-        sock = _connect(self.spec, self.where, deadline, self.clock)
+        try:
+            sock = dial(self.spec.host, self.spec.port, deadline, self.clock)
+        except OSError as e:
+            raise StartFailed(f"could not reach {self.where} within {rendezvous.join_timeout:g} s (join_timeout; last: "
+                              f"{e.strerror or e}); check that node 0 runs and the endpoint is its address.") from None
         self.conn = Connection(sock, framer=wire.Framer(wire.sized_for(self.spec.max_nodes)))  # a round lists all
         try:
             self.first = self._await_round(deadline + rendezvous.read_timeout)
@@ -266,14 +268,3 @@ class MemberLink(LinkBase):
     def _send(self, message) -> None:
         self.conn.send_within(message)  # if the connection is gone, the read sees it
 
-
-def _connect(spec: ElasticSpec, where: str, deadline: float, clock) -> socket.socket:
-    while True:
-        try:
-            return socket.create_connection((spec.host, spec.port), timeout=max(0.1, min(1.0, deadline - clock())))
-        except OSError as e:
-            if clock() + RETRY_EVERY >= deadline:
-                raise StartFailed(f"could not reach {where} within {spec.rendezvous.join_timeout:g} s (join_timeout; "
-                                  f"last: {e.strerror or e}); check that node 0 runs and the endpoint is its "
-                                  "address.") from None
-            time.sleep(RETRY_EVERY)
