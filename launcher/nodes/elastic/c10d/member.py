@@ -104,9 +104,7 @@ class MemberLink(LinkBase):
                     admitted = True
                     if message.standby:
                         log.info("elastic job: this launcher waits as a standby")
-                if isinstance(message, m.RoundStart) and None not in (message.number, message.members,
-                                                                      message.world_size) \
-                        and member(message, self.node_id) is not None:
+                if self._has_me(message):
                     self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
@@ -176,9 +174,6 @@ class MemberLink(LinkBase):
             self.inbox.put(over)
             self.stopping = True
         super().serve()
-
-    def leave(self, code: int, reason: str) -> None:
-        super().leave(code, reason)  # the link's thread tells node 0 (Leaving), then closes the connection
 
     def release(self) -> None:
         if self.selector is not None:
@@ -253,8 +248,7 @@ class MemberLink(LinkBase):
         if isinstance(message, m.Beat):
             self._send(m.Beat())
             self.next_beat = self.clock() + 2 * self.spec.rendezvous.keep_alive_interval
-        elif isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
-                and member(message, self.node_id) is not None:
+        elif self._has_me(message):
             self.inbox.put(message)
         elif isinstance(message, m.Speeds):
             self.inbox.put(SharedSpeeds(message.nodes))
@@ -264,6 +258,11 @@ class MemberLink(LinkBase):
             code = message.code if isinstance(message, m.Dropped) else 1
             return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))
         return None
+
+    def _has_me(self, message) -> bool:
+        """Whether ``message`` is a whole round that has this launcher."""
+        return isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
+            and member(message, self.node_id) is not None
 
     def _send(self, message) -> None:
         self.conn.send_within(message)  # if the connection is gone, the read sees it
