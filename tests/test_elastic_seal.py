@@ -202,8 +202,8 @@ def test_a_real_members_bytes_replayed_do_nothing(monkeypatch, caplog):
         def __getattr__(self, name):
             return getattr(self.sock, name)
 
-    real_connect = member_module._connect
-    monkeypatch.setattr(member_module, "_connect", lambda *args: Recording(real_connect(*args)))
+    real_dial = member_module.dial
+    monkeypatch.setattr(member_module, "dial", lambda *args: Recording(real_dial(*args)))
     links: list = []
     thread = threading.Thread(target=lambda: links.append(MemberLink(node0.spec, JOB, 1, TOKEN, time.monotonic).join()),
                               daemon=True)

@@ -50,7 +50,6 @@ class Monitor:
         # the other nodes serve at the same port: known when it was given, not when each node picked a free one
         self.job_views = JobViews(port, self._wake) if port else None
         self.view: Optional[monitor_view.NodeView] = None
-        self.published = float("-inf")
         self.clients: dict = {}  # fd -> Client
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.stopped = False
@@ -67,7 +66,7 @@ class Monitor:
 
     def publish(self, view: monitor_view.NodeView, now: float) -> None:
         """The view served from now on (from the event loop's thread); streams get it at once."""
-        self.view, self.published = view, now
+        self.view = view
         self._wake()
 
     def close(self) -> None:

@@ -237,7 +237,6 @@ class WorkerChannel:
         c.sock.close()
 
 
-
 def _parent_of(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

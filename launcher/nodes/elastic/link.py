@@ -261,7 +261,6 @@ def member(round_: m.RoundStart, node_id: str) -> Optional[m.Seat]:
     return next((seat for seat in round_.members or () if seat.node_id == node_id), None)
 
 
-
 @dataclass(frozen=True)
 class Place:
     """This launcher's place in a round."""

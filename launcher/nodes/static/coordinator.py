@@ -121,6 +121,11 @@ class Solo:
 class Peered(Solo):
     """A node of a job of several: its control channel to the others."""
 
+    def __init__(self, plan: Plan, channel, clock: Clock) -> None:
+        super().__init__(plan)
+        self.channel = channel
+        self.clock = clock
+
     def node_label(self) -> str:
         return f"node {self.plan.node_rank} ({self.plan.node_ip})"
 
@@ -133,9 +138,7 @@ class Peered(Solo):
 
 class Leader(Peered):
     def __init__(self, plan: Plan, channel: HubChannel, clock: Clock) -> None:
-        super().__init__(plan)
-        self.channel = channel
-        self.clock = clock
+        super().__init__(plan, channel, clock)
         self.gone: set = set()  # nodes lost or never joined: not waited for
         self.reports: dict = {}  # node -> its cause (or None) for the current attempt
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt

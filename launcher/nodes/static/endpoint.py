@@ -10,7 +10,6 @@ from typing import Callable, Optional
 from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.static.channel import Lost, Received
 from launcher.nodes.transport.messages import Beat, Identity, Message, from_wire, to_wire
-from launcher.nodes.transport.connection import HELLO_TIMEOUT
 from launcher.nodes.transport.wire import ProtocolError
 from launcher.output.messages import log
 
@@ -100,11 +99,7 @@ class Endpoint:
         alone = 2 * self.beat_every  # a node's own beat, when node 0 has said nothing for that long
         beat, events, due = to_wire(Beat()), [], [self.next_beat] if self.beats_all else []
         for fd, c in list(self.connections.items()):
-            if c.node is None:
-                if now - c.opened >= HELLO_TIMEOUT:
-                    self._drop(fd, f"said nothing valid for {HELLO_TIMEOUT:.0f} s")
-                else:
-                    due.append(c.opened + HELLO_TIMEOUT)
+            if c.node is None:  # its hello's deadline is the listener's
                 continue
             if awake - c.heard >= self.heartbeat_timeout:
                 events += self._read(fd, now)  # a last look: what waits unread in its socket is no silence

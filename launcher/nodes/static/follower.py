@@ -16,9 +16,7 @@ from launcher.plan.policy import Cause
 
 class Follower(Peered):
     def __init__(self, plan: Plan, channel: SpokeChannel, clock: Clock) -> None:
-        super().__init__(plan)
-        self.channel = channel
-        self.clock = clock
+        super().__init__(plan, channel, clock)
         self.root: Optional[Cause] = None  # node 0's word on why the attempt stopped
         self.order: Optional[Union[messages.Start, messages.End]] = None  # node 0's order for this attempt
         self.alone = False  # node 0 is lost or never answered

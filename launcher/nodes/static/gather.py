@@ -38,7 +38,6 @@ from launcher.output.messages import log
 from launcher.plan.clusters.source import GatherSpec as Spec
 from launcher.plan.policy import one_line
 
-RETRY_EVERY = connection.RETRY_EVERY
 PROOF_JOB = "mpi-gather"  # the job id the proof is made over: the gathering precedes the job's own id
 
 
@@ -241,7 +240,7 @@ def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
             log.warning("whoever answers MPI rank %d on %s does not prove %s; not obeyed: trying again until the "
                         "join timeout", spec.rank, where, auth.TOKEN_VAR)
         unproven = one_line(str(answer.get("reason", answer.get("type"))), 300)
-        time.sleep(RETRY_EVERY)
+        time.sleep(connection.RETRY_EVERY)
     if answer.get("type") == "refused":
         raise LaunchError(f"rank 0 stopped the gathering of the node list: {one_line(str(answer.get('reason', '')), 300)}")
     answered = from_wire(answer)
@@ -253,15 +252,12 @@ def _join(spec: Spec, address: str, deadline: float, timeout: float, token: Opti
 
 
 def _connect(spec: Spec, address: str, deadline: float, timeout: float, where: str) -> socket.socket:
-    while True:
-        try:
-            return socket.create_connection((spec.master, spec.port), timeout=max(0.1, min(1.0, deadline - time.monotonic())))
-        except OSError as e:
-            last = e.strerror or str(e)
-            if time.monotonic() + RETRY_EVERY >= deadline:
-                raise GatherTimeout(f"MPI rank {spec.rank} ({address}) could not reach {where} to gather the node list within "
-                                    f"{timeout:g} s (--join_timeout; last: {last}); check that rank 0 runs and MASTER_ADDR is its address.") from None
-            time.sleep(RETRY_EVERY)
+    try:
+        return connection.dial(spec.master, spec.port, deadline)
+    except OSError as e:
+        raise GatherTimeout(f"MPI rank {spec.rank} ({address}) could not reach {where} to gather the node list within "
+                            f"{timeout:g} s (--join_timeout; last: {e.strerror or e}); check that rank 0 runs and "
+                            "MASTER_ADDR is its address.") from None
 
 
 def _ask(sock, spec: Spec, address: str, deadline: float, timeout: float, where: str, token: Optional[str]) -> tuple:

@@ -8,9 +8,8 @@ import time
 from typing import Callable, Optional
 
 from launcher.nodes.static.channel import Joined, Lost, NeverJoined
-from launcher.nodes.transport.connection import Connection, tune
+from launcher.nodes.transport.connection import HELLO_TIMEOUT, Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
-from launcher.nodes.transport.connection import HELLO_TIMEOUT
 from launcher.nodes.transport.handshake import Server
 from launcher.nodes.transport.listener import Listener, bind, pending_cap
 from launcher.nodes.transport.wire import MAX_FRAME
@@ -26,7 +25,8 @@ class Hub(Endpoint):
     def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
                  join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(identity, 0, heartbeat_timeout, join_timeout, token, clock)
-        self.listener = Listener(bind(bind_ip, port, everywhere=True), "control", pending_cap(len(identity.nodes)))
+        self.listener = Listener(bind(bind_ip, port, everywhere=True), "control", pending_cap(len(identity.nodes)),
+                                 hello_within=HELLO_TIMEOUT)
         self.port = port
         self.peers: dict = {}  # node -> fd
         self.ever_joined: set = set()
@@ -56,6 +56,10 @@ class Hub(Endpoint):
         return self._read(fd, now) if mask & selectors.EVENT_READ else []
 
     def tick(self, now: float) -> list:
+        for sock in self.listener.overdue(now):  # no hello within HELLO_TIMEOUT
+            c = self.connections.get(sock.fileno())
+            if c is not None and c.sock is sock:
+                self._drop(sock.fileno(), f"said nothing valid for {HELLO_TIMEOUT:.0f} s")
         events = self._beat_and_check(now)
         missing = [n for n in range(1, len(self.identity.nodes)) if n not in self.ever_joined]
         if missing and not self.join_reported and now >= self.join_deadline:
@@ -77,7 +81,6 @@ class Hub(Endpoint):
                            heard=self.awake(now))
             self.connections[sock.fileno()] = c
             c.send(c.handshake.challenge(), now)
-            self._watch_from(c.opened + HELLO_TIMEOUT)
 
     def _handshake(self, fd, c, message: Message, now: float) -> list:
         """A hello: its proof checked (``handshake``), then its job identity and node index."""

@@ -11,9 +11,8 @@ from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.static.channel import Joined, NeverJoined
-from launcher.nodes.transport.connection import Connection, tune
+from launcher.nodes.transport.connection import RETRY_EVERY, RETRY_REFUSED, Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
-from launcher.nodes.transport.connection import RETRY_EVERY, RETRY_REFUSED
 from launcher.nodes.transport.handshake import Client
 from launcher.nodes.transport.wire import MAX_FRAME
 from launcher.nodes.transport.messages import Hello, Identity, Message, Refusal, Welcome, to_wire

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -121,6 +122,19 @@ class Connection:
     def open(self, body: bytes) -> dict:
         """A body as the message it carries, its seal checked in a session; ProtocolError if not."""
         return decode(self.unseal(body))
+
+
+def dial(host: str, port: int, deadline: float, clock=time.monotonic) -> socket.socket:
+    """A blocking connection to ``host``:``port`` (a node's to a server that may not listen yet), tried every
+    RETRY_EVERY until ``deadline`` on ``clock``, each try bounded by a second; the last try's OSError once no time
+    is left for another."""
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, min(1.0, deadline - clock())))
+        except OSError:
+            if clock() + RETRY_EVERY >= deadline:
+                raise
+            time.sleep(RETRY_EVERY)
 
 
 def keepalive(heartbeat_timeout: float) -> tuple:

@@ -1,14 +1,12 @@
 """The messages of an elastic job's membership, between node 0 and each launcher: a launcher admitted, a round's
 start with its seats and the changes since the round before, the stop of a round's workers and each member's
-answers, a launcher's leaving or being dropped. ``messages`` writes and reads them with the others (``to_wire``, and
-``from_wire`` through ``READERS``): a field of a wrong type reads as None, nothing raises."""
+answers, a launcher's leaving or being dropped. ``messages`` writes and reads them with the others (``to_wire`` and
+``from_wire``): a field of a wrong type reads as None, nothing raises."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Optional
-
-from launcher.nodes.transport.values import as_code, as_flag, as_strict_int, as_text
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
 
 
 @dataclass(frozen=True)
@@ -51,6 +49,28 @@ class Change:
 CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler")
 
 
+def as_members(value) -> Optional[tuple]:
+    """A round's seats: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
+                and all(type(x) is int for x in item[2:])):
+            return None
+    return tuple(Seat(*item) for item in value)
+
+
+def as_changes(value) -> Optional[tuple]:
+    """A round's changes: a list of [id, host, kind, reason] (four texts, the kind one of CHANGE_KINDS)."""
+    if not isinstance(value, list):
+        return None
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(x, str) for x in item)
+                and item[2] in CHANGE_KINDS):
+            return None
+    return tuple(Change(*item) for item in value)
+
+
 @dataclass(frozen=True)
 class RoundStart:
     """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
@@ -58,11 +78,12 @@ class RoundStart:
 
     type: ClassVar[str] = "round"
     number: Optional[int]
-    members: Optional[tuple]  # Seat
+    members: Optional[tuple] = field(metadata={"read": as_members})  # Seat
     world_size: Optional[int]
     restarts: Optional[int]
     text: Optional[str] = None  # the round in one line (membership.describe), for every node's console
-    changes: Optional[tuple] = None  # Change: the membership's since the round before (the event log's)
+    # Change: the membership's since the round before (the event log's)
+    changes: Optional[tuple] = field(default=None, metadata={"read": as_changes})
     why: Optional[str] = None  # what ended the round before: "start", "lost", "joined", "restart"
 
 
@@ -119,39 +140,3 @@ class Dropped:
     type: ClassVar[str] = "dropped"
     code: int  # off the wire: 1 unless an int of 0 to 255
     reason: Optional[str]
-
-
-def as_members(value) -> Optional[tuple]:
-    """A round's seats: a list of [id, host, workers, node_rank, first_rank] (text, text, three ints)."""
-    if not isinstance(value, list):
-        return None
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 5 and all(isinstance(x, str) for x in item[:2])
-                and all(type(x) is int for x in item[2:])):
-            return None
-    return tuple(Seat(*item) for item in value)
-
-
-def as_changes(value) -> Optional[tuple]:
-    """A round's changes: a list of [id, host, kind, reason] (four texts, the kind one of CHANGE_KINDS)."""
-    if not isinstance(value, list):
-        return None
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 4 and all(isinstance(x, str) for x in item)
-                and item[2] in CHANGE_KINDS):
-            return None
-    return tuple(Change(*item) for item in value)
-
-
-READERS: dict[str, Callable[[dict], object]] = {
-    "admitted": lambda m: Admitted(as_flag(m.get("standby"))),
-    "round": lambda m: RoundStart(as_strict_int(m.get("number")), as_members(m.get("members")),
-                                  as_strict_int(m.get("world_size")), as_strict_int(m.get("restarts")),
-                                  as_text(m.get("text")), as_changes(m.get("changes")), as_text(m.get("why"))),
-    "stop_workers": lambda m: StopWorkers(as_strict_int(m.get("round")), as_text(m.get("reason"))),
-    "stopped": lambda m: Stopped(as_strict_int(m.get("round"))),
-    "round_done": lambda m: RoundDone(as_strict_int(m.get("round"))),
-    "round_failed": lambda m: RoundFailed(as_strict_int(m.get("round")), as_code(m.get("code")), as_text(m.get("reason"))),
-    "leaving": lambda m: Leaving(as_text(m.get("reason"))),
-    "dropped": lambda m: Dropped(as_code(m.get("code")), as_text(m.get("reason"))),
-}

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-from launcher.nodes.transport import elastic_messages
 from launcher.nodes.transport.elastic_messages import (Admitted, Change, Dropped, Leaving, RoundDone, RoundFailed,
                                                        RoundStart, Seat, StopWorkers, Stopped)
-from launcher.nodes.transport.values import as_attempt, as_code, as_strict_int, as_text, as_texts
+from launcher.nodes.transport.values import BY_TYPE, as_attempt
 from launcher.plan.policy import Cause
 from launcher.plan.stragglers import STALE, RankTime, valid
 
@@ -102,16 +101,16 @@ class Beat:
 
 @dataclass(frozen=True)
 class Attempt:
-    """What a message about one attempt carries (``Start``'s number strictly an int on the wire, else None)."""
+    """What a message about one attempt carries: its number as node 0 compares it (``values.as_attempt``)."""
 
-    attempt: Optional[int]
+    attempt: Optional[int] = field(metadata={"read": as_attempt})
 
 
 @dataclass(frozen=True)
 class AttemptCause:
     """What a message about one attempt and its cause carries."""
 
-    attempt: Optional[int]
+    attempt: Optional[int] = field(metadata={"read": as_attempt})
     cause: Optional[Cause]
 
 
@@ -143,14 +142,16 @@ class Finish(Attempt):
     type: ClassVar[str] = "finish"
 
 
-class Start(Attempt):
+@dataclass(frozen=True)
+class Start:
     type: ClassVar[str] = "start"
+    attempt: Optional[int]  # strictly an int on the wire, else None
 
 
 @dataclass(frozen=True)
 class End:
     type: ClassVar[str] = "end"
-    attempt: Optional[int]
+    attempt: Optional[int] = field(metadata={"read": as_attempt})
     code: int  # off the wire: 1 unless an int of 0 to 255
     cause: Optional[Cause]
 
@@ -190,7 +191,8 @@ class Speeds:
     every node's, so that each one judges the whole job. A receiver trusts an entry of a node only from that node."""
 
     type: ClassVar[str] = "speeds"
-    nodes: tuple  # NodeSpeed (off the wire, what is not one is left out)
+    # NodeSpeed (off the wire, what is not one is left out: ``read_speeds``, below)
+    nodes: tuple = field(metadata={"read": lambda value: read_speeds(value)})
 
 
 def node_speed(own: Sequence[RankTime], round_: int = 0) -> Optional[NodeSpeed]:
@@ -313,31 +315,15 @@ def as_cause(value) -> Optional[Cause]:
     return Cause.from_dict(value) if value else None
 
 
-def _hello(m: dict) -> Hello:
-    identity = m.get("identity")
-    return Hello(identity if isinstance(identity, dict) else None, m.get("node"), as_text(m.get("nonce")),
-                 m.get("proof"), as_text(m.get("node_id")), as_text(m.get("host")), as_strict_int(m.get("workers")))
+def reader(cls) -> Callable[[dict], Message]:
+    """What reads a ``cls`` off a JSON object: each field by its declared type (``values.BY_TYPE``, and causes), or by
+    the reader its metadata names."""
+    by_type = {**BY_TYPE, "Optional[Cause]": as_cause}
+    read = [(f.name, f.metadata.get("read") or by_type[f.type]) for f in fields(cls)]
+    return lambda m: cls(*(read_field(m.get(name)) for name, read_field in read))
 
 
-READERS: dict[str, Callable[[dict], Message]] = {
-    "challenge": lambda m: Challenge(as_text(m.get("nonce"))),
-    "hello": _hello,
-    "welcome": lambda m: Welcome(as_text(m.get("proof"))),
-    "refused": lambda m: Refusal(as_text(m.get("reason")), as_text(m.get("proof"))),
-    "beat": lambda m: Beat(),
-    "failed": lambda m: Failed(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
-    "report": lambda m: Report(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
-    "trainers_done": lambda m: TrainersDone(as_attempt(m.get("attempt"))),
-    "stop": lambda m: Stop(as_attempt(m.get("attempt")), as_cause(m.get("cause"))),
-    "finish": lambda m: Finish(as_attempt(m.get("attempt"))),
-    "start": lambda m: Start(as_strict_int(m.get("attempt"))),
-    "end": lambda m: End(as_attempt(m.get("attempt")), as_code(m.get("code")), as_cause(m.get("cause"))),
-    **elastic_messages.READERS,
-    "speeds": lambda m: Speeds(read_speeds(m.get("nodes"))),
-    "join": lambda m: Join(as_strict_int(m.get("rank")), as_strict_int(m.get("size")), as_text(m.get("address")),
-                           as_text(m.get("nonce")), as_text(m.get("proof"))),
-    "nodes": lambda m: NodeList(as_texts(m.get("nodes"))),
-}
+READERS: dict[str, Callable[[dict], Message]] = {cls.type: reader(cls) for cls in Message.__args__ if cls is not Unknown}
 
 
 def from_wire(message: dict) -> Message:

@@ -33,3 +33,12 @@ def as_texts(value) -> Optional[list]:
 
 def as_flag(value) -> Optional[bool]:
     return value if isinstance(value, bool) else None
+
+
+def as_object(value) -> Optional[dict]:
+    return value if isinstance(value, dict) else None
+
+
+# how a message's field is read by its declared type (a field may name its own reader: ``read`` in its metadata)
+BY_TYPE = {"Optional[str]": as_text, "Optional[int]": as_strict_int, "int": as_code, "Optional[bool]": as_flag,
+           "Optional[list]": as_texts, "Optional[dict]": as_object, "object": lambda value: value}

@@ -13,15 +13,13 @@ once, each answers), and each counts the other gone when its connection closes o
 from __future__ import annotations
 
 import selectors
-import socket
-import time
 from typing import Optional
 
 from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
                                          StartFailed, StopOrder, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
 from launcher.nodes.transport.auth import TOKEN_VAR
-from launcher.nodes.transport.connection import RETRY_EVERY, Connection
+from launcher.nodes.transport.connection import Connection, dial
 from launcher.nodes.transport.handshake import Client
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -55,7 +53,11 @@ class MemberLink(LinkBase):
         join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard)."""
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
-        sock = _connect(self.spec, self.where, deadline, self.clock)
+        try:
+            sock = dial(self.spec.host, self.spec.port, deadline, self.clock)
+        except OSError as e:
+            raise StartFailed(f"could not reach {self.where} within {rendezvous.join_timeout:g} s (join_timeout; last: "
+                              f"{e.strerror or e}); check that node 0 runs and the endpoint is its address.") from None
         self.conn = Connection(sock, framer=wire.Framer(wire.sized_for(self.spec.max_nodes)))  # a round lists all
         try:
             self.first = self._await_round(deadline + rendezvous.read_timeout)
@@ -102,9 +104,7 @@ class MemberLink(LinkBase):
                     admitted = True
                     if message.standby:
                         log.info("elastic job: this launcher waits as a standby")
-                if isinstance(message, m.RoundStart) and None not in (message.number, message.members,
-                                                                      message.world_size) \
-                        and member(message, self.node_id) is not None:
+                if self._has_me(message):
                     self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
@@ -174,9 +174,6 @@ class MemberLink(LinkBase):
             self.inbox.put(over)
             self.stopping = True
         super().serve()
-
-    def leave(self, code: int, reason: str) -> None:
-        super().leave(code, reason)  # the link's thread tells node 0 (Leaving), then closes the connection
 
     def release(self) -> None:
         if self.selector is not None:
@@ -251,8 +248,7 @@ class MemberLink(LinkBase):
         if isinstance(message, m.Beat):
             self._send(m.Beat())
             self.next_beat = self.clock() + 2 * self.spec.rendezvous.keep_alive_interval
-        elif isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
-                and member(message, self.node_id) is not None:
+        elif self._has_me(message):
             self.inbox.put(message)
         elif isinstance(message, m.Speeds):
             self.inbox.put(SharedSpeeds(message.nodes))
@@ -263,17 +259,11 @@ class MemberLink(LinkBase):
             return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))
         return None
 
+    def _has_me(self, message) -> bool:
+        """Whether ``message`` is a whole round that has this launcher."""
+        return isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
+            and member(message, self.node_id) is not None
+
     def _send(self, message) -> None:
         self.conn.send_within(message)  # if the connection is gone, the read sees it
 
-
-def _connect(spec: ElasticSpec, where: str, deadline: float, clock) -> socket.socket:
-    while True:
-        try:
-            return socket.create_connection((spec.host, spec.port), timeout=max(0.1, min(1.0, deadline - clock())))
-        except OSError as e:
-            if clock() + RETRY_EVERY >= deadline:
-                raise StartFailed(f"could not reach {where} within {spec.rendezvous.join_timeout:g} s (join_timeout; "
-                                  f"last: {e.strerror or e}); check that node 0 runs and the endpoint is its "
-                                  "address.") from None
-            time.sleep(RETRY_EVERY)
