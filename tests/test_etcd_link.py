@@ -1,6 +1,9 @@
 """The etcd link's rare paths, on the in-memory etcd and a fake clock (tests/link_harness.py): etcd that
 stops answering one launcher in the middle of a round, and watches that end when etcd compacts the
-history they were reading. Reached on purpose here, not by luck against a real etcd."""
+history they were reading; a member whose answer breaks off. Reached on purpose here, not by luck against a real
+etcd."""
+
+import pytest
 
 from launcher.nodes.elastic import link as el
 from launcher.nodes.transport import messages as m
@@ -51,3 +54,32 @@ def test_watches_ended_by_a_compaction_are_made_again_and_the_job_goes_on():
         assert lost.node_id not in {s.node_id for s in second.members}
     finally:
         harness.close()
+
+
+def test_a_member_whose_answer_breaks_off_is_a_member_that_gave_none(monkeypatch):
+    """etcd3gw lets requests' own errors through: a member killed in the middle of its answer (ChunkedEncodingError,
+    seen when a three-member cluster lost its leader) made the link fail and the launcher exit 1; it is now a member
+    with no answer: the next one is asked, and none answering is Unavailable (the lease's renewal decides)."""
+    pytest.importorskip("etcd3gw")
+    import requests
+
+    from launcher.nodes.elastic.etcd.client import Etcd3gwClient, Unavailable
+    from launcher.plan.etcd import EtcdSpec
+
+    client = Etcd3gwClient(EtcdSpec((("127.0.0.1", 1), ("127.0.0.1", 2))), timeout=1.0)
+    asked = []
+
+    def post(member, path, body):
+        asked.append(member)
+        if member is client.clients[0]:
+            raise requests.exceptions.ChunkedEncodingError("Response ended prematurely")
+        return {"header": {"revision": 7}}
+
+    monkeypatch.setattr(client, "_post", post)
+    assert client.call("/kv/range", {}) == {"header": {"revision": 7}}
+    assert asked == client.clients and client.current == 1
+    monkeypatch.setattr(client, "_post", lambda member, path, body: (_ for _ in ()).throw(
+        requests.exceptions.ConnectionError("reset while reading")))
+    with pytest.raises(Unavailable, match="its answer broke off"):
+        client.call("/kv/range", {})
+    client.close()

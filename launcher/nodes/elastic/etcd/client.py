@@ -130,12 +130,16 @@ class Etcd3gwClient:
 
     def __init__(self, spec: EtcdSpec, timeout: float) -> None:
         import etcd3gw  # the extra: imported only by a job whose membership is in etcd
+        import requests  # etcd3gw's own transport
 
         for what, path in (("cacert", spec.cacert), ("cert", spec.cert), ("key", spec.key)):
             if path is not None and not os.access(path, os.R_OK):
                 raise LaunchError(f"--rdzv-conf {what}={path} cannot be read; give the path of the PEM file.")
         self.spec, self.timeout, self.lock = spec, timeout, threading.Lock()
         self.errors = etcd3gw.exceptions
+        # what etcd3gw lets through of its transport: a member gone in the middle of its answer (ChunkedEncodingError,
+        # a connection reset while the body is read) is a member that gave no answer, as a refused connection is
+        self.broken = requests.exceptions.RequestException
         self.clients = [etcd3gw.Etcd3Client(host=h, port=p, protocol=spec.protocol, timeout=timeout,
                                             session=_session(spec)) for h, p in spec.endpoints]
         self.current = 0
@@ -195,6 +199,8 @@ class Etcd3gwClient:
             except (self.errors.ConnectionFailedError, self.errors.ConnectionTimeoutError,
                     self.errors.InternalServerError, self.errors.ApiVersionDiscoveryFailedError) as e:
                 last = _detail(e)
+            except self.broken as e:
+                last = f"its answer broke off ({type(e).__name__})"
             except self.errors.Etcd3Exception as e:
                 detail = _detail(e)
                 if "no leader" not in detail and "leader changed" not in detail and "timed out" not in detail:
