@@ -27,6 +27,7 @@ from launcher.nodes.transport.listener import BACKLOG, Listener, bind
 from launcher.output.messages import log
 
 RECV_BYTES = 64 * 1024
+HELLO_WITHIN = 30.0  # seconds a worker's connection may go without its hello (it says it at once)
 OUT_LIMIT = 64 << 20  # bytes waiting for one worker to read them: past this, the worker is let go
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -72,7 +73,8 @@ class WorkerChannel:
         try:
             # its own workers only, one connection each, stay pending (the others are closed at once): all of them may
             # connect at once, however many there are
-            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG)
+            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG,
+                                     hello_within=HELLO_WITHIN)
         except OSError as e:
             log.warning("no local channel to the workers (%s): they are restarted at each round", e.strerror)
 
@@ -97,8 +99,16 @@ class WorkerChannel:
             return self._read(c)
         return []
 
+    def tick(self, now: float) -> None:
+        """Let go of the connections that said no hello within HELLO_WITHIN."""
+        for sock in self.listener.overdue(now) if self.listener is not None else ():
+            c = self.connections.get(sock.fileno())
+            if c is not None:
+                self._drop(c, f"it said no hello within {HELLO_WITHIN:g} s")
+
     def next_deadline(self) -> Optional[float]:
-        """When the event loop should come back: the end of the listener's pause (out of descriptors)."""
+        """When the event loop should come back: the end of the listener's pause (out of descriptors), the oldest
+        connection's hello deadline."""
         return self.listener.next_deadline() if self.listener is not None else None
 
     def send(self, pid: int, message: dict, fds: tuple = ()) -> bool:
