@@ -160,7 +160,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
     try:
         assert link.first.number == 1
         link.serve()
-        assert link.inbox.take() == [el.StopOrder(1, "node x lost")]
+        assert link.inbox.take() == [m.StopWorkers(1, "node x lost")]
     finally:
         link.close()
         for conn in held:

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
+from launcher.nodes.transport.connection import send_buffered
 from launcher.nodes.transport.listener import BACKLOG, Listener, bind
 from launcher.output.messages import log
 
@@ -32,22 +33,24 @@ OUT_LIMIT = 64 << 20  # bytes waiting for one worker to read them: past this, th
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
-@dataclass(frozen=True)
-class Said:
-    """A worker's message, once it proved the key: ``hello`` (``keep``: it re-enters in place) or ``parked``."""
-
-    pid: int
-    message: dict
-
-
 @dataclass(eq=False)
 class Connection:
+    """A worker's connection: challenged on ``nonce``, welcomed once it proved the key; its bytes in and out."""
+
     sock: socket.socket
     pid: int
     nonce: str
     welcomed: bool = False
     into: bytearray = field(default_factory=bytearray)
     out: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A worker's message, once it proved the key: ``hello`` (``keep``: it re-enters in place) or ``parked``."""
+
+    pid: int
+    message: dict
 
 
 class WorkerChannel:
@@ -222,15 +225,8 @@ class WorkerChannel:
         return [Said(c.pid, message)] if c.pid in self.by_pid else []
 
     def _flush(self, c: Connection) -> None:
-        while c.out:
-            try:
-                sent = c.sock.send(c.out)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._close(c)
-                return
-            del c.out[:sent]
+        if not send_buffered(c.sock, c.out):
+            self._close(c)
 
     def _drop(self, c: Connection, why: str) -> None:
         log.warning("local channel: process %d let go: %s", c.pid, why)

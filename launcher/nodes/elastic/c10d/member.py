@@ -16,8 +16,7 @@ import selectors
 import time
 from typing import Optional
 
-from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
-                                         StartFailed, StopOrder, member, own_id, place_in)
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, StartFailed, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
 from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial
@@ -284,9 +283,9 @@ class MemberLink(LinkBase):
         elif self._has_me(message):
             self.inbox.put(message)
         elif isinstance(message, m.Speeds):
-            self.inbox.put(SharedSpeeds(message.nodes))
+            self.inbox.put(message)
         elif isinstance(message, m.StopWorkers) and message.round is not None:
-            self.inbox.put(StopOrder(message.round, message.reason or "node 0 re-forms the job"))
+            self.inbox.put(m.StopWorkers(message.round, message.reason or "node 0 re-forms the job"))
         elif isinstance(message, (m.Dropped, m.Refusal)):
             code = message.code if isinstance(message, m.Dropped) else 1
             return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))
