@@ -50,16 +50,17 @@ KNOWN_KEYS = tuple(sorted([*SETTING, *ALIASES, *FLAGS]))
 # ---------------------------------------------------------------- the three command lines
 
 
-def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
+def from_torchrun(values: Mapping, env: Optional[Mapping] = None, by_arrival: bool = False) -> ElasticSpec:
     """torchrun's options (``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``,
-    ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
+    ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``); ``by_arrival``: a fixed count whose
+    nodes take their ranks in the order they arrive (torchrun's own recipe, no node rank), an elastic job of N:N."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")  # a NodeRange from the command line
     row = eb.backend_named(_given(values, "rdzv_backend") or eb.FIXED.name)
     conf, own_conf = eb.split_conf(_given(values, "rdzv_conf"), row)
     rendezvous = parse_rdzv_conf(conf)
     spec = ElasticSpec(low, high, row.name, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
                        max_restarts=_restarts(values.get("max_restarts"), "--max-restarts"))
-    if not spec.elastic:
+    if not (spec.elastic or by_arrival):
         return spec
     if not row.elastic:
         raise LaunchError(f"--nnodes {low}:{high} with --rdzv-backend {row.name}: a {row.name} rendezvous has a fixed "
@@ -70,10 +71,11 @@ def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec
     return _placed(row, row.endpoint_module().from_torchrun(spec, _given(values, "rdzv_endpoint"), own_conf, env or {}))
 
 
-def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
+def from_paddle3(values: Mapping, env: Optional[Mapping] = None, by_arrival: bool = False) -> ElasticSpec:
     """Paddle 3.x's options (``nnodes``, ``master``, ``job_id``, ``elastic_level``, ``elastic_timeout``,
     ``max_restart``, ``rank``, ``ips``); ``--max_restart`` not given is 0, as for a fixed job here (Paddle's
-    own default is 3)."""
+    own default is 3); ``by_arrival``: ``--nnodes N`` around ``--master IP:PORT`` with no rank (Paddle's own recipe),
+    an elastic job of N:N whose nodes take their ranks in the order they arrive."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
     master = _given(values, "master")
     url_row = eb.for_url(master)  # --master SCHEME://... names the backend; IP:PORT is node 0's
@@ -83,11 +85,11 @@ def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     if timeout is not None:
         rendezvous = replace(rendezvous, last_call_timeout=_seconds(str(timeout), SETTING["last_call_timeout"],
                                                                     f"--elastic_timeout {timeout}", "--elastic_timeout "))
-    row = url_row or (eb.RANGE if low < high else eb.FIXED)
+    row = url_row or (eb.RANGE if low < high or by_arrival else eb.FIXED)
     spec = ElasticSpec(low, high, row.name, job_id=_given(values, "job_id"),
                        rendezvous=rendezvous, max_restarts=_restarts(values.get("max_restart"), "--max_restart"),
                        failed_node_leaves=level == 0)
-    if not spec.elastic:
+    if not (spec.elastic or by_arrival):
         return spec
     _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
     hosts = _node_hosts(values, "ips", "--ips", low, high)
