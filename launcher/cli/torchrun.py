@@ -6,7 +6,9 @@ command line (launcher.cli.paddle): it is torchrun's unless Paddle's options nam
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
 Paddle's check of the nodes found. The others are the table's rows of torchrun's alone (``own_names``);
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint
-into a cluster of fixed size (gathered from node 0 when there are several), ``--redirects``, ``--tee``
+into a cluster of fixed size (gathered from node 0 when there are several), or, for ``--nnodes MIN:MAX`` and for
+PyTorch's own recipe (a count at a c10d rendezvous with no node rank), into an elastic job whose nodes take their
+ranks in the order they arrive, ``--redirects``, ``--tee``
 and ``--local-ranks-filter`` into where each worker's streams go (launcher.plan.streams), the rest into
 nothing (the launcher already does what they ask, or has no such choice).
 """
