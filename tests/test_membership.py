@@ -610,3 +610,13 @@ def test_each_way_a_member_goes_has_its_kind_in_the_round_s_changes(reason, kind
 
     round_ = Round(3, (), 2, "lost", joined=(N1,), left=((N2, reason),))
     assert round_start(round_).changes == (Change(N2.node_id, N2.host, kind, reason), Change(N1.node_id, N1.host, "joined", ""))
+
+
+def test_a_fixed_count_formed_by_arrival_waits_for_n_and_names_the_count_as_given():
+    """torchrun's recipe (--nnodes 2, no node rank) is 2:2: it starts with 2 at once, and without them gives up."""
+    h = History(spec(2, 2))
+    [admit, start] = h.at(0.5, join(N1))
+    assert admit == Admit("n1") and ranks(start.round) == [("n0", 0, 0), ("n1", 1, 2)]  # MAX: no last call
+    alone = History(spec(2, 2))
+    [end] = alone.at(JOIN, TimePassed())
+    assert end.reason == "only 1 node(s) joined within 60 s (join_timeout), 2 needed (--nnodes 2)"

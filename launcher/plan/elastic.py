@@ -37,7 +37,7 @@ from launcher import addresses
 from launcher.errors import LaunchError
 from launcher.plan import elastic_backends as eb
 from launcher.plan.elastic_backends import Backend
-from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting
+from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting, count_text
 from launcher.plan.parsing import DIGITS, INTEGER, node_range, parse_node_list
 
 ELASTIC_LEVELS = (-1, 0, 1)
@@ -266,7 +266,7 @@ def _no_node_rank(values: Mapping, name: str, option: str, low: int, high: int, 
     value = _given(values, name)
     if value is not None and str(value).strip() != unset:
         raise LaunchError(f"{option} {value} fixes this node's rank, but the ranks of an elastic job (--nnodes "
-                          f"{_count(low, high)}) come from the order the nodes join; drop {option}.")
+                          f"{count_text(low, high)}) come from the order the nodes join; drop {option}.")
 
 
 def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) -> tuple:
@@ -276,14 +276,9 @@ def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) ->
         return ()
     hosts = parse_node_list(str(text), option)
     if len(hosts) != high:
-        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {_count(low, high)} lets {high} "
+        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {count_text(low, high)} lets {high} "
                           f"join; give all {high} addresses, node 0 first, or no {option}.")
     return hosts
-
-
-def _count(low: int, high: int) -> str:
-    """The number of nodes as written: ``N`` (a fixed count: an etcd rendezvous's) or ``MIN:MAX``."""
-    return str(low) if low == high else f"{low}:{high}"
 
 
 def _paddle_master(master, hosts: tuple, low: int, high: int, option: str) -> Tuple[str, Optional[int]]:

@@ -83,7 +83,8 @@ def test_torchruns_recipe_with_no_node_rank_forms_with_ranks_in_the_order_of_arr
     results = in_order(a, [b], lambda: listening(HOST, port))
     assert [code for code, _, _ in results] == [0, 0], results
     check_sizes(records(tmp_path), (1, 1))
-    assert "this launcher is node 0" in results[0][2] and "this launcher is node 1" in results[1][2]
+    assert "this launcher is node 0, waiting for 2 nodes on" in results[0][2]
+    assert "this launcher is node 1" in results[1][2]
     assert "round 1 (start): 2 node(s), world size 2" in results[0][2]
 
 

@@ -329,7 +329,7 @@ def _stop_overdue(state: State, now: float):
 
 def _gave_up(state: State) -> str:
     spec = state.spec
-    wanted = f"{spec.min_nodes} needed (--nnodes {spec.min_nodes}:{spec.max_nodes})"
+    wanted = f"{spec.min_nodes} needed (--nnodes {spec.nodes})"
     waited = f"{spec.rendezvous.join_timeout:g} s (join_timeout)"
     if state.round is None:
         return f"only {len(state.members)} node(s) joined within {waited}, {wanted}"
