@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import WORKERS, assert_all_gone, finish_all, free_ports, listening, read_dumps, start_launcher, wait_for
+from conftest import (WORKERS, assert_all_gone, finish_all, free_ports, listening, read_dumps, read_until, start_launcher,
+                      wait_for)
 from etcd_servers import etcd  # noqa: F401 - the fixture
 
 WORKER = str(WORKERS / "elastic_worker.py")
@@ -89,13 +90,24 @@ def test_torchruns_recipe_with_no_node_rank_forms_with_ranks_in_the_order_of_arr
 
 
 def test_a_launcher_past_n_waits_as_a_standby_and_ends_with_the_job(tmp_path):
+    """The workers hold (elastic_worker.py's ``hold``) until node 0 said the third launcher waits as a standby: a
+    launcher that came after the job's end would wait for a job of its own."""
     port = free_ports(6)
-    args = torchrun_recipe(port, tmp_path)
-    results = in_order(args, [args, args], lambda: listening(HOST, port))
+    args = (*torchrun_recipe(port, tmp_path), "hold")
+    procs = [start_launcher(*args)]
+    try:
+        wait_for(lambda: listening(HOST, port) or procs[0].poll() is not None, 60, what="node A to listen")
+        procs += [start_launcher(*args) for _ in range(2)]
+        said = read_until(procs[0], "waits as a standby: the job has its 2 nodes", timeout=90)
+        (tmp_path / "go").touch()
+        results = finish_all(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     assert [code for code, _, _ in results] == [0, 0, 0], results
     check_sizes(records(tmp_path), (1, 1))
-    errs = "".join(err for _, _, err in results)
-    assert errs.count("waits as a standby: the job has its 2 nodes") == 1, errs
+    assert (said + results[0][2]).count("waits as a standby") == 1
 
 
 def test_paddles_recipe_master_and_nnodes_with_no_rank_forms(tmp_path):
