@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("workers_without_torch")
 TORCHRUN_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                   "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT",
                   "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-                  "TORCH_NCCL_ASYNC_ERROR_HANDLING", "is_torchelastic_launched")
+                  "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
 def records(folder) -> list:
@@ -155,8 +155,8 @@ def torchrun_agents(port, folder, sizes) -> list:
     return read_dumps(folder, sum(sizes))
 
 
-@pytest.mark.real_torch
 def test_nodes_of_different_sizes_get_what_torchruns_own_agents_give_rank_by_rank(tmp_path):
+    """The workers dump their variables without importing torch (WORKER_GROUP=store), under either launcher."""
     sizes = (1, 2)
     (tmp_path / "torchrun").mkdir()
     (tmp_path / "ours").mkdir()
