@@ -101,7 +101,8 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
 
     def round_plan(round_, check: Callable = lambda *_: None):
         place = elastic_link.place_in(round_, link.node_id)
-        return plan_for(request.for_round(place.hosts, place.node_rank), check, round_)
+        workers = tuple(seat.workers for seat in elastic_link.members(round_))
+        return plan_for(request.for_round(place.hosts, place.node_rank, workers), check, round_)
 
     plan = round_plan(link.first, preflight.check)
     reserved = preflight.reserve_store_port(plan)

@@ -58,6 +58,7 @@ class LaunchOptions:
     nnodes: Optional[int] = None
     node_rank: Optional[int] = None  # also Paddle's --rank with --cluster_node_ips; None: not given
     master_addr: Optional[str] = None
+    node_workers: tuple = ()  # an elastic round's: each node's number of workers, by node rank; (): this node's on each
     stream_choice: Optional[StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # torchrun 2.13's options (launcher.cli wires them; their text is read by launcher.plan.torchrun_values)
     virtual_local_rank: bool = False  # every worker LOCAL_RANK=0, a GPU worker seeing only its own GPU

@@ -74,8 +74,8 @@ class Keeper(LinkBase):
 
     def first_round(self) -> Optional[m.RoundStart]:
         """Serve until round 1 starts (its RoundStart) or cannot (None; ``failed_start`` says why)."""
-        log.info("elastic job: this launcher is node 0, waiting for %d to %d nodes on %s:%d",
-                 self.spec.min_nodes, self.spec.max_nodes, self.spec.host, self.spec.port)
+        log.info("elastic job: this launcher is node 0, waiting for %s nodes on %s:%d",
+                 self.spec.nodes.replace(":", " to "), self.spec.host, self.spec.port)
         while self.first is None and self.failed_start is None:
             self.serve_once()
         if self.failed_start is not None:
