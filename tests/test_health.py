@@ -195,6 +195,18 @@ def test_ports_the_launcher_itself_holds_or_has_reserved_pass(tmp_path):
             reserved.close()
 
 
+def test_a_port_held_by_a_child_of_the_launcher_its_worker_passes(tmp_path):
+    port = free_port()
+    code = "import socket, sys, time\ns = socket.socket()\ns.bind(('127.0.0.1', int(sys.argv[1])))\ns.listen()\ntime.sleep(600)"
+    worker = subprocess.Popen([sys.executable, "-c", code, str(port)])
+    try:
+        wait_for(lambda: listening("127.0.0.1", port), 30, "the worker to listen")
+        assert found(only("ports"), subject(tmp_path, ports=(port,)))["ports"] == Finding("ports", OK)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 # ---------------------------------------------------------------- the user's check
 
 
@@ -231,6 +243,17 @@ def test_a_hanging_user_check_fails_naming_the_timeout_and_its_whole_group_is_ki
     assert time.monotonic() - start < 60  # a bound for a hang, not a timing
     grandchild = int(pids.read_text())
     wait_for(lambda: not alive(grandchild), 20, "the check's background sleep to be killed")
+
+
+def test_what_a_user_check_leaves_running_is_killed_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    assert user(tmp_path, f"sleep 600 > /dev/null & echo $! > {pids}; echo done").state == OK
+    wait_for(lambda: not alive(int(pids.read_text())), 20, "what the check left running to be killed")
+
+
+def test_a_user_check_that_says_a_lot_is_read_to_its_last_line(tmp_path):
+    reason = user(tmp_path, "yes 'a line of output' | head -c 3000000; echo; echo the end; exit 1").reason
+    assert reason == "the end (--health_check exited with 1)"
 
 
 def test_a_user_check_that_cannot_start_fails(tmp_path):

@@ -24,9 +24,9 @@ DAEMONS = ("nvidia-persiste", "nv-hostengine", "nvidia-smi", "dcgm", "nv-fabricm
 RECOVERY = "NVML_GPU_RECOVERY_ACTION_"  # pynvml's names of the recovery actions: NONE, GPU_RESET, NODE_REBOOT, ...
 
 
-def probes(subject: Subject, own: frozenset, places, stack: ExitStack) -> dict:
-    """The GPU checks of ``subject`` by name, sharing one NVML session that ``stack`` closes. ``own``: the job's
-    processes; ``places``: where sysfs, procfs and the device files are (launcher.host.health.Places)."""
+def probes(subject: Subject, own: Callable[[int], bool], places, stack: ExitStack) -> dict:
+    """The GPU checks of ``subject`` by name, sharing one NVML session that ``stack`` closes. ``own``: whether a pid
+    is the job's own; ``places``: where sysfs, procfs and the device files are (launcher.host.health.Places)."""
     nvml = Session()
     stack.callback(nvml.close)
     return {GPUS: lambda: check_gpus(subject.gpus, own, places, nvml),
@@ -68,9 +68,8 @@ def _start() -> tuple:
 # ---------------------------------------------------------------- gpus
 
 
-def check_gpus(gpus: tuple, own: frozenset, places, nvml: Session) -> Finding:
+def check_gpus(gpus: tuple, own: Callable[[int], bool], places, nvml: Session) -> Finding:
     module, _ = nvml.get()
-    own = own | preflight.descendants()  # warm workers, and the workers of a job that runs: this launcher's
     if module is None:
         visible = preflight.count_gpus(places.proc, places.dev) or 0
         if visible < len(gpus):
@@ -97,21 +96,21 @@ def _handle(nvml, gpu: str):
     return nvml.nvmlDeviceGetHandleByIndex(int(gpu)) if gpu.isdigit() else nvml.nvmlDeviceGetHandleByUUID(gpu)
 
 
-def _held_by_nvml(nvml, handles: dict, own: frozenset):
-    """(GPU, pid) of the first process outside ``own`` that NVML sees computing on one of the GPUs, or None."""
+def _held_by_nvml(nvml, handles: dict, own: Callable[[int], bool]):
+    """(GPU, pid) of the first process not the job's own that NVML sees computing on one of the GPUs, or None."""
     for gpu, handle in handles.items():
         for process in _ask(nvml, "nvmlDeviceGetComputeRunningProcesses", handle) or ():
-            if process.pid not in own:
+            if not own(process.pid):
                 return gpu, process.pid
     return None
 
 
-def _held_by_files(gpus: tuple, own: frozenset, proc: str):
-    """(GPU, pid) of the first process outside ``own`` with one of the GPUs' device files open, or None; only
+def _held_by_files(gpus: tuple, own: Callable[[int], bool], proc: str):
+    """(GPU, pid) of the first process not the job's own with one of the GPUs' device files open, or None; only
     processes whose /proc/PID/fd can be read (all, as root)."""
     wanted = {f"/dev/nvidia{int(g)}": g for g in gpus if g.isdigit()}
     try:
-        pids = [int(p) for p in os.listdir(proc) if p.isdigit() and int(p) not in own]
+        pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
     except OSError:
         return None
     for pid in pids:
@@ -121,7 +120,7 @@ def _held_by_files(gpus: tuple, own: frozenset, proc: str):
         except OSError:
             continue
         taken = sorted(wanted[t] for t in targets & wanted.keys())
-        if taken and not _daemon(proc, pid):
+        if taken and not _daemon(proc, pid) and not own(pid):
             return taken[0], pid
     return None
 

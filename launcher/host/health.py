@@ -31,6 +31,8 @@ from launcher.plan.health import (CHECKS, DISK, FAILED, INFINIBAND, OK, PORTS, S
 from launcher.plan.model import HostFacts, LaunchOptions, Plan
 
 REASON_CHARS = 300  # of the user's check's last line: a reason, not a log
+TAIL_BYTES = 1 << 16  # of the user's check's output, kept to find its last line
+READ_AFTER_EXIT = 5.0  # seconds its output is read after its group is killed (a pipe held elsewhere: no longer)
 ASK_TIMEOUT = 30.0  # seconds another interpreter may take to say its versions
 
 
@@ -66,7 +68,7 @@ def facts_of(subject: Subject, clock: Callable[[], float] = time.time) -> Facts:
 def findings(settings: HealthSettings, subject: Subject, job_pids: Iterable[int] = (),
              places: Places = PLACES) -> tuple:
     """What this node's own checks found, in the order of CHECKS (those compared with node 0's are not here)."""
-    own = frozenset((os.getpid(), *job_pids))
+    own = Own(frozenset((os.getpid(), *job_pids)))
     probes = {DISK: lambda: check_disk(subject, settings.disk_floor),
               SHM: lambda: check_shm(subject, settings, places.shm),
               PORTS: lambda: check_ports(subject, own),
@@ -159,14 +161,34 @@ def size(n: int) -> str:
 # ---------------------------------------------------------------- ports
 
 
-def check_ports(subject: Subject, own: frozenset) -> Finding:
+class Own:
+    """Whether a process is the job's own: this launcher, the job's processes given, or any of the launcher's
+    descendants (its workers, warm or running), looked up only when a process holds something."""
+
+    def __init__(self, pids: frozenset) -> None:
+        self.pids, self.descendants = pids, None
+
+    def __call__(self, pid: int) -> bool:
+        if pid in self.pids:
+            return True
+        if self.descendants is None:
+            import psutil
+
+            try:
+                self.descendants = frozenset(p.pid for p in psutil.Process().children(recursive=True))
+            except psutil.Error:
+                self.descendants = frozenset()
+        return pid in self.descendants
+
+
+def check_ports(subject: Subject, own: Callable[[int], bool]) -> Finding:
     """The workers' ports free on the node's address; one held by this launcher or the job's own workers is theirs."""
     for port in subject.ports:
         error = preflight.port_taken(subject.host, port)
         if error is None:
             continue
         holder = preflight.port_holder(port)
-        if holder is not None and holder[0] in own | preflight.descendants():
+        if holder is not None and own(holder[0]):
             continue
         who = f" by pid {holder[0]} ({holder[1]})" if holder else ""
         return Finding(PORTS, FAILED, f"port {port} of its workers on {subject.host} is already in use{who} ({error})")
@@ -177,36 +199,50 @@ def check_ports(subject: Subject, own: frozenset) -> Finding:
 
 
 def run_user_check(command: Optional[str], timeout: float, workdir: str) -> Finding:
-    """--health_check: ``command`` run by a shell in a session of its own, for at most ``timeout`` seconds (then its
-    whole process group is killed); exit 0 is healthy, else its last line of output is the reason."""
+    """--health_check: ``command`` run by a shell in a session of its own, for at most ``timeout`` seconds; its whole
+    process group is killed when it ends or times out (nothing of it outlives the check). Exit 0 is healthy, else
+    the last line of its output (of which only the last TAIL_BYTES are kept) is the reason."""
     import subprocess
+    import threading
 
     try:
         proc = subprocess.Popen(["/bin/sh", "-c", command or ""], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd=workdir or None, start_new_session=True)
     except OSError as e:
         return Finding(USER, FAILED, f"--health_check could not start ({e.strerror or e})")
+    tail = bytearray()
+    reader = threading.Thread(target=_keep_tail, args=(proc.stdout, tail), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
         return Finding(USER, FAILED, f"--health_check did not end within {timeout:g} s (--health_check_timeout), and "
                                      "was stopped")
+    finally:
+        _kill_group(proc)
+        reader.join(READ_AFTER_EXIT)
     if proc.returncode == 0:
         return Finding(USER, OK)
     how = (f"was killed by {_signal_name(-proc.returncode)}" if proc.returncode < 0
            else f"exited with {proc.returncode}")
-    line = last_line(out)
+    line = last_line(bytes(tail))
     return Finding(USER, FAILED, f"{line} (--health_check {how})" if line else f"--health_check {how}, saying nothing")
 
 
+def _keep_tail(stream, tail: bytearray) -> None:
+    """Reads ``stream`` to its end, keeping its last TAIL_BYTES in ``tail``."""
+    with stream:
+        for chunk in iter(lambda: stream.read1(TAIL_BYTES), b""):
+            tail += chunk
+            del tail[:-TAIL_BYTES]
+
+
 def _kill_group(proc) -> None:
-    """The check's whole process group killed, and the check reaped (its output left unread)."""
+    """The check's whole process group killed (what it left running too), and the check reaped."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
-    proc.stdout.close()
     proc.wait()
 
 

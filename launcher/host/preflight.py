@@ -377,16 +377,6 @@ def port_holder(port: int):
     return None
 
 
-def descendants() -> frozenset:
-    """The pids of this launcher's children, theirs, and so on (its workers)."""
-    import psutil
-
-    try:
-        return frozenset(p.pid for p in psutil.Process().children(recursive=True))
-    except psutil.Error:
-        return frozenset()
-
-
 def command_of(pid: int) -> str:
     """A process's command line in one line of at most 200 characters (its name where that is empty), '?' where it
     cannot be read."""
