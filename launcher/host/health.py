@@ -191,7 +191,8 @@ def check_ports(subject: Subject, own: Callable[[int], bool]) -> Finding:
         if holder is not None and own(holder[0]):
             continue
         who = f" by pid {holder[0]} ({holder[1]})" if holder else ""
-        return Finding(PORTS, FAILED, f"port {port} of its workers on {subject.host} is already in use{who} ({error})")
+        return Finding(PORTS, FAILED, f"port {port} of its workers on {subject.host} is already in use{who} "
+                                      f"({error.strerror or error})")
     return Finding(PORTS, OK)
 
 

@@ -193,22 +193,12 @@ def check_monitor(host: str, port: int) -> None:
     except ImportError:
         raise LaunchError("--monitor_port needs prometheus_client: pip install 'launcher[monitor]' "
                           "(or pip install prometheus_client).") from None
-    monitor_listener(host, port).close()
+    _check_port(host, port, lambda e: monitor_refused(host, port, e))
 
 
-def monitor_listener(host: str, port: int) -> socket.socket:
-    """The monitor's listening socket on ``host``:``port`` (non-blocking); LaunchError in one sentence when it cannot be
-    had. The check above takes one and lets it go; the monitor takes the one it serves on."""
-    s = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(128)
-    except OSError as e:
-        s.close()
-        raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
-                          "or 0 for any.") from None
-    return s
+def monitor_refused(host: str, port: int, e: OSError) -> LaunchError:
+    return LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
+                       "or 0 for any.")
 
 
 ELF_MAGIC = b"\x7fELF"
@@ -326,17 +316,21 @@ def _family(ip: str) -> int:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
-def _check_port(ip: str, port: int) -> None:
+def _check_port(ip: str, port: int, refused=None) -> None:
+    """``port`` can be bound on ``ip``; else LaunchError (``refused(e)``'s, or one naming the holder)."""
     error = port_taken(ip, port)
-    if error is not None:
-        holder = _port_holder(port)
-        who = f" by {holder}" if holder else ""
-        raise LaunchError(f"port {port} on {ip} is already in use{who} ({error}); stop that process or choose another --started_port.")
+    if error is None:
+        return
+    if refused is not None:
+        raise refused(error)
+    holder = _port_holder(port)
+    who = f" by {holder}" if holder else ""
+    raise LaunchError(f"port {port} on {ip} is already in use{who} ({error.strerror}); stop that process or choose another --started_port.")
 
 
 def port_taken(ip: str, port: int):
-    """Why ``port`` cannot be bound on ``ip`` now (the error's words), or None when it can: a bind with SO_REUSEADDR,
-    as a store's, so a port in TIME_WAIT or held by ``reserve_port`` is free."""
+    """The error a bind of ``port`` on ``ip`` meets now (an OSError), or None when it can be bound: a bind with
+    SO_REUSEADDR, as a store's, so a port in TIME_WAIT or held by ``reserve_port`` is free."""
     addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
@@ -344,7 +338,7 @@ def port_taken(ip: str, port: int):
         s.bind((addresses[0], port))
         return None
     except OSError as e:
-        return e.strerror or str(e)
+        return e
     finally:
         s.close()
 
