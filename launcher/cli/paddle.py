@@ -67,7 +67,7 @@ def _by_arrival(values: dict, given, env) -> bool:
     at node 0, an elastic job of N:N (launchers past N wait as standbys)."""
     from launcher.plan.clusters import registry
 
-    listed = any(given(name) for name in ("ips", "cluster_node_ips", "use_paddlecloud"))
+    listed = any(given(row.name) for row in table.rows(tag=table.LISTS_NODES))
     ranked = given("rank") and str(values.get("rank")).strip() != "-1"
     return (given("master") and values["nnodes"].low > 1 and not listed and not ranked
             and values.get("cluster_env") in (None, "auto") and not registry.scheduler_found(env))

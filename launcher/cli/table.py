@@ -40,6 +40,7 @@ GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROU
 
 # what the code asks of a row by its tag (Row.tags), never by a list of names of its own
 NAMES_NODES = "names the nodes"  # torchrun's and Paddle's ways of naming the nodes, which may not be mixed
+LISTS_NODES = "lists the nodes"  # given, the nodes are listed: they do not take their ranks in order of arrival
 KUBEFLOW_NODES = "Kubeflow's"  # its PET_* variable in a job of fixed size is the Kubeflow cluster source's
 PARAMETER_SERVERS = "parameter servers"  # given, it asks for a parameter-server job
 FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
@@ -159,7 +160,8 @@ ROWS = (
           click={"type": CpuList(), "metavar": "CPUS"}),
     # ---------------------------------------------------------------- the nodes
     _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
-          tags=(NAMES_NODES,), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
+          tags=(NAMES_NODES, LISTS_NODES), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"},
+          listed=True),
     _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
           click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
     _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
@@ -173,7 +175,7 @@ ROWS = (
           "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
           "alone.", click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
     _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
-          tags=(NAMES_NODES,), click={"is_flag": True, "default": False}),
+          tags=(NAMES_NODES, LISTS_NODES), click={"is_flag": True, "default": False}),
     _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
           "also to gather the node list). Default: the first worker port minus one.",
           click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
@@ -300,7 +302,7 @@ ROWS = (
     _paddle("devices", "GPU ids, as --selected_gpus.", (PADDLE3, FLEETRUN), ALIAS, aliases=("gpus",),
             maps_to="selected_gpus", click={"metavar": "IDS"}, listed=True),
     _paddle("ips", "every node's address, as --cluster_node_ips.", (PADDLE3, FLEETRUN), ALIAS,
-            maps_to="cluster_node_ips", tags=(NAMES_NODES,), click={"metavar": "IPS"}, listed=True),
+            maps_to="cluster_node_ips", tags=(NAMES_NODES, LISTS_NODES), click={"metavar": "IPS"}, listed=True),
     _paddle("host", "this node's address, as --node_ip.", (PADDLE3, FLEETRUN), ALIAS, maps_to="node_ip",
             tags=(NAMES_NODES,), click={"metavar": "IP"}),
     _paddle("rank", "this node's rank, its place in --ips or --cluster_node_ips (-1: found from --host); needed where "
