@@ -114,7 +114,7 @@ def server():
     channel.close()
 
 
-def pump(server, until, seconds=10.0) -> list:
+def pump(server, until, seconds=2 * WAIT) -> list:
     """Run the server's turns, as the launcher's event loop does, until ``until(said)`` holds; every Said."""
     said, deadline = [], time.monotonic() + seconds
     while not until(said):
