@@ -23,6 +23,8 @@ INPROCESS = str(WORKERS / "inprocess_train.py")  # re-enters in place (launcher.
 SPARES = 3  # standbys past MAX
 # short join and read timeouts: a standby waits past them (etcd's bounded its wait by them, then ended it)
 CONF = "heartbeat_timeout=3,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=4,read_timeout=1"
+# a warm worker has join_timeout to wait ready in elastic.run: import torch takes more than 4 s on a loaded machine
+WARM_CONF = "heartbeat_timeout=3,keep_alive_interval=0.5,last_call_timeout=60,join_timeout=120"
 
 
 class Launchers:
@@ -31,6 +33,7 @@ class Launchers:
     def __init__(self, folder, backend: str, endpoint, nnodes: str = "1:2") -> None:
         self.folder, self.backend, self.endpoint, self.nnodes = folder, backend, endpoint, nnodes
         self.procs: list = []
+        self.conf = CONF
         self.started_port = free_ports(8) if backend == "etcd" else None  # every node's: rank 0's store is there
 
     def line(self, node: int, *extra) -> tuple:
@@ -38,7 +41,7 @@ class Launchers:
             rendezvous = ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{self.endpoint}")
         else:
             rendezvous = ("--rdzv-backend", "etcd", "--rdzv-endpoint", self.endpoint, "--started_port", self.started_port)
-        return ("--nnodes", self.nnodes, "--nproc-per-node", 1, *rendezvous, "--rdzv-id", "spares", "--rdzv-conf", CONF,
+        return ("--nnodes", self.nnodes, "--nproc-per-node", 1, *rendezvous, "--rdzv-id", "spares", "--rdzv-conf", self.conf,
                 "--log_dir", self.folder / f"node{len(self.procs)}", *extra)
 
     def start(self, *args) -> subprocess.Popen:
@@ -165,6 +168,7 @@ def test_a_warm_standby_is_promoted_with_the_workers_it_held(launchers):
     """A standby started with --warm_start holds its worker while it waits; a member powered off, it takes the place
     in that very process (the pid it held is the one whose steps run at world size 2), and the survivor keeps its
     own."""
+    launchers.conf = WARM_CONF
     for _ in range(2):
         launchers.start(INPROCESS, launchers.folder)
     launchers.wait(lambda: all(any(s["world"] == "2" for s in steps(launchers, n)) for n in (0, 1)), "a round of 2")
