@@ -23,6 +23,7 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 MKL_NUM_THREADS = "MKL_NUM_THREADS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_IB_HCA = "NCCL_IB_HCA"  # the InfiniBand devices NCCL uses (read by the infiniband health check)
 # Where torch's NCCL flight recorder writes its dumps; torch appends the rank.
 FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
 FR_DUMP_TEMP_FILE_OLD = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # its name before torch 2.6

@@ -24,6 +24,8 @@ import secrets
 import socket
 from typing import Optional, Tuple
 
+from launcher.untrusted import json_object
+
 MAX_LINE = 1 << 20  # bytes of one message before the key is proven, or from a worker (a round's env may be longer)
 CHALLENGE, HELLO, WELCOME, STOP, ROUND, PARKED = "challenge", "hello", "welcome", "stop", "round", "parked"
 READY = b"ready\n"  # a warm worker's word on its socket pair once it waits for its first round
@@ -59,13 +61,8 @@ def decode(line: bytes, limit: Optional[int] = MAX_LINE) -> Optional[dict]:
     ``limit``: the longest line taken (None: any, for the launcher's word once it proved the key)."""
     if limit is not None and len(line) > limit:
         return None
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(message, dict) or not isinstance(message.get("t"), str):
-        return None
-    return message
+    message = json_object(line)
+    return message if message is not None and isinstance(message.get("t"), str) else None
 
 
 def round_message(env: dict, fds: int, progress: bool = False) -> dict:

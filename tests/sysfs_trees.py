@@ -184,3 +184,18 @@ def two_cpus(root: Path) -> Path:
 
 
 TREES = {"dgx_h100": dgx_h100, "epyc_nps2": epyc_nps2, "vm_one_gpu": vm_one_gpu, "two_cpus": two_cpus}
+
+
+IB_ACTIVE, IB_DOWN, IB_INIT = "4: ACTIVE", "1: DOWN", "2: INIT"
+PHYS_LINK_UP, PHYS_POLLING, PHYS_DISABLED = "5: LinkUp", "2: Polling", "3: Disabled"
+
+
+def infiniband(root: Path, ports: dict) -> Path:
+    """/sys/class/infiniband as the kernel lays it out: ``ports`` maps (device, port) to (state, phys_state), such as
+    {("mlx5_0", 1): (IB_ACTIVE, PHYS_LINK_UP)}; returns the sysfs root (``root/sys``)."""
+    for (device, port), (state, physical) in ports.items():
+        folder = Path(root) / "sys" / "class" / "infiniband" / device / "ports" / str(port)
+        _put(folder / "state", state)
+        _put(folder / "phys_state", physical)
+        _put(folder / "link_layer", "InfiniBand")
+    return Path(root) / "sys"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from launcher.nodes.transport.auth import Session, fresh_nonce, proof, step_proof
-from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received
+from launcher.nodes.static.channel import Gone, Joined, Received
 from launcher.nodes.transport.connection import tune
 from launcher.nodes.transport.connection import HELLO_TIMEOUT
 from launcher.nodes.transport.listener import MAX_PENDING
@@ -121,10 +121,10 @@ def test_a_wrong_token_is_refused_and_the_right_one_joins():
     hub = Hub(IDENTITY, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=10, token="right")
     wrong = Spoke(IDENTITY, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=1.5, token="wrong")
     try:
-        events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, NeverJoined) for e in ev))
+        events = pump([hub, wrong], 3, until=lambda ev: any(isinstance(e, Gone) and e.kind == "join" for e in ev))
         assert not any(isinstance(e, Joined) for e in events)
         # node 0's refusal cannot prove a token the node does not share: it tries again until the join timeout
-        assert any(isinstance(e, NeverJoined) and "never answered" in e.reason
+        assert any(isinstance(e, Gone) and e.kind == "join" and "never answered" in e.reason
                    and "refused this node (wrong job or job token) without proving the job token" in e.reason
                    for e in events)
     finally:
@@ -159,7 +159,7 @@ def test_silence_is_a_lost_node_after_the_heartbeat_timeout():
     try:
         pump([hub, spoke], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 2)
         events = pump([hub], 120, until=lambda ev: ev)  # the spoke is no longer driven: silent (120 s: a hang guard)
-        assert len(events) == 1 and isinstance(events[0], Lost)
+        assert len(events) == 1 and isinstance(events[0], Gone)
         assert "node 1 (127.0.0.2) lost: no heartbeat for" in events[0].reason
         # not before the timeout: the silence it names is on the hub's own clock, which a busy machine's lag
         # does not count (how soon after the timeout a silent node is found: bench/scale.py, performance.md)
@@ -226,7 +226,7 @@ def test_a_node_of_another_job_is_told_why_and_gives_up_at_once():
     spoke = Spoke(other, 1, "127.0.0.1", port, heartbeat_timeout=3, join_timeout=30, token=None)
     try:
         events = pump([hub, spoke], 120, until=lambda ev: ev)  # 120 s: a hang guard
-        assert len(events) == 1 and isinstance(events[0], NeverJoined)
+        assert len(events) == 1 and isinstance(events[0], Gone) and events[0].kind == "join"
         # at once: on the refusal, not at the join timeout (30 s) after trying again
         assert spoke.gave_up and "never answered" not in events[0].reason
         assert "refused this node: its script is '-u other.py', this job's is '-u train.py'" in events[0].reason
@@ -434,7 +434,7 @@ def test_node_0_proves_the_token_and_a_message_outside_the_session_loses_the_nod
         assert pump([hub], 1, until=lambda ev: ev) == [Received(1, {"type": "report", "attempt": 0})]
         s.sendall(encode({"type": "failed", "attempt": 0, "cause": {"text": "INJECTED"}}))  # not sealed
         events = pump([hub], 1, until=lambda ev: ev)
-        assert len(events) == 1 and isinstance(events[0], Lost), events
+        assert len(events) == 1 and isinstance(events[0], Gone), events
         assert "wrong authentication" in events[0].reason
     finally:
         if s:
@@ -450,7 +450,7 @@ def test_a_hello_replayed_on_a_new_connection_is_refused():
         first, hub_nonce = handshake(hub, port, "right")
         with first:
             assert pump([hub], 1, until=lambda ev: ev) == [Joined(1)]
-        assert isinstance(pump([hub], 1, until=lambda ev: ev)[0], Lost)  # its place is free again
+        assert isinstance(pump([hub], 1, until=lambda ev: ev)[0], Gone)  # its place is free again
         with socket.create_connection(("127.0.0.1", port), timeout=5) as again:
             pump([hub], 0.2)
             assert recv_message(again)["nonce"] != hub_nonce  # a new challenge
@@ -541,7 +541,7 @@ def test_node_0_beats_every_node_at_once_and_each_answers_it():
     try:
         events = pump([hub, *spokes], 5, until=lambda ev: sum(isinstance(e, Joined) for e in ev) == 6)
         assert sum(isinstance(e, Joined) for e in events) == 6
-        assert not [e for e in pump([hub, *spokes], 2.2) if isinstance(e, Lost)]
+        assert not [e for e in pump([hub, *spokes], 2.2) if isinstance(e, Gone)]
         (beat,) = {c.said for c in hub.connections.values()}  # one beat, every node
         for spoke in spokes:  # each said its last word right after that beat: its answer
             assert 0 <= spoke.hub.said - beat < 0.5

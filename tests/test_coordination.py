@@ -13,7 +13,7 @@ import pytest
 
 from launcher.nodes.static import coordinator, follower as follower_module
 from launcher.nodes.transport import messages
-from launcher.nodes.static.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
+from launcher.nodes.static.channel import HubChannel, Gone, Joined, Received, SpokeChannel
 from launcher.nodes.static.coordinator import REPORT_MARGIN, Leader, Solo
 from launcher.nodes.static.follower import Follower
 from launcher.nodes.static.hub import Hub
@@ -140,7 +140,7 @@ def finish(node, *turns, clock: Optional[FakeClock] = None, step: float = 0.0) -
             raise AssertionError("the coordinator waited past the end of the history")
         if clock is not None:
             clock.now += step
-        wire = [e for e in events if isinstance(e, (Joined, Received, Lost, NeverJoined))]
+        wire = [e for e in events if isinstance(e, (Joined, Received, Gone))]
         return [e for e in events if e not in wire] + node.on_events(wire)
 
     return node.finish_attempt(turn)
@@ -195,7 +195,7 @@ def test_a_message_of_an_earlier_attempt_is_not_taken_for_one_of_this_attempt():
 def test_a_lost_node_is_named_in_the_cause_that_every_node_shows():
     node0 = leader(nodes=3, max_restarts=3)
     reason = "node 2 (10.0.0.3) lost: no heartbeat for 6.0 s"
-    assert node0.on_events([Lost(2, reason)]) == [policy.StopOrdered(reason)]
+    assert node0.on_events([Gone((2,), "lost", reason)]) == [policy.StopOrdered(reason)]
     assert node0.cause == Cause(2, "lost", 1, reason)
     # node 2 is not waited for; node 1 reports; a lost node is no cause to restart
     assert finish(node0, [said(1, messages.Report(0, None))]) == ("end", 1)
@@ -303,7 +303,7 @@ def test_a_node_that_never_joined_is_named_and_not_waited_for_when_the_work_is_d
 def test_a_node_that_never_joined_stops_the_job_when_the_join_timeout_passes():
     node0 = leader(nodes=3, joined=[1], max_restarts=3)
     reason = "node 2 (10.0.0.3) never joined within 60 s (node 0 listens on port 7000)"
-    assert node0.on_events([NeverJoined((2,), reason)]) == [policy.StopOrdered(reason)]
+    assert node0.on_events([Gone((2,), "join", reason)]) == [policy.StopOrdered(reason)]
     assert finish(node0, [said(1, messages.Report(0, None))]) == ("end", 1)
     assert node0.channel.sent[-1] == ("all", messages.End(0, 1, Cause(2, "join", 1, reason)))
 
@@ -357,14 +357,14 @@ def test_a_signal_while_a_follower_waits_for_node_0_to_answer_ends_it_with_the_s
 def test_when_node_0_is_lost_a_follower_stops_and_ends_with_code_1():
     node1 = follower()
     reason = "node 0 (10.0.0.1) lost: connection lost (connection closed)"
-    assert node1.on_events([Lost(0, reason)]) == [policy.StopOrdered(reason)]
+    assert node1.on_events([Gone((0,), "lost", reason)]) == [policy.StopOrdered(reason)]
     assert finish(node1) == ("end", 1)
     assert node1.final_cause() == Cause(0, "lost", 1, reason)
 
 
 def test_node_0_lost_while_a_follower_waits_for_its_order():
     node1 = follower()
-    assert finish(node1, [], [], [Lost(0, "node 0 (10.0.0.1) lost: no heartbeat for 6.0 s")]) == ("end", 1)
+    assert finish(node1, [], [], [Gone((0,), "lost", "node 0 (10.0.0.1) lost: no heartbeat for 6.0 s")]) == ("end", 1)
     assert node1.channel.sent == [messages.Report(0, None)]
 
 

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from launcher.nodes.transport import messages as m
 from launcher.nodes.elastic.job import ElasticJob
-from launcher.nodes.elastic.link import Inbox, JobOver, StopOrder
+from launcher.nodes.elastic.link import Inbox, JobOver
+from launcher.nodes.transport.messages import StopWorkers
 from launcher.output import state_file as state
 from launcher.run import attempts
 from launcher.tools import status
@@ -97,7 +98,7 @@ def test_a_membership_change_stops_the_round_and_starts_the_next_with_its_plan_s
         starts.append(rank)
         return Behaviour() if len(starts) <= 2 else Behaviour(runs=1.0)
 
-    code, starter, link, plans = replay(behave, round_(1, 3), react, at=[(1.0, StopOrder(1, "node n2 lost"))])
+    code, starter, link, plans = replay(behave, round_(1, 3), react, at=[(1.0, StopWorkers(1, "node n2 lost"))])
     assert code == 0
     assert link.calls == [("stopped", 1), ("done", 2)] and plans == [2]
     assert [p.attempt for p in starter.started] == [0, 0, 0, 0]  # TORCHELASTIC_RESTART_COUNT stays 0
@@ -108,7 +109,7 @@ def test_a_round_stopped_before_it_began_here_is_reported_stopped_without_starti
     def react(link, call):
         if call == ("stopped", 1):  # node 0's next round, and its stop at once (a loss just after the start)
             link.later(0.1, round_(2, 3))
-            link.later(0.1, StopOrder(2, "node n2 lost"))
+            link.later(0.1, StopWorkers(2, "node n2 lost"))
         if call == ("stopped", 2):
             link.later(0.1, round_(3, 2))
         if call == ("done", 3):
@@ -120,7 +121,7 @@ def test_a_round_stopped_before_it_began_here_is_reported_stopped_without_starti
         starts.append(rank)
         return Behaviour() if len(starts) <= 2 else Behaviour(runs=1.0)
 
-    code, starter, link, plans = replay(behave, round_(1, 3), react, at=[(1.0, StopOrder(1, "node n3 lost"))])
+    code, starter, link, plans = replay(behave, round_(1, 3), react, at=[(1.0, StopWorkers(1, "node n3 lost"))])
     assert code == 0
     assert link.calls == [("stopped", 1), ("stopped", 2), ("done", 3)] and plans == [3]
     assert len(starter.started) == 4  # round 1's two workers and round 3's: none for round 2
@@ -129,7 +130,7 @@ def test_a_round_stopped_before_it_began_here_is_reported_stopped_without_starti
 def test_a_worker_failure_here_is_told_to_node_0_and_its_restart_counts_on_every_worker():
     def react(link, call):
         if call[0] == "failed":
-            link.later(0.1, StopOrder(1, "restarting the job (1 of 1 restarts)"))
+            link.later(0.1, StopWorkers(1, "restarting the job (1 of 1 restarts)"))
         if call == ("stopped", 1):
             link.later(0.1, round_(2, 3, restarts=1))
         if call == ("done", 2):

@@ -347,7 +347,7 @@ def test_a_member_counts_node_0_gone_when_a_forged_order_comes():
         assert link.first.number == 1
         link.serve()
         seen = inbox_until(link.inbox, el.JobOver)
-        assert not any(isinstance(x, el.StopOrder) for x in seen)
+        assert not any(isinstance(x, m.StopWorkers) for x in seen)
         assert "failed the job token's authentication" in seen[-1].reason and seen[-1].code == 1
     finally:
         link.close()
@@ -394,8 +394,8 @@ def test_a_sealed_job_forms_round_1_and_re_forms_round_2_after_a_loss():
         a.serve()
         b.serve()
         b.close()  # lost: node 0 re-forms the job without it
-        assert isinstance(inbox_until(keeper.inbox, el.StopOrder)[-1], el.StopOrder)
-        assert isinstance(inbox_until(a.inbox, el.StopOrder)[-1], el.StopOrder)
+        assert isinstance(inbox_until(keeper.inbox, m.StopWorkers)[-1], m.StopWorkers)
+        assert isinstance(inbox_until(a.inbox, m.StopWorkers)[-1], m.StopWorkers)
         keeper.stopped(1)
         a.stopped(1)
         second = inbox_until(a.inbox, m.RoundStart)[-1]

@@ -160,7 +160,7 @@ def test_what_node_0_sends_with_the_first_round_reaches_the_event_loop():
     try:
         assert link.first.number == 1
         link.serve()
-        assert link.inbox.take() == [el.StopOrder(1, "node x lost")]
+        assert link.inbox.take() == [m.StopWorkers(1, "node x lost")]
     finally:
         link.close()
         for conn in held:
@@ -218,8 +218,10 @@ def test_with_a_job_token_only_a_hello_that_proves_it_joins_and_once():
     assert refusal_of(port) == "wrong job or job token"  # proves nothing
     assert refusal_of(port, token="other") == "wrong job or job token"
     assert refusal_of(port, token="s3cret", proof="0" * 64) == "wrong job or job token"
-    with pytest.raises(el.StartFailed, match="did not take this launcher: wrong job or job token"):
-        joined(spec, "job", 1, "wrong")
+    # node 0's refusal proves the token, which the wrong one cannot check: not obeyed, tried again, then given up
+    with pytest.raises(el.StartFailed, match=r"refused this launcher \(wrong job or job token\) without proving the "
+                                             r"job token \(LAUNCHER_JOB_TOKEN\) until join_timeout"):
+        joined(spec_of(port, low=3, high=3, join_timeout=2.5), "job", 1, "wrong")
     sock = socket.create_connection((HOST, port), timeout=10)
     first, client = say_hello(sock, token="s3cret", node_id="first")  # joins, and stays
     framer, bodies = wire.Framer(), []
@@ -249,9 +251,32 @@ def test_with_a_job_token_a_node_0_that_does_not_prove_it_is_not_joined(proof):
         conn.close()
 
     threading.Thread(target=impostor, daemon=True).start()
-    with pytest.raises(el.StartFailed, match="did not prove the job token"):
-        joined(spec_of(port), "job", 1, "s3cret")
+    with pytest.raises(el.StartFailed, match="welcomed this launcher without proving the job token"):
+        joined(spec_of(port, join_timeout=0.5), "job", 1, "s3cret")
     listener.close()
+
+
+def test_a_refusal_that_proves_nothing_is_not_obeyed_and_the_real_node_0_is_joined():
+    """Whoever answers first on node 0's port with a refusal it cannot prove does not end the joiner: it tries
+    again, and joins the node 0 that proves the job token."""
+    port = free_ports(1)
+    spec = spec_of(port, join_timeout=60)
+    impostor_listener = socket.create_server((HOST, port))
+
+    def impostor_then_node_0():
+        conn, _ = impostor_listener.accept()
+        conn.sendall(wire.encode(m.to_wire(Server("other", "job").challenge())))
+        conn.recv(65536)
+        conn.sendall(wire.encode(m.to_wire(m.Refusal("go away", "0" * 64))))
+        impostor_listener.close()
+        conn.close()
+        threads.append(leading(spec, token="s3cret"))
+
+    threads = []
+    threading.Thread(target=impostor_then_node_0, daemon=True).start()
+    place = joined(spec, "job", 1, "s3cret")
+    threads[0][0].join(10)
+    assert place.node_rank == 1 and threads[0][1] == [el.Place(0, 2, 2, (HOST, HOST), True)]
 
 
 def test_without_a_job_token_a_hello_that_proves_one_is_refused():

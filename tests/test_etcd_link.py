@@ -27,7 +27,7 @@ def test_a_launcher_that_etcd_stops_answering_is_out_and_the_others_re_form():
         over = harness.await_item(cut, el.JobOver)
         assert over.code == 1 and "did not answer" in over.reason and "heartbeat_timeout" in over.reason
         for link in survivors:
-            harness.await_item(link, el.StopOrder, lambda s: s.round == 1)
+            harness.await_item(link, m.StopWorkers, lambda s: s.round == 1)
             link.stopped(1)
         second = harness.await_item(survivors[0], m.RoundStart, lambda r: r.number == 2)
         assert {s.node_id for s in second.members} == {x.node_id for x in survivors}
@@ -48,7 +48,7 @@ def test_watches_ended_by_a_compaction_are_made_again_and_the_job_goes_on():
         harness.crash(lost)
         survivors = [x for x in links if x is not lost]
         for link in survivors:
-            harness.await_item(link, el.StopOrder, lambda s: s.round == 1)
+            harness.await_item(link, m.StopWorkers, lambda s: s.round == 1)
             link.stopped(1)
         second = harness.await_item(survivors[0], m.RoundStart, lambda r: r.number == 2)
         assert lost.node_id not in {s.node_id for s in second.members}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.nodes.static import job
-from launcher.nodes.static.channel import Lost, Received
+from launcher.nodes.static.channel import Gone, Received
 from launcher.nodes.static.follower import Follower
 from launcher.plan import policy
 
@@ -23,7 +23,7 @@ def follower(attempt=0) -> Follower:
 
 
 def finish_with(f: Follower, *messages) -> tuple:
-    turns = iter([[Received(0, m) for m in messages], [Lost(0, "gone")]])
+    turns = iter([[Received(0, m) for m in messages], [Gone((0,), "lost", "gone")]])
     return f.finish_attempt(lambda: f.on_events(next(turns)))
 
 

@@ -111,7 +111,7 @@ def test_the_job_s_rows_come_from_every_peer_that_answers_and_name_the_others(pe
         wait_for(lambda: len(views.latest()) == 3, WAIT, "a round of fetches")
         rows = {row["node"]: row for row in views.latest()}
         assert [w["rank"] for w in rows[1]["workers"]] == [2, 3] and rows[1]["error"] == ""
-        assert "not JSON" in rows[2]["error"]
+        assert "not a JSON object" in rows[2]["error"]
         assert "refused" in rows[3]["error"].lower()
         assert changed.is_set()
     finally:

@@ -25,7 +25,7 @@ MAX_LINES = 400
 # layer: rank (an import must point to a lower or equal rank; equal only within the same layer)
 LAUNCHER_LAYERS = {"cli": 7, "tools": 6, "run": 5, "nodes": 4, "host": 3, "output": 2, "plan": 1, "base": 0}
 WORKER_LAYERS = ("runtime", "fleet", "ps", "transpiler")
-BASE = ("addresses", "envvars", "errors", "local_channel", "progress_page")
+BASE = ("addresses", "envvars", "errors", "local_channel", "progress_page", "untrusted")
 # rooms inside nodes: module prefix -> rank (an import points to a lower rank, or stays in its own room)
 # (each backend's subpackage, named by its row in launcher/plan/elastic_backends.py, is a room of rank 2)
 NODES_ROOMS = {"launcher.nodes.transport": 0, "launcher.nodes.static": 1, "launcher.nodes.elastic": 1,

@@ -62,7 +62,7 @@ def ids(round_):
 def next_round_after_stop(harness, survivors, number, reason_has=""):
     """Each survivor is told to stop round ``number`` and, once all said so, gets round ``number + 1``."""
     for link in survivors:
-        stop = harness.await_item(link, el.StopOrder, lambda s: s.round == number)
+        stop = harness.await_item(link, m.StopWorkers, lambda s: s.round == number)
         assert reason_has in stop.reason
     for link in survivors:
         link.stopped(number)
@@ -97,7 +97,7 @@ def test_a_silent_member_is_lost_after_heartbeat_timeout_and_not_before(backend)
     survivors = [x for x in links if x is not silent]
     harness.silence(silent)
     began = harness.clock()
-    stop = harness.await_item(survivors[0], el.StopOrder, lambda s: s.round == 1)
+    stop = harness.await_item(survivors[0], m.StopWorkers, lambda s: s.round == 1)
     assert harness.clock() - began >= harness.rendezvous.heartbeat_timeout - INTERVAL, stop
     for link in survivors:
         link.stopped(1)
@@ -112,7 +112,7 @@ def test_a_joiner_below_max_re_forms_the_job(backend):
     thread = threading.Thread(target=lambda: late.append(harness.join_late()), daemon=True)
     thread.start()
     for link in links:
-        harness.await_item(link, el.StopOrder, lambda s: s.round == 1)
+        harness.await_item(link, m.StopWorkers, lambda s: s.round == 1)
     for link in links:
         link.stopped(1)
     thread.join(120)
@@ -187,10 +187,10 @@ def test_every_member_gets_every_member_s_speed_of_the_round_and_none_spoken_for
     for x in links:
         x.share_speed(NodeSpeed(seats[x.node_id], "h", 1, 10, (seats[x.node_id], 0.5), (seats[x.node_id], 0.5)))
     for x in links:
-        got = harness.await_item(x, el.SharedSpeeds, lambda s: len(s.entries) == 3)
-        assert {(e.node, e.host, e.round) for e in got.entries} == {(0, "h", 1), (1, "h", 1), (2, "h", 1)}
+        got = harness.await_item(x, m.Speeds, lambda s: len(s.nodes) == 3)
+        assert {(e.node, e.host, e.round) for e in got.nodes} == {(0, "h", 1), (1, "h", 1), (2, "h", 1)}
     assert not any(e.host == "forged" or e.round == 0 for x in links for item in harness.items(x)
-                   if isinstance(item, el.SharedSpeeds) for e in item.entries)
+                   if isinstance(item, m.Speeds) for e in item.nodes)
 
 
 def test_too_few_nodes_within_join_timeout_is_one_sentence(backend):

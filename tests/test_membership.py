@@ -364,15 +364,65 @@ def test_a_lost_standby_is_only_forgotten():
     assert "standby node n3 (10.0.0.4) left: its connection closed" in h.words()
 
 
-def test_a_node_with_another_worker_count_is_refused_and_ranks_stay_contiguous():
+def test_nodes_of_different_sizes_are_admitted_each_first_rank_the_sum_of_the_workers_before_it():
+    """As torchrun's agents assign them: node ranks in order of arrival, global ranks a running sum."""
     h = History(spec(2, 3), keeper=node(0, workers=4))
-    assert h.at(0.1, join(node(1, workers=1))) == [Refuse(
-        "n1", "it runs 1 worker(s) and node 0 runs 4; every node of an elastic job runs the same --nproc_per_node")]
-    first = h.running(0.2, node(1, workers=4), node(2, workers=4))
-    assert ranks(first) == [("n0", 0, 0), ("n1", 1, 4), ("n2", 2, 8)] and first.world_size == 12
+    assert h.at(0.1, join(node(1, workers=1))) == [Admit("n1")]
+    first = h.running(0.2, node(2, workers=3))
+    assert ranks(first) == [("n0", 0, 0), ("n1", 1, 4), ("n2", 2, 5)] and first.world_size == 8
+    assert "round 1 (start): 3 node(s), world size 8" in m.describe(first)
     h.at(1.0, Closed("n1"))
-    [second] = started(h.stopped(1.1, node(0, workers=4), node(2, workers=4)))
-    assert ranks(second) == [("n0", 0, 0), ("n2", 1, 4)] and second.world_size == 8
+    [second] = started(h.stopped(1.1, node(0, workers=4), node(2, workers=3)))
+    assert ranks(second) == [("n0", 0, 0), ("n2", 1, 4)] and second.world_size == 7
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, "2", 2.0, None])
+def test_a_node_with_no_whole_number_of_workers_is_refused(workers):
+    h = History(spec(2, 3))
+    [refusal] = h.at(0.1, join(Node("n1", "10.0.0.2", workers)))
+    assert refusal == Refuse("n1", f"it has {workers!r} workers; a node needs one at least")
+
+
+def full_with_standbys(*standbys: Node) -> History:
+    """A 2:2 job of n0 (2 workers) and n1 (2 workers) running, ``standbys`` waiting in that order."""
+    h = History(spec(2, 2))
+    h.running(0.0, N1)
+    for standby in standbys:
+        assert h.at(1.0, join(standby)) == [Admit(standby.node_id, standby=True)]
+    return h
+
+
+def test_a_lost_members_place_goes_to_the_first_standby_of_its_size_and_every_rank_stays():
+    small, big = node(2, workers=1), node(3, workers=2)
+    h = full_with_standbys(small, big)
+    before = h.state.round
+    h.at(2.0, Closed("n1"))
+    [second] = started(h.stopped(2.1, N0))
+    assert ranks(second) == [("n0", 0, 0), ("n3", 1, 2)] and second.world_size == before.world_size == 4
+    assert h.state.standbys == (small,)  # the one of another size waits on, first in line
+    assert "standby node n3 (10.0.0.4) takes its place" in h.words()[-2]
+
+
+def test_with_no_standby_of_its_size_the_first_standby_joins_last_and_the_ranks_after_move():
+    h = History(spec(3, 3))
+    h.running(0.0, N1, N2)
+    small, smaller = node(3, workers=1), node(4, workers=3)
+    h.at(1.0, join(small), join(smaller))
+    h.at(2.0, Closed("n1"))
+    [second] = started(h.stopped(2.1, N0, N2))
+    assert ranks(second) == [("n0", 0, 0), ("n2", 1, 2), ("n3", 2, 4)] and second.world_size == 5
+    assert h.state.standbys == (smaller,)
+    assert ("node n1 (10.0.0.2) lost: its connection closed; standby node n3 (10.0.0.4) joins last (1 worker(s), "
+            "not 2: the ranks after move)") in h.words()
+
+
+def test_a_fixed_world_size_keeps_with_spares_of_the_nodes_size():
+    """N:N with every launcher's --nproc_per_node the same: any loss is replaced in place, the world size stays."""
+    h = full_with_standbys(node(2), node(3))
+    for now, lost in ((2.0, "n1"), (4.0, "n2")):
+        h.at(now, Closed(lost))
+        [round_] = started(h.stopped(now + 0.1, *(n for n in h.state.members if n.node_id != lost)))
+        assert round_.world_size == 4 and [x.first_rank for x in round_.members] == [0, 2]
 
 
 def test_the_job_ends_with_0_once_every_member_of_the_round_is_done():
@@ -575,3 +625,13 @@ def test_each_way_a_member_goes_has_its_kind_in_the_round_s_changes(reason, kind
 
     round_ = Round(3, (), 2, "lost", joined=(N1,), left=((N2, reason),))
     assert round_start(round_).changes == (Change(N2.node_id, N2.host, kind, reason), Change(N1.node_id, N1.host, "joined", ""))
+
+
+def test_a_fixed_count_formed_by_arrival_waits_for_n_and_names_the_count_as_given():
+    """torchrun's recipe (--nnodes 2, no node rank) is 2:2: it starts with 2 at once, and without them gives up."""
+    h = History(spec(2, 2))
+    [admit, start] = h.at(0.5, join(N1))
+    assert admit == Admit("n1") and ranks(start.round) == [("n0", 0, 0), ("n1", 1, 2)]  # MAX: no last call
+    alone = History(spec(2, 2))
+    [end] = alone.at(JOIN, TimePassed())
+    assert end.reason == "only 1 node(s) joined within 60 s (join_timeout), 2 needed (--nnodes 2)"

@@ -8,7 +8,9 @@ Checked after EVERY ``decide``:
 - each round started: node ranks 0..n-1, global ranks dense from 0 and contiguous per node (first ranks are the
   sums of the workers before), the world size their sum, MIN <= n <= MAX, no id twice, the keeper its node 0
   (c10d; with etcd a keeper that took over keeps the node rank it had), numbers up by exactly 1, ever;
-- no node in two places (members and standbys apart, no id twice), every one with the keeper's workers; a member
+- no node in two places (members and standbys apart, no id twice), each with a whole number of workers of its own
+  (nodes of different sizes are admitted); a member lost while a standby of its size waits has its place taken by
+  the first such standby, at its index (every rank stays); a member
   while a round runs is a member of that round, in its order; ``heard`` is of the nodes known but the keeper;
 - an id becomes known only with an ``Admit`` of its own ``JoinAsked`` (a lost, dropped or refused launcher comes
   back only through a new hello); a node dropped is out; node 0 is never dropped;
@@ -55,7 +57,7 @@ SMALL = st.sampled_from([0.0, 0.0, 0.0, 0.1, 0.5, 1.0, 1.0, 2.0])  # most steps 
 DT = st.one_of(SMALL, SMALL, SMALL, SMALL, st.sampled_from([3.0, 5.0, 10.0, 30.0, 60.0]),
                st.floats(0, 12, allow_nan=False, allow_infinity=False))
 WHO = st.integers(0, 8)  # a known node by its place (8: a stranger)
-JOINS = st.sampled_from(["ok", "ok", "ok", "ok", "wrong_job", "taken", "wrong_workers", "bad_id", "again"])
+JOINS = st.sampled_from(["ok", "ok", "ok", "ok", "wrong_job", "taken", "other_workers", "bad_id", "again"])
 EVERYONE = 255
 KINDS = (["join"] * 6 + ["joins"] * 4 + ["beat"] * 8 + ["time"] * 4 + ["stopped_all"] * 5 + ["stopped"] * 2
          + ["close"] * 3 + ["done"] + ["done_all"] + ["failed"] * 2 + ["ended"] + ["takeover"] * 2)
@@ -150,7 +152,7 @@ class Replay:
         number = state.round.number if state.round else 0
         if kind == "join":
             variant, k = step[2], step[3]
-            node = self.new_node(self.workers + 1 if variant == "wrong_workers" else None,
+            node = self.new_node(self.workers + 1 + k % 2 if variant == "other_workers" else None,
                                  self.who(k % 8) if variant == "taken" else "" if variant == "bad_id"
                                  else self.lost[k % len(self.lost)] if variant == "again" and self.lost else None)
             self.feed(m.JoinAsked(node, "other" if variant == "wrong_job" else JOB))
@@ -209,6 +211,16 @@ class Replay:
         assert self.state.phase == m.ENDED or not self.state.unstopped, self.state.unstopped
         assert m.next_deadline(self.state) is None or m.next_deadline(self.state) > self.now
 
+    @staticmethod
+    def check_promotion(event, before: m.State, after: m.State) -> None:
+        """A member whose connection closed: the first standby of its size, if any, is in its place."""
+        lost = next((n for n in before.members if isinstance(event, m.Closed) and n.node_id == event.node_id), None)
+        if lost is None or lost.node_id == before.keeper or after.phase == m.ENDED:
+            return
+        same = next((n for n in before.standbys if n.workers == lost.workers), None)
+        if same is not None:
+            assert after.members[list(before.members).index(lost)] is same
+
     def check(self, event, before: m.State, after: m.State, actions: tuple) -> None:
         spec, kinds = self.spec, [type(a) for a in actions if not isinstance(a, m.Say)]
         self.state = after
@@ -235,7 +247,8 @@ class Replay:
         assert len(set(known)) == len(known) and len(after.members) <= spec.max_nodes >= len(after.standbys)
         assert all(after.known(n.node_id) is n for n in list(after.members) + list(after.standbys))
         assert len(after.index[2]) == len(known)
-        assert all(n.workers == self.workers for n in list(after.members) + list(after.standbys))
+        assert all(type(n.workers) is int and n.workers >= 1 for n in list(after.members) + list(after.standbys))
+        self.check_promotion(event, before, after)
         assert set(after.heard) == set(known) - {after.keeper}
         assert after.heard.low() == min(dict(after.heard).values(), default=None)
         assert not after.standbys or len(after.members) == spec.max_nodes  # a standby waits only for a place

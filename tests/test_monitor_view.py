@@ -87,9 +87,9 @@ def test_a_peer_s_view_reads_back_as_its_rows():
 
 
 @pytest.mark.parametrize("body, why", [
-    (b"", "not JSON"), (b"\xff\xfe", "not JSON"), (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
-    (b'{"node": 1, "workers": [], "x": ' + b"9" * 5000 + b"}", "not JSON"),  # past int's digits
-    (b"[]", "not a node's view"), (b'{"node": 1, "workers": {}}', "not a node's view"),
+    (b"", "not a JSON object"), (b"\xff\xfe", "not a JSON object"), (b"[" * 100_000 + b"]" * 100_000, "not a JSON object"),
+    (b'{"node": 1, "workers": [], "x": ' + b"9" * 5000 + b"}", "not a JSON object"),  # past int's digits
+    (b"[]", "not a JSON object"), (b'{"node": 1, "workers": {}}', "not a node's view"),
     (b'{"node": 0, "workers": []}', "another node"), (b'{"node": true, "workers": []}', "another node"),
     (b'{"node": "1", "workers": []}', "another node"),
 ])

@@ -143,3 +143,40 @@ def test_paddlecloud_pods_of_one_host_each_get_their_own_ports():
 ])
 def test_schedulers_that_start_one_launcher_per_node_refuse_two_on_one_host(env, host, fragment):
     assert fragment in refused(env, host)
+
+
+# ---------------------------------------------------------------- nodes of different sizes (an elastic round's)
+
+
+def test_nodes_of_different_sizes_take_their_own_ports_and_ranks_the_running_sum_of_the_sizes_before():
+    """An elastic round of a node of 1 worker and one of 2 on one host, seen from each: torchrun's ranks, Paddle's
+    endpoints with each node's own count."""
+    seen = {rank: plan(cluster_node_ips=TWICE, node_ip="127.0.0.1", node_rank=rank, started_port=6170,
+                       nproc_per_node=(1, 2)[rank], node_workers=(1, 2)) for rank in (0, 1)}
+    endpoints = "127.0.0.1:6170,127.0.0.1:6171,127.0.0.1:6172"
+    assert seen[0].node_ports == seen[1].node_ports == ((6170,), (6171, 6172))
+    assert [w.rank for w in seen[0].workers] == [0] and [w.rank for w in seen[1].workers] == [1, 2]
+    for node_rank, p in seen.items():
+        assert p.world_size == 3 and p.endpoints == endpoints.split(",")
+        for w in p.workers:
+            env = w.env
+            assert (env[ev.RANK], env[ev.TRAINER_ID], env["ROLE_RANK"], env["PADDLE_GLOBAL_RANK"]) == (str(w.rank),) * 4
+            assert (env[ev.WORLD_SIZE], env[ev.TRAINERS_NUM], env["ROLE_WORLD_SIZE"], env["PADDLE_GLOBAL_SIZE"]) == ("3",) * 4
+            assert (env[ev.LOCAL_WORLD_SIZE], env["PADDLE_LOCAL_SIZE"]) == (str(node_rank + 1),) * 2
+            assert (env[ev.GROUP_RANK], env["GROUP_WORLD_SIZE"], env["PADDLE_NNODES"]) == (str(node_rank), "2", "2")
+            assert env[ev.TRAINER_ENDPOINTS] == endpoints and env[ev.CURRENT_ENDPOINT] == w.endpoint
+            assert env[ev.MASTER_PORT] == "6170"
+
+
+def test_gpu_nodes_of_different_sizes_name_each_nodes_devices():
+    gpus = replace(HOST, gpu_count=4)
+    p = plan(host=gpus, cluster_node_ips="10.0.0.1,10.0.0.2,10.0.0.3", node_ip="10.0.0.2", node_rank=1,
+             started_port=6170, selected_gpus="2,3", node_workers=(1, 2, 3))
+    assert [(w.rank, w.gpu, w.env[ev.SELECTED_GPUS]) for w in p.workers] == [(1, "2", "2"), (2, "3", "3")]
+    assert p.workers[0].env["PADDLE_WORLD_DEVICE_IDS"] == "0,2:3,0:1:2"
+
+
+def test_a_round_that_seats_this_node_with_another_count_than_its_own_is_refused():
+    assert refused(cluster_node_ips=TWICE, node_ip="127.0.0.1", node_rank=1, started_port=6170, nproc_per_node=2,
+                   node_workers=(1, 3)) == ("the round seats node 1 with 3 worker(s), but it runs 2; start its launcher "
+                                            "again.")

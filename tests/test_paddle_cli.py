@@ -175,9 +175,27 @@ def test_a_range_with_master_is_an_elastic_job_whose_membership_is_on_the_master
     assert spec.rendezvous.last_call_timeout == 2
     assert (values["master_addr"], values["started_port"], values["nnodes"]) == ("127.0.0.1", 8091, None)
     assert elastic_of("--nnodes", "2:3", "--master", "127.0.0.1:8090", "--elastic_level", "0")["elastic"].failed_node_leaves
-    assert elastic_of("--nnodes", "2", "--master", "127.0.0.1:8090") is None
     assert elastic_of("--np", "2:3", "--master", "127.0.0.1:8090")["elastic"].max_nodes == 3  # fleetrun's name
-    assert elastic_of("--nnodes", "2:2", "--master", "127.0.0.1:8090") is None
+
+
+@pytest.mark.parametrize("nnodes", ["2", "2:2", "3"])
+def test_paddles_own_recipe_master_and_a_count_with_no_rank_is_an_elastic_job_of_n_to_n(nnodes):
+    """``--master IP:PORT --nnodes N`` on every node: the nodes take their ranks in the order they arrive."""
+    values = elastic_of("--nnodes", nnodes, "--master", "127.0.0.1:8090")
+    spec, count = values["elastic"], int(nnodes.split(":")[0])
+    assert (spec.min_nodes, spec.max_nodes, spec.backend, spec.host, spec.port) == (count, count, "c10d", "127.0.0.1", 8090)
+    assert (values["master_addr"], values["started_port"], values["master"]) == ("127.0.0.1", 8091, None)
+
+
+@pytest.mark.parametrize("args, env", [
+    (("--nnodes", "1"), {}),  # one node: nothing to form
+    (("--nnodes", "2", "--rank", "1", "--ips", "127.0.0.1,127.0.0.2"), {}),  # a rank: a fixed job, as before
+    (("--nnodes", "2", "--ips", "127.0.0.1,127.0.0.2"), {}),  # the nodes listed
+    (("--nnodes", "2", "--cluster_env", "slurm"), {}),  # a scheduler says which node this is
+    (("--nnodes", "2",), {"SLURM_STEP_ID": "0", "SLURM_NODEID": "1"}),
+])
+def test_master_with_a_rank_a_node_list_or_a_scheduler_stays_a_fixed_job(args, env):
+    assert elastic_of(*args, "--master", "127.0.0.1:8090", env=env) is None
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -11,7 +11,7 @@ import pytest
 from launcher.nodes.elastic import model
 from launcher.nodes.elastic.etcd import paces, keys as ek
 from launcher.nodes.elastic.job import ElasticJob
-from launcher.nodes.elastic.link import SharedSpeeds
+from launcher.nodes.transport.messages import Speeds
 from launcher.nodes.transport import elastic_messages, messages, wire
 from launcher.nodes.transport.messages import NodeSpeed
 from launcher.plan import policy, stragglers
@@ -199,7 +199,7 @@ def test_an_elastic_node_shares_its_entry_of_this_round_and_reads_the_members():
     job.share_speed(own, 100.0)
     job.share_speed((), 101.0)  # no rank with a full window: nothing
     assert link.shared == [NodeSpeed(1, "h", 4, 40, (1, 0.8), (1, 0.8))]
-    job.on_events([SharedSpeeds((NodeSpeed(0, "h", 4, 40, (0, 0.2), (0, 0.2)), NodeSpeed(2, "h", 3, 1, (2, 9.0),
+    job.on_events([Speeds((NodeSpeed(0, "h", 4, 40, (0, 0.2), (0, 0.2)), NodeSpeed(2, "h", 3, 1, (2, 9.0),
                                                                                                 (2, 9.0))))])
     assert [t.rank for t in job.peer_times(100.0)] == [0]  # round 3's entry is not this round's
     assert not math.isnan(job.peer_times(100.0)[0].compute)

@@ -139,12 +139,35 @@ def test_a_bad_etcd_command_line_exits_2_with_one_line(tmp_path, args, sentence)
     ({"nnodes": "2:4", "rdzv_backend": "c10d", "node_rank": 1}, "--node-rank"),
     ({"nnodes": "2:4", "rdzv_backend": "c10d", "rdzv_conf": "joint_timeout=5"}, "unknown key 'joint_timeout'"),
     ({"standalone": True, "nnodes": "2"}, "--standalone runs one node, but --nnodes is 2"),
-    ({"nnodes": "2", "rdzv_backend": "c10d", "env": {"SLURM_NODEID": ""}}, "--rdzv-backend c10d with --nnodes 2 needs --node-rank"),
     ({"nnodes": "2", "node_rank": 0, "rdzv_endpoint": "host:http"}, "--rdzv-endpoint host:http is not HOST:PORT"),
 ])
 def test_bad_torchrun_values_are_refused_with_the_fix(values, fragment):
     with pytest.raises(LaunchError, match=fragment):
         ours(**values)
+
+
+@pytest.mark.parametrize("nnodes", ["2", "2:2", "4"])
+@pytest.mark.parametrize("env", [{}, {"SLURM_NODEID": ""}])
+def test_torchruns_own_recipe_a_count_at_c10d_with_no_node_rank_is_an_elastic_job_of_n_to_n(nnodes, env):
+    """``--nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` on every node: ranks in the order of arrival."""
+    request = cli.request_of(["--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-id", "job9", "--rdzv-backend", "c10d",
+                              "--rdzv-endpoint", "10.0.0.1:29500", "train.py"], env)
+    spec, count = request.elastic, int(nnodes.split(":")[0])
+    assert (spec.min_nodes, spec.max_nodes, spec.backend, spec.host, spec.port) == (count, count, "c10d", "10.0.0.1", 29500)
+    assert (spec.job_id, request.options.started_port, request.nodes_expected) == ("job9", 29501, None)
+
+
+@pytest.mark.parametrize("args, env", [
+    (("--node-rank", "1"), {}),  # a node rank given: a fixed job, as before
+    ((), {"SLURM_NODEID": "1"}),  # srun's node index
+    (("--rdzv-backend", "static"), {}),  # torchrun's default rendezvous: node rank 0
+])
+def test_a_count_with_a_node_rank_or_on_the_static_rendezvous_stays_a_fixed_job(args, env):
+    line = ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29500", *(() if "--rdzv-backend" in args else
+                                                                     ("--rdzv-backend", "c10d")), *args, "train.py"]
+    request = cli.request_of(line, env)
+    assert request.elastic is None and request.options.nnodes == 2
+    assert request.options.node_rank == (0 if "static" in args else 1)
 
 
 @pytest.mark.parametrize("endpoint, host, port", [

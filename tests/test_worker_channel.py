@@ -28,7 +28,7 @@ import pytest
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
-from launcher.run.worker_channel import OUT_LIMIT, Said, WorkerChannel
+from launcher.run.worker_channel import HELLO_WITHIN, OUT_LIMIT, Said, WorkerChannel
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 30  # seconds: the bound of every wait on a child
@@ -81,6 +81,10 @@ elif mode == "raw":  # sends the bytes of a file instead of its hello; did the l
         out["closed"] = s.recv(1) == b""
     except OSError:
         out["closed"] = True
+elif mode == "silent":  # takes the challenge, then says nothing: is it let go?
+    s, f = connect()
+    f.readline()
+    out["closed"] = s.recv(1) == b""
 elif mode == "grandchild":  # its own child says hello
     subprocess.run(again("hello"), timeout=30)
     sys.exit(0)
@@ -254,6 +258,26 @@ def test_a_worker_that_never_reads_is_let_go_without_blocking(server, tmp_path):
     assert_serves(server, tmp_path)
     mute.stdin.close()
     assert result(mute) == {"welcomed": True}
+
+
+def test_a_worker_that_says_no_hello_is_let_go_at_its_deadline(tmp_path):
+    """A worker's connection that never says hello does not stay pending: the listener's hello deadline (fake clock)."""
+    now = [1000.0]
+    spawned: set = set()
+    server = WorkerChannel("test", lambda: {"round": 1}, lambda pid: pid in spawned, clock=lambda: now[0])
+    server.spawned = spawned
+    server.listen()
+    try:
+        silent = spawn(tmp_path, server, "silent")
+        pump(server, lambda said: server.connections)  # connected: challenged, pending
+        server.tick(now[0] + HELLO_WITHIN / 2)
+        assert server.connections and silent.poll() is None
+        now[0] += HELLO_WITHIN
+        server.tick(now[0])
+        assert not server.connections and result(silent) == {"closed": True}
+        assert_serves(server, tmp_path)
+    finally:
+        server.close()
 
 
 def test_a_thread_of_this_process_is_refused(server):

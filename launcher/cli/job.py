@@ -66,11 +66,22 @@ def _fixed(request: Request, host, finder, env):
         plan = make_plan(opts, env, host, finder)
         _check_nodes(request.nodes_expected, len(plan.node_ips), plan.cluster or "--cluster_node_ips")
         preflight.check(plan, opts, host)
+        if plan.control is None:  # one node, no other launcher to admit it: its own checks, before anything starts
+            _check_health(plan, opts, host)
     except LaunchError:
         for s in finder.held:
             s.close()
         raise
     return plan, finder.held or preflight.reserve_store_port(plan), None
+
+
+def _check_health(plan, opts, host) -> None:
+    """This node's health checks (launcher.host.health): a failure refuses the job in one sentence; a check that
+    cannot run here is said once."""
+    from launcher.host import health
+
+    for skipped in health.check_alone(plan.health, health.subject_of(plan, opts, host), f"this node ({plan.node_ip})"):
+        log.info("health check %s skipped: %s", skipped.check, skipped.reason)
 
 
 def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
@@ -101,7 +112,8 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
 
     def round_plan(round_, check: Callable = lambda *_: None):
         place = elastic_link.place_in(round_, link.node_id)
-        return plan_for(request.for_round(place.hosts, place.node_rank), check, round_)
+        workers = tuple(seat.workers for seat in elastic_link.members(round_))
+        return plan_for(request.for_round(place.hosts, place.node_rank, workers), check, round_)
 
     plan = round_plan(link.first, preflight.check)
     reserved = preflight.reserve_store_port(plan)

@@ -49,13 +49,28 @@ def elastic(values: dict, given, env=None) -> Optional[dict]:
             return {**elastic_options.first_round(spec, given("started_port")), "elastic_server": None}
     url_master = given("master") and backends.for_url(values.get("master")) is not None  # a backend's, not node 0's
     nodes = values.get("nnodes")  # a NodeRange; a whole number once torchrun's options took it as theirs
-    if not given("nnodes") or isinstance(nodes, int) or (not url_master and not nodes.elastic):
+    if not given("nnodes") or isinstance(nodes, int):
         return None
-    spec = elastic_options.from_paddle3(named, env)
+    by_arrival = not url_master and _by_arrival(values, given, env)
+    if not url_master and not nodes.elastic and not by_arrival:
+        return None
+    spec = elastic_options.from_paddle3(named, env, by_arrival)
     if spec.backend_row.has_node_0 and (given("ips") or spec.port is None):
         raise LaunchError(f"--nnodes {values['nnodes']} runs an elastic job around node 0's --master IP:PORT; give "
                           "--master (the same on every node) and no --ips.")
     return {**elastic_options.first_round(spec, given("started_port")), "master": None, "elastic_level": "-1"}
+
+
+def _by_arrival(values: dict, given, env) -> bool:
+    """Paddle's own multi-node recipe: ``--master IP:PORT --nnodes N`` of several nodes on every node, with no rank,
+    no node list and no scheduler that says which node this is: the nodes take their ranks in the order they arrive
+    at node 0, an elastic job of N:N (launchers past N wait as standbys)."""
+    from launcher.plan.clusters import registry
+
+    listed = any(given(row.name) for row in table.rows(tag=table.LISTS_NODES))
+    ranked = given("rank") and str(values.get("rank")).strip() != "-1"
+    return (given("master") and values["nnodes"].low > 1 and not listed and not ranked
+            and values.get("cluster_env") in (None, "auto") and not registry.scheduler_found(env))
 
 
 def expected_nodes(values: dict, given: set) -> Optional[int]:

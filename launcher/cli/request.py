@@ -39,10 +39,11 @@ class Request:
     log_level: int = 20
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)  # each option not at its default: from where
 
-    def for_round(self, hosts: tuple, node_rank: int) -> "LaunchOptions":
-        """An elastic round's options: its nodes by node rank, this node's rank among them."""
+    def for_round(self, hosts: tuple, node_rank: int, workers: tuple = ()) -> "LaunchOptions":
+        """An elastic round's options: its nodes by node rank, this node's rank among them, each node's number of
+        workers (they may differ)."""
         return dataclasses.replace(self.options, nnodes=len(hosts), node_rank=node_rank,
-                                   cluster_node_ips=",".join(hosts), node_ip=hosts[node_rank])
+                                   cluster_node_ips=",".join(hosts), node_ip=hosts[node_rank], node_workers=tuple(workers))
 
 
 def resolve(ctx: click.Context, values: dict, env: Mapping[str, str]) -> Request:

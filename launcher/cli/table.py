@@ -15,10 +15,11 @@ from typing import Optional
 
 import click
 
-from launcher.cli.types import CpuList, LogLevel, NodeCount, Seconds, Whole, WorkerCount
+from launcher.cli.types import CheckNames, CpuList, LogLevel, NodeCount, Seconds, Whole, WorkerCount
 from launcher.plan import elastic_backends as backends
 from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
 from launcher.plan.clusters.registry import names as cluster_source_names
+from launcher.plan.health import ALL, CHECKS, INTERVAL, USER_TIMEOUT
 from launcher.plan.model import NUMA_MODES, STRAGGLER_POLICIES
 
 # statuses
@@ -32,13 +33,14 @@ REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless 
 PADDLE18, TORCHRUN, PADDLE3, FLEETRUN = "Paddle 1.8", "torchrun", "Paddle 2.6/3.x", "fleetrun"
 
 # --help's sections, in order
-JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
-    "The job", "Workers on CPUs", "The nodes", "Elastic jobs", "Logs and output", "Watching the job",
+JOB, PLACEMENT, NODES, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
+    "The job", "Workers on CPUs", "The nodes", "Elastic jobs", "Health checks", "Logs and output", "Watching the job",
     "Parameter servers", "torchrun's spellings", "Paddle 2.x/3.x spellings")
-GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
+GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
 
 # what the code asks of a row by its tag (Row.tags), never by a list of names of its own
 NAMES_NODES = "names the nodes"  # torchrun's and Paddle's ways of naming the nodes, which may not be mixed
+LISTS_NODES = "lists the nodes"  # given, the nodes are listed: they do not take their ranks in order of arrival
 KUBEFLOW_NODES = "Kubeflow's"  # its PET_* variable in a job of fixed size is the Kubeflow cluster source's
 PARAMETER_SERVERS = "parameter servers"  # given, it asks for a parameter-server job
 FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
@@ -158,7 +160,8 @@ ROWS = (
           click={"type": CpuList(), "metavar": "CPUS"}),
     # ---------------------------------------------------------------- the nodes
     _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
-          tags=(NAMES_NODES,), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"}, listed=True),
+          tags=(NAMES_NODES, LISTS_NODES), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"},
+          listed=True),
     _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
           click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
     _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
@@ -172,7 +175,7 @@ ROWS = (
           "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
           "alone.", click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
     _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
-          tags=(NAMES_NODES,), click={"is_flag": True, "default": False}),
+          tags=(NAMES_NODES, LISTS_NODES), click={"is_flag": True, "default": False}),
     _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
           "also to gather the node list). Default: the first worker port minus one.",
           click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
@@ -199,6 +202,19 @@ ROWS = (
           "that a node joining a running job, or a standby taking a lost node's place, holds the others up for a "
           "re-form only. For programs that call elastic.run before they read their rank (docs/elastic.md).",
           click={"is_flag": True, "default": False}),
+    # ---------------------------------------------------------------- health checks
+    _ours("health_check", HEALTH, "The node's own check, besides the built-in ones (docs/health.md): a command run by a "
+          "shell on each node before it takes part (such as 'dcgmi diag -r 1'); exit 0 is healthy, anything else "
+          "keeps the node out, its last line of output the reason.", click={"metavar": "CMD"}),
+    _ours("health_check_timeout", HEALTH, "Seconds --health_check may run; one that runs longer is stopped, and the "
+          "node is unhealthy.", click={"type": Seconds(1.0), "default": USER_TIMEOUT, "show_default": True,
+                                       "metavar": "SECONDS"}),
+    _ours("skip_health_checks", HEALTH, f"Health checks turned off, by name: a comma list of {', '.join(CHECKS)}; or "
+          f"{ALL}.", listed=True,
+          click={"type": CheckNames(), "default": (), "metavar": "NAMES"}),
+    _ours("health_interval", HEALTH, "An elastic job: seconds between the checks of a node kept out for failing one, "
+          "and of a standby.", click={"type": Seconds(1.0), "default": INTERVAL, "show_default": True,
+                                      "metavar": "SECONDS"}),
     # ---------------------------------------------------------------- logs and output
     _ours("log_dir", LOGS, "Write each worker's output to DIR/workerlog.RANK (appended); the node's first worker is "
           "also shown on the console.", dialects=(PADDLE18, TORCHRUN, PADDLE3), pet=True, click={"metavar": "DIR"}),
@@ -286,7 +302,7 @@ ROWS = (
     _paddle("devices", "GPU ids, as --selected_gpus.", (PADDLE3, FLEETRUN), ALIAS, aliases=("gpus",),
             maps_to="selected_gpus", click={"metavar": "IDS"}, listed=True),
     _paddle("ips", "every node's address, as --cluster_node_ips.", (PADDLE3, FLEETRUN), ALIAS,
-            maps_to="cluster_node_ips", tags=(NAMES_NODES,), click={"metavar": "IPS"}, listed=True),
+            maps_to="cluster_node_ips", tags=(NAMES_NODES, LISTS_NODES), click={"metavar": "IPS"}, listed=True),
     _paddle("host", "this node's address, as --node_ip.", (PADDLE3, FLEETRUN), ALIAS, maps_to="node_ip",
             tags=(NAMES_NODES,), click={"metavar": "IP"}),
     _paddle("rank", "this node's rank, its place in --ips or --cluster_node_ips (-1: found from --host); needed where "

@@ -6,7 +6,9 @@ command line (launcher.cli.paddle): it is torchrun's unless Paddle's options nam
 (``--ips``, ``--master``, ``--rank``, ``--host``, or Paddle 1.8's ``--cluster_node_ips``), where it is
 Paddle's check of the nodes found. The others are the table's rows of torchrun's alone (``own_names``);
 ``to_ours`` turns what was given into the launcher's values: nodes, ranks and the store's endpoint
-into a cluster of fixed size (gathered from node 0 when there are several), ``--redirects``, ``--tee``
+into a cluster of fixed size (gathered from node 0 when there are several), or, for ``--nnodes MIN:MAX`` and for
+PyTorch's own recipe (a count at a c10d rendezvous with no node rank), into an elastic job whose nodes take their
+ranks in the order they arrive, ``--redirects``, ``--tee``
 and ``--local-ranks-filter`` into where each worker's streams go (launcher.plan.streams), the rest into
 nothing (the launcher already does what they ask, or has no such choice).
 """
@@ -54,8 +56,8 @@ def to_ours(values: dict, given, env=None, shown=None) -> dict:
             hint = " (beside --cluster_node_ips or --ips, this node's rank is --rank)" if values.get("node_rank") is not None else ""
             raise LaunchError(f"{named} (torchrun's) and Paddle's node options both name the nodes; give one of them{hint}.")
         return {**ours, **_fixed_rdzv_conf(values, given)}  # --nnodes stays Paddle's: a check of the nodes found
-    if _elastic_range(values):
-        return {**ours, **_elastic(values, given)}
+    if _elastic_range(values, env or {}):
+        return {**ours, **_elastic(values, given, env or {})}
     ours.update(_fixed_rdzv_conf(values, given))
     nodes = _nodes(values)
     if nodes is None and values["master_port"] is None:
@@ -74,20 +76,31 @@ def own_names() -> tuple:
     return tuple(r.name for r in table.ROWS if r.torchruns)
 
 
-def _elastic_range(values: dict) -> bool:
-    """An elastic job: ``--nnodes MIN:MAX``, or any count with ``--rdzv-backend etcd`` (whose membership may change
-    at any count); not with ``--standalone``."""
+def _elastic_range(values: dict, env) -> bool:
+    """An elastic job: ``--nnodes MIN:MAX``, any count with ``--rdzv-backend etcd`` (whose membership may change
+    at any count), or torchrun's own recipe (``_by_arrival``); not with ``--standalone``."""
     nodes = values.get("nnodes")
-    any_count = backends.backend_named(values.get("rdzv_backend") or backends.FIXED.name).fixed_count_elastic
-    return (any_count or (nodes is not None and nodes.elastic)) and not values["standalone"]
+    row = backends.backend_named(values.get("rdzv_backend") or backends.FIXED.name)
+    if values["standalone"]:
+        return False
+    return row.fixed_count_elastic or (nodes is not None and (nodes.elastic or _by_arrival(values, row, env)))
 
 
-def _elastic(values: dict, given) -> dict:
-    """``--nnodes MIN:MAX``: the ElasticSpec (``elastic``), whose rounds give the number of nodes and this node's
-    rank (``launcher.cli.job``); node 0's launcher keeps the membership on the endpoint's port, the
+def _by_arrival(values: dict, row, env) -> bool:
+    """torchrun's own multi-node recipe: ``--nnodes N`` (or ``N:N``) of several nodes at a rendezvous that gives the
+    ranks (c10d), and no node rank, neither given nor a scheduler's: the nodes take their ranks in the order they
+    arrive, an elastic job of N:N (launchers past N wait as standbys)."""
+    nodes = values.get("nnodes")
+    return row.elastic and nodes.low > 1 and values["node_rank"] is None and _scheduler_rank(env) is None
+
+
+def _elastic(values: dict, given, env) -> dict:
+    """``--nnodes MIN:MAX`` (or N by arrival): the ElasticSpec (``elastic``), whose rounds give the number of nodes and
+    this node's rank (``launcher.cli.job``); node 0's launcher keeps the membership on the endpoint's port, the
     workers' ports (rank 0's store first) start one above it."""
+    row = backends.backend_named(values.get("rdzv_backend") or backends.FIXED.name)
     spec = elastic.from_torchrun({**values, "cluster_node_ips": values.get("cluster_node_ips") if given("cluster_node_ips") else None},
-                                 os.environ)
+                                 os.environ, by_arrival=values.get("nnodes") is not None and _by_arrival(values, row, env))
     return elastic.first_round(spec, given("started_port"))
 
 
@@ -137,17 +150,21 @@ def _streams(values: dict, given) -> dict:
 
 
 def _node_rank(values: dict, nodes: int, env) -> int:
-    """--node-rank; for c10d without it, the scheduler's node index (torchrun would take the order of joining)."""
+    """--node-rank; for c10d without it, the scheduler's node index (without one, ``_by_arrival``: an elastic job)."""
     if values["node_rank"] is not None or nodes == 1:
         return values["node_rank"] or 0
     if not backends.backend_named(values["rdzv_backend"]).elastic:
         return 0  # torchrun's static default
+    return _scheduler_rank(env) or 0
+
+
+def _scheduler_rank(env) -> Optional[int]:
+    """The node index that srun or mpirun gives this launcher, or None."""
     for name in NODE_RANK_VARS:
         text = env.get(name, "").strip()
         if text.isascii() and text.isdigit():
             return int(text)
-    raise LaunchError(f"--rdzv-backend c10d with --nnodes {nodes} needs --node-rank on each node (or srun/mpirun, "
-                      f"whose node index is taken): this launcher gives nodes fixed ranks, 0 to {nodes - 1}.")
+    return None
 
 
 def _nodes(values: dict) -> Optional[int]:

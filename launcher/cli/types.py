@@ -103,3 +103,19 @@ class CpuList(click.ParamType):
             self.fail(f"{value!r} is not a list of CPUs; give numbers below 65536 and ranges such as 0-3,8,10-11.", param,
                       ctx)
         return text
+
+
+class CheckNames(click.ParamType):
+    """--skip_health_checks: a comma list of health checks' names (launcher.plan.health.CHECKS), or all."""
+
+    name = "names"
+
+    def convert(self, value, param, ctx):
+        from launcher.plan.health import read_check_names  # not at import: --help stays fast
+
+        if isinstance(value, tuple):  # already read (a default)
+            return value
+        try:
+            return read_check_names(value)
+        except ValueError as e:
+            self.fail(f"{e}.", param, ctx)

@@ -81,9 +81,10 @@ def _scheduler_files(env) -> list:
     return found
 
 
-def count_gpus():
-    """NVIDIA GPUs the driver reports, without loading CUDA; None when none can be detected."""
-    found = glob.glob("/proc/driver/nvidia/gpus/*") or glob.glob("/dev/nvidia[0-9]*")
+def count_gpus(proc: str = "/proc", dev: str = "/dev"):
+    """NVIDIA GPUs the driver reports, without loading CUDA; None when none can be detected (``proc``, ``dev``: where
+    procfs and the device files are, a fake tree in tests)."""
+    found = glob.glob(os.path.join(proc, "driver/nvidia/gpus/*")) or glob.glob(os.path.join(dev, "nvidia[0-9]*"))
     return len(found) or None
 
 
@@ -192,22 +193,12 @@ def check_monitor(host: str, port: int) -> None:
     except ImportError:
         raise LaunchError("--monitor_port needs prometheus_client: pip install 'launcher[monitor]' "
                           "(or pip install prometheus_client).") from None
-    monitor_listener(host, port).close()
+    _check_port(host, port, lambda e: monitor_refused(host, port, e))
 
 
-def monitor_listener(host: str, port: int) -> socket.socket:
-    """The monitor's listening socket on ``host``:``port`` (non-blocking); LaunchError in one sentence when it cannot be
-    had. The check above takes one and lets it go; the monitor takes the one it serves on."""
-    s = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(128)
-    except OSError as e:
-        s.close()
-        raise LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
-                          "or 0 for any.") from None
-    return s
+def monitor_refused(host: str, port: int, e: OSError) -> LaunchError:
+    return LaunchError(f"--monitor_port {port} cannot listen on {host} ({e.strerror or e}); give a free port, "
+                       "or 0 for any.")
 
 
 ELF_MAGIC = b"\x7fELF"
@@ -325,16 +316,29 @@ def _family(ip: str) -> int:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
-def _check_port(ip: str, port: int) -> None:
+def _check_port(ip: str, port: int, refused=None) -> None:
+    """``port`` can be bound on ``ip``; else LaunchError (``refused(e)``'s, or one naming the holder)."""
+    error = port_taken(ip, port)
+    if error is None:
+        return
+    if refused is not None:
+        raise refused(error)
+    holder = _port_holder(port)
+    who = f" by {holder}" if holder else ""
+    raise LaunchError(f"port {port} on {ip} is already in use{who} ({error.strerror}); stop that process or choose another --started_port.")
+
+
+def port_taken(ip: str, port: int):
+    """The error a bind of ``port`` on ``ip`` meets now (an OSError), or None when it can be bound: a bind with
+    SO_REUSEADDR, as a store's, so a port in TIME_WAIT or held by ``reserve_port`` is free."""
     addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((addresses[0], port))
+        return None
     except OSError as e:
-        holder = _port_holder(port)
-        who = f" by {holder}" if holder else ""
-        raise LaunchError(f"port {port} on {ip} is already in use{who} ({e.strerror}); stop that process or choose another --started_port.") from None
+        return e
     finally:
         s.close()
 
@@ -349,6 +353,12 @@ def is_ip(text: str) -> bool:
 
 def _port_holder(port: int):
     """'pid N (command)' of the process listening on ``port``, when it can be found."""
+    holder = port_holder(port)
+    return f"pid {holder[0]} ({holder[1]})" if holder else None
+
+
+def port_holder(port: int):
+    """(pid, command) of the process listening on ``port``, when it can be found; else None."""
     import psutil
 
     try:
@@ -357,9 +367,17 @@ def _port_holder(port: int):
         return None
     for c in conns:
         if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-            try:
-                cmd = " ".join(psutil.Process(c.pid).cmdline()) or psutil.Process(c.pid).name()
-            except psutil.Error:
-                cmd = "?"
-            return f"pid {c.pid} ({cmd})"
+            return c.pid, command_of(c.pid)
     return None
+
+
+def command_of(pid: int) -> str:
+    """A process's command line in one line of at most 200 characters (its name where that is empty), '?' where it
+    cannot be read."""
+    import psutil
+
+    try:
+        text = " ".join(" ".join(psutil.Process(pid).cmdline()).split()) or psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Optional
 
 from launcher.output.console import console
 from launcher.output.messages import log
+from launcher.untrusted import json_object
 
 NAME = "events.jsonl"
 TEXT_LIMIT = 2000  # characters of one text field (a cause's), the rest cut
@@ -115,11 +116,8 @@ def read(path: str) -> Iterator[dict]:
 
 def decode(line: bytes) -> Optional[dict]:
     """One line of the log as an event, or None (not a JSON object with a text ``event`` and a finite ``time``)."""
-    try:
-        event = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+    event = json_object(line)
+    if event is None or not isinstance(event.get("event"), str):
         return None
     t = event.get("time")
     if type(t) not in (int, float) or t != t or abs(t) == float("inf"):

@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from launcher.untrusted import json_object
+
 STATES = ("starting", "running", "succeeded", "failed", "stopping")
 CHANGES = ("lost", "silent", "joined", "left", "straggler")
 
@@ -88,11 +90,10 @@ def unreachable(node: int, host: str, why: str) -> dict:
 def peer_view(body: bytes, node: int, host: str) -> dict:
     """What node ``node`` at ``host`` sent for its /view.json, kept where well formed: its phase, health, round and
     workers (each worker's fields checked one by one). Never raises: junk is a row that says so."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, nested past the parser, a number past int's digits
-        return unreachable(node, host, "it sent what is not JSON")
-    if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+    doc = json_object(body)
+    if doc is None:
+        return unreachable(node, host, "it sent what is not a JSON object")
+    if not isinstance(doc.get("workers"), list):
         return unreachable(node, host, "it sent what is not a node's view")
     if _int(doc.get("node")) != node:
         return unreachable(node, host, f"it answers as another node, not as node {node}")

@@ -49,12 +49,25 @@ def make_collective_plan(
     notes = tuple(gpu_notes) + cluster.notes
     if gpus is None:
         base_env.pop(ev.SELECTED_GPUS, None)
-    return _assemble(opts, host, base_env, cluster, _every_node_ports(opts, cluster, nper, find_free_ports), gpus, notes)
+    counts = _node_counts(opts, cluster, nper)
+    return _assemble(opts, host, base_env, cluster, _every_node_ports(opts, cluster, counts, find_free_ports), gpus, notes)
 
 
-def _every_node_ports(opts: LaunchOptions, cluster, nper: int, find_free_ports) -> tuple:
+def _node_counts(opts: LaunchOptions, cluster, nper: int) -> tuple:
+    """Each node's number of workers, by node rank: an elastic round's (its members' seats, which may differ, as under
+    torchrun), else this node's on every node."""
+    counts = tuple(opts.node_workers) or (nper,) * len(cluster.node_ips)
+    mine = counts[cluster.node_rank] if len(counts) == len(cluster.node_ips) else None
+    if mine != nper:
+        raise LaunchError(f"the round seats node {cluster.node_rank} with {mine} worker(s), but it runs {nper}; start "
+                          "its launcher again.")
+    return counts
+
+
+def _every_node_ports(opts: LaunchOptions, cluster, counts: tuple, find_free_ports) -> tuple:
     """Each node's worker ports, by node rank: the source's, free ones (one node), or the first node's shifted
-    where nodes share a host (launcher.plan.node_ports)."""
+    where nodes share a host (launcher.plan.node_ports), as many as each node's workers."""
+    nper = counts[cluster.node_rank]
     if cluster.node_ports is not None:
         return cluster.node_ports
     if cluster.ports is None:
@@ -63,7 +76,7 @@ def _every_node_ports(opts: LaunchOptions, cluster, nper: int, find_free_ports) 
             raise LaunchError(f"could not find {nper} free ports on {cluster.node_ips[cluster.node_rank]}; give --started_port.")
         return (ports,)
     start = f"--started_port {opts.started_port}" if opts.started_port is not None else f"the start port {cluster.ports[0]}"
-    return node_ports.every_node(cluster.node_ips, cluster.ports, start)
+    return node_ports.every_node(cluster.node_ips, cluster.ports, start, counts)
 
 
 def _with_defaults(opts: LaunchOptions, defaults: Mapping[str, object]) -> LaunchOptions:
@@ -97,7 +110,8 @@ def _check_nproc(n) -> None:
 def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
     ports, first = every_node[cluster.node_rank], every_node[0]  # this node's, node 0's
     nper = len(ports)
-    world = nper * len(cluster.node_ips)
+    world = sum(len(p) for p in every_node)  # each node's own number of workers (an elastic round's may differ)
+    offset = sum(len(p) for p in every_node[:cluster.node_rank])  # the global rank of this node's local rank 0
     endpoints = node_endpoints(cluster.node_ips, every_node)
     files, endpoint_env = endpoint_vars(",".join(endpoints), host)
     if ev.TRAINER_ENDPOINTS not in endpoint_env:  # in a file: the launcher's own value would be stale
@@ -119,7 +133,8 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         ev.MASTER_PORT: str(first[0]),
         ev.RUN_ID: host.run_id,
         **endpoint_env,
-        **paddle_collective_vars(endpoints[0], world, nper, len(cluster.node_ips), gpus, opts.log_dir, host, base_env),
+        **paddle_collective_vars(endpoints[0], world, tuple(len(p) for p in every_node), cluster.node_rank, gpus,
+                                 opts.log_dir, host, base_env),
         **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id, use_agent_store),
     }
     if ev.OMP_NUM_THREADS not in base_env:
@@ -140,7 +155,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         notes += placed
     workers = []
     for local in range(nper):
-        rank = cluster.node_rank * nper + local
+        rank = offset + local
         own = {
             ev.TRAINER_ID: str(rank),
             ev.RANK: str(rank),
@@ -240,14 +255,16 @@ def flight_recorder_vars(opts: LaunchOptions, env: Mapping[str, str], cwd: str) 
     return {name: value for name, value in wanted.items() if name not in env}
 
 
-def paddle_collective_vars(master: str, world: int, nper: int, nnodes: int, gpus, log_dir, host: HostFacts,
+def paddle_collective_vars(master: str, world: int, counts: tuple, node_rank: int, gpus, log_dir, host: HostFacts,
                            env: Mapping[str, str]) -> dict:
-    """What Paddle 2.6/3.x's launcher gives every collective worker of a node, beyond Paddle 1.8's variables."""
-    out = {ev.PADDLE_MASTER: master, ev.GLOBAL_SIZE: str(world), ev.LOCAL_SIZE: str(nper), ev.NNODES: str(nnodes)}
+    """What Paddle 2.6/3.x's launcher gives every collective worker of a node, beyond Paddle 1.8's variables;
+    ``counts``: each node's number of workers, by node rank."""
+    nper = counts[node_rank]
+    out = {ev.PADDLE_MASTER: master, ev.GLOBAL_SIZE: str(world), ev.LOCAL_SIZE: str(nper), ev.NNODES: str(len(counts))}
     if gpus is None and ev.DISTRI_BACKEND not in env:
         out[ev.DISTRI_BACKEND] = "gloo"  # as Paddle's launcher: with "auto", a CPU build of Paddle creates no group
-    if gpus is not None:  # every node runs the same GPUs
-        out[ev.WORLD_DEVICE_IDS] = ",".join([":".join(gpus)] * nnodes)
+    if gpus is not None:  # a node of this one's size runs the same GPUs; one of another size, its first ones
+        out[ev.WORLD_DEVICE_IDS] = ",".join(":".join(gpus if n == nper else map(str, range(n))) for n in counts)
     if log_dir:
         out[ev.LOG_DIR] = os.path.normpath(os.path.join(host.cwd, log_dir))
     return out

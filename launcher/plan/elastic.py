@@ -37,7 +37,7 @@ from launcher import addresses
 from launcher.errors import LaunchError
 from launcher.plan import elastic_backends as eb
 from launcher.plan.elastic_backends import Backend
-from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting
+from launcher.plan.elastic_spec import SETTING, ElasticSpec, Rendezvous, Setting, count_text
 from launcher.plan.parsing import DIGITS, INTEGER, node_range, parse_node_list
 
 ELASTIC_LEVELS = (-1, 0, 1)
@@ -50,16 +50,17 @@ KNOWN_KEYS = tuple(sorted([*SETTING, *ALIASES, *FLAGS]))
 # ---------------------------------------------------------------- the three command lines
 
 
-def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
+def from_torchrun(values: Mapping, env: Optional[Mapping] = None, by_arrival: bool = False) -> ElasticSpec:
     """torchrun's options (``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``,
-    ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``)."""
+    ``max_restarts``, ``node_rank``, and the launcher's own ``cluster_node_ips``); ``by_arrival``: a fixed count whose
+    nodes take their ranks in the order they arrive (torchrun's own recipe, no node rank), an elastic job of N:N."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")  # a NodeRange from the command line
     row = eb.backend_named(_given(values, "rdzv_backend") or eb.FIXED.name)
     conf, own_conf = eb.split_conf(_given(values, "rdzv_conf"), row)
     rendezvous = parse_rdzv_conf(conf)
     spec = ElasticSpec(low, high, row.name, job_id=_given(values, "rdzv_id"), rendezvous=rendezvous,
                        max_restarts=_restarts(values.get("max_restarts"), "--max-restarts"))
-    if not spec.elastic:
+    if not (spec.elastic or by_arrival):
         return spec
     if not row.elastic:
         raise LaunchError(f"--nnodes {low}:{high} with --rdzv-backend {row.name}: a {row.name} rendezvous has a fixed "
@@ -70,10 +71,11 @@ def from_torchrun(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec
     return _placed(row, row.endpoint_module().from_torchrun(spec, _given(values, "rdzv_endpoint"), own_conf, env or {}))
 
 
-def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
+def from_paddle3(values: Mapping, env: Optional[Mapping] = None, by_arrival: bool = False) -> ElasticSpec:
     """Paddle 3.x's options (``nnodes``, ``master``, ``job_id``, ``elastic_level``, ``elastic_timeout``,
     ``max_restart``, ``rank``, ``ips``); ``--max_restart`` not given is 0, as for a fixed job here (Paddle's
-    own default is 3)."""
+    own default is 3); ``by_arrival``: ``--nnodes N`` around ``--master IP:PORT`` with no rank (Paddle's own recipe),
+    an elastic job of N:N whose nodes take their ranks in the order they arrive."""
     low, high = parse_nnodes(_given(values, "nnodes") or "1", "--nnodes")
     master = _given(values, "master")
     url_row = eb.for_url(master)  # --master SCHEME://... names the backend; IP:PORT is node 0's
@@ -83,11 +85,11 @@ def from_paddle3(values: Mapping, env: Optional[Mapping] = None) -> ElasticSpec:
     if timeout is not None:
         rendezvous = replace(rendezvous, last_call_timeout=_seconds(str(timeout), SETTING["last_call_timeout"],
                                                                     f"--elastic_timeout {timeout}", "--elastic_timeout "))
-    row = url_row or (eb.RANGE if low < high else eb.FIXED)
+    row = url_row or (eb.RANGE if low < high or by_arrival else eb.FIXED)
     spec = ElasticSpec(low, high, row.name, job_id=_given(values, "job_id"),
                        rendezvous=rendezvous, max_restarts=_restarts(values.get("max_restart"), "--max_restart"),
                        failed_node_leaves=level == 0)
-    if not spec.elastic:
+    if not (spec.elastic or by_arrival):
         return spec
     _no_node_rank(values, "rank", "--rank", low, high, unset="-1")
     hosts = _node_hosts(values, "ips", "--ips", low, high)
@@ -264,7 +266,7 @@ def _no_node_rank(values: Mapping, name: str, option: str, low: int, high: int, 
     value = _given(values, name)
     if value is not None and str(value).strip() != unset:
         raise LaunchError(f"{option} {value} fixes this node's rank, but the ranks of an elastic job (--nnodes "
-                          f"{_count(low, high)}) come from the order the nodes join; drop {option}.")
+                          f"{count_text(low, high)}) come from the order the nodes join; drop {option}.")
 
 
 def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) -> tuple:
@@ -274,14 +276,9 @@ def _node_hosts(values: Mapping, name: str, option: str, low: int, high: int) ->
         return ()
     hosts = parse_node_list(str(text), option)
     if len(hosts) != high:
-        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {_count(low, high)} lets {high} "
+        raise LaunchError(f"{option} {text} lists {len(hosts)} node(s), but --nnodes {count_text(low, high)} lets {high} "
                           f"join; give all {high} addresses, node 0 first, or no {option}.")
     return hosts
-
-
-def _count(low: int, high: int) -> str:
-    """The number of nodes as written: ``N`` (a fixed count: an etcd rendezvous's) or ``MIN:MAX``."""
-    return str(low) if low == high else f"{low}:{high}"
 
 
 def _paddle_master(master, hosts: tuple, low: int, high: int, option: str) -> Tuple[str, Optional[int]]:

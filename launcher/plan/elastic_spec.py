@@ -100,6 +100,11 @@ class ElasticSpec:
     etcd: Optional[EtcdSpec] = None  # the etcd cluster of an etcd rendezvous
 
     @property
+    def nodes(self) -> str:
+        """The number of nodes as the command line writes it: ``N`` (a fixed count) or ``MIN:MAX``."""
+        return count_text(self.min_nodes, self.max_nodes)
+
+    @property
     def backend_row(self) -> Backend:
         """Its backend's row: its names, whether it has a node 0, how it forms."""
         return backend_named(self.backend)
@@ -123,3 +128,8 @@ class ElasticSpec:
         for the word that its round is over: the longest this backend takes to find a lost node, and a margin
         for a busy machine. Past it, the failure is the worker's own, and it fails as usual."""
         return self.rendezvous.heartbeat_timeout + self.failure_grace + REFORM_MARGIN
+
+
+def count_text(low: int, high: int) -> str:
+    """A number of nodes as written: ``N`` (a fixed count) or ``MIN:MAX``."""
+    return str(low) if low == high else f"{low}:{high}"

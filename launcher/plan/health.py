@@ -17,10 +17,13 @@ DISK, SHM, PORTS, VERSIONS, SCRIPT, CLOCK, GPUS, NVML, INFINIBAND, USER = (
     "disk", "shm", "ports", "versions", "script", "clock", "gpus", "nvml", "infiniband", "user")
 CHECKS = (DISK, SHM, PORTS, VERSIONS, SCRIPT, CLOCK, GPUS, NVML, INFINIBAND, USER)
 COMPARED = (VERSIONS, SCRIPT, CLOCK)  # against node 0's facts; the rest each node checks on its own
+ON_GPUS = (GPUS, NVML, INFINIBAND)  # run only for a node whose workers take GPUs
+ALL = "all"  # --skip_health_checks all: every check off
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"  # a finding's state; skipped: the check cannot run here
 DISK_FLOOR = 1 << 30  # bytes free in the log directory and the working directory
-SHM_FLOOR = 256 << 20  # bytes free in /dev/shm
+SHM_FLOOR = 256 << 20  # bytes free in /dev/shm, for GPU workers (NCCL's buffers between the GPUs of a node)
+SHM_FLOOR_CPU = 16 << 20  # for CPU workers: a container's default /dev/shm (64 MB) passes
 CLOCK_BOUND = 5.0  # seconds a node's clock may stand from node 0's
 USER_TIMEOUT = 300.0  # seconds the user's --health_check may run
 INTERVAL = 30.0  # seconds between the checks of a node kept out, or of a standby
@@ -33,6 +36,7 @@ class HealthSettings:
     off: frozenset = frozenset()  # names of CHECKS not run
     disk_floor: int = DISK_FLOOR
     shm_floor: int = SHM_FLOOR
+    shm_floor_cpu: int = SHM_FLOOR_CPU
     clock_bound: float = CLOCK_BOUND
     command: Optional[str] = None  # --health_check: the user's own check, run by a shell
     timeout: float = USER_TIMEOUT
@@ -54,6 +58,7 @@ class Subject:
     script: Optional[str] = None  # the training script's path (None: a module or a command)
     python: Optional[str] = None  # the workers' interpreter (None: not Python)
     uses_torch: bool = False
+    ib_hca: Optional[str] = None  # NCCL_IB_HCA of the workers' environment: the InfiniBand devices they use
 
 
 @dataclass(frozen=True)
@@ -138,3 +143,14 @@ def sentence(node: str, finding: Finding) -> str:
     """The one sentence a failed check is said in, on every node's console."""
     return (f"{node} failed the health check {finding.check}: {finding.reason}; mend the node, or skip the check "
             f"with --skip_health_checks {finding.check}")
+
+
+def read_check_names(text: str) -> Tuple[str, ...]:
+    """--skip_health_checks: a comma list of CHECKS, or ``all``; ValueError saying which name is unknown."""
+    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
+    if ALL in names:
+        return CHECKS
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} is not a health check; give a comma list of {', '.join(CHECKS)}, or {ALL}")
+    return tuple(n for n in CHECKS if n in names)

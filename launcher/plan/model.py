@@ -12,6 +12,7 @@ from typing import Mapping, Optional
 
 from launcher import addresses, envvars as ev
 from launcher.plan.agent_store import StoreSpec
+from launcher.plan.health import INTERVAL, USER_TIMEOUT, HealthSettings
 from launcher.plan.parsing import node_endpoints
 from launcher.plan.roles import WORKER, Role, role_named
 from launcher.plan.streams import NONE, StreamChoice, StreamRoute
@@ -54,10 +55,16 @@ class LaunchOptions:
     monitor_host: Optional[str] = None  # where it listens (default: this node's address)
     role: str = ev.DEFAULT_ROLE  # torchrun's --role: the workers' ROLE_NAME
     agent_store: str = "auto"  # who hosts the rendezvous store: node 0's launcher (on), rank 0 (off), auto (launcher.plan.agent_store)
+    # a node's health checks (launcher.plan.health): the user's own, its timeout, those turned off, the interval
+    health_check: Optional[str] = None
+    health_check_timeout: float = USER_TIMEOUT
+    skip_health_checks: tuple = ()  # names of launcher.plan.health.CHECKS
+    health_interval: float = INTERVAL
     # torchrun's nodes (launcher.cli.torchrun): a fixed count, this node's rank, node 0's address
     nnodes: Optional[int] = None
     node_rank: Optional[int] = None  # also Paddle's --rank with --cluster_node_ips; None: not given
     master_addr: Optional[str] = None
+    node_workers: tuple = ()  # an elastic round's: each node's number of workers, by node rank; (): this node's on each
     stream_choice: Optional[StreamChoice] = None  # torchrun's --redirects, --tee, --local-ranks-filter
     # torchrun 2.13's options (launcher.cli wires them; their text is read by launcher.plan.torchrun_values)
     virtual_local_rank: bool = False  # every worker LOCAL_RANK=0, a GPU worker seeing only its own GPU
@@ -190,6 +197,7 @@ class Plan:
     stop_signals: tuple = tuple(int(s) for s in DEFAULT_STOP_SIGNALS)  # --signals-to-handle: those that stop the job
     duplicates: tuple = ()  # streams.Duplicate: torchrun's --duplicate-stdout/stderr-filters, one per filtered stream
     events_to_console: bool = False  # --event-log-handler console: each event also a line on stderr
+    health: HealthSettings = HealthSettings()  # the node's health checks (launcher.plan.health)
 
     @property
     def node_ip(self) -> str:

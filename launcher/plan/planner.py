@@ -6,6 +6,7 @@ import dataclasses
 from typing import Callable, Mapping, Sequence
 
 from launcher.plan.collective import make_collective_plan
+from launcher.plan.health import HealthSettings
 from launcher.plan.model import HostFacts, LaunchOptions, Plan
 from launcher.plan.ps import make_ps_plan
 from launcher.plan import torchrun_values
@@ -42,10 +43,22 @@ def make_plan(
 
 
 def with_run_options(plan: Plan, opts: LaunchOptions) -> Plan:
-    """What every mode's run takes from torchrun's options: the signals that stop the job (--signals-to-handle)
-    and where the events also go (--event-log-handler)."""
+    """What every mode's run takes from the options: the signals that stop the job (torchrun's --signals-to-handle),
+    where the events also go (--event-log-handler) and the node's health checks."""
     stop = plan.stop_signals
     if opts.signals_to_handle is not None:  # numbers, as parse_signals gives them: checked as it checks them
         stop = torchrun_values.parse_signals(",".join(str(int(s)) for s in opts.signals_to_handle))
     handler = torchrun_values.parse_event_log_handler(opts.event_log_handler)
-    return dataclasses.replace(plan, stop_signals=stop, events_to_console=handler == "console")
+    return dataclasses.replace(plan, stop_signals=stop, events_to_console=handler == "console",
+                               health=health_settings(opts))
+
+
+def health_settings(opts: LaunchOptions) -> HealthSettings:
+    """The checks the options ask for (--health_check, --health_check_timeout, --skip_health_checks,
+    --health_interval)."""
+    command = opts.health_check
+    if command is not None and not command.strip():
+        raise LaunchError("--health_check is empty; give the command that checks a node (such as 'dcgmi diag -r 1'), "
+                          "or leave the option out.")
+    return HealthSettings(off=frozenset(opts.skip_health_checks), command=command, timeout=opts.health_check_timeout,
+                          interval=opts.health_interval)

@@ -107,6 +107,8 @@ class Loop:
             elif isinstance(tag, WorkerChannelTag):
                 events += self._worker_said(self.launch.worker_channel.ready(key.fd, mask))
         self.launch.store.tick(self.clock.monotonic())
+        if self.launch.worker_channel is not None:
+            self.launch.worker_channel.tick(self.clock.monotonic())
         events += self.launch.poll_progress(self.clock.monotonic(), self.job)
         if self.group is not None:
             moved = self.group.follow_logs()

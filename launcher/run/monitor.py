@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from launcher.host.preflight import monitor_listener
-from launcher.nodes.transport.listener import Listener
+from launcher.host.preflight import monitor_refused
+from launcher.nodes.transport.listener import Listener, bind
 from launcher.output import monitor_view
 from launcher.run.job_view import JobViews
 
@@ -45,7 +45,10 @@ class Client:
 class Monitor:
     def __init__(self, host: str, port: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock  # prometheus_client is there: launcher.host.preflight.check_monitor said so
-        self.listener = Listener(monitor_listener(host, port), "monitor", MAX_CLIENTS)
+        try:
+            self.listener = Listener(bind(host, port), "monitor", MAX_CLIENTS)
+        except OSError as e:  # taken since the check before the start
+            raise monitor_refused(host, port, e) from None
         self.host, self.port = host, self.listener.sock.getsockname()[1]
         # the other nodes serve at the same port: known when it was given, not when each node picked a free one
         self.job_views = JobViews(port, self._wake) if port else None

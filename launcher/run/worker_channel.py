@@ -23,12 +23,26 @@ from typing import Callable, Optional
 
 from launcher import envvars as ev
 from launcher import local_channel as lc
+from launcher.nodes.transport.connection import send_buffered
 from launcher.nodes.transport.listener import BACKLOG, Listener, bind
 from launcher.output.messages import log
 
 RECV_BYTES = 64 * 1024
+HELLO_WITHIN = 30.0  # seconds a worker's connection may go without its hello (it says it at once)
 OUT_LIMIT = 64 << 20  # bytes waiting for one worker to read them: past this, the worker is let go
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+@dataclass(eq=False)
+class Connection:
+    """A worker's connection: challenged on ``nonce``, welcomed once it proved the key; its bytes in and out."""
+
+    sock: socket.socket
+    pid: int
+    nonce: str
+    welcomed: bool = False
+    into: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(frozen=True)
@@ -37,16 +51,6 @@ class Said:
 
     pid: int
     message: dict
-
-
-@dataclass(eq=False)
-class Connection:
-    sock: socket.socket
-    pid: int
-    nonce: str
-    welcomed: bool = False
-    into: bytearray = field(default_factory=bytearray)
-    out: bytearray = field(default_factory=bytearray)
 
 
 class WorkerChannel:
@@ -72,7 +76,8 @@ class WorkerChannel:
         try:
             # its own workers only, one connection each, stay pending (the others are closed at once): all of them may
             # connect at once, however many there are
-            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG)
+            self.listener = Listener(bind(lc.address(self.name)), "local channel", cap=BACKLOG,
+                                     hello_within=HELLO_WITHIN)
         except OSError as e:
             log.warning("no local channel to the workers (%s): they are restarted at each round", e.strerror)
 
@@ -97,8 +102,16 @@ class WorkerChannel:
             return self._read(c)
         return []
 
+    def tick(self, now: float) -> None:
+        """Let go of the connections that said no hello within HELLO_WITHIN."""
+        for sock in self.listener.overdue(now) if self.listener is not None else ():
+            c = self.connections.get(sock.fileno())
+            if c is not None:
+                self._drop(c, f"it said no hello within {HELLO_WITHIN:g} s")
+
     def next_deadline(self) -> Optional[float]:
-        """When the event loop should come back: the end of the listener's pause (out of descriptors)."""
+        """When the event loop should come back: the end of the listener's pause (out of descriptors), the oldest
+        connection's hello deadline."""
         return self.listener.next_deadline() if self.listener is not None else None
 
     def send(self, pid: int, message: dict, fds: tuple = ()) -> bool:
@@ -212,15 +225,8 @@ class WorkerChannel:
         return [Said(c.pid, message)] if c.pid in self.by_pid else []
 
     def _flush(self, c: Connection) -> None:
-        while c.out:
-            try:
-                sent = c.sock.send(c.out)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._close(c)
-                return
-            del c.out[:sent]
+        if not send_buffered(c.sock, c.out):
+            self._close(c)
 
     def _drop(self, c: Connection, why: str) -> None:
         log.warning("local channel: process %d let go: %s", c.pid, why)

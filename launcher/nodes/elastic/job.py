@@ -18,7 +18,7 @@ import signal
 from typing import Callable, Optional, Tuple
 
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.link import JobOver, Link, SharedSpeeds, StopOrder
+from launcher.nodes.elastic.link import JobOver, Link
 from launcher.nodes.elastic.model import STRAGGLES
 from launcher.output.messages import log
 from launcher.plan import policy
@@ -43,7 +43,7 @@ class ElasticJob:
         self.round: m.RoundStart = link.first
         self.attempt = link.first.restarts or 0
         self.cause: Optional[Cause] = None  # this node's cause to stop in this round
-        self.stop_order: Optional[StopOrder] = None
+        self.stop_order: Optional[m.StopWorkers] = None
         self.over: Optional[JobOver] = None
         self.next_round: Optional[m.RoundStart] = None
         self.stopped_early: set = set()  # rounds whose stop came before they began here
@@ -108,18 +108,18 @@ class ElasticJob:
     def on_events(self, events) -> list:
         out = []
         for e in events:
-            if isinstance(e, StopOrder) and e.round == self.round.number and self.stop_order is None:
+            if isinstance(e, m.StopWorkers) and e.round == self.round.number and self.stop_order is None:
                 self.stop_order = e
                 out.append(policy.RoundOver(e.reason))
             elif isinstance(e, JobOver) and self.over is None:
                 self.over = e
                 out.append(policy.StopOrdered(e.reason))
-            elif isinstance(e, StopOrder) and e.round > self.round.number:
+            elif isinstance(e, m.StopWorkers) and e.round > self.round.number:
                 self.stopped_early.add(e.round)  # the next round was stopped before it began here
             elif isinstance(e, m.RoundStart) and (e.number or 0) > self.round.number:
                 self.next_round = e
-            elif isinstance(e, SharedSpeeds):
-                self.speeds = e.entries
+            elif isinstance(e, m.Speeds):  # every member's entry, as the membership last shared them
+                self.speeds = e.nodes
         return out
 
     def tick(self, now: float) -> list:

@@ -7,7 +7,7 @@ standby whose job ended without it), then served by a thread of its own for the 
 heartbeats and re-forms go on whatever the event loop is doing. What the membership decides for this
 node reaches the event loop through ``inbox`` (a pipe it watches as its control channel), in one
 vocabulary for every backend: the next round (``messages.RoundStart``), a round's workers to stop
-(``StopOrder``), the job's end or this launcher out of it (``JobOver``). What happens here goes the
+(``messages.StopWorkers``), the job's end or this launcher out of it (``JobOver``). What happens here goes the
 other way through ``stopped``, ``done``, ``failed`` and ``leave``, each only queued (``Report``,
 ``Leave``) for the link's thread. ``Link`` writes the contract down; ``LinkBase`` holds the lifecycle
 every backend shares; tests/test_link_contract.py runs the same tests against every backend.
@@ -41,19 +41,15 @@ class StartFailed(LaunchError):
 
 
 @dataclass(frozen=True)
-class StopOrder:
-    """Stop this round's workers: the membership changed (or a failure restarts the round)."""
-
-    round: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class JobOver:
-    """The job ended (code 0: every worker finished), or this launcher is out of it."""
+class Ending:
+    """An end with its exit code and one sentence."""
 
     code: int
     reason: str
+
+
+class JobOver(Ending):
+    """The job ended (code 0: every worker finished), or this launcher is out of it."""
 
 
 # ---------------------------------------------------------------- the event loop to the link
@@ -72,12 +68,8 @@ class Report:
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class Leave:
+class Leave(Ending):
     """This launcher ends (a stop signal): it takes its node out of the job; node 0's, of a c10d job, ends it."""
-
-    code: int
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -85,13 +77,6 @@ class Share:
     """This node's speed entry (``messages.NodeSpeed``), for the other members."""
 
     entry: object
-
-
-@dataclass(frozen=True)
-class SharedSpeeds:
-    """Every member's speed entry as the membership last shared them, for the event loop (``messages.others``)."""
-
-    entries: tuple
 
 
 class Inbox:
@@ -147,7 +132,7 @@ class Link(Protocol):
 
     - ``first``: the round this launcher starts in, once formed (None: a standby whose job ended without it);
       forming it waits at most join_timeout (and read_timeout once admitted), else ``StartFailed``, one sentence;
-    - ``inbox``: the next rounds that have this launcher, in order; a ``StopOrder`` for the running round when a
+    - ``inbox``: the next rounds that have this launcher, in order; a ``messages.StopWorkers`` for the running round when a
       member is lost, silent past heartbeat_timeout, or joins, or a failure restarts it; one ``JobOver`` at
       the end, after which nothing more comes;
     - ``stopped``, ``done``, ``failed``, ``leave``: never block and never raise (they queue for the thread);
@@ -172,7 +157,7 @@ class Link(Protocol):
 
     def leave(self, code: int, reason: str) -> None: ...  # this launcher ends (node 0 of c10d: the job ends)
 
-    def share_speed(self, entry) -> None: ...  # this node's speed entry, for the others (``SharedSpeeds`` back)
+    def share_speed(self, entry) -> None: ...  # this node's speed entry, for the others (every member's back, as a ``messages.Speeds``)
 
     def leaving_ends_job(self) -> bool: ...  # whether this launcher leaving ends the job (node 0 of c10d)
 

@@ -17,11 +17,14 @@ The rules:
   member stops its workers (``StopWorkers``), and once they all report them stopped the next round
   starts with the survivors. Losses and joins meanwhile go into that same round.
 - A node that joins a running job below MAX is admitted and the round re-formed at once; at MAX it
-  is admitted as a standby (any number of them, in the order they came), the first of which takes the place of the
-  next member lost.
-- In each round node ranks stay as stable as they can: the survivors keep their order, a standby
-  takes the node rank of the member it replaces, newcomers go last; global ranks are contiguous, each
-  node's block as long as its number of workers.
+  is admitted as a standby (any number of them, in the order they came), which takes the place of the next member
+  lost.
+- Nodes may run different numbers of workers (as under torchrun). In each round node ranks stay as
+  stable as they can: the survivors keep their order, newcomers go last; global ranks are contiguous,
+  each node's block as long as its number of workers (its first rank the sum of those before it). A
+  lost member's place goes to the first standby of its size, at its node rank, so that every rank and
+  the world size stay; with no standby of its size, the first standby joins last, as a newcomer (the
+  ranks after the lost node's move, and the world size changes).
 - A membership change spends no restart: ``max_restarts`` counts worker failures only. A worker
   failure of the running round spends one and re-forms the round with the same members; none left,
   the job ends with the failure's code. With ``failed_node_leaves`` (Paddle's ``--elastic_level 0``)
@@ -140,10 +143,6 @@ def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
         return f"its node id {node.node_id!r} or host {node.host!r} is not a name"
     if type(node.workers) is not int or node.workers < 1:
         return f"it has {node.workers!r} workers; a node needs one at least"
-    keeper = state.known(state.keeper)
-    if keeper is not None and node.workers != keeper.workers:
-        return (f"it runs {node.workers} worker(s) and node 0 runs {keeper.workers}; every node of an elastic job "
-                "runs the same --nproc_per_node")
     if state.spec.node_hosts and node.host not in state.spec.node_hosts:
         return f"its host {node.host} is not one of the job's nodes ({','.join(state.spec.node_hosts)})"
     return None  # past MAX a node waits as a standby, however many wait already: no count of arrivals ends a launcher
@@ -161,13 +160,8 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
         standbys = Row(n for n in state.standbys if n != node)
         state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard)
         return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
-    text = f"{node.label} {'left' if LEAVES in reason else 'lost'}: {reason}"
-    if state.standbys:
-        substitute, standbys = state.standbys[0], Row(state.standbys[1:])
-        members = Row(substitute if n == node else n for n in state.members)
-        text += f"; standby {substitute.label} takes its place"
-    else:
-        members, standbys = Row(n for n in state.members if n != node), state.standbys
+    members, standbys, promoted = _promote(state, node)
+    text = f"{node.label} {'left' if LEAVES in reason else 'lost'}: {reason}{promoted}"
     state = _seated(state, members, standbys, gone=(node_id,), heard=heard, unstopped=state.unstopped.minus(node_id),
                     left=state.left + ((node, reason),))
     actions = (Say(logging.WARNING, text),)
@@ -179,6 +173,22 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
     else:
         state, more = _settle(state, now, start)
     return state, actions + more
+
+
+def _promote(state: State, node: Node) -> Tuple[Row, Row, str]:
+    """(members, standbys, what became of the place) once member ``node`` is gone: the first standby of its size
+    takes its place (every rank stays); none of its size, the first standby joins last, as a newcomer (the ranks
+    after the lost node's move); no standby, the members close up."""
+    staying = Row(n for n in state.members if n != node)
+    same = next((n for n in state.standbys if n.workers == node.workers), None)
+    if same is not None:
+        members = Row(same if n == node else n for n in state.members)
+        return members, Row(n for n in state.standbys if n != same), f"; standby {same.label} takes its place"
+    if not state.standbys:
+        return staying, state.standbys, ""
+    other = state.standbys[0]
+    return (staying.plus(other), Row(state.standbys[1:]),
+            f"; standby {other.label} joins last ({other.workers} worker(s), not {node.workers}: the ranks after move)")
 
 
 def _on_done(state: State, event: RoundDone, now: float):
@@ -318,7 +328,7 @@ def _stop_overdue(state: State, now: float):
 
 def _gave_up(state: State) -> str:
     spec = state.spec
-    wanted = f"{spec.min_nodes} needed (--nnodes {spec.min_nodes}:{spec.max_nodes})"
+    wanted = f"{spec.min_nodes} needed (--nnodes {spec.nodes})"
     waited = f"{spec.rendezvous.join_timeout:g} s (join_timeout)"
     if state.round is None:
         return f"only {len(state.members)} node(s) joined within {waited}, {wanted}"

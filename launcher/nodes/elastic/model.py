@@ -62,7 +62,9 @@ class Round:
 
 def describe(round_: Round) -> str:
     """A round in one line, for every node's console and log."""
-    parts = [f"round {round_.number} ({round_.why}): {len(round_.members)} node(s), world size {round_.world_size}"]
+    sizes = [m.node.workers for m in round_.members]
+    mixed = f" (workers per node: {', '.join(map(str, sizes))})" if len(set(sizes)) > 1 else ""
+    parts = [f"round {round_.number} ({round_.why}): {len(round_.members)} node(s), world size {round_.world_size}{mixed}"]
     if round_.left:
         parts.append("left: " + ", ".join(f"{node.label} ({reason})" for node, reason in round_.left))
     if round_.joined and round_.number > 1:

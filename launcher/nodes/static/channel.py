@@ -43,19 +43,20 @@ class Received:
     message: dict  # the JSON object as it came: messages.from_wire reads it
 
 
-@dataclass(frozen=True)
-class Lost:
-    node: int
-    reason: str
+LOST, NEVER_JOINED = "lost", "join"  # why nodes are gone, as the kind of the cause they stop the job with
 
 
 @dataclass(frozen=True)
-class NeverJoined:
-    nodes: tuple  # with their reason, one sentence for all
+class Gone:
+    """Nodes out of the job: LOST (a connection closed, or silent), or NEVER_JOINED (not within the join timeout,
+    or node 0 refused this node); one sentence for all."""
+
+    nodes: tuple
+    kind: str
     reason: str
 
 
-Event = Union[Joined, Received, Lost, NeverJoined]
+Event = Union[Joined, Received, Gone]
 
 
 class Channel(Protocol):

@@ -29,7 +29,7 @@ import signal
 from typing import Callable, Optional, Tuple, Union
 
 from launcher.nodes.transport import messages
-from launcher.nodes.static.channel import HubChannel, Joined, Lost, NeverJoined, Received, SpokeChannel
+from launcher.nodes.static.channel import Gone, HubChannel, Joined, Received, SpokeChannel
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.plan.model import Plan
@@ -185,12 +185,9 @@ class Leader(Peered):
                 self.channel.send(e.node, messages.to_wire(messages.Stop(self.attempt, self.cause)))
             elif isinstance(e, Joined) and self.finished:  # late, with servers only: they stop too
                 self.channel.send(e.node, messages.to_wire(messages.Finish(self.attempt)))
-            elif isinstance(e, Lost):
-                self.gone.add(e.node)
-                out += self._stop_for(Cause(e.node, "lost", 1, e.reason))
-            elif isinstance(e, NeverJoined):
+            elif isinstance(e, Gone):
                 self.gone.update(e.nodes)
-                out += self._stop_for(Cause(e.nodes[0], "join", 1, e.reason))
+                out += self._stop_for(Cause(e.nodes[0], e.kind, 1, e.reason))
             elif isinstance(e, Received):
                 out += self._on_message(e.node, messages.from_wire(e.message))
         return out

@@ -8,7 +8,7 @@ import time
 from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import TOKEN_VAR
-from launcher.nodes.static.channel import Lost, Received
+from launcher.nodes.static.channel import LOST, Gone, Received
 from launcher.nodes.transport.messages import Beat, Identity, Message, from_wire, to_wire
 from launcher.nodes.transport.wire import ProtocolError
 from launcher.output.messages import log
@@ -163,10 +163,10 @@ class Endpoint:
         log.warning("control: dropped the connection from %s: %s", c.where, reason)
         self.discarded.append(c.sock)
 
-    def _lose(self, fd: int, reason: str) -> Lost:
+    def _lose(self, fd: int, reason: str) -> Gone:
         c = self.connections.pop(fd)
         self.discarded.append(c.sock)
-        return Lost(c.node, f"{self.node_name(c.node)} lost: {reason}")
+        return Gone((c.node,), LOST, f"{self.node_name(c.node)} lost: {reason}")
 
     def close(self) -> None:
         for c in self.connections.values():

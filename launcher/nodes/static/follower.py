@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
-from launcher.nodes.static.channel import Joined, Lost, NeverJoined, Received, SpokeChannel
+from launcher.nodes.static.channel import Gone, Joined, Received, SpokeChannel
 from launcher.nodes.static.coordinator import Clock, Peered, Turn
 from launcher.nodes.transport import messages
 from launcher.output.messages import log
@@ -49,9 +49,9 @@ class Follower(Peered):
         for e in events:
             if isinstance(e, Joined):
                 self._say_again()
-            elif isinstance(e, (Lost, NeverJoined)):
+            elif isinstance(e, Gone):
                 self.alone = True
-                cause = Cause(0, "lost" if isinstance(e, Lost) else "join", 1, e.reason)
+                cause = Cause(0, e.kind, 1, e.reason)
                 self.root = self.root or cause
                 if self.cause is None:
                     self.cause = cause

@@ -7,7 +7,7 @@ import selectors
 import time
 from typing import Callable, Optional
 
-from launcher.nodes.static.channel import Joined, Lost, NeverJoined
+from launcher.nodes.static.channel import NEVER_JOINED, Gone, Joined
 from launcher.nodes.transport.connection import HELLO_TIMEOUT, Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
 from launcher.nodes.transport.handshake import Server
@@ -65,7 +65,7 @@ class Hub(Endpoint):
         if missing and not self.join_reported and now >= self.join_deadline:
             self.join_reported = True
             names = ", ".join(self.node_name(n) for n in missing)
-            events.append(NeverJoined(tuple(missing), f"{names} never joined within {self.join_timeout:g} s "
+            events.append(Gone(tuple(missing), NEVER_JOINED, f"{names} never joined within {self.join_timeout:g} s "
                                                       f"(node 0 listens on port {self.port})"))
         return events
 
@@ -108,9 +108,9 @@ class Hub(Endpoint):
         log.debug("control: %s joined from %s", self.node_name(node), c.where)
         return [Joined(node)]
 
-    def _lose(self, fd: int, reason: str) -> Lost:
+    def _lose(self, fd: int, reason: str) -> Gone:
         lost = super()._lose(fd, reason)
-        self.peers.pop(lost.node, None)
+        self.peers.pop(lost.nodes[0], None)
         return lost
 
     def send(self, node: int, message: dict) -> None:

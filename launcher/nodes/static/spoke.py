@@ -10,7 +10,7 @@ import time
 from typing import Callable, Optional
 
 from launcher.nodes.transport.auth import TOKEN_VAR
-from launcher.nodes.static.channel import Joined, NeverJoined
+from launcher.nodes.static.channel import NEVER_JOINED, Gone, Joined
 from launcher.nodes.transport.connection import RETRY_EVERY, RETRY_REFUSED, Connection, tune
 from launcher.nodes.static.endpoint import Endpoint
 from launcher.nodes.transport.handshake import Client
@@ -59,7 +59,7 @@ class Spoke(Endpoint):
             self.gave_up = True
             for fd in list(self.connections):
                 self.discarded.append(self.connections.pop(fd).sock)
-            return [NeverJoined((0,), f"{self.node_name(0)} never answered on port {self.address[1]} within "
+            return [Gone((0,), NEVER_JOINED, f"{self.node_name(0)} never answered on port {self.address[1]} within "
                                       f"{self.join_timeout:g} s ({self.last_error})")]
         if self.hub is None and not self.welcomed and now >= self.next_try:
             self._connect(now)  # once welcomed, a lost node 0 is lost for good: no new connection
@@ -133,7 +133,7 @@ class Spoke(Endpoint):
         if c.handshake.refused(message):
             self.gave_up = True
             self.discarded.append(self.connections.pop(fd).sock)
-            return [NeverJoined((0,), f"{self.node_name(0)} refused this node: {one_line(reason)}")]
+            return [Gone((0,), NEVER_JOINED, f"{self.node_name(0)} refused this node: {one_line(reason)}")]
         self._unproven(fd, f"refused this node ({one_line(reason, 200)}) without proving the job token")
         self.next_try = now + RETRY_REFUSED
         return []

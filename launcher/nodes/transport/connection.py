@@ -44,6 +44,18 @@ class Shared:
         return [LENGTH.pack(len(tag) + len(self.body)), tag, self.body]
 
 
+def send_buffered(sock: socket.socket, out: bytearray) -> bool:
+    """Send what the kernel takes of ``out`` now, without waiting (what went is cut from it); False: the peer is gone."""
+    while out:
+        try:
+            del out[:sock.send(out)]
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class Connection:
     sock: socket.socket
@@ -72,15 +84,8 @@ class Connection:
         self.flush()
 
     def flush(self) -> None:
-        while self.out:
-            try:
-                n = self.sock.send(self.out)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.out.clear()  # the peer is gone: reading will say so
-                return
-            del self.out[:n]
+        if not send_buffered(self.sock, self.out):
+            self.out.clear()  # the peer is gone: reading will say so
 
     def send_within(self, message, timeout: float = SEND_TIMEOUT) -> bool:
         """One try without waiting (a heartbeat: one system call); what the buffer did not take, within

@@ -6,14 +6,15 @@ answers, a launcher's leaving or being dropped. ``messages`` writes and reads th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Optional
+
+from launcher.nodes.transport.values import Message
 
 
 @dataclass(frozen=True)
-class Admitted:
+class Admitted(Message, kind="admitted"):
     """Node 0 to a launcher of an elastic job it welcomed: it is in (a standby waits for a member's place)."""
 
-    type: ClassVar[str] = "admitted"
     standby: Optional[bool]
 
 
@@ -72,11 +73,10 @@ def as_changes(value) -> Optional[tuple]:
 
 
 @dataclass(frozen=True)
-class RoundStart:
+class RoundStart(Message, kind="round"):
     """The keeper to each member: the round to start, its members' seats (None off the wire: not a list of
     seats)."""
 
-    type: ClassVar[str] = "round"
     number: Optional[int]
     members: Optional[tuple] = field(metadata={"read": as_members})  # Seat
     world_size: Optional[int]
@@ -88,55 +88,47 @@ class RoundStart:
 
 
 @dataclass(frozen=True)
-class StopWorkers:
+class StopWorkers(Message, kind="stop_workers"):
     """Node 0 to each member: stop this round's workers (a membership change)."""
 
-    type: ClassVar[str] = "stop_workers"
     round: Optional[int]
     reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
-class OfRound:
+class OfRound(Message):
     """What a member's word on one round carries."""
 
     round: Optional[int]
 
 
-class Stopped(OfRound):
+class Stopped(OfRound, kind="stopped"):
     """A member to node 0: its workers of this round are all gone."""
 
-    type: ClassVar[str] = "stopped"
 
-
-class RoundDone(OfRound):
+class RoundDone(OfRound, kind="round_done"):
     """A member to node 0: its workers of this round all finished (exit code 0)."""
-
-    type: ClassVar[str] = "round_done"
 
 
 @dataclass(frozen=True)
-class RoundFailed:
+class RoundFailed(Message, kind="round_failed"):
     """A member to node 0: a cause to stop found there while the round ran (a worker failed, a start, a hang)."""
 
-    type: ClassVar[str] = "round_failed"
     round: Optional[int]
     code: int  # off the wire: 1 unless an int of 0 to 255
     reason: Optional[str]
 
 
 @dataclass(frozen=True)
-class Leaving:
+class Leaving(Message, kind="leaving"):
     """A member to node 0: its launcher ends (a stop signal): it left the job, it is not lost."""
 
-    type: ClassVar[str] = "leaving"
     reason: Optional[str]
 
 
 @dataclass(frozen=True)
-class Dropped:
+class Dropped(Message, kind="dropped"):
     """Node 0 to a launcher it counts out of the job: end with ``code``, saying ``reason``."""
 
-    type: ClassVar[str] = "dropped"
     code: int  # off the wire: 1 unless an int of 0 to 255
     reason: Optional[str]

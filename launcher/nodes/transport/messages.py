@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
-from typing import Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 
-from launcher.nodes.transport.elastic_messages import (Admitted, Change, Dropped, Leaving, RoundDone, RoundFailed,
-                                                       RoundStart, Seat, StopWorkers, Stopped)
-from launcher.nodes.transport.values import BY_TYPE, as_attempt
+from launcher.nodes.transport.elastic_messages import (  # noqa: F401 (the elastic job's, read and written here too)
+    Admitted, Change, Dropped, Leaving, RoundDone, RoundFailed, RoundStart, Seat, StopWorkers, Stopped)
+from launcher.nodes.transport.values import BY_TYPE, Message, as_attempt
 from launcher.plan.policy import Cause
 from launcher.plan.stragglers import STALE, RankTime, valid
 
@@ -56,19 +56,17 @@ class Identity:
 
 
 @dataclass(frozen=True)
-class Challenge:
+class Challenge(Message, kind="challenge"):
     """A server to a new connection: prove the job token on this nonce (``handshake``)."""
 
-    type: ClassVar[str] = "challenge"
     nonce: Optional[str]
 
 
 @dataclass(frozen=True)
-class Hello:
+class Hello(Message, kind="hello"):
     """A joining node to node 0, after its challenge. ``node`` and ``proof`` are as sent (node 0 checks them and
     names a wrong value in its refusal); ``proof`` is left out without a job token."""
 
-    type: ClassVar[str] = "hello"
     identity: Optional[dict]
     node: object
     nonce: Optional[str]
@@ -79,78 +77,64 @@ class Hello:
 
 
 @dataclass(frozen=True)
-class Welcome:
-    type: ClassVar[str] = "welcome"
+class Welcome(Message, kind="welcome"):
     proof: Optional[str] = None  # with a job token: the server's proof on the client's nonce
 
 
 @dataclass(frozen=True)
-class Refusal:
-    type: ClassVar[str] = "refused"
+class Refusal(Message, kind="refused"):
     reason: Optional[str]
     proof: Optional[str] = None
 
 
 @dataclass(frozen=True)
-class Beat:
-    type: ClassVar[str] = "beat"
+class Beat(Message, kind="beat"):
+    """Either end of a link, every keep-alive interval: it is there."""
 
 
 # ---------------------------------------------------------------- a node to node 0, and node 0's orders
 
 
 @dataclass(frozen=True)
-class Attempt:
+class Attempt(Message):
     """What a message about one attempt carries: its number as node 0 compares it (``values.as_attempt``)."""
 
     attempt: Optional[int] = field(metadata={"read": as_attempt})
 
 
 @dataclass(frozen=True)
-class AttemptCause:
+class AttemptCause(Message):
     """What a message about one attempt and its cause carries."""
 
     attempt: Optional[int] = field(metadata={"read": as_attempt})
     cause: Optional[Cause]
 
 
-class Failed(AttemptCause):
+class Failed(AttemptCause, kind="failed"):
     """A cause to stop found on a node: node 0 takes the first as the attempt's root cause."""
 
-    type: ClassVar[str] = "failed"
-
-
-class Report(AttemptCause):
+class Report(AttemptCause, kind="report"):
     """A node's part of an attempt is over, with its cause (None: its workers all finished)."""
 
-    type: ClassVar[str] = "report"
 
-
-class TrainersDone(Attempt):
+class TrainersDone(Attempt, kind="trainers_done"):
     """Parameter-server mode: this node's trainers all exited 0."""
 
-    type: ClassVar[str] = "trainers_done"
+class Stop(AttemptCause, kind="stop"):
+    """Node 0 to every node: stop this attempt's workers, for the cause given."""
 
 
-class Stop(AttemptCause):
-    type: ClassVar[str] = "stop"
-
-
-class Finish(Attempt):
+class Finish(Attempt, kind="finish"):
     """Parameter-server mode: every trainer of the job finished; stop the servers."""
-
-    type: ClassVar[str] = "finish"
 
 
 @dataclass(frozen=True)
-class Start:
-    type: ClassVar[str] = "start"
+class Start(Message, kind="start"):
     attempt: Optional[int]  # strictly an int on the wire, else None
 
 
 @dataclass(frozen=True)
-class End:
-    type: ClassVar[str] = "end"
+class End(Message, kind="end"):
     attempt: Optional[int] = field(metadata={"read": as_attempt})
     code: int  # off the wire: 1 unless an int of 0 to 255
     cause: Optional[Cause]
@@ -186,11 +170,10 @@ class NodeSpeed:
 
 
 @dataclass(frozen=True)
-class Speeds:
+class Speeds(Message, kind="speeds"):
     """A node to the node that gathers them (node 0; an elastic job's keeper): its own entry; and back to every node:
     every node's, so that each one judges the whole job. A receiver trusts an entry of a node only from that node."""
 
-    type: ClassVar[str] = "speeds"
     # NodeSpeed (off the wire, what is not one is left out: ``read_speeds``, below)
     nodes: tuple = field(metadata={"read": lambda value: read_speeds(value)})
 
@@ -262,10 +245,9 @@ def others(entries: Iterable[NodeSpeed], own_node: int, round_: int = 0) -> Tupl
 
 
 @dataclass(frozen=True)
-class Join:
+class Join(Message, kind="join"):
     """An MPI rank's hello to rank 0: its rank, the number of ranks, its address; ``proof`` with a job token."""
 
-    type: ClassVar[str] = "join"
     rank: Optional[int]  # strictly ints on the wire, else None
     size: Optional[int]
     address: Optional[str]
@@ -274,11 +256,10 @@ class Join:
 
 
 @dataclass(frozen=True)
-class NodeList:
+class NodeList(Message, kind="nodes"):
     """Rank 0's answer after its welcome: every node's address in MPI rank order (None off the wire: not a list of
     text)."""
 
-    type: ClassVar[str] = "nodes"
     nodes: Optional[list]
 
 
@@ -288,10 +269,6 @@ class Unknown:
 
     type: str
 
-
-Message = Union[Challenge, Hello, Welcome, Refusal, Beat, Failed, Report, TrainersDone, Stop, Finish, Start, End,
-                Admitted, RoundStart, StopWorkers, Stopped, RoundDone, RoundFailed, Leaving, Dropped, Speeds, Join,
-                NodeList, Unknown]
 
 OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
@@ -323,7 +300,7 @@ def reader(cls) -> Callable[[dict], Message]:
     return lambda m: cls(*(read_field(m.get(name)) for name, read_field in read))
 
 
-READERS: dict[str, Callable[[dict], Message]] = {cls.type: reader(cls) for cls in Message.__args__ if cls is not Unknown}
+READERS: dict[str, Callable[[dict], Message]] = {kind: reader(cls) for kind, cls in Message.kinds.items()}
 
 
 def from_wire(message: dict) -> Message:

@@ -1,9 +1,24 @@
 """Values off the wire read as typed values, never raising: what is not of the type reads as None (an end's code
-as 1), so that each message's handler decides on typed values only."""
+as 1), so that each message's handler decides on typed values only; and ``Message``, the base of every message."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Dict, Optional
+
+
+class Message:
+    """A message between launchers: a frozen dataclass declared ``class Name(Message, kind="its type"):``, sent as a
+    JSON object whose ``type`` is its kind; every kind declared is in ``kinds`` (``messages.from_wire`` reads them)."""
+
+    type: ClassVar[str]
+    kinds: ClassVar[Dict[str, type]] = {}
+
+    def __init_subclass__(cls, kind: str = "", **rest) -> None:
+        super().__init_subclass__(**rest)
+        if kind:
+            assert kind not in Message.kinds, f"two messages of the kind {kind!r}"
+            cls.type = kind
+            Message.kinds[kind] = cls
 
 
 def as_attempt(value) -> Optional[int]:

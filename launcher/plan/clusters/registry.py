@@ -47,6 +47,12 @@ def choose(opts: LaunchOptions, env: Mapping[str, str]):
     return command_line.NAME, "--cluster_env auto"
 
 
+def scheduler_found(env: Mapping[str, str]) -> bool:
+    """Whether a scheduler's variables say which node this is (a source other than the command line's and
+    torchrun's options is found in ``env``)."""
+    return any(source.detect(env, None) for name, source in SOURCES.items() if name not in (command_line.NAME, torchrun.NAME))
+
+
 def device_defaults(name: str, env: Mapping[str, str]) -> Mapping[str, object]:
     """Option values the scheduler gives (selected_gpus, nproc_per_node), for options not given."""
     return SOURCES[name].devices(env)

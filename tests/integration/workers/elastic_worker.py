@@ -66,7 +66,9 @@ barrier()
 record = {"pid": os.getpid(), "rank": rank, "world": world, "sum": total, "resumed": resumed,
           "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR",
                                                   "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "PADDLE_TRAINER_ID",
-                                                  "PADDLE_TRAINERS_NUM")}}
+                                                  "PADDLE_TRAINERS_NUM", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+                                                  "ROLE_RANK", "ROLE_WORLD_SIZE", "PADDLE_TRAINER_ENDPOINTS",
+                                                  "PADDLE_CURRENT_ENDPOINT", "PADDLE_LOCAL_SIZE", "PADDLE_RANK_IN_NODE")}}
 with open(os.path.join(folder, "records.jsonl"), "a") as f:
     f.write(json.dumps(record) + "\n")
 print(f"rank {rank}/{world}: sum {total}, resumed at step {resumed}", flush=True)

@@ -1,10 +1,15 @@
-"""Writes DIR/env.RANK.json: the variables torchrun gives a worker, and what torch itself makes of them."""
+"""Writes DIR/env.RANK.json: the variables torchrun gives a worker, and what torch itself makes of them (with
+WORKER_GROUP=store, conftest.workers_without_torch's: the variables alone, no torch imported)."""
 
 import json
 import os
 import sys
 
-from torch.distributed import is_torchelastic_launched
+if os.environ.get("WORKER_GROUP") == "store":
+    def is_torchelastic_launched():
+        return None
+else:
+    from torch.distributed import is_torchelastic_launched
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
          "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",

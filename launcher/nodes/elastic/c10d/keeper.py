@@ -21,8 +21,7 @@ from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
-from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share, SharedSpeeds,
-                                         StopOrder)
+from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share)
 from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, messages, stranger
 from launcher.nodes.elastic.c10d.speeds import SpeedTable
 from launcher.nodes.transport.connection import Connection, Shared
@@ -75,8 +74,8 @@ class Keeper(LinkBase):
 
     def first_round(self) -> Optional[m.RoundStart]:
         """Serve until round 1 starts (its RoundStart) or cannot (None; ``failed_start`` says why)."""
-        log.info("elastic job: this launcher is node 0, waiting for %d to %d nodes on %s:%d",
-                 self.spec.min_nodes, self.spec.max_nodes, self.spec.host, self.spec.port)
+        log.info("elastic job: this launcher is node 0, waiting for %s nodes on %s:%d",
+                 self.spec.nodes.replace(":", " to "), self.spec.host, self.spec.port)
         while self.first is None and self.failed_start is None:
             self.serve_once()
         if self.failed_start is not None:
@@ -141,7 +140,7 @@ class Keeper(LinkBase):
         for x in round_.members:
             if x.node.node_id != self.node_id:
                 self.send_to(x.node.node_id, encoded)
-        self.inbox.put(SharedSpeeds(entries))
+        self.inbox.put(m.Speeds(entries))
 
     def event_of(self, item):
         """What this node's event loop reported, as the membership's event."""
@@ -210,7 +209,7 @@ class Keeper(LinkBase):
         encoded = Shared(m.StopWorkers(action.round, action.reason))
         for node_id in action.nodes:
             if node_id == self.node_id:
-                self.inbox.put(StopOrder(action.round, action.reason))
+                self.inbox.put(m.StopWorkers(action.round, action.reason))
             else:
                 self.send_to(node_id, encoded)
 

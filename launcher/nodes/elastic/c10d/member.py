@@ -13,13 +13,13 @@ once, each answers), and each counts the other gone when its connection closes o
 from __future__ import annotations
 
 import selectors
+import time
 from typing import Optional
 
-from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, SharedSpeeds,
-                                         StartFailed, StopOrder, member, own_id, place_in)
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, StartFailed, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
 from launcher.nodes.transport.auth import TOKEN_VAR
-from launcher.nodes.transport.connection import Connection, dial
+from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial
 from launcher.nodes.transport.handshake import Client
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
@@ -27,6 +27,14 @@ from launcher.plan.policy import one_line
 
 REPORTS = {STOPPED: lambda r: m.Stopped(r.round), DONE: lambda r: m.RoundDone(r.round),
            FAILED: lambda r: m.RoundFailed(r.round, r.code, r.reason)}
+
+
+class _Unproven(Exception):
+    """An answer to the hello (a welcome, a refusal) that does not prove the job token: not obeyed."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
 
 
 class MemberLink(LinkBase):
@@ -53,17 +61,24 @@ class MemberLink(LinkBase):
         join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard)."""
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
-        try:
-            sock = dial(self.spec.host, self.spec.port, deadline, self.clock)
-        except OSError as e:
-            raise StartFailed(f"could not reach {self.where} within {rendezvous.join_timeout:g} s (join_timeout; last: "
-                              f"{e.strerror or e}); check that node 0 runs and the endpoint is its address.") from None
-        self.conn = Connection(sock, framer=wire.Framer(wire.sized_for(self.spec.max_nodes)))  # a round lists all
-        try:
-            self.first = self._await_round(deadline + rendezvous.read_timeout)
-        except BaseException:
-            sock.close()
-            raise
+        while True:
+            try:
+                sock = dial(self.spec.host, self.spec.port, deadline, self.clock)
+            except OSError as e:
+                raise StartFailed(f"could not reach {self.where} within {rendezvous.join_timeout:g} s (join_timeout; "
+                                  f"last: {e.strerror or e}); check that node 0 runs and the endpoint is its "
+                                  "address.") from None
+            self.conn = Connection(sock, framer=wire.Framer(wire.sized_for(self.spec.max_nodes)))  # a round lists all
+            self.handshake = Client(self.token, self.job_id, self.node_id)  # a fresh nonce for each try
+            try:
+                self.first = self._await_round(deadline + rendezvous.read_timeout)
+                break
+            except _Unproven as e:
+                sock.close()
+                self._after_unproven(e.what, deadline)
+            except BaseException:
+                sock.close()
+                raise
         if self.first is None:  # a standby whose job finished without it
             return self
         place = place_in(self.first, self.node_id)
@@ -90,7 +105,9 @@ class MemberLink(LinkBase):
                 message = self._open(body)
                 if isinstance(message, StartFailed):
                     raise message
-                if not welcomed and not isinstance(message, (m.Refusal, m.Dropped)):
+                if not welcomed and isinstance(message, (m.Refusal, m.Dropped)):
+                    self._refused(m.Refusal(message.reason, getattr(message, "proof", None)))
+                if not welcomed:
                     welcomed = self._shake(message)
                     continue
                 if admitted and isinstance(message, m.Dropped) and message.code == 0:
@@ -108,6 +125,22 @@ class MemberLink(LinkBase):
                     self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
 
+    def _refused(self, refusal: m.Refusal) -> None:
+        """A refusal before the welcome: node 0's if it proves the job token on this launcher's nonce (StartFailed);
+        one that proves nothing may be a stranger's, so it is not obeyed (the launcher tries again)."""
+        reason = one_line(str(refusal.reason or "no reason given"), 300)
+        if not self.handshake.refused(refusal):
+            raise _Unproven(f"refused this launcher ({reason})")
+        raise StartFailed(f"{self.where} did not take this launcher: {reason}.")
+
+    def _after_unproven(self, what: str, deadline: float) -> None:
+        """Wait RETRY_REFUSED before the next try; StartFailed once the join timeout leaves no time for one."""
+        if self.clock() + RETRY_REFUSED >= deadline:
+            raise StartFailed(f"{self.where} {what} without proving the job token ({TOKEN_VAR}) until join_timeout; "
+                              "check that the endpoint is this job's node 0 and every node has the same token.")
+        log.warning("elastic job: %s %s without proving the job token; trying again", self.where, what)
+        time.sleep(RETRY_REFUSED)
+
     def _shake(self, message) -> bool:
         """Node 0's challenge (answered with the hello) or welcome (True: node 0 proves the job token, when there
         is one; then every message both ways is sealed in their session); StartFailed for anything else."""
@@ -124,8 +157,7 @@ class MemberLink(LinkBase):
             self.next_beat = self.clock() + self.spec.rendezvous.keep_alive_interval  # its hello was the first word
             return True
         if isinstance(message, m.Welcome):
-            raise StartFailed(f"{self.where} did not prove the job token ({TOKEN_VAR}); check that the endpoint "
-                              "is this job's node 0 and every node has the same token.")
+            raise _Unproven("welcomed this launcher")
         raise StartFailed(f"{self.where} sent {message.type[:40]!r} before its welcome; check that the endpoint "
                           "belongs to this job.")
 
@@ -251,9 +283,9 @@ class MemberLink(LinkBase):
         elif self._has_me(message):
             self.inbox.put(message)
         elif isinstance(message, m.Speeds):
-            self.inbox.put(SharedSpeeds(message.nodes))
+            self.inbox.put(message)
         elif isinstance(message, m.StopWorkers) and message.round is not None:
-            self.inbox.put(StopOrder(message.round, message.reason or "node 0 re-forms the job"))
+            self.inbox.put(m.StopWorkers(message.round, message.reason or "node 0 re-forms the job"))
         elif isinstance(message, (m.Dropped, m.Refusal)):
             code = message.code if isinstance(message, m.Dropped) else 1
             return JobOver(code, one_line(str(message.reason or "node 0 gave no reason"), 300))

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from launcher.nodes.elastic.model import LEAVES, SILENT
 from launcher.nodes.transport import auth
+from launcher.untrusted import json_object
 
 LEFT, LOST = "left", "lost"
 REASON_WIDTH = 300
@@ -30,11 +31,8 @@ def gone_value(kind: str, reason: str, writer: str, token: Optional[str], job_id
 
 def read_gone(value: str, token: Optional[str], job_id: str) -> Optional[Tuple[str, str]]:
     """(kind, reason) of a marker; None when it is not one (malformed, or unproven where the job has a token)."""
-    try:
-        data = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
+    data = json_object(value)
+    if data is None:
         return None
     body = {"kind": data.get("kind"), "reason": data.get("reason"), "by": data.get("by")}
     if body["kind"] not in (LEFT, LOST) or not isinstance(body["reason"], str) or not isinstance(body["by"], str):

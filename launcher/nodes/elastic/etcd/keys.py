@@ -11,6 +11,7 @@ from urllib.parse import quote, unquote
 
 from launcher.nodes.elastic import model as mb
 from launcher.nodes.transport import auth
+from launcher.untrusted import json_object
 
 ROOT = "/launcher/"
 KINDS = ("stopped", "done", "failed")
@@ -106,15 +107,6 @@ def read_report(value: str, lease: int, node_lease: int, token: Optional[str], j
     if body["kind"] == "failed":
         return mb.WorkerFailed(body["id"], round_, code, reason or "a worker failed")
     return None
-
-
-def json_object(value: str) -> Optional[dict]:
-    """A JSON object off etcd (None: not JSON, too deep, or not an object)."""
-    try:
-        data = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def proven(given, token: Optional[str], nonce: str, job_id: str, node_id: str) -> bool:

@@ -27,7 +27,7 @@ from launcher.nodes.elastic.etcd.keeping import RecordKeeper
 from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.link import (JobOver, Leave, LinkBase, Report, Share, SharedSpeeds, StartFailed, StopOrder,
+from launcher.nodes.elastic.link import (JobOver, Leave, LinkBase, Report, Share, StartFailed,
                                          own_id, place_in)
 from launcher.nodes.elastic.etcd.client import KeyValue, Refused, Unavailable, compare_created, put_op
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
@@ -35,11 +35,6 @@ from launcher.nodes.elastic.etcd.ring import Peer, Ring, successor
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
-
-
-@dataclass(frozen=True)
-class _Refusal:
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -118,9 +113,8 @@ class EtcdLink(LinkBase):
                         log.info("elastic job: %s; this launcher is node %d", item.text or f"round {item.number}",
                                  place.node_rank)
                         return item
-                    if isinstance(item, _Refusal):
-                        raise StartFailed(f"the job {self.job_id} in {self.where} did not take this launcher: "
-                                          f"{one_line(item.reason, 300)}.")
+                    if isinstance(item, StartFailed):
+                        raise item
                     if isinstance(item, JobOver) and item.code == 0 and self.given_round == 0:
                         log.info("elastic job: the job ended without this launcher: %s", one_line(item.reason, 300))
                         return None
@@ -206,7 +200,7 @@ class EtcdLink(LinkBase):
         self._decide()
         paces = self.paces.news(self.mirror.paces(self.mirror.alive()), self.round_given)
         if paces is not None:
-            self.inbox.put(SharedSpeeds(paces))
+            self.inbox.put(m.Speeds(paces))
 
     def _renew(self) -> None:
         out = self.lease.renew()
@@ -291,7 +285,8 @@ class EtcdLink(LinkBase):
 
     def _deliver(self, view: es.View) -> None:
         if view.refused is not None and self.given_round == 0:
-            self.inbox.put(_Refusal(view.refused))
+            self.inbox.put(StartFailed(f"the job {self.job_id} in {self.where} did not take this launcher: "
+                                       f"{one_line(view.refused, 300)}."))
             self.stopping = True
             return
         if view.round is not None and view.round.number > self.given_round:
@@ -299,7 +294,7 @@ class EtcdLink(LinkBase):
             self.given_round = view.round.number
             self.round_given = view.round
         if view.stop is not None and view.stop[0] == self.given_round and self.given_stop < self.given_round:
-            self.inbox.put(StopOrder(view.stop[0], view.stop[1]))
+            self.inbox.put(m.StopWorkers(*view.stop))
             self.given_stop = self.given_round
         if view.standby and not self.said_standby and self.given_round == 0:
             log.info("elastic job: this launcher waits as a standby")

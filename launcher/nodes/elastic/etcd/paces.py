@@ -16,6 +16,7 @@ from launcher.nodes.elastic.link import member
 from launcher.nodes.transport import auth, messages
 from launcher.output.messages import log
 from launcher.plan.policy import one_line
+from launcher.untrusted import json_object
 
 NODES_PER_PERIOD = 16  # a job of more members writes its paces less often, in proportion
 
@@ -37,7 +38,7 @@ def pace_value(node_id: str, lease: int, entry: messages.NodeSpeed, token: Optio
 
 def read_pace(value: str, lease: int, node_lease: int, token: Optional[str], job_id: str):
     """(node id, NodeSpeed) of a pace key's value; None when malformed, unproven, or not under its node's lease."""
-    data = ek.json_object(value)
+    data = json_object(value)
     if data is None or lease != node_lease or not isinstance(data.get("id"), str):
         return None
     body = {"id": data["id"], "entry": data.get("entry")}

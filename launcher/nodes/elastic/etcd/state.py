@@ -37,6 +37,7 @@ from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.plan.elastic import ElasticSpec
+from launcher.untrusted import json_object
 
 # ---------------------------------------------------------------- the keeper's record
 
@@ -91,12 +92,12 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
 def decode(value: str, spec: ElasticSpec, job_id: str, token: Optional[str], now: float) -> Optional[Record]:
     """The record in ``value`` (None: malformed, or it does not prove the job token); the state's clocks
     start at ``now`` (a keeper that takes over gives each deadline its whole time again)."""
-    outer = ek.json_object(value)
+    outer = json_object(value)
     if outer is None or not isinstance(outer.get("body"), str):
         return None
     if not _proven_record(outer.get("proof"), token, outer["body"], job_id):
         return None
-    data = ek.json_object(outer["body"])
+    data = json_object(outer["body"])
     try:
         return _record(data, spec, job_id, now) if data is not None else None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError):
