@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Elastic jobs (``--nnodes MIN:MAX``) under our launcher and torchrun, side by side.
 
-    python bench/elastic.py [--only startup,poweroff,silent,join,norestart] [--runs N] [--json FILE]
+    python bench/elastic.py [--only startup,poweroff,silent,join,norestart,spare] [--runs N] [--json FILE]
                             [--repo PATH] [--rdzv-conf KEY=VALUE,...] [--bound S] [--keep DIR]
                             [--etcd HOST:PORT|local] [--lose other|first] [--sides ours,inprocess,torchrun,example]
 
@@ -28,7 +28,11 @@ ours with the workers kept, as "inprocess", with the example's model, optimizer 
 3. silent: the same with SIGSTOP (a partition); the stopped processes are SIGKILLed afterwards;
 4. join: 2 launchers running, then a third: from its start to its worker's first step (world 3),
    or "never";
-5. norestart: as 2 with ``--max-restarts=0``.
+5. norestart: as 2 with ``--max-restarts=0``;
+6. spare: ``--nnodes=1:2``, two launchers running and a third waiting for a place (ours: a standby, with
+   ``--warm_start`` on the side "inprocess", so that its workers wait ready; torchrun: its agent in the rendezvous's
+   redundancy list); every process of the second one SIGKILLed; from the kill to the first step that both ranks
+   of world size 2 wrote, and whether the survivors' workers were new.
 
 Each scenario runs ``--runs`` times per launcher (ours, torchrun, ours, ...): the median (min-max),
 and how often each other outcome came. After a run every launcher still running gets SIGTERM (30 s
@@ -62,7 +66,7 @@ from typing import Callable, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from elastic_job import EVENT_BOUND_S, Figure, Job, Side, first_full_step, first_step, sides, signal_node  # noqa: E402
-from elastic_job import local_etcd, said, stop_all, victim  # noqa: E402
+from elastic_job import local_etcd, rendezvous_host, said, stop_all, victim  # noqa: E402
 
 NODES_MAX = 3
 RUNNING_BOUND_S = 120.0  # for the job to run (torchrun's last call alone is 30 s)
@@ -70,6 +74,8 @@ EXIT_BOUND_S = 60.0  # for a job of a step count to end by itself
 JOB_SLACK_S = 120.0  # the workers' own deadline is this far past the longest a run can take
 STARTUP_STEPS = 10
 SIDES = ("ours", "inprocess", "torchrun", "example")
+SPARE_MAX = 2  # the spare scenario's MAX: two members, and one launcher more waiting
+TORCHRUN_STANDBY_S = 5.0  # for torchrun's third agent to reach its rendezvous and wait (it says nothing when it does)
 
 
 # ---------------------------------------------------------------- the scenarios
@@ -109,10 +115,11 @@ def lose_a_node(job: Job, sig: int) -> tuple:
     return when, lost, signal_node(lost, sig)
 
 
-def after_loss(job: Job, when: float, lost: harness.Run) -> Figure:
+def after_loss(job: Job, when: float, lost: harness.Run, found: Optional[Callable] = None) -> Figure:
+    """The figure of a loss at ``when``: until ``found`` (default: the first step at world size 2) gives a time."""
     survivors = [n for n in job.nodes if n is not lost]
     before = job.workers(survivors)
-    at, why = job.wait(first_step(2, after=when), job.bound, survivors)
+    at, why = job.wait(found or first_step(2, after=when), job.bound, survivors)
     if at is not None:
         started = len(job.workers_seen - before)
         return Figure(at - when, detail=f"lost {job.name(lost)}; "
@@ -163,6 +170,42 @@ def join(job: Job) -> dict:
     return {"join": Figure(verdict="never", detail=detail, said=said([late]))}
 
 
+def spare(job: Job) -> dict:
+    """``--nnodes 1:2``: two launchers running, a third waiting (ours: a standby, started warm where the workers
+    re-enter in place; torchrun: its agent waits for a place); every process of the second one killed at once; from the
+    kill to the first step that both ranks of the full world size wrote."""
+    failed = running(job, SPARE_MAX)
+    if failed:
+        return {"spare": failed}
+    (standby,) = job.start(1)
+    waiting = standing_by(job, standby)
+    if waiting:
+        return {"spare": waiting}
+    host = rendezvous_host(job)  # under load the second launcher may bind the endpoint first
+    lost = [n for n in job.nodes[:SPARE_MAX] if n is not host][-1]  # a member, never the host nor the standby
+    when = time.time()
+    killed = set(signal_node(lost, signal.SIGKILL))  # its worker may write a step line while the sweep runs
+    return {"spare": after_loss(job, when, lost, first_full_step(SPARE_MAX, after=when, without=killed))}
+
+
+def standing_by(job: Job, standby: harness.Run) -> Optional[Figure]:
+    """Wait until ``standby`` waits for a place (ours says so; torchrun's agent says nothing, it is given
+    ``TORCHRUN_STANDBY_S``), then a second more; a Figure if it ended first."""
+    def said_so() -> bool:
+        text = standby.stderr_path.read_text(errors="replace")
+        return "this launcher waits as a standby" in text or standby.exited
+    if job.side.module == "launcher":
+        deadline = time.monotonic() + job.bound
+        while not said_so() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        time.sleep(TORCHRUN_STANDBY_S)
+    time.sleep(1.0)
+    if standby.exited or (job.side.module == "launcher" and not said_so()):
+        return Figure(verdict="error", detail=f"no standby ({job.codes([standby])})", said=said([standby]))
+    return None
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -170,6 +213,8 @@ class Scenario:
     run: Callable[[Job], dict]
     max_restarts: int = 3
     worker_args: tuple = ()
+    nnodes: str = "2:3"
+    warm: bool = False  # ours with workers kept in place: --warm_start
 
 
 SCENARIOS = (
@@ -181,6 +226,8 @@ SCENARIOS = (
     Scenario("join", (("join", "4. join: 3rd launcher start -> its first step (world 3)"),), join),
     Scenario("norestart", (("poweroff", "5. --max-restarts=0, power-off -> next step at world 2"),), poweroff,
              max_restarts=0),
+    Scenario("spare", (("spare", "6. spare: --nnodes 1:2 + a standby, power-off -> next step of both ranks at world 2"),),
+             spare, nnodes=f"1:{SPARE_MAX}", warm=True),
 )
 
 
@@ -204,7 +251,7 @@ def run_once(scenario: Scenario, side: Side, folder: Path, conf: Optional[str], 
         until = ("--until", f"{time.time() + RUNNING_BOUND_S + 2 * bound + JOB_SLACK_S:.0f}")
         try:
             job = Job(side, folder, ports, scenario.max_restarts, conf, [*scenario.worker_args, *until], bound,
-                      etcd, lose_first)
+                      etcd, lose_first, scenario.nnodes, scenario.warm)
         except (OSError, harness.BenchError) as e:  # no ports, no folder: nothing started
             return RunResult(failed(e))
         try:

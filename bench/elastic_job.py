@@ -55,10 +55,14 @@ class Side:
     example: bool = False  # examples/elastic_inprocess.py: given ``--steps`` only, its lines read from the worker logs
 
     def command(self, port: int, rdzv_id: str, max_restarts: int, conf: Optional[str], worker: list,
-                etcd: Optional[str] = None) -> list:
+                etcd: Optional[str] = None, nnodes: str = "2:3", warm: bool = False) -> list:
         """The line of every node: around an endpoint on ``port``, or with ``etcd`` (HOST:PORT) keeping the
-        membership: ours ``--rdzv-backend=etcd`` (the workers' ports from ``port`` on), torchrun's ``etcd-v2``."""
+        membership: ours ``--rdzv-backend=etcd`` (the workers' ports from ``port`` on), torchrun's ``etcd-v2``.
+        ``warm``: ours with workers kept in place also ``--warm_start`` (a joiner's or a standby's workers wait
+        ready in ``launcher.runtime.elastic.run``)."""
         extra = [f"--rdzv-conf={conf}"] if conf else []
+        if warm and self.module == "launcher" and (self.example or "--inprocess" in self.worker_flags):
+            extra.append("--warm_start")
         if etcd is None:
             rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
         elif self.module == "launcher":
@@ -67,7 +71,7 @@ class Side:
             rendezvous = ["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={etcd}"]
         if self.example:  # its own options only: the step to stop at (it takes no folder and no deadline)
             worker = [value for i in range(len(worker) - 1) if worker[i] == "--steps" for value in worker[i:i + 2]]
-        return [sys.executable, "-m", self.module, "--nnodes=2:3", "--nproc-per-node=1", *rendezvous,
+        return [sys.executable, "-m", self.module, f"--nnodes={nnodes}", "--nproc-per-node=1", *rendezvous,
                 f"--rdzv-id={rdzv_id}", f"--max-restarts={max_restarts}", *extra, str(self.script),
                 *map(str, worker), *self.worker_flags]
 
@@ -105,13 +109,13 @@ class Job:
 
     def __init__(self, side: Side, folder: Path, ports: harness.PortReservations, max_restarts: int,
                  conf: Optional[str], worker_args: list, bound: float = EVENT_BOUND_S, etcd: Optional[str] = None,
-                 lose_first: bool = False):
+                 lose_first: bool = False, nnodes: str = "2:3", warm: bool = False):
         self.side, self.folder, self.bound, self.lose_first = side, folder, bound, lose_first
         self.out = folder / "out"
         self.out.mkdir()
         self.port = ports.reserve_block(PORTS) + 1
         self.argv = side.command(self.port, f"bench-{uuid.uuid4().hex[:8]}", max_restarts, conf,
-                                 [self.out, *worker_args], etcd)
+                                 [self.out, *worker_args], etcd, nnodes, warm)
         self.nodes: list[harness.Run] = []
         self.records: list[dict] = []
         self.workers_seen: set = set()  # pids of the training script's processes under ``watched`` in the last wait
@@ -214,12 +218,13 @@ def first_step(world: int, after: float = 0.0, host: Optional[int] = None) -> Ca
     return found
 
 
-def first_full_step(world: int) -> Callable[[list], Optional[float]]:
-    """When the first step that every one of ``world`` ranks wrote (at that world size) was complete."""
+def first_full_step(world: int, after: float = 0.0, without: frozenset = frozenset()) -> Callable[[list], Optional[float]]:
+    """When the first step that every one of ``world`` ranks wrote (at that world size, after ``after``, none of
+    its lines by a process of ``without``) was complete."""
     def found(records: list) -> Optional[float]:
         ranks: dict = {}
         for r in records:
-            if r["world"] == world:
+            if r["world"] == world and r["t"] > after and r["pid"] not in without:
                 ranks.setdefault(r["step"], {})[r["rank"]] = r["t"]
         done = [max(by_rank.values()) for by_rank in ranks.values() if len(by_rank) == world]
         return min(done, default=None)

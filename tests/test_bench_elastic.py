@@ -4,9 +4,12 @@ loaded the machine: a figure on both sides, every node's exit 0 (a job of a step
 running; a bad option exits 2 before anything starts."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -28,6 +31,26 @@ def test_one_start_up_run_of_each_launcher_has_its_figures_and_leaves_nothing(tm
         assert 0 < first_any <= first_all, run
     assert "| 1. start-up: first launcher start -> first step of all 3 ranks |" in done.stdout
     assert "Left running after a run: nothing." in done.stdout
+
+
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_one_spare_run_promotes_the_warm_standby_and_keeps_every_process(tmp_path, backend):
+    """The spare scenario, small: ours with workers kept in place and a warm standby (torchrun's side is left out
+    here: it takes the 60 s of its store's timeout on this machine); a figure, the survivor's and the standby's
+    workers the ones they had, nothing left running. With etcd, a one-member etcd of the run's own."""
+    if backend == "etcd" and shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed")
+    out = tmp_path / "spare.json"
+    done = subprocess.run([sys.executable, "bench/elastic.py", "--only", "spare", "--sides", "inprocess", "--json",
+                           str(out), *(["--etcd", "local"] if backend == "etcd" else [])],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["results"]["spare"]["inprocess"]
+    figure = run["figures"]["spare"]
+    assert figure["seconds"] is not None and figure["seconds"] > 0, run
+    assert figure["detail"].endswith("; the survivors' processes kept"), run  # the standby's warm worker among them
+    assert run["leftovers"] == []
+    assert "| 6. spare: --nnodes 1:2 + a standby, power-off -> next step of both ranks at world 2 |" in done.stdout
 
 
 def test_a_cell_shows_the_median_and_range_then_each_verdict_once_with_its_detail():

@@ -320,6 +320,22 @@ def test_a_join_at_max_waits_as_a_standby_then_takes_a_lost_nodes_rank():
     assert second.joined == (N3,) and h.state.standbys == ()
 
 
+def test_any_number_of_arrivals_past_max_wait_as_standbys_and_each_loss_promotes_the_first_in_line():
+    """No count of arrivals refuses a launcher or ends the job (NVRx's "Maximum number of nodes exceeded"): with MAX
+    2, ten more launchers all wait, in the order they came; each member lost is replaced by the first of them."""
+    h = History(spec(1, 2))
+    h.running(0.0, N1)
+    spares = [node(i) for i in range(2, 12)]
+    assert h.at(1.0, *map(join, spares)) == [Admit(n.node_id, standby=True) for n in spares]
+    assert h.state.standbys == tuple(spares) and h.state.phase == m.RUNNING
+    for i, lost in enumerate([N1, spares[0], spares[1]]):
+        h.at(2.0 + i, Closed(lost.node_id))
+        [next_] = started(h.stopped(2.5 + i, N0))
+        assert ranks(next_) == [("n0", 0, 0), (spares[i].node_id, 1, 2)]  # the lost one's node rank, full size
+        assert h.state.standbys == tuple(spares[i + 1:])
+    assert not [a for a in h.actions if isinstance(a, (Refuse, EndJob, Drop))]
+
+
 def test_a_node_rejoining_from_the_same_host_before_its_loss_is_seen_is_a_standby_that_replaces_it():
     h = History(spec(2, 3))
     h.running(0.0, N1, N2)
@@ -441,7 +457,6 @@ def test_refusals_name_the_reason():
     assert h.at(0.4, join(N2)) == [Refuse("n2", "its host 10.0.0.3 is not one of the job's nodes "
                                                 "(10.0.0.1,10.0.0.2)")]
     assert h.at(0.5, join(N1)) == [Admit("n1", standby=True)]  # MAX is 1: it waits for a place
-    assert h.at(0.6, join(Node("n1x", "10.0.0.2", 2))) == [Refuse("n1x", "the job is full: 1 node(s) and 1 standby(s)")]
     assert h.state.standbys == (N1,) and ranks(h.state.round) == [("n0", 0, 0)]
 
 

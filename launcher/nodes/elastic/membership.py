@@ -17,7 +17,8 @@ The rules:
   member stops its workers (``StopWorkers``), and once they all report them stopped the next round
   starts with the survivors. Losses and joins meanwhile go into that same round.
 - A node that joins a running job below MAX is admitted and the round re-formed at once; at MAX it
-  is admitted as a standby (MAX of them at most), which takes the place of the next member lost.
+  is admitted as a standby (any number of them, in the order they came), which takes the place of the next member
+  lost.
 - Nodes may run different numbers of workers (as under torchrun). In each round node ranks stay as
   stable as they can: the survivors keep their order, newcomers go last; global ranks are contiguous,
   each node's block as long as its number of workers (its first rank the sum of those before it). A
@@ -144,9 +145,7 @@ def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
         return f"it has {node.workers!r} workers; a node needs one at least"
     if state.spec.node_hosts and node.host not in state.spec.node_hosts:
         return f"its host {node.host} is not one of the job's nodes ({','.join(state.spec.node_hosts)})"
-    if len(state.members) >= state.spec.max_nodes and len(state.standbys) >= state.spec.max_nodes:
-        return f"the job is full: {state.spec.max_nodes} node(s) and {len(state.standbys)} standby(s)"
-    return None
+    return None  # past MAX a node waits as a standby, however many wait already: no count of arrivals ends a launcher
 
 
 def _lose(state: State, node_id: str, reason: str, now: float, start: bool = True):

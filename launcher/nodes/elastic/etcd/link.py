@@ -96,12 +96,14 @@ class EtcdLink(LinkBase):
         super().serve()  # the thread runs from here: the first round comes through it
 
     def await_first_round(self) -> Optional[m.RoundStart]:
+        """Bounded by join_timeout and read_timeout until admitted; a standby then waits as long as its lease lives
+        (the link's thread ends it when it cannot renew it), as a standby of the other backend while node 0 is heard."""
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout + rendezvous.read_timeout
         with selectors.DefaultSelector() as selector:
             selector.register(self.inbox.read_fd, selectors.EVENT_READ)
-            while self.clock() < deadline:
-                selector.select(min(1.0, max(0.0, deadline - self.clock())))
+            while self.said_standby or self.clock() < deadline:
+                selector.select(1.0 if self.said_standby else min(1.0, max(0.0, deadline - self.clock())))
                 items = self.inbox.take()
                 for i, item in enumerate(items):
                     if isinstance(item, m.RoundStart):
