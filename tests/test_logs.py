@@ -14,7 +14,8 @@ from launcher.output import reports
 from launcher.output import sinks
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
-from launcher.run.workers import Failure, exit_code
+from launcher.run.workers import Failure
+from launcher.plan.policy import shell_code as exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():
