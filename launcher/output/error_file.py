@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from typing import Optional
 
 MAX_STACK = 16 * 1024  # characters of a worker's traceback carried to the other nodes
@@ -88,8 +89,6 @@ def write(path: str, data: dict) -> Optional[str]:
 
 def remove(path: Optional[str]) -> None:
     """A stale record (an earlier attempt's) must not be taken for this attempt's."""
-    try:
-        if path:
+    if path:
+        with suppress(OSError):
             os.unlink(path)
-    except OSError:
-        pass

@@ -19,6 +19,7 @@ import collections
 import json
 import os
 import time
+from contextlib import suppress
 from typing import Callable, Iterator, Optional
 
 from launcher.output.console import console
@@ -79,10 +80,8 @@ class EventLog:
 
     def close(self) -> None:
         if self.fd is not None:
-            try:
+            with suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
             self.fd = None
 
 

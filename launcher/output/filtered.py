@@ -5,6 +5,7 @@ filters, after the worker's label, to the log dir's filtered_stdout.log or filte
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from typing import Optional
 
 from launcher.output.lines import CHUNK, TAIL_LINES, LineBuffer
@@ -147,15 +148,13 @@ class FilteredOutput:
         for copy in self._copies.values():
             if copy.read_fd is None:
                 continue
-            try:
+            with suppress(OSError):  # BlockingIOError: nothing more for now
                 os.set_blocking(copy.read_fd, False)
                 for _ in range(DRAIN_READS):
                     data = os.read(copy.read_fd, CHUNK)
                     if not data:
                         break
                     self._take(copy, data)
-            except OSError:  # BlockingIOError: nothing more for now
-                pass
             copy.end()
         self._close_copies()
         self.inner.finish()

@@ -8,6 +8,7 @@ import os
 import shlex
 import stat
 import time
+from contextlib import suppress
 from typing import Optional
 
 from launcher.errors import LaunchError
@@ -44,10 +45,8 @@ def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0, round_:
         _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt, round_))
     except OSError as e:
         if size is not None:  # a full disk took part of the header: the old log is left as it was
-            try:
+            with suppress(OSError):
                 os.ftruncate(fd, size)
-            except OSError:
-                pass
         os.close(fd)
         raise LaunchError(_log_problem(log_dir, path, e)) from None
     except LaunchError:

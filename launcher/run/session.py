@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import selectors
+from contextlib import suppress
 from typing import Optional
 
 from launcher import envvars as ev
@@ -253,8 +254,6 @@ def _error_files(specs) -> list:
 
 
 def _remove(path: str) -> None:
-    try:
+    with suppress(OSError):
         os.remove(path)
         os.rmdir(os.path.dirname(path))
-    except OSError:
-        pass

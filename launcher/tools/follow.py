@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -76,13 +77,10 @@ class Tail:
 def tail_at(logfile, offset: int) -> Tail:
     """The Tail of ``logfile`` shown up to ``offset``, with the identity and mark of its file now."""
     tail = Tail(logfile, offset)
-    try:
-        with host_files.open_regular(logfile.path) as fh:
-            facts = os.fstat(fh.fileno())
-            fh.seek(max(0, offset - MARK))
-            tail.identity, tail.mark = (facts.st_dev, facts.st_ino), fh.read(min(offset, MARK))
-    except (OSError, host_files.NotReadable):
-        pass
+    with suppress(OSError, host_files.NotReadable), host_files.open_regular(logfile.path) as fh:
+        facts = os.fstat(fh.fileno())
+        fh.seek(max(0, offset - MARK))
+        tail.identity, tail.mark = (facts.st_dev, facts.st_ino), fh.read(min(offset, MARK))
     return tail
 
 
