@@ -110,10 +110,10 @@ def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
     try:
         os.write(w, b"last line\n")
         got = []  # the write end is still open: a read that waited for its writer would never return
-        reader = threading.Thread(target=lambda: got.extend([sinks._left_in(r), sinks._left_in(r)]), daemon=True)
+        reader = threading.Thread(target=lambda: got.extend([sinks.left_in(r), sinks.left_in(r)]), daemon=True)
         reader.start()
         reader.join(120)  # a hang guard
-        assert not reader.is_alive(), "_left_in waits for the pipe's writer"
+        assert not reader.is_alive(), "left_in waits for the pipe's writer"
         assert got == [b"last line\n", b""]
     finally:
         os.close(r)

@@ -265,14 +265,14 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
-            self._emit(dest, lines, lines.feed(_left_in(fd)))
+            self._emit(dest, lines, lines.feed(left_in(fd)))
             self._emit(dest, lines, lines.rest())
             os.close(fd)
         self._streams.clear()
 
     def catch_up(self) -> None:
         for fd, (dest, lines) in self._streams.items():
-            data = _left_in(fd)
+            data = left_in(fd)
             self._bytes += len(data)
             self._emit(dest, lines, lines.feed(data))
 
@@ -283,7 +283,7 @@ class PipeOutput:
         return self._bytes
 
 
-def _left_in(fd: int) -> bytes:
+def left_in(fd: int) -> bytes:
     """What a worker's pipe still holds at the end: the launcher stops reading a pipe while the
     console is behind, and that output goes to the console's buffer now rather than being lost
     (the console is written out at the launcher's end, bounded). Never waits: a process outside the
