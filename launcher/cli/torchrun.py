@@ -27,8 +27,6 @@ DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
 STATIC_PORT = table.STATIC_PORT
 
 
-
-
 # Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
 # rank of a c10d rendezvous given no --node-rank, as in pytorch/examples' `srun torchrun --rdzv_backend c10d`.
 NODE_RANK_VARS = ("SLURM_NODEID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
