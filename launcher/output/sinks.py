@@ -93,7 +93,6 @@ class FileOutput:
         return ()
 
     def last_written(self) -> Optional[float]:
-        """When the worker last wrote to its log (time.time()), None before it wrote anything."""
         try:
             st = os.stat(self.path)
         except OSError:
@@ -113,7 +112,6 @@ class FileOutput:
         raise AssertionError("a log file has no pipe")
 
     def follow(self) -> bool:
-        """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
             return False
         if console.stream(1).closed:  # nobody sees the echo any more: no more reading for it
@@ -205,7 +203,6 @@ class FileOutput:
             return []
 
 
-
 class PipeOutput:
     """No --log_dir: the worker writes to pipes; whole lines reach the console, prefixed with its label."""
 
@@ -234,11 +231,9 @@ class PipeOutput:
         return tuple(self._streams)
 
     def wants(self, fd: int) -> bool:
-        """Whether to read ``fd`` now: not while the console it goes to is behind."""
         return console.has_room(self._streams[fd][0])
 
     def read_pipe(self, fd: int) -> bool:
-        """Relay what is waiting on ``fd``; False at end of file."""
         data = os.read(fd, CHUNK)
         self._last_read = time.time()
         self._bytes += len(data)
