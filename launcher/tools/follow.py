@@ -188,12 +188,11 @@ def follow(log_dir: str, follower: Follower, changes: host_changes.FolderChanges
         write(follower.apply(changed))
         if changed.gone or clock() - checked >= STATE_EVERY or any(map(state.is_state_file, changed.names)):
             checked = clock()
-            if changed.gone or not os.path.isdir(log_dir):
+            gone = changed.gone or not os.path.isdir(log_dir)
+            if gone or not job_running(log_dir):
                 write(follower.read(final=True))
-                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following."
-            if not job_running(log_dir):
-                write(follower.read(final=True))
-                return None
+                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following." \
+                    if gone else None
 
 
 class Paced:
