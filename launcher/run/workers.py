@@ -24,7 +24,7 @@ from launcher.output import sinks
 from launcher.output import state_file
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.model import Plan, WorkerSpec
+from launcher.plan.model import WorkerSpec
 from launcher.run import processes
 from launcher.run import spares as spares_module
 from launcher.run import warm as warm_module
@@ -74,13 +74,6 @@ class Worker:
         return self.proc.pid
 
 
-def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
-    env = {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
-    if plan.elastic_round is not None:
-        env[ev.ELASTIC_ROUND] = plan.elastic_round
-    return env
-
-
 class WorkerGroup:
     """Uses the launch's starter, clock, cgroup, spares and watchdog; the launch knows nothing of it."""
 
@@ -128,7 +121,7 @@ class WorkerGroup:
         log.debug("started %d worker(s)", len(self.workers))
 
     def env_of(self, spec: WorkerSpec) -> dict:
-        return {**worker_env(self.plan, spec, self.attempt), **self.launch.channels_env(spec)}
+        return self.launch.worker_env(spec, self.attempt)
 
     def _spawn(self, spec: WorkerSpec) -> None:
         kept = self.launch.kept.pop(spec.local_rank, None)
