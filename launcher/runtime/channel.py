@@ -81,7 +81,7 @@ class Channel:
             challenge = lc.decode(lines.readline(lc.MAX_LINE))
             if not challenge or challenge.get("t") != lc.CHALLENGE or not isinstance(challenge.get("nonce"), str):
                 raise OSError("no challenge from the launcher")
-            nonce = lc.new_nonce()
+            nonce = lc.new_secret()
             sock.sendall(lc.encode({"t": lc.HELLO, "nonce": nonce, "pid": os.getpid(), "keep": keep,
                                     "proof": lc.proof(key, "worker", nonce, challenge["nonce"])}))
             welcome = lc.decode(lines.readline(lc.MAX_LINE))
