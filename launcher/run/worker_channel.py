@@ -84,10 +84,8 @@ class WorkerChannel:
     def registrations(self) -> dict:
         if self.listener is None:
             return {}
-        wanted = self.listener.registrations(self.clock())
-        for fd, c in self.connections.items():
-            wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
-        return wanted
+        return {**self.listener.registrations(self.clock()),
+                **{fd: selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0) for fd, c in self.connections.items()}}
 
     def ready(self, fd: int, mask: int) -> list:
         if self.listener is not None and fd == self.listener.fileno():
