@@ -245,12 +245,8 @@ def pin(pid: int, job: Job) -> Optional[Pinned]:
 
 def members(job: Job, pids: Optional[Iterable[int]] = None) -> list:
     """Every live process of ``job``, pinned. The caller closes them."""
-    found = []
-    for pid in sorted(job.candidates() if pids is None else pids):
-        p = pin(pid, job)
-        if p is not None:
-            found.append(p)
-    return found
+    pinned = (pin(pid, job) for pid in sorted(job.candidates() if pids is None else pids))
+    return [p for p in pinned if p is not None]
 
 
 # Python's own helpers of a multiprocessing "spawn" or "forkserver" context: each ends by itself once
