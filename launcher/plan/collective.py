@@ -142,8 +142,10 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
             ev.CURRENT_ENDPOINT: endpoints[rank],
             ev.ROLE_RANK: str(rank),
             ev.ERROR_FILE: error_file_of(host, rank),
+            ev.GLOBAL_RANK: str(rank),  # and Paddle 2.6/3.x's
+            ev.PADDLE_LOCAL_RANK: str(local),
+            ev.RANK_IN_NODE: str(local),
         }
-        own.update(paddle_worker_vars(rank, local))
         cpus, threads = placement[local]
         own.update(threads)
         gpu = gpus[local] if gpus is not None else None
@@ -237,10 +239,6 @@ def paddle_collective_vars(master: str, world: int, nper: int, nnodes: int, gpus
     if log_dir:
         out[ev.LOG_DIR] = os.path.normpath(os.path.join(host.cwd, log_dir))
     return out
-
-
-def paddle_worker_vars(rank: int, local: int) -> dict:
-    return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
 
 
 def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str, agent_hosts_store: bool = False) -> dict:
