@@ -31,11 +31,8 @@ CHALLENGE, HELLO, WELCOME, STOP, ROUND, PARKED = "challenge", "hello", "welcome"
 READY = b"ready\n"  # a warm worker's word on its socket pair once it waits for its first round
 
 
-def new_key() -> str:
-    return secrets.token_hex(16)
-
-
-def new_nonce() -> str:
+def new_secret() -> str:
+    """A launch's key, or a nonce: 128 random bits, in hex."""
     return secrets.token_hex(16)
 
 

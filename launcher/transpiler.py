@@ -30,9 +30,9 @@ import torch
 from launcher import envvars as ev
 from launcher.ps.config import (ASYNC, GEO, HALF_ASYNC, SYNC, DistributeTranspilerConfig, HashName, PSDispatcher,
                                 RoundRobin, check_min_block_size, options_from, split_method_name)
-from launcher.ps.env import SERVER, TRAINER, make_ps_env, parse_endpoints
+from launcher.ps.env import SERVER, TRAINER, make_ps_env
 from launcher.ps.session import PsSession
-from launcher.runtime.environment import env_from_endpoints
+from launcher.runtime.environment import env_from_endpoints, parse_endpoints
 from launcher.runtime.flags import read_rpc_flags
 
 __all__ = ["DistributeTranspiler", "DistributeTranspilerConfig", "HashName", "PSDispatcher", "PServerProgram",

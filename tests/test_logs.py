@@ -14,7 +14,8 @@ from launcher.output import reports
 from launcher.output import sinks
 from launcher.plan.model import HostFacts, LaunchOptions
 from launcher.plan.planner import make_plan
-from launcher.run.workers import Failure, exit_code
+from launcher.run.workers import Failure
+from launcher.plan.policy import shell_code as exit_code
 
 
 def test_line_buffer_keeps_the_unfinished_line_for_later():
@@ -109,10 +110,10 @@ def test_what_a_pipe_still_holds_is_read_without_waiting_for_its_writer():
     try:
         os.write(w, b"last line\n")
         got = []  # the write end is still open: a read that waited for its writer would never return
-        reader = threading.Thread(target=lambda: got.extend([sinks._left_in(r), sinks._left_in(r)]), daemon=True)
+        reader = threading.Thread(target=lambda: got.extend([sinks.left_in(r), sinks.left_in(r)]), daemon=True)
         reader.start()
         reader.join(120)  # a hang guard
-        assert not reader.is_alive(), "_left_in waits for the pipe's writer"
+        assert not reader.is_alive(), "left_in waits for the pipe's writer"
         assert got == [b"last line\n", b""]
     finally:
         os.close(r)

@@ -55,7 +55,7 @@ def test_signals_are_names_with_or_without_sig_in_any_case_or_numbers_once_each_
                                                                      signal.SIGUSR2)
     assert tv.parse_signals("") == () and tv.parse_signals("SIGTERM,,") == (signal.SIGTERM,)
     assert all(type(s) is int for s in tv.parse_signals("SIGTERM,SIGUSR2"))
-    assert tv.signal_names(tv.parse_signals("usr2,HUP")) == "SIGUSR2,SIGHUP"
+    assert tv.parse_signals("usr2,HUP") == (signal.SIGUSR2, signal.SIGHUP)
 
 
 @pytest.mark.parametrize("text, named, fix", [

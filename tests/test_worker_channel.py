@@ -47,7 +47,7 @@ def hello(s, f):  # the worker's handshake by hand: True once the launcher prove
     challenge = lc.decode(f.readline())
     if not challenge:
         return False
-    key, nonce = os.environ["LAUNCHER_CONTROL_KEY"], lc.new_nonce()
+    key, nonce = os.environ["LAUNCHER_CONTROL_KEY"], lc.new_secret()
     s.sendall(lc.encode({"t": "hello", "nonce": nonce, "pid": os.getpid(), "keep": False,
                          "proof": lc.proof(key, "worker", nonce, challenge["nonce"])}))
     welcome = lc.decode(f.readline()) or {}
@@ -161,7 +161,7 @@ def assert_serves(server, tmp_path) -> None:
 
 def fake_launcher(behaviour: str) -> tuple:
     """A launcher that knows the right key's name but proves it as ``behaviour`` says; (env, thread)."""
-    key, name = lc.new_key(), f"@test-fake-{secrets.token_hex(8)}"
+    key, name = lc.new_secret(), f"@test-fake-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(lc.address(name))
     listener.listen(1)
@@ -170,14 +170,14 @@ def fake_launcher(behaviour: str) -> tuple:
     def serve():  # one worker: challenge, its hello (if any), the welcome, then the line is closed
         with listener, listener.accept()[0] as conn, conn.makefile("rb") as f:
             conn.settimeout(WAIT)
-            nonce = "\ud800" if behaviour == "surrogate-nonce" else lc.new_nonce()
+            nonce = "\ud800" if behaviour == "surrogate-nonce" else lc.new_secret()
             conn.sendall(lc.encode({"t": lc.CHALLENGE, "nonce": nonce}))
             hello = lc.decode(f.readline()) or {}
             if not hello:
                 return
             theirs = hello.get("nonce", "")
             proof = {"right-key": lc.proof(key, "launcher", nonce, theirs),
-                     "wrong-key": lc.proof(lc.new_key(), "launcher", nonce, theirs),
+                     "wrong-key": lc.proof(lc.new_secret(), "launcher", nonce, theirs),
                      "reflected": hello.get("proof"),  # the worker's own proof handed back
                      "non-ascii-proof": "\u00e9" * 64}.get(behaviour, "")
             conn.sendall(lc.encode({"t": lc.WELCOME, "proof": proof, "round": 0}))
@@ -216,7 +216,7 @@ def test_a_round_longer_than_max_line_reaches_the_worker(server, tmp_path):
 
 
 def test_a_wrong_key_is_dropped_without_a_word(server, tmp_path):
-    worker = spawn(tmp_path, server, "worker", env={**server.env(), ev.CONTROL_KEY: lc.new_key()})
+    worker = spawn(tmp_path, server, "worker", env={**server.env(), ev.CONTROL_KEY: lc.new_secret()})
     said = pump(server, exited(worker))
     assert said == [] and server.connections == {} and not server.connected(worker.pid)
     assert result(worker) == {"connected": False}
@@ -368,7 +368,7 @@ def test_decode_takes_a_message():
 
 
 def test_proofs_are_one_way():
-    key, launcher_nonce, worker_nonce = lc.new_key(), lc.new_nonce(), lc.new_nonce()
+    key, launcher_nonce, worker_nonce = lc.new_secret(), lc.new_secret(), lc.new_secret()
     by_worker = lc.proof(key, "worker", worker_nonce, launcher_nonce)
     by_launcher = lc.proof(key, "launcher", launcher_nonce, worker_nonce)
     assert lc.proven(key, "worker", by_worker, launcher_nonce, worker_nonce)
@@ -377,6 +377,6 @@ def test_proofs_are_one_way():
     assert not lc.proven(key, "launcher", by_worker, launcher_nonce, worker_nonce)
     assert not lc.proven(key, "worker", by_launcher, launcher_nonce, worker_nonce)
     assert not lc.proven(key, "worker", by_launcher, worker_nonce, launcher_nonce)
-    same = lc.new_nonce()  # not even when both nonces are the same
+    same = lc.new_secret()  # not even when both nonces are the same
     assert lc.proof(key, "worker", same, same) != lc.proof(key, "launcher", same, same)
-    assert not lc.proven(lc.new_key(), "worker", by_worker, launcher_nonce, worker_nonce)
+    assert not lc.proven(lc.new_secret(), "worker", by_worker, launcher_nonce, worker_nonce)

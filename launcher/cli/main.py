@@ -117,13 +117,12 @@ def logs_command(log_dir: str, follow: bool, ranks, grep, events: bool) -> int:
 
         if ranks is not None:
             raise LaunchError("--ranks chooses logs, not events; use --grep 'rank 3' with --events.")
-        event_tool.show(log_dir, follow, log_tool.compile_grep(grep), lambda data, flush: streams.show(data, flush=flush),
-                        lambda: follow_tool.job_running(log_dir))
+        event_tool.show(log_dir, follow, log_tool.compile_grep(grep), streams.show, lambda: follow_tool.job_running(log_dir))
         return 0
     if follow and not follow_tool.job_running(log_dir):
         follow = False  # a job that has ended: a dump, as without -f
     write = follow_tool.Paced(log_dir, streams.to_console, lambda: console.has_room(1), console.wait) if follow \
-        else lambda data, flush: streams.show(data, flush=flush)
+        else streams.show
     gone = log_tool.show(log_dir, follow, ranks, grep, write)
     if gone:
         log.warning(gone)

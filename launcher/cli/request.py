@@ -24,8 +24,7 @@ if TYPE_CHECKING:  # the plan's model is imported by a launch only: --help stays
     from launcher.plan.elastic_spec import ElasticSpec
     from launcher.plan.model import LaunchOptions
 
-COMMAND_LINE, CONFIG_FILE, DEFAULT, ENVIRONMENT, IMPLIED = "command line", "config file", "default", "environment", \
-    "implied"
+COMMAND_LINE, CONFIG_FILE, DEFAULT, ENVIRONMENT = "command line", "config file", "default", "environment"
 
 
 @dataclass(frozen=True)

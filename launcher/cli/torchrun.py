@@ -26,9 +26,6 @@ from launcher.plan import c10d, elastic, streams, torchrun_values
 from launcher.plan import elastic_backends as backends
 
 DEFAULT_MASTER = "127.0.0.1"  # torchrun's --master-addr default
-STATIC_PORT = table.STATIC_PORT
-
-
 
 
 # Where a scheduler that starts one launcher per node says which node this is (srun, mpirun): the node
@@ -186,5 +183,5 @@ def _store_endpoint(values: dict, nodes: int):
         return c10d.parse_rdzv_endpoint(values["rdzv_endpoint"])
     port = values["master_port"]
     if port is None and nodes > 1:
-        port = STATIC_PORT
+        port = table.STATIC_PORT
     return values["master_addr"] or DEFAULT_MASTER, port

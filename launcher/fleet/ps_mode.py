@@ -36,7 +36,3 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, strategy=None, model
     wrapped = state.ps.distribute(optimizer, strategy.options(read_rpc_flags(os.environ)), model)
     state.optimizer = wrapped
     return wrapped
-
-
-def env() -> PsEnv:
-    return st.current().ps.env

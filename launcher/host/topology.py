@@ -70,12 +70,8 @@ def _nodes(node_dir: str, cpu_ids: frozenset) -> dict:
     ids = _read_list(os.path.join(node_dir, "possible"))
     if ids is None:
         ids = frozenset(_numbered(node_dir, "node"))
-    nodes = {}
-    for n in sorted(ids):
-        cpus = _read_list(os.path.join(node_dir, f"node{n}", "cpulist"))
-        if cpus is not None:
-            nodes[n] = cpus
-    return nodes or {0: cpu_ids}
+    cpus = {n: _read_list(os.path.join(node_dir, f"node{n}", "cpulist")) for n in sorted(ids)}
+    return {n: found for n, found in cpus.items() if found is not None} or {0: cpu_ids}
 
 
 def _gpus(sys_root: str, proc_root: str):

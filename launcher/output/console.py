@@ -178,7 +178,6 @@ class Console:
                 s.sock.close()
         self._streams.clear()
         self.note = None
-        self.abandoned = False
 
 
 def _size(n: int) -> str:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from typing import Optional
+
+from launcher.untrusted import json_object
 
 MAX_STACK = 16 * 1024  # characters of a worker's traceback carried to the other nodes
 SHOWN_LINES = 40  # lines of it in the failure summary
@@ -30,11 +33,8 @@ def read(path: Optional[str]) -> Optional[dict]:
 
 def loads(text: str) -> Optional[dict]:
     """A record carried as JSON text (from a peer node); None when it is empty or not one."""
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) and "message" in data else None
+    data = json_object(text) if text else None
+    return data if data is not None and "message" in data else None
 
 
 def traceback_of(data: Optional[dict]) -> str:
@@ -88,8 +88,6 @@ def write(path: str, data: dict) -> Optional[str]:
 
 def remove(path: Optional[str]) -> None:
     """A stale record (an earlier attempt's) must not be taken for this attempt's."""
-    try:
-        if path:
+    if path:
+        with suppress(OSError):
             os.unlink(path)
-    except OSError:
-        pass

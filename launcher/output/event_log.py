@@ -19,6 +19,7 @@ import collections
 import json
 import os
 import time
+from contextlib import suppress
 from typing import Callable, Iterator, Optional
 
 from launcher.output.console import console
@@ -79,10 +80,8 @@ class EventLog:
 
     def close(self) -> None:
         if self.fd is not None:
-            try:
+            with suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
             self.fd = None
 
 
@@ -155,10 +154,7 @@ def describe(event: dict) -> str:
     except (OverflowError, ValueError, OSError):
         stamp = str(t)
     where = [f"node {event['node']}" if _plain(event.get("node")) else "node ?"]
-    if _plain(event.get("round")):
-        where.append(f"round {event['round']}")
-    if _plain(event.get("rank")):
-        where.append(f"rank {event['rank']}")
+    where += [f"{key} {event[key]}" for key in ("round", "rank") if _plain(event.get(key))]
     shown = WHAT.get(event["event"])
     try:
         what = shown(event) if shown is not None else f"{event['event']} {json.dumps(event, default=str)[:300]}"

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from launcher.output.lines import CHUNK, TAIL_LINES, LineBuffer
+from launcher.output.lines import CHUNK, TAIL_LINES, LineBuffer, write_all
 from launcher.output.messages import log
-from launcher.output.sinks import WorkerOutput
+from launcher.output.sinks import WorkerOutput, left_in
 from launcher.plan.streams import ERR, OUT
 
-DRAIN_READS = 16  # at the end, at most this many reads of a pipe that a process outside the job may still hold
 
 
 class LineFilter:
@@ -52,7 +51,7 @@ class _Copy:
         self.failed = False
 
     def take(self, data: bytes) -> None:
-        _write_all(self.dest, data)
+        write_all(self.dest, data)
         self._copy(self.lines.feed(data))
 
     def end(self) -> None:
@@ -65,7 +64,7 @@ class _Copy:
         try:
             if self.copy_fd is None:
                 self.copy_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _write_all(self.copy_fd, lines)
+            write_all(self.copy_fd, lines)
         except OSError as e:
             self.failed = True
             log.warning("could not write %s (%s); its lines are not copied from here on", self.path, e.strerror or e)
@@ -145,18 +144,9 @@ class FilteredOutput:
     def finish(self) -> None:
         """What the pipes still hold goes to the log file (and its copy) first, then ``inner`` ends its echo."""
         for copy in self._copies.values():
-            if copy.read_fd is None:
-                continue
-            try:
-                os.set_blocking(copy.read_fd, False)
-                for _ in range(DRAIN_READS):
-                    data = os.read(copy.read_fd, CHUNK)
-                    if not data:
-                        break
-                    self._take(copy, data)
-            except OSError:  # BlockingIOError: nothing more for now
-                pass
-            copy.end()
+            if copy.read_fd is not None:
+                self._take(copy, left_in(copy.read_fd))
+                copy.end()
         self._close_copies()
         self.inner.finish()
 
@@ -173,9 +163,3 @@ class FilteredOutput:
 
     def bytes_written(self) -> int:
         return self.inner.bytes_written()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -3,12 +3,20 @@ progress bar) taken at its last state, a prefix before each line, the last lines
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 CHUNK = 1 << 20  # how much of a pipe or a file is read at a time
 MAX_PARTIAL_LINE = 8 << 20  # a longer unterminated line is written out as it is
 TAIL_LINES = 20
 TAIL_BYTES = 64 * 1024  # how far back the failure summary looks for its last lines
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of ``data`` written to ``fd`` (a blocking file or pipe takes it in several writes)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def prefixed(prefix: bytes, lines: bytes) -> bytes:

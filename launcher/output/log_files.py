@@ -8,9 +8,11 @@ import os
 import shlex
 import stat
 import time
+from contextlib import suppress
 from typing import Optional
 
 from launcher.errors import LaunchError
+from launcher.output.lines import write_all
 
 
 def header(label: str, cmd, attempt: int = 0, round_: Optional[str] = None) -> bytes:
@@ -41,13 +43,11 @@ def open_log(path: str, log_dir: str, label: str, cmd, attempt: int = 0, round_:
         os.set_blocking(fd, True)
         size = os.fstat(fd).st_size
         glue = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # the last run ended mid-line
-        _write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt, round_))
+        write_all(fd, (b"\n" if glue else b"") + header(label, cmd, attempt, round_))
     except OSError as e:
         if size is not None:  # a full disk took part of the header: the old log is left as it was
-            try:
+            with suppress(OSError):
                 os.ftruncate(fd, size)
-            except OSError:
-                pass
         os.close(fd)
         raise LaunchError(_log_problem(log_dir, path, e)) from None
     except LaunchError:
@@ -66,12 +66,6 @@ def make_log_dir(log_dir: str) -> None:
         raise LaunchError(f"--log_dir {log_dir} cannot be created ({why}); choose a folder you can write to.") from None
     if not os.path.isdir(log_dir):
         raise LaunchError(f"--log_dir {log_dir} is not a folder; choose another --log_dir.")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _log_problem(log_dir: str, path: str, e: OSError) -> str:

@@ -133,48 +133,36 @@ def metrics(view: NodeView) -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+    def family(kind, name: str, text: str, label: str, values):
+        """One metric by ``label`` (a state, a rank, a node): ``values`` as (that label's value, a number; None: left out)."""
+        made = kind(name, text, labels=[label])
+        for key, value in values:
+            if value is not None:
+                made.add_metric([str(key)], value)
+        return made
+
     class Collector:
         def collect(self):
-            workers = GaugeMetricFamily("launcher_workers", "Workers of this node by state", labels=["state"])
-            for state in STATES:
-                workers.add_metric([state], sum(1 for w in view.workers if w.state == state))
-            yield workers
+            yield family(GaugeMetricFamily, "launcher_workers", "Workers of this node by state", "state",
+                         [(state, sum(1 for w in view.workers if w.state == state)) for state in STATES])
             yield CounterMetricFamily("launcher_worker_restarts", "Restarts of this node's workers", value=view.restarts)
             if view.round is not None:
                 yield GaugeMetricFamily("launcher_round", "The elastic job's current round", value=view.round)
             yield GaugeMetricFamily("launcher_nodes", "Nodes in the job (the current round's)", value=view.nodes)
-            changes = CounterMetricFamily("launcher_membership_changes", "Membership changes seen by this node",
-                                          labels=["cause"])
-            for kind in CHANGES:
-                changes.add_metric([kind], view.changes.get(kind, 0))
-            yield changes
-            log_bytes = CounterMetricFamily("launcher_log_bytes", "Bytes each worker wrote", labels=["rank"])
-            step = GaugeMetricFamily("launcher_worker_step", "The last step each worker reported", labels=["rank"])
-            seconds = GaugeMetricFamily("launcher_worker_step_seconds", "Seconds per step, between a worker's last two "
-                                        "reports", labels=["rank"])
-            for w in view.workers:
-                log_bytes.add_metric([str(w.rank)], w.log_bytes)
-                if w.step is not None:
-                    step.add_metric([str(w.rank)], w.step)
-                if w.step_seconds is not None:
-                    seconds.add_metric([str(w.rank)], w.step_seconds)
-            yield from (log_bytes, step, seconds)
-            speed = GaugeMetricFamily("launcher_worker_relative_speed", "The fastest rank's compute time per step over "
-                                      "this worker's (1: the fastest)", labels=["rank"])
-            for w in view.workers:
-                if w.relative_speed is not None:
-                    speed.add_metric([str(w.rank)], w.relative_speed)
-            yield speed
-            nodes = GaugeMetricFamily("launcher_node_relative_speed", "Each node's relative speed: its slowest rank's",
-                                      labels=["node"])
-            for node, value in sorted(view.node_speeds.items()):
-                nodes.add_metric([str(node)], value)
-            yield nodes
-            ages = GaugeMetricFamily("launcher_node_heartbeat_age_seconds", "Seconds since the node keeping the "
-                                     "membership last heard each member", labels=["node"])
-            for node, age in sorted(view.heartbeats.items()):
-                ages.add_metric([node], age)
-            yield ages
+            yield family(CounterMetricFamily, "launcher_membership_changes", "Membership changes seen by this node",
+                         "cause", [(kind, view.changes.get(kind, 0)) for kind in CHANGES])
+            yield family(CounterMetricFamily, "launcher_log_bytes", "Bytes each worker wrote", "rank",
+                         [(w.rank, w.log_bytes) for w in view.workers])
+            yield family(GaugeMetricFamily, "launcher_worker_step", "The last step each worker reported", "rank",
+                         [(w.rank, w.step) for w in view.workers])
+            yield family(GaugeMetricFamily, "launcher_worker_step_seconds", "Seconds per step, between a worker's last "
+                         "two reports", "rank", [(w.rank, w.step_seconds) for w in view.workers])
+            yield family(GaugeMetricFamily, "launcher_worker_relative_speed", "The fastest rank's compute time per step "
+                         "over this worker's (1: the fastest)", "rank", [(w.rank, w.relative_speed) for w in view.workers])
+            yield family(GaugeMetricFamily, "launcher_node_relative_speed", "Each node's relative speed: its slowest "
+                         "rank's", "node", sorted(view.node_speeds.items()))
+            yield family(GaugeMetricFamily, "launcher_node_heartbeat_age_seconds", "Seconds since the node keeping the "
+                         "membership last heard each member", "node", sorted(view.heartbeats.items()))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())

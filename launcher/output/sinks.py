@@ -93,7 +93,6 @@ class FileOutput:
         return ()
 
     def last_written(self) -> Optional[float]:
-        """When the worker last wrote to its log (time.time()), None before it wrote anything."""
         try:
             st = os.stat(self.path)
         except OSError:
@@ -113,7 +112,6 @@ class FileOutput:
         raise AssertionError("a log file has no pipe")
 
     def follow(self) -> bool:
-        """Copy what the worker wrote since last time to the console; True when there was some."""
         if self._follow_fd is None:
             return False
         if console.stream(1).closed:  # nobody sees the echo any more: no more reading for it
@@ -205,7 +203,6 @@ class FileOutput:
             return []
 
 
-
 class PipeOutput:
     """No --log_dir: the worker writes to pipes; whole lines reach the console, prefixed with its label."""
 
@@ -234,11 +231,9 @@ class PipeOutput:
         return tuple(self._streams)
 
     def wants(self, fd: int) -> bool:
-        """Whether to read ``fd`` now: not while the console it goes to is behind."""
         return console.has_room(self._streams[fd][0])
 
     def read_pipe(self, fd: int) -> bool:
-        """Relay what is waiting on ``fd``; False at end of file."""
         data = os.read(fd, CHUNK)
         self._last_read = time.time()
         self._bytes += len(data)
@@ -265,14 +260,14 @@ class PipeOutput:
 
     def finish(self) -> None:
         for fd, (dest, lines) in list(self._streams.items()):
-            self._emit(dest, lines, lines.feed(_left_in(fd)))
+            self._emit(dest, lines, lines.feed(left_in(fd)))
             self._emit(dest, lines, lines.rest())
             os.close(fd)
         self._streams.clear()
 
     def catch_up(self) -> None:
         for fd, (dest, lines) in self._streams.items():
-            data = _left_in(fd)
+            data = left_in(fd)
             self._bytes += len(data)
             self._emit(dest, lines, lines.feed(data))
 
@@ -283,7 +278,7 @@ class PipeOutput:
         return self._bytes
 
 
-def _left_in(fd: int) -> bytes:
+def left_in(fd: int) -> bytes:
     """What a worker's pipe still holds at the end: the launcher stops reading a pipe while the
     console is behind, and that output goes to the console's buffer now rather than being lost
     (the console is written out at the launcher's end, bounded). Never waits: a process outside the

@@ -13,6 +13,7 @@ import errno
 import io
 import os
 import sys
+from contextlib import suppress
 
 from launcher.output.console import console, error
 
@@ -112,12 +113,8 @@ def abandon_stdout() -> None:
 def finish_output() -> None:
     """The end of all output: sys.stdout flushed (it may wait for its reader: a dump), then the
     console, bounded (``Console.finish``); Ctrl-C ends both."""
-    try:
+    with suppress(KeyboardInterrupt):
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with suppress(OSError, ValueError, StdoutLost):
                 stream.flush()
-            except (OSError, ValueError, StdoutLost):
-                pass
         console.finish()
-    except KeyboardInterrupt:
-        pass

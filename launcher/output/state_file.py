@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Optional
 
@@ -163,10 +164,8 @@ class Writer:
             self.failed = True
             log.warning("cannot write the state file %s (%s): `launcher status` will not see this job; "
                         "the job goes on", self.path, e.strerror or e)
-            try:
+            with suppress(OSError):
                 os.remove(tmp)
-            except OSError:
-                pass
 
 
 def this_host() -> str:

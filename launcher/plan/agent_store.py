@@ -22,7 +22,6 @@ CHOICES = ("auto", "on", "off")
 # byte per request, numbered as in 2.13 (later versions only appended query types). Verified
 # query by query against the client of torch 2.13 (tests/integration/test_store_torch_client.py).
 OLDEST_TORCH = (2, 5)
-VERIFIED_TORCH = "2.13"
 
 
 @dataclass(frozen=True)

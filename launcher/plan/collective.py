@@ -14,8 +14,8 @@ from launcher import envvars as ev
 from launcher.errors import LaunchError
 from launcher.plan import agent_store
 from launcher.plan.clusters import registry
-from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
-                                  interface_of, monitor_address, python_of)
+from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of, node_vars,
+                                  python_of, run_fields)
 from launcher.plan.devices import device_of, select_gpus
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan import node_ports
@@ -113,9 +113,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
     world = sum(len(p) for p in every_node)  # each node's own number of workers (an elastic round's may differ)
     offset = sum(len(p) for p in every_node[:cluster.node_rank])  # the global rank of this node's local rank 0
     endpoints = node_endpoints(cluster.node_ips, every_node)
-    files, endpoint_env = endpoint_vars(",".join(endpoints), host)
-    if ev.TRAINER_ENDPOINTS not in endpoint_env:  # in a file: the launcher's own value would be stale
-        base_env.pop(ev.TRAINER_ENDPOINTS, None)
+    files, endpoint_env = endpoint_vars(",".join(endpoints), host, base_env)
     node_ip = cluster.node_ips[cluster.node_rank]
     python = python_of(base_env, host)
     cmd = command(opts, python)
@@ -137,11 +135,7 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
                                  opts.log_dir, host, base_env),
         **torchrun_vars(opts, base_env, world, control.job_id if control else opts.job_id or host.run_id, use_agent_store),
     }
-    if ev.OMP_NUM_THREADS not in base_env:
-        shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // nper))
-    iface = interface_of(node_ip, host.interfaces)
-    if iface and ev.GLOO_SOCKET_IFNAME not in base_env:
-        shared[ev.GLOO_SOCKET_IFNAME] = iface
+    shared.update(node_vars(base_env, host, node_ip, nper, (ev.GLOO_SOCKET_IFNAME,)))
     if opts.log_dir:  # a GPU hang leaves its trace next to the logs
         shared.update(flight_recorder_vars(opts, base_env, host.cwd))
     if opts.stream_choice and opts.stream_choice.needs_files and not opts.log_dir:
@@ -163,8 +157,10 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
             ev.CURRENT_ENDPOINT: endpoints[rank],
             ev.ROLE_RANK: str(rank),
             ev.ERROR_FILE: error_file_of(host, rank),
+            ev.GLOBAL_RANK: str(rank),  # and Paddle 2.6/3.x's
+            ev.PADDLE_LOCAL_RANK: str(local),
+            ev.RANK_IN_NODE: str(local),
         }
-        own.update(paddle_worker_vars(rank, local))
         cpus, threads = placement[local]
         own.update(threads)
         gpu = gpus[local] if gpus is not None else None
@@ -189,24 +185,16 @@ def _assemble(opts, host, base_env, cluster, every_node, gpus, notes) -> Plan:
         ports=ports,
         device="gpu" if gpus is not None else "cpu",
         workers=tuple(workers),
-        base_env=base_env,
-        log_dir=opts.log_dir,
-        shutdown_timeout=opts.shutdown_timeout,
-        files=files,
         notes=notes,
         cpu_default=gpus is None and opts.nproc_per_node is None,
         gpus_not_found=gpus is not None and not host.gpu_count,
-        max_restarts=opts.max_restarts,
         control=control,
-        hang_timeout=opts.hang_timeout,
-        dump_stacks=opts.dump_stacks,
         straggler_policy=opts.straggler_policy,
-        monitor=monitor_address(opts, cluster.node_ips[cluster.node_rank]),
         cluster=cluster.description,
-        error_file=base_env.get(ev.ERROR_FILE) or None,
         agent_store=agent_store.served_store(use_agent_store, cluster.node_rank, cluster.node_ips[0], first[0]),
         node_ports=every_node,
         duplicates=tuple(d for d in filtered if copied & d.stream),
+        **run_fields(opts, base_env, files, node_ip),
     )
 
 
@@ -268,10 +256,6 @@ def paddle_collective_vars(master: str, world: int, counts: tuple, node_rank: in
     if log_dir:
         out[ev.LOG_DIR] = os.path.normpath(os.path.join(host.cwd, log_dir))
     return out
-
-
-def paddle_worker_vars(rank: int, local: int) -> dict:
-    return {ev.GLOBAL_RANK: str(rank), ev.PADDLE_LOCAL_RANK: str(local), ev.RANK_IN_NODE: str(local)}
 
 
 def torchrun_vars(opts: LaunchOptions, env: Mapping[str, str], world: int, run_id: str, agent_hosts_store: bool = False) -> dict:

@@ -66,16 +66,27 @@ def default_job_id(node_ips, ports, cmd) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def endpoint_vars(endpoints: str, host: HostFacts):
+def endpoint_vars(endpoints: str, host: HostFacts, base_env: dict):
     """PADDLE_TRAINER_ENDPOINTS, or files holding them when the variable would be too long: one that
     PADDLE_TRAINER_ENDPOINTS_FILE names (this project's runtime), and Paddle's own, a JSON object of
-    variables that PADDLE_BACKUP_ENV_PATH names (read by Paddle's role maker and ParallelEnv)."""
+    variables that PADDLE_BACKUP_ENV_PATH names (read by Paddle's role maker and ParallelEnv); then the
+    launcher's own value is dropped from ``base_env`` (it would be stale)."""
     if len(ev.TRAINER_ENDPOINTS) + len(endpoints) + 2 <= MAX_ENV_STRING:
         return {}, {ev.TRAINER_ENDPOINTS: endpoints}
+    base_env.pop(ev.TRAINER_ENDPOINTS, None)
     folder = os.path.join(host.temp_dir, f"launcher-{host.run_id}")
     path, backup = os.path.join(folder, "trainer_endpoints"), os.path.join(folder, "backup_env.json")
     files = {path: endpoints, backup: json.dumps({ev.TRAINER_ENDPOINTS: endpoints})}
     return files, {ev.TRAINER_ENDPOINTS_FILE: path, ev.BACKUP_ENV_PATH: backup}
+
+
+def node_vars(base_env: Mapping[str, str], host: HostFacts, node_ip: str, processes: int, interface_vars: tuple) -> dict:
+    """What every process of a node gets in every mode, unless the user set it: OMP_NUM_THREADS (the node's cores
+    shared among its ``processes``) and the network interface of ``node_ip`` in each of ``interface_vars``."""
+    out = {ev.OMP_NUM_THREADS: str(max(1, host.cpu_count // processes))}
+    iface = interface_of(node_ip, host.interfaces)
+    out.update({name: iface for name in interface_vars if iface})
+    return {name: value for name, value in out.items() if name not in base_env}
 
 
 def interface_of(ip: str, interfaces: Sequence[Interface]) -> Optional[str]:
@@ -111,9 +122,10 @@ def command(opts: LaunchOptions, python: str) -> tuple:
     return (python, "-u", opts.training_script, *args)
 
 
-def monitor_address(opts: LaunchOptions, node_ip: str) -> Optional[tuple]:
-    """(host, port) of --monitor_port: on --monitor_host, else on this node's own address (never every interface
-    unless asked, with --monitor_host 0.0.0.0); None without it."""
-    if opts.monitor_port is None:
-        return None
-    return (opts.monitor_host or node_ip, opts.monitor_port)
+def run_fields(opts: LaunchOptions, base_env: dict, files: dict, node_ip: str) -> dict:
+    """The Plan's fields that every mode fills alike. The monitor (--monitor_port) listens on --monitor_host, else on
+    this node's own address (never every interface unless asked, with --monitor_host 0.0.0.0)."""
+    monitor = (opts.monitor_host or node_ip, opts.monitor_port) if opts.monitor_port is not None else None
+    return dict(base_env=base_env, log_dir=opts.log_dir, shutdown_timeout=opts.shutdown_timeout, files=files,
+                max_restarts=opts.max_restarts, hang_timeout=opts.hang_timeout, dump_stacks=opts.dump_stacks,
+                monitor=monitor, error_file=base_env.get(ev.ERROR_FILE) or None)

@@ -208,6 +208,8 @@ def gave_up(state: State, now: float) -> bool:
 
 
 def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
+    if isinstance(event, (StopOrdered, Hung, LeftoversRunning)) and state.stopping:  # one stop at a time
+        return state, ()
     if isinstance(event, WorkerExited):
         return _on_exit(state, event, now)
     if isinstance(event, StopSignal):
@@ -220,8 +222,6 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
         say = Say(logging.ERROR, f"{event.reason}; stopping the {len(state.running)} worker(s) already started")
         return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, StopOrdered):
-        if state.stopping:
-            return state, ()
         say = Say(event.level, f"{event.reason}; stopping the workers")
         return _begin_stop(state, now, signal.SIGTERM, say, stacks=event.stacks)
     if isinstance(event, OptedIn):
@@ -234,15 +234,11 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
         say = Say(logging.INFO, f"{event.reason}: stopping the {len(state.running)} server(s)")
         return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, Hung):
-        if state.stopping:
-            return state, ()
         stalled = (event.rank, event.step) if event.rank is not None else None
         state = replace(state, hung=event.seconds, stalled=stalled)
         say = Say(logging.ERROR, f"{hang_text(state)} (--hang_timeout): stopping the job")
         return _begin_stop(state, now, signal.SIGTERM, say)
     if isinstance(event, LeftoversRunning):
-        if state.stopping:
-            return state, ()
         level = logging.DEBUG if event.helpers else logging.INFO  # Python's own, not the user's: no alarm
         say = Say(level, f"stopping {event.count} process(es) the workers left running")
         return _begin_stop(state, now, signal.SIGTERM, say)

@@ -21,8 +21,8 @@ from typing import Callable, Mapping, Optional, Sequence
 from launcher import envvars as ev
 from launcher.addresses import joined
 from launcher.errors import LaunchError
-from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of,
-                                  interface_of, monitor_address, python_of)
+from launcher.plan.common import (check_run_options, command, control_spec, endpoint_vars, error_file_of, node_vars,
+                                  python_of, run_fields)
 from launcher.plan.model import MAX_WORKERS_PER_NODE, HostFacts, LaunchOptions, Plan, WorkerSpec
 from launcher.plan.parsing import first_duplicate, is_valid_host, parse_endpoint, port_range
 from launcher.plan.roles import SERVER, TRAINER, Role
@@ -184,11 +184,8 @@ def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layo
     node_ip = layout.node_ips[layout.node_rank]
     mine_t = [(j, e) for j, e in enumerate(layout.trainers) if e.host == node_ip]
     mine_s = [(i, e) for i, e in enumerate(layout.servers) if e.host == node_ip]
-    local_count = len(mine_t) + len(mine_s)
     servers = ",".join(map(str, layout.servers))
-    files, trainer_vars = endpoint_vars(",".join(map(str, layout.trainers)), host)
-    if ev.TRAINER_ENDPOINTS not in trainer_vars:  # in a file: the launcher's own value would be stale
-        base_env.pop(ev.TRAINER_ENDPOINTS, None)
+    files, trainer_vars = endpoint_vars(",".join(map(str, layout.trainers)), host, base_env)
     shared = {
         ev.PSERVERS_IP_PORT_LIST: servers,
         ev.TRAINERS_NUM: str(len(layout.trainers)),
@@ -196,12 +193,7 @@ def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layo
         **trainer_vars,
         **gloo_vars(opts, host, layout.gloo),
     }
-    if ev.OMP_NUM_THREADS not in base_env:
-        shared[ev.OMP_NUM_THREADS] = str(max(1, host.cpu_count // local_count))
-    iface = interface_of(node_ip, host.interfaces)
-    for name in (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME):
-        if iface and name not in base_env:
-            shared[name] = iface
+    shared.update(node_vars(base_env, host, node_ip, len(mine_t) + len(mine_s), (ev.GLOO_SOCKET_IFNAME, ev.TP_SOCKET_IFNAME)))
     cmd = command(opts, python_of(base_env, host))
     specs = []
     for j, e in mine_t:
@@ -220,18 +212,10 @@ def _assemble(opts: LaunchOptions, host: HostFacts, base_env: dict, layout: Layo
         ports=tuple(e.port for _, e in mine_t + mine_s),
         device="cpu",
         workers=tuple(specs),
-        base_env=base_env,
-        log_dir=opts.log_dir,
-        shutdown_timeout=opts.shutdown_timeout,
-        files=files,
-        max_restarts=opts.max_restarts,
         control=control_spec(opts, base_env, layout.node_ips, node0, cmd),
-        hang_timeout=opts.hang_timeout,
-        dump_stacks=opts.dump_stacks,
-        monitor=monitor_address(opts, layout.node_ips[layout.node_rank]),
         servers=tuple(map(str, layout.servers)),
         trainers=tuple(map(str, layout.trainers)),
-        error_file=base_env.get(ev.ERROR_FILE) or None,
+        **run_fields(opts, base_env, files, node_ip),
     )
 
 

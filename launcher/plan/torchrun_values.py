@@ -78,8 +78,3 @@ def parse_event_log_handler(text: str) -> str:
         raise LaunchError(f"--event-log-handler {text!r} is not an event handler; give one of "
                           f"{', '.join(EVENT_LOG_HANDLERS)}.")
     return name
-
-
-def signal_names(signals) -> str:
-    """Signal numbers as "SIGTERM,SIGINT" (the way --signals-to-handle takes them)."""
-    return ",".join(signal.Signals(s).name for s in signals)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from launcher import envvars as ev
-from launcher.runtime.environment import WorkerEnvError, int_var, split_endpoint
+from launcher.runtime.environment import WorkerEnvError, int_var, parse_endpoints, split_endpoint
 
 SERVER = "PSERVER"
 TRAINER = "TRAINER"
@@ -108,13 +108,6 @@ def make_ps_env(role: str, index: int, servers: Sequence[str], trainers_num: int
         raise WorkerEnvError(f"{'server' if role == SERVER else 'trainer'} id {index} is outside the {limit} "
                              f"{'pservers' if role == SERVER else 'trainers'}.")
     return PsEnv(role, index, servers, trainers_num, tuple(trainer_endpoints))
-
-
-def parse_endpoints(text: str, name: str) -> tuple:
-    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
-    for e in endpoints:
-        split_endpoint(e, name)
-    return endpoints
 
 
 def _server_index(environ: Mapping[str, str], servers: tuple) -> int:

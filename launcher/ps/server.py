@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import suppress
 from typing import Optional
 
 import torch
@@ -223,10 +224,8 @@ def _watch(server: Server) -> None:
                                     f"({transport.first_line(e)}); stopping.")
         time.sleep(PING_EVERY)
     for fut in pending.values():
-        try:
+        with suppress(Exception):
             fut.wait()
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------------- called by trainers over RPC

@@ -10,7 +10,6 @@ the transpiler's programs do.
 from __future__ import annotations
 
 import os
-
 from typing import Optional
 
 import torch

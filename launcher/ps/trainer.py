@@ -302,10 +302,8 @@ class Communicator:
 def merge(batch: list) -> tuple:
     """The average of several steps' gradients: dense slices averaged, sparse rows concatenated and scaled."""
     n = len(batch)
-    dense = {}
-    for name in batch[0][0]:
-        given = [d[name] for d, _ in batch if d[name] is not None]
-        dense[name] = torch.stack(given).sum(0) / n if given else None
+    given = {name: [d[name] for d, _ in batch if d[name] is not None] for name in batch[0][0]}
+    dense = {name: torch.stack(grads).sum(0) / n if grads else None for name, grads in given.items()}
     sparse: dict = {}
     for _, steps in batch:
         for table, per_server in steps.items():

@@ -16,6 +16,7 @@ import atexit
 import re
 import threading
 import warnings
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional, Sequence
@@ -155,10 +156,8 @@ def _shutdown_quietly(timeout: float) -> None:
     try:
         rpc.shutdown(graceful=True, timeout=timeout)
     except Exception:
-        try:
+        with suppress(Exception):
             rpc.shutdown(graceful=False)
-        except Exception:
-            pass
 
 
 def first_line(e: Exception) -> str:

@@ -23,7 +23,7 @@ from launcher.run.session import Launch
 from launcher.run.starter import Clock, ProcessStarter, SubprocessStarter, SystemClock
 from launcher.run.stop import stop_what_runs
 from launcher.run.supervise import supervise
-from launcher.run.workers import StartFailed, WorkerGroup, worker_env
+from launcher.run.workers import StartFailed, WorkerGroup
 
 PARK_WAIT = 5.0  # seconds a worker kept for the next round has to leave its round
 STORE_DRAIN = 60.0  # seconds node 0's store serves the workers of a node not yet joined, after a job that ended well
@@ -68,9 +68,7 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
             if job.plan is not launch.plan:  # an elastic job's next round: its own plan
                 launch.replan(job.plan)
                 _note_round(launch, job)
-                launch.spares.keep_matching({spec.rank: {**worker_env(job.plan, spec, job.attempt),
-                                                         **launch.channels_env(spec)}
-                                             for spec in job.plan.workers})
+                launch.spares.keep_matching({spec.rank: launch.worker_env(spec, job.attempt) for spec in job.plan.workers})
                 launch.records.rounds = job.history
             else:  # the cause is the stop's, just before
                 launch.events.write("restart", attempt=job.attempt, max_restarts=launch.plan.max_restarts)
@@ -140,8 +138,7 @@ def _run_attempt(launch: Launch, job: Coordinator) -> tuple:
             group.start()
             launch.records.record_processes(group.snapshot, group.attempt)
             if job.attempt < launch.plan.max_restarts:
-                launch.spares.make(launch.plan.workers, lambda spec: {**worker_env(launch.plan, spec, group.attempt + 1),
-                                                                      **launch.channels_env(spec)},
+                launch.spares.make(launch.plan.workers, lambda spec: launch.worker_env(spec, group.attempt + 1),
                                    lambda spec: launch.progress.fds(spec.local_rank))
         except StartFailed as e:
             supervise(launch, group, job, start_failure=e)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from contextlib import suppress
 from typing import Optional
 
 PR_SET_PDEATHSIG = 1
@@ -26,10 +27,8 @@ def child_setup(launcher_pid: int, cgroup_fd: Optional[int], cpus: Optional[froz
         if cpus is not None:
             os.sched_setaffinity(0, cpus)  # before anything of the worker runs; a failure fails the start
         if cgroup_fd is not None:
-            try:
+            with suppress(OSError):
                 os.write(cgroup_fd, b"0")
-            except OSError:
-                pass
         LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         # let the launcher's own helpers (py-spy, for stacks) trace the worker under Yama's ptrace_scope=1
         LIBC.prctl(PR_SET_PTRACER, launcher_pid, 0, 0, 0)

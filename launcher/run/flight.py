@@ -32,11 +32,7 @@ def request(ranks: Iterable[int], env: Mapping[str, str]) -> dict:
     stem, dump = env.get(PIPE_VARIABLE), env.get(DUMP_VARIABLE)
     if not stem or not dump:
         return {}
-    asked = {}
-    for rank in ranks:
-        if _poke(f"{stem}{rank}.pipe"):
-            asked[rank] = f"{dump}{rank}"
-    return asked
+    return {rank: f"{dump}{rank}" for rank in ranks if _poke(f"{stem}{rank}.pipe")}
 
 
 def wait_seconds(env: Mapping[str, str]) -> float:

@@ -203,9 +203,7 @@ class Loop:
             self._register(fd, selectors.EVENT_READ, PipeTag(worker), ended or worker.output.wants(fd))
         for fd, events in self.launch.store.changes():
             self._watch(fd, events, self.store_tag)
-        wanted = {}
-        for fd, stream in console.waiting().items():
-            wanted[fd] = (selectors.EVENT_WRITE, ConsoleTag(stream))
+        wanted = {fd: (selectors.EVENT_WRITE, ConsoleTag(stream)) for fd, stream in console.waiting().items()}
         if self.job.channel is not None:
             if self.control_tag is None or self.control_tag.channel is not self.job.channel:
                 self.control_tag = ControlTag(self.job.channel)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -77,11 +78,8 @@ class JobCgroup:
             return []
 
     def kill(self) -> None:
-        try:
-            with open(self.file("cgroup.kill"), "w") as f:
-                f.write("1")
-        except OSError:
-            pass
+        with suppress(OSError), open(self.file("cgroup.kill"), "w") as f:
+            f.write("1")
 
     def remove(self) -> bool:
         try:
@@ -96,20 +94,11 @@ class JobCgroup:
 def own_cgroup_dir() -> Optional[tuple]:
     """(folder, name) of this process's cgroup v2 (unified hierarchy), or None."""
     mount = _cgroup2_mount()
-    if mount is None:
+    rel = cgroup_of("self") if mount is not None else None
+    if rel is None or rel.endswith("(deleted)"):
         return None
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    rel = line[3:].strip()
-                    if rel.endswith("(deleted)"):
-                        return None
-                    path = os.path.join(mount, rel.lstrip("/"))
-                    return (path, rel) if os.path.isdir(path) else None
-    except OSError:
-        return None
-    return None
+    path = os.path.join(mount, rel.lstrip("/"))
+    return (path, rel) if os.path.isdir(path) else None
 
 
 def _cgroup2_mount() -> Optional[str]:
@@ -134,7 +123,8 @@ def _writable(folder: str) -> bool:
     return True
 
 
-def cgroup_of(pid: int) -> Optional[str]:
+def cgroup_of(pid) -> Optional[str]:
+    """The cgroup v2 of ``pid`` (a number, or "self") as /proc shows it, or None."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             for line in f:
@@ -201,13 +191,11 @@ class Pinned:
         self.fd = fd
 
     def send(self, sig: int) -> None:
-        try:
+        with suppress(OSError):
             if self.fd is not None:
                 signal.pidfd_send_signal(self.fd, sig)
             else:
                 os.kill(self.pid, sig)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
 
     def running(self) -> bool:
         try:
@@ -257,12 +245,8 @@ def pin(pid: int, job: Job) -> Optional[Pinned]:
 
 def members(job: Job, pids: Optional[Iterable[int]] = None) -> list:
     """Every live process of ``job``, pinned. The caller closes them."""
-    found = []
-    for pid in sorted(job.candidates() if pids is None else pids):
-        p = pin(pid, job)
-        if p is not None:
-            found.append(p)
-    return found
+    pinned = (pin(pid, job) for pid in sorted(job.candidates() if pids is None else pids))
+    return [p for p in pinned if p is not None]
 
 
 # Python's own helpers of a multiprocessing "spawn" or "forkserver" context: each ends by itself once

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import selectors
+from contextlib import suppress
 from typing import Optional
 
 from launcher import envvars as ev
@@ -98,12 +99,14 @@ class Launch:
         self.worker_channel = WorkerChannel(self.run_id, welcome, lambda pid: pid in self.worker_pids)
         self.worker_channel.listen()
 
-    def worker_channel_env(self) -> dict:
-        return self.worker_channel.env() if self.worker_channel is not None else {}
-
-    def channels_env(self, spec) -> dict:
-        """What a worker of ``spec`` is told of its ways to the launcher: the local channel, its progress page."""
-        return {**self.worker_channel_env(), **self.progress.env(spec.local_rank)}
+    def worker_env(self, spec, attempt: int) -> dict:
+        """What the worker of ``spec`` is given in ``attempt``: the plan's variables and the attempt's, and its ways to
+        the launcher (the local channel, its progress page)."""
+        env = {**self.plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
+        if self.plan.elastic_round is not None:
+            env[ev.ELASTIC_ROUND] = self.plan.elastic_round
+        channel = self.worker_channel.env() if self.worker_channel is not None else {}
+        return {**env, **channel, **self.progress.env(spec.local_rank)}
 
     def poll_progress(self, now: float, job) -> list:
         """The workers' new reports (their progress pages), and about every second the straggler's search: this node's
@@ -253,8 +256,6 @@ def _error_files(specs) -> list:
 
 
 def _remove(path: str) -> None:
-    try:
+    with suppress(OSError):
         os.remove(path)
         os.rmdir(os.path.dirname(path))
-    except OSError:
-        pass

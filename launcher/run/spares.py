@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from launcher.output import sinks
+from launcher.output.lines import write_all
 from launcher.output.messages import log
 from launcher.plan.model import WorkerSpec
 from launcher.run import spare as spare_module
@@ -112,7 +113,7 @@ def wake(spare: Spare, spec: WorkerSpec, env: dict, cgroup_fd: Optional[int]) ->
             raise OSError("its log file was replaced since")
         if cgroup_fd is not None:
             os.write(cgroup_fd, str(spare.proc.pid).encode())
-        _write_all(spare.go, spare_module.message(env))
+        write_all(spare.go, spare_module.message(env))
     except OSError as e:
         log.debug("spare for rank %d not used (%s); starting the worker afresh", spec.rank, e)
         spare.close()
@@ -126,8 +127,3 @@ def wake(spare: Spare, spec: WorkerSpec, env: dict, cgroup_fd: Optional[int]) ->
 
 def file_id(st: os.stat_result) -> tuple:
     return st.st_dev, st.st_ino
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -101,9 +102,11 @@ def _finish(rank: int, pid: int, run, deadline: float, timeout: float) -> Stack:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            with suppress(OSError):  # py-spy runs in a session of its own: end it and anything it started
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            _resume(pid)
+            with suppress(OSError):  # py-spy stops the threads it reads; one killed halfway may leave the worker stopped
+                os.kill(pid, signal.SIGCONT)
             return Stack(rank, pid, None, f"py-spy gave no stack within {timeout:g} s (the process may be stuck in the kernel)", None)
         text = _read(out)
         if proc.returncode == 0 and text.strip():
@@ -131,22 +134,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X", b"")
-
-
-def _kill_group(pgid: int) -> None:
-    """py-spy runs in a session of its own: end it and anything it started."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _resume(pid: int) -> None:
-    """py-spy stops the threads it reads; one killed halfway may leave the worker stopped."""
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except OSError:
-        pass
 
 
 def _read(f) -> str:

@@ -105,26 +105,14 @@ class SubprocessStarter:
 
             raise OSError(errno.EINVAL, f"it could not be bound to CPUs {format_cpu_list(cpus or ())}") from None
 
-    def exit_status(self, pid: int) -> Optional[int]:
-        return child.exit_status(pid)
-
-    def signal_group(self, pgid: int, sig: int) -> None:
-        child.killpg(pgid, sig)
-
-    def reap(self, pid: int, wait: bool) -> bool:
-        return child.reap(pid, wait)
-
-    def children(self) -> list:
-        return child.children()
-
-    def descendants(self) -> list:
-        return child.descendants()
-
-    def adopt_orphans(self) -> None:
-        child.become_subreaper()
-
-    def make_cgroup(self, run_id: str, env: dict) -> Optional[processes.JobCgroup]:
-        return processes.JobCgroup.create(run_id, env)
+    # the kernel's side, as launcher.run.child and processes do it
+    exit_status = staticmethod(child.exit_status)
+    signal_group = staticmethod(child.killpg)
+    reap = staticmethod(child.reap)
+    children = staticmethod(child.children)
+    descendants = staticmethod(child.descendants)
+    adopt_orphans = staticmethod(child.become_subreaper)
+    make_cgroup = staticmethod(processes.JobCgroup.create)
 
     def start_watchdog(self, run_id: str, grace: float) -> subprocess.Popen:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 from launcher.errors import LaunchError
 from launcher.host import preflight
+from launcher.nodes.transport.connection import send_buffered
 from launcher.nodes.transport.listener import Listener, pending_cap
 from launcher.output.messages import log
 from launcher.plan.agent_store import StoreSpec
@@ -226,30 +227,21 @@ class AgentStore:
             self._drop(client, f"the store's clients hold over {BUFFER_LIMIT} bytes unread or unanswered", warn=True)
 
     def _send(self, client: Client, data: bytes) -> None:
-        if not client.alive:
-            return
-        if not client.out:
-            try:
-                data = data[client.sock.send(data):]
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as e:
-                self._drop(client, e.strerror or str(e))
-                return
-        client.out += data
-        self._update(client)
+        if client.alive:
+            client.out += data
+            if self._push(client):
+                self._update(client)
 
     def _flush(self, client: Client) -> None:
-        try:
-            sent = client.sock.send(client.out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self._drop(client, e.strerror or str(e))
-            return
-        del client.out[:sent]
-        if len(client.out) < OUT_PAUSE:
+        if self._push(client) and len(client.out) < OUT_PAUSE:
             self._serve(client)  # what it sent while it was not read
+
+    def _push(self, client: Client) -> bool:
+        """What the kernel takes of the client's replies now; False: the connection broke (the client let go)."""
+        if send_buffered(client.sock, client.out):
+            return True
+        self._drop(client, "the connection broke")
+        return False
 
     def _update(self, client: Client) -> None:
         events = (selectors.EVENT_READ if len(client.out) < OUT_PAUSE else 0)

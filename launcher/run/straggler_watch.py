@@ -80,12 +80,6 @@ class StragglerWatch:
 def peer_times(rows: Iterable[dict], own_node: int) -> Tuple[stragglers.RankTime, ...]:
     """The other nodes' ranks' compute times, from their views as the monitor fetched them (``monitor_view.peer_view``:
     already checked field by field)."""
-    found = []
-    for row in rows:
-        if row.get("error") or row.get("node") == own_node:
-            continue
-        for w in row.get("workers", ()):
-            if w.get("compute_seconds") is not None:
-                found.append(stragglers.RankTime(w["rank"], row["node"], row.get("node_ip", ""), w["compute_seconds"],
-                                                 w.get("step") or 0))
-    return tuple(found)
+    return tuple(stragglers.RankTime(w["rank"], row["node"], row.get("node_ip", ""), w["compute_seconds"], w.get("step") or 0)
+                 for row in rows if not row.get("error") and row.get("node") != own_node
+                 for w in row.get("workers", ()) if w.get("compute_seconds") is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from contextlib import suppress
 from typing import Optional
 
 from launcher.output.messages import log
@@ -58,10 +59,8 @@ class WatchdogLink:
         if not self.lost:
             self.tell("quit")
         self.done = True
-        try:
+        with suppress(OSError):
             self.process.stdin.close()
-        except OSError:
-            pass
         try:
             self.process.wait(WATCHDOG_QUIT_WAIT)
         except subprocess.TimeoutExpired:

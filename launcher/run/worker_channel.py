@@ -60,7 +60,7 @@ class WorkerChannel:
     def __init__(self, run_id: str, welcome: Callable[[], dict], is_worker: Callable[[int], bool],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.name = f"@launcher-{run_id}-{secrets.token_hex(8)}"
-        self.key = lc.new_key()
+        self.key = lc.new_secret()
         self.is_worker = is_worker
         self.welcome = welcome  # what the welcome says besides its proof: the round, how long to wait for a stop
         self.clock = clock
@@ -84,10 +84,8 @@ class WorkerChannel:
     def registrations(self) -> dict:
         if self.listener is None:
             return {}
-        wanted = self.listener.registrations(self.clock())
-        for fd, c in self.connections.items():
-            wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
-        return wanted
+        return {**self.listener.registrations(self.clock()),
+                **{fd: selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0) for fd, c in self.connections.items()}}
 
     def ready(self, fd: int, mask: int) -> list:
         if self.listener is not None and fd == self.listener.fileno():
@@ -175,7 +173,7 @@ class WorkerChannel:
                 continue
             for older in [o for o in self.connections.values() if o.pid == pid and not o.welcomed]:
                 self._close(older)  # one connection waiting for its hello per worker: the newest
-            c = Connection(sock, pid, lc.new_nonce())
+            c = Connection(sock, pid, lc.new_secret())
             self.connections[sock.fileno()] = c
             c.out += lc.encode({"t": lc.CHALLENGE, "nonce": c.nonce})
             self._flush(c)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +24,7 @@ from launcher.output import sinks
 from launcher.output import state_file
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.model import Plan, WorkerSpec
+from launcher.plan.model import WorkerSpec
 from launcher.run import processes
 from launcher.run import spares as spares_module
 from launcher.run import warm as warm_module
@@ -73,17 +74,6 @@ class Worker:
         return self.proc.pid
 
 
-def exit_code(returncode: int) -> int:
-    return policy.shell_code(returncode)
-
-
-def worker_env(plan: Plan, spec: WorkerSpec, attempt: int) -> dict:
-    env = {**plan.base_env, **spec.env, ev.RESTART_COUNT: str(attempt), ev.ELASTIC_RESTART_COUNT: str(attempt)}
-    if plan.elastic_round is not None:
-        env[ev.ELASTIC_ROUND] = plan.elastic_round
-    return env
-
-
 class WorkerGroup:
     """Uses the launch's starter, clock, cgroup, spares and watchdog; the launch knows nothing of it."""
 
@@ -131,7 +121,7 @@ class WorkerGroup:
         log.debug("started %d worker(s)", len(self.workers))
 
     def env_of(self, spec: WorkerSpec) -> dict:
-        return {**worker_env(self.plan, spec, self.attempt), **self.launch.channels_env(spec)}
+        return self.launch.worker_env(spec, self.attempt)
 
     def _spawn(self, spec: WorkerSpec) -> None:
         kept = self.launch.kept.pop(spec.local_rank, None)
@@ -144,12 +134,7 @@ class WorkerGroup:
         spare = self.launch.spares.pop(spec.rank)
         if spare is not None and self._wake(spec, spare):
             return
-        try:
-            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
-            stdout, stderr = output.child_fds()
-        except OSError as e:
-            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
-        self.outputs[spec.rank] = output
+        output, (stdout, stderr) = self._output_of(spec)
         self.launch.progress.started(spec.local_rank, self.clock.monotonic())
         try:
             proc = self.starter.start(spec.cmd, self.env_of(spec), stdout, stderr,
@@ -160,8 +145,21 @@ class WorkerGroup:
                 raise LaunchError(f"cannot start {spec.label} ({spec.cmd[0]}): {e.strerror}; check the command.") from None
             raise StartFailed(spec, e.strerror or str(e)) from None
         finally:
-            output.spawned()
+            self._given(spec, output)
         self._add(spec, proc, output)
+
+    def _output_of(self, spec: WorkerSpec) -> tuple:
+        """The worker's output (its log file, opened before, or new pipes) and the descriptors it writes to."""
+        try:
+            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
+            return output, output.child_fds()
+        except OSError as e:
+            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
+
+    def _given(self, spec: WorkerSpec, output) -> None:
+        """The worker has its descriptors: the launcher's copies closed, the output kept as this round's."""
+        output.spawned()
+        self.outputs[spec.rank] = output
 
     def _add(self, spec: WorkerSpec, proc: Process, output, warm: bool = False) -> None:
         self.workers[spec.rank] = Worker(spec, proc, output, self.clock.monotonic())
@@ -195,15 +193,11 @@ class WorkerGroup:
             log.warning("%s could not be kept for the next round (%s): starting it afresh", kept.spec.label, why)
             self.drop_kept(kept)
             return False
-        try:  # this round's output, as a new worker's: its log file (by its new rank) or pipes (with its new label)
-            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
-            fds = output.child_fds()
-        except OSError as e:
-            raise StartFailed(spec, f"{e.strerror} while making its output pipes") from None
+        # this round's output, as a new worker's: its log file (by its new rank) or pipes (with its new label)
+        output, fds = self._output_of(spec)
         self.launch.parked.discard(kept.pid)
         told = channel.send(kept.pid, lc.round_message(self.env_of(spec), len(fds)), fds=fds)
-        output.spawned()
-        self.outputs[spec.rank] = output
+        self._given(spec, output)
         if not told:  # its channel failed just now: this round cannot start as planned here
             self.drop_kept(kept)
             raise StartFailed(spec, "its channel to the launcher failed as it was given the new round")
@@ -221,15 +215,13 @@ class WorkerGroup:
         try:
             if self.cgroup_fd is not None:
                 os.write(self.cgroup_fd, str(warm.proc.pid).encode())
-            output = self.outputs.get(spec.rank) or routes.worker_output(spec, None)
-            fds = output.child_fds()
         except OSError as e:
             raise StartFailed(spec, f"{e.strerror} while waking it") from None
+        output, fds = self._output_of(spec)
         progress = self.launch.progress.fds(spec.local_rank)
         self.launch.progress.started(spec.local_rank, self.clock.monotonic())
         failed = warm_module.wake(warm, self.env_of(spec), (*fds, *progress), bool(progress))
-        output.spawned()
-        self.outputs[spec.rank] = output
+        self._given(spec, output)
         self._add(spec, warm.proc, output, warm=True)
         if failed:  # its socket failed just now: this round cannot start as planned here
             raise StartFailed(spec, f"its warm socket failed as it was given its round ({failed})")
@@ -259,8 +251,7 @@ class WorkerGroup:
             return False
         if output is not spare.output and spare.output is not None:
             spare.output.finish()
-        output.spawned()
-        self.outputs[spec.rank] = output
+        self._given(spec, output)
         self._add(spec, spare.proc, output)
         return True
 
@@ -299,10 +290,8 @@ class WorkerGroup:
             import psutil
 
             for pid in list(pids):
-                try:
+                with suppress(psutil.Error):
                     pids |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
-                except psutil.Error:
-                    pass
         return pids
 
     def leftovers(self) -> list:

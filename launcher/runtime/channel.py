@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import threading
+from contextlib import suppress
 from typing import Callable, Optional
 
 from launcher import envvars as ev
@@ -80,7 +81,7 @@ class Channel:
             challenge = lc.decode(lines.readline(lc.MAX_LINE))
             if not challenge or challenge.get("t") != lc.CHALLENGE or not isinstance(challenge.get("nonce"), str):
                 raise OSError("no challenge from the launcher")
-            nonce = lc.new_nonce()
+            nonce = lc.new_secret()
             sock.sendall(lc.encode({"t": lc.HELLO, "nonce": nonce, "pid": os.getpid(), "keep": keep,
                                     "proof": lc.proof(key, "worker", nonce, challenge["nonce"])}))
             welcome = lc.decode(lines.readline(lc.MAX_LINE))
@@ -138,19 +139,15 @@ class Channel:
         return env
 
     def parked(self) -> None:
-        try:
+        with suppress(OSError):
             self.sock.sendall(lc.encode({"t": lc.PARKED}))
-        except OSError:
-            pass
 
 
 def _redirect(fds: list) -> None:
     """Standard output and error onto the round's (the first two of ``fds``); every one of ``fds`` closed."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     for target, fd in zip((1, 2), fds):
         os.dup2(fd, target)
     for fd in fds:

@@ -79,15 +79,15 @@ class RoundOver(Exception):
 # ---------------------------------------------------------------- one round's process group
 
 
-def _sockets() -> dict:
-    """This process's sockets: fd -> inode."""
+def _sockets(before: Optional[dict] = None) -> dict:
+    """This process's sockets (fd -> inode); where ``before`` is given, those not among its."""
     found = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue
-        if target.startswith("socket:["):
+        if target.startswith("socket:[") and (before is None or before.get(int(name)) != target):
             found[int(name)] = target
     return found
 
@@ -136,7 +136,7 @@ class Group:
         self._this_rounds_store(env.get(ev.ELASTIC_ROUND))
         dist.init_process_group(self.backend, store=self.store, rank=self.rank, world_size=self.world_size)
         self.pg = dist.group.WORLD
-        self.own = {fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
+        self.own = _sockets(self.before)
 
     def _this_rounds_store(self, round_: Optional[str]) -> None:
         """Connected to this round's store, not the round before's: rank 0's store of that round may still take a
@@ -182,9 +182,7 @@ class Group:
                 for pg in (*self.groups, self.pg):
                     _abort(pg)
                 return
-            sockets = self.own if self.own is not None else {
-                fd: inode for fd, inode in _sockets().items() if self.before.get(fd) != inode}
-            for fd, inode in sockets.items():
+            for fd, inode in (self.own if self.own is not None else _sockets(self.before)).items():
                 _shut_down(fd, inode)
 
     def adopt(self, sockets: dict, groups: list) -> None:
@@ -222,7 +220,7 @@ def round_owns():
         yield made
     finally:
         if group is not None:
-            group.adopt({fd: inode for fd, inode in _sockets().items() if before.get(fd) != inode}, made)
+            group.adopt(_sockets(before), made)
 
 
 def _shut_down(fd: int, inode: str) -> None:
@@ -234,13 +232,9 @@ def _shut_down(fd: int, inode: str) -> None:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
         return
-    try:
+    with sock, contextlib.suppress(OSError):
         if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def _raise_in(thread_id: int, exc: Optional[type]) -> None:

@@ -143,11 +143,14 @@ def _endpoints(environ: Mapping[str, str], read_file: Callable[[str], str]) -> t
             text = read_file(path).strip()
         except OSError as e:
             raise WorkerEnvError(f"{ev.TRAINER_ENDPOINTS_FILE}={path!r} cannot be read: {e.strerror}.") from None
-    if not text:
-        return ()
-    endpoints = tuple(e.strip() for e in text.replace("\n", ",").split(",") if e.strip())
+    return parse_endpoints(text.replace("\n", ","), ev.TRAINER_ENDPOINTS)
+
+
+def parse_endpoints(text: str, name: str) -> tuple:
+    """The ``ip:port`` endpoints of a comma-separated list, each checked (a WorkerEnvError naming ``name``)."""
+    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
     for e in endpoints:
-        split_endpoint(e, ev.TRAINER_ENDPOINTS)
+        split_endpoint(e, name)
     return endpoints
 
 

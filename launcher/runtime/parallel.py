@@ -10,6 +10,7 @@ import atexit
 import os
 import sys
 import types
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional, Union
@@ -203,10 +204,8 @@ def leave_now(code) -> None:
 
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     if not isinstance(code, int):  # sys.exit("message") printed the message: its code is 1
         code = 1
     os._exit(code & 0xFF)
@@ -246,11 +245,9 @@ def reset() -> None:
 
 def _meet(job: Job) -> None:
     """Say this rank is leaving, then wait (bounded) until every rank has said so."""
-    try:
+    with suppress(Exception):  # a rank is still busy or gone, or rank 0's store is: leave all the same
         job.store.set(f"{_LEFT}{job.rank}", "1")
         job.store.wait([f"{_LEFT}{r}" for r in range(job.world_size)], min(job.timeout, EXIT_WAIT))
-    except Exception:  # a rank is still busy or gone, or rank 0's store is: leave all the same
-        pass
 
 
 def _as_timedelta(timeout: Union[None, float, timedelta]) -> Optional[timedelta]:

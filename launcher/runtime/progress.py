@@ -17,6 +17,7 @@ import mmap
 import os
 import threading
 import time
+from contextlib import suppress
 from typing import Optional
 
 from launcher import envvars as ev
@@ -56,14 +57,12 @@ def report(step: Optional[int] = None, compute: Optional[float] = None, **scalar
         page.open()
     if page.memory is None:
         return
-    try:
+    with suppress(Exception):  # a report never fails the step
         step = int(step) if step is not None else None
         compute = _compute(page, step, compute)
         body = progress_page.encode(step, time.time(), scalars, compute)
         with page.lock:
             page.sequence = progress_page.write(page.memory, page.sequence, body)
-    except Exception:  # noqa: BLE001 - a report never fails the step
-        pass
 
 
 def _compute(page: _Page, step: Optional[int], given) -> Optional[float]:

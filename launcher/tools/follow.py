@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -76,13 +77,10 @@ class Tail:
 def tail_at(logfile, offset: int) -> Tail:
     """The Tail of ``logfile`` shown up to ``offset``, with the identity and mark of its file now."""
     tail = Tail(logfile, offset)
-    try:
-        with host_files.open_regular(logfile.path) as fh:
-            facts = os.fstat(fh.fileno())
-            fh.seek(max(0, offset - MARK))
-            tail.identity, tail.mark = (facts.st_dev, facts.st_ino), fh.read(min(offset, MARK))
-    except (OSError, host_files.NotReadable):
-        pass
+    with suppress(OSError, host_files.NotReadable), host_files.open_regular(logfile.path) as fh:
+        facts = os.fstat(fh.fileno())
+        fh.seek(max(0, offset - MARK))
+        tail.identity, tail.mark = (facts.st_dev, facts.st_ino), fh.read(min(offset, MARK))
     return tail
 
 
@@ -190,12 +188,11 @@ def follow(log_dir: str, follower: Follower, changes: host_changes.FolderChanges
         write(follower.apply(changed))
         if changed.gone or clock() - checked >= STATE_EVERY or any(map(state.is_state_file, changed.names)):
             checked = clock()
-            if changed.gone or not os.path.isdir(log_dir):
+            gone = changed.gone or not os.path.isdir(log_dir)
+            if gone or not job_running(log_dir):
                 write(follower.read(final=True))
-                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following."
-            if not job_running(log_dir):
-                write(follower.read(final=True))
-                return None
+                return f"{log_dir} is gone (deleted or moved): nothing more can be written to its logs; stopped following." \
+                    if gone else None
 
 
 class Paced:

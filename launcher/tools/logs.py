@@ -39,21 +39,19 @@ def show(log_dir: str, follow: bool, ranks: Optional[str], grep: Optional[str], 
     each piece given to ``write(data, flush)``; why following stopped early (its log dir gone), or None."""
     pattern, wanted = compile_grep(grep), parse_ranks(ranks)
     files = log_files(log_dir, wanted)
-    if not follow:
-        for chunk in merged(files, sizes(files, whole_lines=False), pattern):
-            write(chunk, False)
-        write(b"", True)
-        return None
-    changes = follower.watch(log_dir, lambda name: is_wanted(name, wanted))
+    changes = follower.watch(log_dir, lambda name: is_wanted(name, wanted)) if follow else None
     try:
-        ends = sizes(files, whole_lines=True)  # taken once the watch is on: no change is missed
+        ends = sizes(files, whole_lines=follow)  # taken once the watch is on: no change is missed
         for chunk in merged(files, ends, pattern):
             write(chunk, False)
         write(b"", True)
+        if changes is None:
+            return None
         tails = follower.Follower(files, ends, pattern, lambda names: new_logs(log_dir, names, wanted))
         return follower.follow(log_dir, tails, changes, lambda data: write(data, True))
     finally:
-        changes.close()
+        if changes is not None:
+            changes.close()
 
 
 def is_wanted(name: str, wanted: Optional[set]) -> bool:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 
 from launcher.errors import LaunchError
 from launcher.host import files
 from launcher.output import state_file as state
 from launcher.output.reports import table
+from launcher.plan.policy import describe_exit
 from launcher.tools.log_dir import job_over, read_states
 
 LAST_LINE_BYTES = 4096
@@ -92,12 +92,7 @@ def _plus_one(n) -> str:
 def process_state(p: state.ProcessState, running: bool) -> str:
     """"running", "exited N", "killed by SIGTERM", "stopped" (gone unrecorded), "not started"."""
     if p.returncode is not None:
-        if p.returncode >= 0:
-            return f"exited {p.returncode}"
-        try:
-            return f"killed by {signal.Signals(-p.returncode).name}"
-        except ValueError:
-            return f"killed by signal {-p.returncode}"
+        return f"exited {p.returncode}" if p.returncode >= 0 else describe_exit(p.returncode)
     if p.pid is None:
         return "not started"
     return "running" if running else "stopped"

@@ -230,11 +230,10 @@ class Leader(Peered):
         if not isinstance(message, (messages.Failed, messages.TrainersDone, messages.Report)) \
                 or message.attempt != self.attempt:
             return []
-        if isinstance(message, messages.Failed):
-            return self._stop_for(message.cause) if message.cause is not None else []
         if isinstance(message, messages.TrainersDone):
             return self._trained(node)
-        self.reports[node] = message.cause
+        if isinstance(message, messages.Report):
+            self.reports[node] = message.cause
         return self._stop_for(message.cause) if message.cause is not None else []
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]:
@@ -252,8 +251,7 @@ class Leader(Peered):
             if self.cause is not None and deadline is None:
                 deadline = self.clock() + self.plan.shutdown_timeout + REPORT_MARGIN
             if deadline is not None and self.clock() >= deadline:
-                log.warning("no word from %s after the stop; going on without it",
-                            ", ".join(self.channel.node_name(n) for n in waiting))
+                log.warning("no word from %s after the stop; going on without it", self._names(waiting))
                 break
             for e in turn():
                 if isinstance(e, policy.StopSignal):

@@ -59,10 +59,7 @@ class Endpoint:
         for sock in self.discarded:
             sock.close()
         self.discarded.clear()
-        wanted = {}
-        for fd, c in self.connections.items():
-            wanted[fd] = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
-        return wanted
+        return {fd: selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0) for fd, c in self.connections.items()}
 
     def next_deadline(self) -> Optional[float]:
         return self.due

@@ -16,6 +16,7 @@ import errno
 import logging
 import selectors
 import socket
+from contextlib import suppress
 from typing import Optional
 
 from launcher.output.messages import log
@@ -167,8 +168,6 @@ class Listener:
 
     def _unwatch(self) -> None:
         if self.watched_by is not None:
-            try:
+            with suppress(KeyError, ValueError, OSError, RuntimeError):  # the selector was closed first
                 self.watched_by.unregister(self)
-            except (KeyError, ValueError, OSError, RuntimeError):  # the selector was closed first
-                pass
         self.watched_by = None

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from launcher.plan.clusters.source import DEFAULT_NODES, MULTI_NODE_PORT, Cluster, Request, Source
-from launcher.plan.parsing import node_rank_of, parse_node_list, port_range
+from launcher.plan.clusters.source import (DEFAULT_NODES, MULTI_NODE_PORT, MULTI_NODE_START, Cluster, Request, Source,
+                                           worker_ports)
+from launcher.plan.parsing import node_rank_of, parse_node_list
 
 if TYPE_CHECKING:  # annotations only
     from launcher.plan.model import LaunchOptions
@@ -23,12 +24,7 @@ def _cli(req: Request) -> Cluster:
     opts = req.opts
     node_ips = parse_node_list(opts.cluster_node_ips, "--cluster_node_ips")
     node_rank = node_rank_of(node_ips, opts.node_ip, "--node_ip", "--cluster_node_ips", opts.node_rank)
-    if opts.started_port is not None:
-        ports = port_range(opts.started_port, req.nper, f"--started_port {opts.started_port}")
-    elif len(node_ips) > 1:
-        ports = port_range(MULTI_NODE_PORT, req.nper, f"the default start port {MULTI_NODE_PORT} (several nodes)")
-    else:
-        ports = None
+    ports = worker_ports(req, MULTI_NODE_PORT if len(node_ips) > 1 else None, MULTI_NODE_START)
     given = ("--cluster_node_ips", "--node_ip") if opts.node_rank is None else ("--cluster_node_ips", "--rank")
     return Cluster(NAME, node_ips, node_rank, ports, given)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Optional
 
-from launcher.plan.clusters.source import (DEFAULT_NODES, MULTI_NODE_PORT, Cluster, GatherSpec, Request, Source,
+from launcher.plan.clusters.source import (DEFAULT_NODES, MULTI_NODE_PORT, MULTI_NODE_START, Cluster, GatherSpec, Request, Source,
                                            fail, first_var, index_var, int_var, short_list, well_formed_hosts, worker_ports)
 from launcher.plan.parsing import is_valid_host
 
@@ -94,7 +94,7 @@ def _mpi(req: Request) -> Cluster:
     nodes = well_formed_hosts(req, nodes, "the gathered node list", ",".join(nodes))
     _refuse_shared_hosts(req, nodes)
     port, _ = _gather_port(req)
-    ports = worker_ports(req, MULTI_NODE_PORT, f"the default start port {MULTI_NODE_PORT} (several nodes)")
+    ports = worker_ports(req, MULTI_NODE_PORT, MULTI_NODE_START)
     return Cluster(NAME, nodes, rank, ports, (size_var, rank_var, "MASTER_ADDR"), detail=f"node list gathered over port {port}")
 
 

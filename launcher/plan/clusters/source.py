@@ -18,6 +18,7 @@ DEFAULT_NODES = "127.0.0.1"  # --cluster_node_ips when not given
 JOB_PORT_BASE = 20000  # SLURM and LSF: start port 20000 + job id % 20000, the same on every node
 JOB_PORT_SPAN = 20000
 MULTI_NODE_PORT = 6070  # Paddle 1.8's default start port when several nodes are given
+MULTI_NODE_START = f"the default start port {MULTI_NODE_PORT} (several nodes)"  # how messages name it
 
 
 @dataclass(frozen=True)

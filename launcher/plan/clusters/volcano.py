@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Mapping
 
-from launcher.plan.clusters.source import (MULTI_NODE_PORT, Cluster, Request, Source, checked_hosts, fail, first_var,
+from launcher.plan.clusters.source import (MULTI_NODE_PORT, MULTI_NODE_START, Cluster, Request, Source, checked_hosts, fail, first_var,
                                            index_var, int_var, own_index, var, worker_ports)
 
 if TYPE_CHECKING:  # annotations only
@@ -50,7 +50,7 @@ def _volcano(req: Request) -> Cluster:
     start, count, name = offsets[task]
     index = index_var(req, index_name, count, name)
     port = int_var(req, "MASTER_PORT", optional=True)
-    given_as = f"MASTER_PORT={port}" if port is not None else f"the default start port {MULTI_NODE_PORT} (several nodes)"
+    given_as = f"MASTER_PORT={port}" if port is not None else MULTI_NODE_START
     start_port = port if port is not None else MULTI_NODE_PORT if len(hosts) > 1 else None
     return Cluster(NAME, hosts, start + index, worker_ports(req, start_port, given_as), tuple(used))
 
