@@ -156,6 +156,14 @@ def reserve_port(ip: str, port: int):
     SO_REUSEADDR, and the kernel choosing a port for an outgoing connection, keep off it. Not kept
     off: any other program that sets SO_REUSEADDR (tests/integration/test_checks.py pins both).
     """
+    try:
+        return _bound(ip, port)
+    except OSError:
+        return None
+
+
+def _bound(ip: str, port: int) -> socket.socket:
+    """A socket bound to ``port`` on ``ip`` (its first address) with SO_REUSEADDR, not listening; OSError if not."""
     addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
     s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
@@ -164,7 +172,7 @@ def reserve_port(ip: str, port: int):
         return s
     except OSError:
         s.close()
-        return None
+        raise
 
 
 def reserve_store_port(plan: Plan) -> list:
@@ -331,16 +339,11 @@ def _check_port(ip: str, port: int, refused=None) -> None:
 def port_taken(ip: str, port: int):
     """The error a bind of ``port`` on ``ip`` meets now (an OSError), or None when it can be bound: a bind with
     SO_REUSEADDR, as a store's, so a port in TIME_WAIT or held by ``reserve_port`` is free."""
-    addresses = [ip] if is_ip(ip) else (_resolve(ip)[:1] or [ip])
-    s = socket.socket(_family(addresses[0]), socket.SOCK_STREAM)
     try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((addresses[0], port))
-        return None
+        _bound(ip, port).close()
     except OSError as e:
         return e
-    finally:
-        s.close()
+    return None
 
 
 def is_ip(text: str) -> bool:
