@@ -355,6 +355,9 @@ class FakeCoordinator:
     def trainers_done(self) -> list:
         return []
 
+    def gate(self, wait):
+        return None
+
     def finish_attempt(self, turn) -> tuple:
         what, value = self.ends.pop(0)
         if what == "restart":

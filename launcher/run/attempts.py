@@ -48,6 +48,11 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
         launch.records.rounds = job.history or None
+        code = job.gate(Loop(launch, job).turn_until)  # every node joined and fit, or no worker starts anywhere
+        if code is not None:
+            _tell_the_end(job, code, (launch.clock.monotonic(), 0), launch.clock)
+            launch.records.record("ended", code, console=console.note)
+            return code
         _note_start(launch, job)
         if job.reform_wait:
             launch.open_worker_channel(lambda: {"reform_wait": job.reform_wait})

@@ -28,10 +28,12 @@ from __future__ import annotations
 import signal
 from typing import Callable, Optional, Tuple, Union
 
+from launcher.errors import LaunchError
 from launcher.nodes.transport import messages
 from launcher.nodes.static.channel import Gone, HubChannel, Joined, Received, SpokeChannel
 from launcher.output.messages import log
 from launcher.plan import policy
+from launcher.plan.admission import HEALTH, Verdict
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 from launcher.plan.ps import held_by
@@ -41,6 +43,8 @@ REPORT_MARGIN = 10.0
 MAX_IDS_NAMED = 8  # trainers or servers of the nodes that never joined named one by one, at most
 
 Turn = Callable[[], list]  # one turn of the event loop: the policy events it produced
+Wait = Callable[[float], list]  # one turn that waits at most until a deadline (monotonic)
+START_WAIT = 10.0  # seconds node 0 waits for every node to join and be judged before it starts its own workers
 Clock = Callable[[], float]  # monotonic seconds
 
 
@@ -56,6 +60,10 @@ class Solo:
 
     def share_speed(self, own: tuple, now: float) -> None:
         pass
+
+    def gate(self, wait: Wait) -> Optional[int]:
+        """Before the first attempt's workers start: None to start them, or the code the job ends with first."""
+        return None
 
     def peer_times(self, now: float) -> tuple:
         return ()
@@ -137,8 +145,10 @@ class Peered(Solo):
 
 
 class Leader(Peered):
-    def __init__(self, plan: Plan, channel: HubChannel, clock: Clock) -> None:
+    def __init__(self, plan: Plan, channel: HubChannel, clock: Clock, verdict: Optional[Verdict] = None) -> None:
         super().__init__(plan, channel, clock)
+        self.verdict = verdict or Verdict()  # node 0's own checkup's (the others' are the hub's ``verdicts``)
+        self.started = False  # past the gate: a node that joins now is judged as it joins
         self.gone: set = set()  # nodes lost or never joined: not waited for
         self.reports: dict = {}  # node -> its cause (or None) for the current attempt
         self.trained: set = set()  # parameter-server mode: nodes whose trainers all exited 0 in this attempt
@@ -150,9 +160,33 @@ class Leader(Peered):
     def share_speed(self, own: tuple, now: float) -> None:
         self._put_speed(0, messages.node_speed(own), now)
 
-    def _put_speed(self, node: int, entry: Optional[messages.NodeSpeed], now: float) -> None:
-        if entry is not None:
-            self.speeds[node] = (entry, now)
+    def gate(self, wait: Wait) -> Optional[int]:
+        """No worker starts anywhere until every node joined and passed its health checks (or START_WAIT passed:
+        node 0 then starts, and a node that joins later is judged as it joins); then each is told to start
+        (``Start(0)``). A node that fails them refuses the job: every node is told why (``End`` with code 2, as it
+        joins, until every node has or the join timeout) and each exits 2 with that one sentence (raised here as a
+        ``LaunchError``). A node lost, or a signal, ends the job before it starts."""
+        nodes, told, start_by = set(range(1, len(self.plan.node_ips))), set(), self.clock() + START_WAIT
+        while True:
+            refusal = self.verdict.refusal or next(
+                (v.refusal for _, v in sorted(self.channel.verdicts.items()) if v.refusal), None)
+            if refusal is not None:
+                end = messages.to_wire(messages.End(0, 2, Cause(0, HEALTH, 2, refusal)))
+                for node in self.channel.joined() - told:
+                    self.channel.send(node, end)
+                    told.add(node)
+                if told >= nodes or self.cause is not None:  # every node told, or one never will be
+                    raise LaunchError(refusal)
+            elif self.cause is not None:
+                self.channel.broadcast(messages.to_wire(messages.End(0, self.cause.code, self.cause)))
+                return self.cause.code
+            elif self.channel.joined() >= nodes or self.clock() >= start_by:
+                self.started = True
+                self.channel.broadcast(messages.to_wire(messages.Start(0)))
+                return None
+            for e in wait(start_by if refusal is None else self.clock() + 1.0):
+                if isinstance(e, policy.StopSignal):
+                    self._root(self.signal_cause(e.sig))
 
     def peer_times(self, now: float) -> tuple:
         return messages.others(messages.fresh(self.speeds, now), 0)
@@ -181,6 +215,8 @@ class Leader(Peered):
     def on_events(self, events) -> list:
         out = []
         for e in events:
+            if isinstance(e, Joined) and self.started:
+                out += self._late(e.node)
             if isinstance(e, Joined) and self.cause is not None:
                 self.channel.send(e.node, messages.to_wire(messages.Stop(self.attempt, self.cause)))
             elif isinstance(e, Joined) and self.finished:  # late, with servers only: they stop too
@@ -191,6 +227,16 @@ class Leader(Peered):
             elif isinstance(e, Received):
                 out += self._on_message(e.node, messages.from_wire(e.message))
         return out
+
+    def _late(self, node: int) -> list:
+        """A node that joined once this node's workers started: told to start its own if it passed its checks;
+        else the job stops on every node with the sentence of its failure (exit 2)."""
+        verdict = self.channel.verdicts.get(node)
+        if verdict is not None and verdict.refusal is not None:
+            return self._stop_for(Cause(node, HEALTH, 2, verdict.refusal))
+        if self.cause is None:
+            self.channel.send(node, messages.to_wire(messages.Start(0)))
+        return []
 
     def trainers_done(self) -> list:
         return self._trained(0)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
+from launcher.errors import LaunchError
 from launcher.nodes.static.channel import Gone, Joined, Received, SpokeChannel
-from launcher.nodes.static.coordinator import Clock, Peered, Turn
+from launcher.nodes.static.coordinator import Clock, Peered, Turn, Wait
 from launcher.nodes.transport import messages
 from launcher.output.messages import log
 from launcher.plan import policy
+from launcher.plan.admission import HEALTH
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 
@@ -23,6 +25,7 @@ class Follower(Peered):
         self.reporting = False  # this node's part of the attempt is over: its report is due
         self.trained = False  # parameter-server mode: this node's trainers are done (told node 0)
         self.speeds: tuple = ()  # every node's speed entry, as node 0 last shared them
+        self.go = False  # node 0 said to start the first attempt: every node joined and passed its checks
 
     def share_speed(self, own: tuple, now: float) -> None:
         if own:
@@ -71,9 +74,30 @@ class Follower(Peered):
         elif self.cause is not None:
             self.channel.send(messages.to_wire(messages.Failed(self.attempt, self.cause)))
 
+    def gate(self, wait: Wait) -> Optional[int]:
+        """No worker starts here before node 0 says so (every node joined and passed its health checks). Node 0's
+        refusal of the job on a failed check: a ``LaunchError`` with its one sentence (exit 2, as on every node);
+        node 0 lost, never answered, or another end: the code to end with."""
+        while not self.go:
+            if isinstance(self.order, messages.End):
+                order, self.order = self.order, None
+                if order.cause is not None and order.cause.kind == HEALTH:
+                    raise LaunchError(order.cause.text)
+                self.root = order.cause or self.root
+                return order.code
+            if self.alone:
+                return self.final_cause().code
+            stopped = self._stopped_by_signal(wait(self.clock() + 1.0))
+            if stopped is not None:
+                return stopped[1]
+        return None
+
     def _on_message(self, message: messages.Message) -> list:
         if isinstance(message, messages.Speeds):
             self.speeds = message.nodes
+            return []
+        if isinstance(message, messages.Start) and message.attempt == 0:
+            self.go = True
             return []
         if isinstance(message, messages.End) or (isinstance(message, messages.Start)
                                                  and message.attempt == self.attempt + 1):

@@ -23,8 +23,11 @@ class Hub(Endpoint):
     beats_all = True
 
     def __init__(self, identity: Identity, bind_ip: str, port: int, heartbeat_timeout: float,
-                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
+                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic,
+                 judge: Optional[Callable[[int, object], object]] = None) -> None:
         super().__init__(identity, 0, heartbeat_timeout, join_timeout, token, clock)
+        self.judge = judge  # (node, its checkup as sent) -> node 0's verdict (``admission.Verdict``)
+        self.verdicts: dict = {}  # node -> the verdict on the checkup of its hello
         self.listener = Listener(bind(bind_ip, port, everywhere=True), "control", pending_cap(len(identity.nodes)),
                                  hello_within=HELLO_TIMEOUT)
         self.port = port
@@ -103,6 +106,8 @@ class Hub(Endpoint):
         self.peers[node] = fd
         self._watch_from(now)
         self.ever_joined.add(node)
+        if self.judge is not None:  # the coordinator acts on it before any worker starts
+            self.verdicts[node] = self.judge(node, message.checkup)
         c.send(c.handshake.welcome(), now)
         c.session = c.handshake.session  # with a token: every message from now on is sealed
         log.debug("control: %s joined from %s", self.node_name(node), c.where)

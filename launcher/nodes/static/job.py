@@ -3,14 +3,19 @@ nodes' spoke) and the monotonic clock: the one place that wires ``coordinator`` 
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Callable
 
 from launcher.errors import LaunchError
+from launcher.host import health as probes
 from launcher.nodes.static.coordinator import Leader, Solo
 from launcher.nodes.static.follower import Follower
 from launcher.nodes.static.hub import Hub
 from launcher.nodes.transport.messages import Identity
 from launcher.nodes.static.spoke import Spoke
+from launcher.plan import admission
+from launcher.plan.health import Checkup
 from launcher.plan.model import Plan
 
 
@@ -20,25 +25,45 @@ def identity(plan: Plan) -> Identity:
                     " ".join(plan.workers[0].cmd[1:]))
 
 
-def open_hub(plan: Plan) -> Hub:
-    spec = plan.control
+def open_hub(plan: Plan, mine: Checkup) -> Hub:
+    """Node 0's hub, which judges each node's checkup against node 0's facts (``mine``) as its hello comes."""
+    spec, settings = plan.control, admission.settings_of(plan)
+
+    def judge(node: int, offered) -> admission.Verdict:
+        return admission.judge(f"node {node} ({plan.node_ips[node]})", offered, mine.facts, time.time(), settings)
+
     try:
-        return Hub(identity(plan), plan.node_ip, spec.port, spec.heartbeat_timeout, spec.join_timeout, spec.token)
+        return Hub(identity(plan), plan.node_ip, spec.port, spec.heartbeat_timeout, spec.join_timeout, spec.token,
+                   judge=judge)
     except OSError as e:
         raise LaunchError(f"cannot listen on the control port {spec.port} of node 0 ({e.strerror}); "
                           f"free it or choose another --control_port (the same on every node).") from None
 
 
-def open_spoke(plan: Plan) -> Spoke:
-    """Connects only when ticked: opening it opens no socket yet."""
+def open_spoke(plan: Plan, mine: Checkup) -> Spoke:
+    """Connects only when ticked: opening it opens no socket yet. Its hellos carry ``mine``, their clock read as each
+    is sent."""
     spec = plan.control
     return Spoke(identity(plan), plan.node_rank, plan.node_ips[0], spec.port, spec.heartbeat_timeout,
-                 spec.join_timeout, spec.token)
+                 spec.join_timeout, spec.token, checkup=fresh(mine))
+
+
+def fresh(mine: Checkup, clock: Callable[[], float] = time.time) -> Callable[[], dict]:
+    """A checkup for a hello, off the wire's side: the checks' findings as they were, the clock as it is now."""
+    return lambda: dataclasses.replace(mine, facts=dataclasses.replace(mine.facts, clock=clock())).to_wire()
+
+
+def own_checkup(plan: Plan) -> Checkup:
+    """This node's checkup, once, before it joins (its checks may take a while: the user's own runs up to its
+    timeout)."""
+    return probes.checkup(admission.settings_of(plan), admission.subject(plan))
 
 
 def for_plan(plan: Plan) -> Solo:
     if plan.control is None:
         return Solo(plan)
+    mine = own_checkup(plan)
     if plan.node_rank == 0:
-        return Leader(plan, open_hub(plan), time.monotonic)
-    return Follower(plan, open_spoke(plan), time.monotonic)
+        return Leader(plan, open_hub(plan, mine), time.monotonic,
+                      admission.own(f"node 0 ({plan.node_ip})", mine))
+    return Follower(plan, open_spoke(plan, mine), time.monotonic)

@@ -24,8 +24,10 @@ class Spoke(Endpoint):
     """Every node but 0: connects to node 0 (retrying until the join timeout) and stays."""
 
     def __init__(self, identity: Identity, node: int, hub_ip: str, port: int, heartbeat_timeout: float,
-                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic) -> None:
+                 join_timeout: float, token: Optional[str], clock: Callable[[], float] = time.monotonic,
+                 checkup: Optional[Callable[[], object]] = None) -> None:
         super().__init__(identity, node, heartbeat_timeout, join_timeout, token, clock)
+        self.checkup = checkup  # this node's health checkup for its hello, made afresh for each
         self.address = (hub_ip, port)
         self.next_try = clock()
         self.welcomed = False
@@ -117,7 +119,8 @@ class Spoke(Endpoint):
     def _handshake(self, fd, c, message: Message, now: float) -> list:
         answer = c.handshake.answer(message)
         if answer is not None:
-            c.send(to_wire(Hello(self.identity.as_dict(), self.node, *answer)), now)
+            checkup = self.checkup() if self.checkup is not None else None
+            c.send(to_wire(Hello(self.identity.as_dict(), self.node, *answer, checkup=checkup)), now)
             return []
         if isinstance(message, Refusal) and c.handshake.server_nonce:
             return self._refused(fd, c, message, now)

@@ -74,6 +74,7 @@ class Hello(Message, kind="hello"):
     node_id: Optional[str] = None  # an elastic job's: the id this launcher made, its host, its workers
     host: Optional[str] = None
     workers: Optional[int] = None
+    checkup: object = None  # its health checkup as sent (``health.Checkup.to_wire``), judged by node 0 (``admission``)
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,7 @@ class Unknown:
     type: str
 
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "changes", "why")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "checkup", "changes", "why")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:

@@ -1,0 +1,78 @@
+"""Whether a node is fit to take part in a job, as node 0 judges it: the settings a plan's health checks run with,
+what they look at (``health.Subject``, from the plan), and node 0's verdict on a checkup that came in a hello (its own
+findings and the comparison of its facts with node 0's). Pure: the checkups and the times are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from launcher.plan.health import Checkup, Facts, HealthSettings, Subject, compare, first_failure, sentence
+from launcher.plan.policy import one_line
+
+HEALTH = "health"  # the kind of the cause a job is refused with, and the cause a member leaves with
+UNHEALTHY = "unhealthy"  # how the membership names a member taken out by its checks (events, metrics)
+
+
+def settings_of(plan) -> HealthSettings:
+    """The checks a plan runs (its ``health``, where the options gave one; else every check on its defaults)."""
+    return getattr(plan, "health", None) or HealthSettings()
+
+
+def subject(plan) -> Subject:
+    """What this node's checks look at: its log dir, its workers' ports (but the one this launcher holds for the
+    store), GPUs and program; the working directory is the launcher's own."""
+    cmd = tuple(plan.workers[0].cmd) if plan.workers else ()
+    if cmd[1:3] == ("-u", "-m"):  # a module: no file to compare
+        python, script = cmd[0], None
+    elif cmd[1:2] == ("-u",):
+        python, script = cmd[0], (cmd[2] if len(cmd) > 2 else None)
+    else:  # --no_python: the program itself is compared
+        python, script = None, (cmd[0] if cmd else None)
+    ports = tuple(p for p in plan.ports if p != plan.store_port)
+    gpus = tuple(w.gpu for w in plan.workers if w.gpu is not None)
+    return Subject(log_dir=plan.log_dir, workdir=".", host=plan.node_ip, ports=ports, gpus=gpus, script=script,
+                   python=python, uses_torch=python is not None)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What node 0 made of one node's checkup: every finding (the node's own, then the comparison's), and the
+    sentence it is refused with (None: fit)."""
+
+    findings: Tuple = ()
+    refusal: Optional[str] = None
+
+    @property
+    def fit(self) -> bool:
+        return self.refusal is None
+
+
+def own(node: str, checkup: Checkup) -> Verdict:
+    """Node 0's verdict on itself (or a node's on itself): its own findings only."""
+    failed = first_failure(checkup.findings)
+    return Verdict(checkup.findings, sentence(node, failed) if failed is not None else None)
+
+
+def judge(node: str, offered, node0: Facts, received_at: float, settings: HealthSettings) -> Verdict:
+    """Node 0's verdict on the checkup ``offered`` off the wire by ``node`` (its label), its hello received at
+    ``received_at`` on node 0's wall clock; what is not a checkup is a refusal, never an exception."""
+    if offered is None:
+        return Verdict((), f"{node} sent no health checkup (a launcher older than node 0's): run the same launcher "
+                           "version on every node")
+    checkup = Checkup.from_wire(offered)
+    if checkup is None:
+        return Verdict((), f"{node} sent a health checkup that is not one (a field missing or of a wrong type): run "
+                           "the same launcher version on every node")
+    findings = checkup.findings + compare(checkup.facts, node0, received_at, settings)
+    failed = first_failure(findings)
+    return Verdict(findings, one_line(sentence(node, failed), 600) if failed is not None else None)
+
+
+def states(verdict: Verdict) -> dict:
+    """check -> (state, reason) of each finding, the first of each check: for the pages and the metrics."""
+    out: dict = {}
+    for f in verdict.findings:
+        out.setdefault(f.check, (f.state, f.reason))
+    return out

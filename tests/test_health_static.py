@@ -1,0 +1,49 @@
+"""A fixed job's nodes checked before any worker starts, on real launchers on loopback: a node whose training script
+differs from node 0's refuses the job on every node (exit 2, one sentence naming the node, the check and the
+reason), and no worker starts anywhere; nodes that pass start as before."""
+
+import os
+import subprocess
+
+from conftest import REPO, finish_all, free_ports, launcher_cmd
+
+NODES = ["127.0.0.1", "127.0.0.2"]
+TRAIN = "import os, sys\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n"
+
+
+def start_node(folder, node_ip, port, out):
+    """One launcher of the two-node job, run in ``folder`` (its own copy of train.py, by the same relative name)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = launcher_cmd("--cluster_node_ips", ",".join(NODES), "--node_ip", node_ip, "--started_port", port,
+                       "--nproc_per_node", 1, "--log_dir", out / f"log-{node_ip}", "--shutdown_timeout", 2,
+                       "--join_timeout", 60, "train.py", out)
+    return subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def two_nodes(tmp_path, second_script):
+    first, second = tmp_path / "node0", tmp_path / "node1"
+    for folder, text in ((first, TRAIN), (second, second_script)):
+        folder.mkdir()
+        (folder / "train.py").write_text(text)
+    port = free_ports(2) + 1  # and the one below, node 0's control port
+    procs = [start_node(second, NODES[1], port, tmp_path), start_node(first, NODES[0], port, tmp_path)]
+    return finish_all(procs)
+
+
+def test_a_node_whose_script_differs_refuses_the_job_on_every_node_before_any_worker_starts(tmp_path):
+    results = two_nodes(tmp_path, TRAIN + "# another copy of the code\n")
+    sentence = ("node 1 (127.0.0.2) failed the health check script: its training script differs from node 0's "
+                "(another copy of the code); mend the node, or skip the check with --skip_health_checks script")
+    for code, _, err in results:
+        assert code == 2, err
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert errors == [f"launcher: error: {sentence}"], err
+        assert "Traceback" not in err
+    assert not list(tmp_path.glob("started.*"))  # no worker started anywhere
+
+
+def test_nodes_that_pass_their_checks_start_their_workers(tmp_path):
+    results = two_nodes(tmp_path, TRAIN)
+    for code, _, err in results:
+        assert code == 0, err
+    assert sorted(p.name for p in tmp_path.glob("started.*")) == ["started.0", "started.1"]
