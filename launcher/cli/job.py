@@ -105,7 +105,7 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
         request.options, agent_store=_agent_store(request, spec, trial)))
     job_id = request.options.job_id or env.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
     warm = _start_warm(request, trial, spec, cleanup)
-    link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None)
+    link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None, health=_health(trial))
     cleanup.callback(link.close)
     if link.first is None:
         return None, (), None, None
@@ -119,6 +119,19 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
     reserved = preflight.reserve_store_port(plan)
     link.serve()
     return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait, spec.min_nodes), warm
+
+
+def _health(plan):
+    """This launcher's health checks for its link (``launcher.nodes.elastic.link.Health``): its checkup made afresh
+    each time; after a worker failure its ports are not checked (its own workers may hold them still)."""
+    from launcher.host import health as probes
+    from launcher.nodes.elastic.link import Health
+    from launcher.plan import admission
+    from launcher.plan.health import PORTS
+
+    settings, subject = admission.settings_of(plan), admission.subject(plan)
+    after_failure = dataclasses.replace(settings, off=settings.off | {PORTS})
+    return Health(settings, lambda failed: probes.checkup(after_failure if failed else settings, subject))
 
 
 def _start_warm(request: Request, trial, spec, cleanup: ExitStack):

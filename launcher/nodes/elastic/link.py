@@ -21,12 +21,15 @@ import secrets
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from launcher.errors import LaunchError
 from launcher.nodes.transport import messages as m
 from launcher.output.messages import log
+from launcher.plan import admission
+from launcher.plan.health import Checkup, Facts, HealthSettings
 
 JOIN_WAIT = 5.0  # how long close() waits for a link's thread before it lets it go
 
@@ -77,6 +80,23 @@ class Share:
     """This node's speed entry (``messages.NodeSpeed``), for the other members."""
 
     entry: object
+
+
+@dataclass(frozen=True)
+class Health:
+    """This launcher's health checks, as its link uses them: ``check(after_failure)`` makes its checkup afresh (after
+    a worker failure its ports are not checked: its own workers may hold them still), ``settings`` theirs."""
+
+    settings: HealthSettings
+    check: Callable[[bool], Checkup]
+
+    def offer(self, after_failure: bool = False) -> dict:
+        """A checkup for the wire: what node 0 judges."""
+        return self.check(after_failure).to_wire()
+
+    def judge(self, node: str, offered, node0: Facts) -> admission.Verdict:
+        """Node 0's verdict on ``node``'s checkup as it came (node 0's facts ``node0``), now."""
+        return admission.judge(node, offered, node0, time.time(), self.settings)
 
 
 class Inbox:

@@ -47,10 +47,10 @@ import logging
 from dataclasses import replace
 from typing import Optional, Tuple
 
-from launcher.nodes.elastic.model import (ENDED, LEAVES, REFORMING, RUNNING, SILENT, WAITING, Action, Admit,  # noqa: F401
-                                          Closed, Drop, EndJob, Event, Heartbeat, JobEnded, JoinAsked, Member, Node,
-                                          Refuse, Round, RoundDone, StartRound, State, StopWorkers, TimePassed,
-                                          WorkerFailed, WorkersStopped, describe)
+from launcher.nodes.elastic.model import (ENDED, LEAVES, REFORMING, RUNNING, SILENT, UNWELL, WAITING, Action,  # noqa: F401
+                                          Admit, Checked, Closed, Drop, EndJob, Event, Heartbeat, JobEnded, JoinAsked,
+                                          KeepOut, Member, Node, Refuse, Round, RoundDone, StartRound, State,
+                                          StopWorkers, TimePassed, WorkerFailed, WorkersStopped, describe)
 from launcher.nodes.elastic.persistent import PSet, Row
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
@@ -94,7 +94,12 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
         refusal = (Refuse(event.node.node_id, "the job has ended"),) if isinstance(event, JoinAsked) else ()
         return state, refusal
     if isinstance(event, JoinAsked):
+        if event.unfit is not None and _refusal(state, event.node, event.job_id) is None:
+            return state, (KeepOut(event.node.node_id, event.unfit),
+                           Say(logging.WARNING, f"{event.unfit}; it is kept out and checks again"))
         return _on_join(state, event.node, event.job_id, now)
+    if isinstance(event, Checked):
+        return _on_checked(state, event, now)
     if isinstance(event, Heartbeat):
         heard = state.heard.update(event.at or {event.node_id: now}, known_only=True)  # of the nodes it knows
         return (state if heard is state.heard else replace(state, heard=heard)), ()
@@ -158,7 +163,7 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
     heard = state.heard.update(gone=(node_id,))
     if node in state.standbys:
         standbys = Row(n for n in state.standbys if n != node)
-        state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard)
+        state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard, aside=state.aside.minus(node_id))
         return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
     members, standbys, promoted = _promote(state, node)
     text = f"{node.label} {'left' if LEAVES in reason else 'lost'}: {reason}{promoted}"
@@ -178,16 +183,17 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
 def _promote(state: State, node: Node) -> Tuple[Row, Row, str]:
     """(members, standbys, what became of the place) once member ``node`` is gone: the first standby of its size
     takes its place (every rank stays); none of its size, the first standby joins last, as a newcomer (the ranks
-    after the lost node's move); no standby, the members close up."""
+    after the lost node's move); no standby, the members close up. Standbys set aside (``aside``) are passed over."""
     staying = Row(n for n in state.members if n != node)
-    same = next((n for n in state.standbys if n.workers == node.workers), None)
+    fit = [n for n in state.standbys if n.node_id not in state.aside]  # one set aside by its checks is never promoted
+    same = next((n for n in fit if n.workers == node.workers), None)
     if same is not None:
         members = Row(same if n == node else n for n in state.members)
         return members, Row(n for n in state.standbys if n != same), f"; standby {same.label} takes its place"
-    if not state.standbys:
+    if not fit:
         return staying, state.standbys, ""
-    other = state.standbys[0]
-    return (staying.plus(other), Row(state.standbys[1:]),
+    other = fit[0]
+    return (staying.plus(other), Row(n for n in state.standbys if n != other),
             f"; standby {other.label} joins last ({other.workers} worker(s), not {node.workers}: the ranks after move)")
 
 
@@ -212,6 +218,8 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     current = state.round
     if state.phase != RUNNING or event.round != current.number or current.member(event.node_id) is None:
         return state, ()
+    if event.unfit is not None and event.node_id != state.keeper:  # node 0 cannot leave: its failure is judged as any
+        return _leave_unhealthy(state, event, now)
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
         state, actions = _lose(state, event.node_id, f"{event.reason}; {LEAVES} (--elastic_level 0)", now)
         return state, (Drop(event.node_id, event.code, event.reason),) + actions
@@ -222,6 +230,32 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
         return _reform(replace(state, restarts=spent + 1), "restart",
                        f"{event.reason}: restarting the job ({spent + 1} of {most} restarts)", now)
     return _end(state, event.code, f"{event.reason} (restarts spent: {spent} of {most})")
+
+
+def _leave_unhealthy(state: State, event: WorkerFailed, now: float):
+    """A member whose checks failed after its worker failure leaves the job, spending no restart (a standby that
+    passed its checks takes its place); it stays as a standby set aside, checking again, until it passes."""
+    node = state.known(event.node_id)
+    state, actions = _lose(state, event.node_id, f"{event.unfit}; {UNWELL}", now)
+    state = _seated(state, state.members, state.standbys.plus(node), came=(node,), aside=state.aside.plus(node.node_id),
+                    heard=state.heard.update({node.node_id: now}))
+    return state, (KeepOut(node.node_id, event.unfit, admitted=True),) + actions
+
+
+def _on_checked(state: State, event: Checked, now: float):
+    """A standby checked again: failing, it is set aside (never promoted) until it passes; passing, it is taken as a
+    member where the job is below MAX, else waits as any standby."""
+    node = state.known(event.node_id)
+    if node is None or node not in state.standbys or (event.unfit is not None) == (node.node_id in state.aside):
+        return state, ()  # not a standby, or nothing changed
+    if event.unfit is not None:
+        return replace(state, aside=state.aside.plus(node.node_id)), (KeepOut(node.node_id, event.unfit, True), Say(
+            logging.WARNING, f"{event.unfit}; standby {node.label} is set aside until it passes"))
+    state = replace(state, aside=state.aside.minus(node.node_id))
+    if len(state.members) >= state.spec.max_nodes:
+        return state, ()
+    state = _seated(state, state.members, Row(n for n in state.standbys if n != node), gone=(node.node_id,))
+    return _on_join(state, node, state.job_id, now)
 
 
 def _verdict(state: State, now: float):

@@ -11,6 +11,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 from launcher.nodes.elastic.persistent import PMap, PSet, Row
 from launcher.nodes.transport import messages as m
+from launcher.plan.admission import UNHEALTHY
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
@@ -79,6 +80,7 @@ def describe(round_: Round) -> str:
 class JoinAsked:
     node: Node
     job_id: str  # the job it says it belongs to
+    unfit: Optional[str] = None  # node 0's sentence on its health checkup (``admission``): not admitted
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,13 @@ class WorkerFailed:
     round: int
     code: int  # the exit code the job ends with if it cannot restart
     reason: str  # one sentence: which worker, how
+    unfit: Optional[str] = None  # the member's checkup after the failure failed: it leaves, no restart spent
+
+
+@dataclass(frozen=True)
+class Checked:
+    node_id: str  # a standby (or a member set aside) checked itself again
+    unfit: Optional[str] = None  # why it is still unfit; None: it passed
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class TimePassed:
     pass  # a deadline of the state may have come
 
 
-Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, RoundDone, WorkerFailed, JobEnded, TimePassed]
+Event = Union[JoinAsked, Heartbeat, Closed, WorkersStopped, RoundDone, WorkerFailed, Checked, JobEnded, TimePassed]
 
 
 # ---------------------------------------------------------------- actions
@@ -140,6 +149,16 @@ class Admit:
 class Refuse:
     node_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class KeepOut:
+    """A launcher that failed its health checks: not admitted (it checks again and asks again), or set aside
+    (``admitted``: a standby not promoted, a member out of the job; it stays, checking again)."""
+
+    node_id: str
+    reason: str
+    admitted: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +189,7 @@ class EndJob:
     nodes: tuple  # node ids: every member and standby
 
 
-Action = Union[Admit, Refuse, Drop, StopWorkers, StartRound, EndJob, Say]
+Action = Union[Admit, Refuse, KeepOut, Drop, StopWorkers, StartRound, EndJob, Say]
 
 
 def round_start(round_: Round) -> m.RoundStart:
@@ -186,12 +205,15 @@ def round_start(round_: Round) -> m.RoundStart:
 SILENT = "no heartbeat for"  # how the rules begin the reason of a member lost by its silence
 LEAVES = "it leaves the job"  # and end that of a member that left (--elastic_level 0)
 STRAGGLES = "it leaves as a straggler"  # in the reason of a member that left, named a straggler (--straggler_policy)
+UNWELL = "it leaves the job unhealthy"  # in the reason of a member whose checks failed after a worker failure
 
 
 def change_kind(reason: str) -> str:
-    """How a member went, from the reason the rules gave: "silent", "straggler", "left", else "lost"."""
+    """How a member went, from the reason the rules gave: "silent", "unhealthy", "straggler", "left", else "lost"."""
     if reason.startswith(SILENT):
         return "silent"
+    if UNWELL in reason:
+        return UNHEALTHY
     if LEAVES in reason:
         return "straggler" if STRAGGLES in reason else "left"
     return "lost"
@@ -225,6 +247,7 @@ class State:
     end: Optional[Tuple[int, str]] = None  # ENDED: the code and reason
     done: PSet = frozenset()  # RUNNING: ids of the members whose workers of the round all finished
     failure: Optional[tuple] = None  # (WorkerFailed, when): a failure whose verdict waits for a loss
+    aside: PSet = frozenset()  # ids of the standbys set aside: their last health checkup failed (never promoted)
     index: Optional[tuple] = field(default=None, compare=False, repr=False)  # (members, standbys, PMap id -> Node)
 
     def __post_init__(self) -> None:
@@ -232,7 +255,8 @@ class State:
         become the persistent containers, once (O(N)); the index of the ids known is made again unless it is of
         these very members and standbys (a state made here passes it on, changed in O(1)). Node 0's silence is
         never judged: a record read back from etcd, or taken over, has it in ``heard``; it goes."""
-        for name, kind in (("members", Row), ("standbys", Row), ("heard", PMap), ("unstopped", PSet), ("done", PSet)):
+        for name, kind in (("members", Row), ("standbys", Row), ("heard", PMap), ("unstopped", PSet), ("done", PSet),
+                           ("aside", PSet)):
             if type(getattr(self, name)) is not kind:
                 object.__setattr__(self, name, kind(getattr(self, name)))
         object.__setattr__(self, "heard", self.heard.update(gone=(self.keeper,)))

@@ -117,6 +117,24 @@ class RoundFailed(Message, kind="round_failed"):
     round: Optional[int]
     code: int  # off the wire: 1 unless an int of 0 to 255
     reason: Optional[str]
+    checkup: object = None  # the member's health checkup made after the failure, before it spends a restart
+
+
+@dataclass(frozen=True)
+class Checked(Message, kind="checked"):
+    """A launcher kept aside (a standby, or a member that left unhealthy) to node 0: its health checkup, made afresh
+    every interval while it waits."""
+
+    checkup: object = None  # as sent (``health.Checkup.to_wire``), judged by node 0
+
+
+@dataclass(frozen=True)
+class KeptOut(Message, kind="kept_out"):
+    """Node 0 to a launcher that failed its health checks: not admitted (its connection then closes: it checks again
+    and asks again), or set aside (a standby not promoted, a member out of the job; its connection stays)."""
+
+    reason: Optional[str]
+    admitted: Optional[bool] = None  # True: set aside, still of the job; else not admitted
 
 
 @dataclass(frozen=True)

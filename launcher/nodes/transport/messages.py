@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 
 from launcher.nodes.transport.elastic_messages import (  # noqa: F401 (the elastic job's, read and written here too)
-    Admitted, Change, Dropped, Leaving, RoundDone, RoundFailed, RoundStart, Seat, StopWorkers, Stopped)
+    Admitted, Change, Checked, Dropped, KeptOut, Leaving, RoundDone, RoundFailed, RoundStart, Seat, StopWorkers,
+    Stopped)
 from launcher.nodes.transport.values import BY_TYPE, Message, as_attempt
 from launcher.plan.policy import Cause
 from launcher.plan.stragglers import STALE, RankTime, valid
@@ -271,7 +272,7 @@ class Unknown:
     type: str
 
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "checkup", "changes", "why")  # keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "checkup", "changes", "why", "admitted")  # keys left out of the JSON object rather than sent as null
 
 
 def to_wire(message: Message) -> dict:

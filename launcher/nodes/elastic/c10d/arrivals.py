@@ -11,6 +11,7 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.handshake import Server
+from launcher.nodes.elastic.link import Health
 
 BEAT = Shared(m.Beat())
 BEAT_BODY = bytes(BEAT.body)
@@ -51,3 +52,26 @@ def messages(peer: Connection) -> Iterator:
         except wire.ProtocolError as e:
             raise Unsealed(str(e)) from None
         yield m.Beat() if body == BEAT_BODY and peer.node is not None else m.from_wire(wire.decode(body))
+
+
+class Judge:
+    """Node 0's verdicts on each launcher's health checkups, against node 0's own facts (``health`` None: none is
+    judged, every launcher passes)."""
+
+    def __init__(self, health: Optional[Health]) -> None:
+        self.health = health
+        self.facts = health.check(False).facts if health is not None else None
+        self.verdicts: dict = {}  # node id -> the verdict on its last checkup (for the pages)
+
+    def unfit(self, peer: Connection, offered, given: bool = False) -> Optional[str]:
+        """Why the checkup ``offered`` by ``peer``'s launcher fails (None: it passes); a checkup not sent counts as
+        one only where one is due (``given``: a hello, a re-check; after a failure an older launcher sends none)."""
+        if self.health is None or (offered is None and not given):
+            return None
+        try:
+            host = peer.sock.getpeername()[0]
+        except OSError:
+            host = "?"
+        verdict = self.health.judge(f"node {peer.node} ({host})", offered, self.facts)
+        self.verdicts[peer.node] = verdict
+        return verdict.refusal

@@ -21,8 +21,8 @@ from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
-from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, JobOver, Leave, LinkBase, Share)
-from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, messages, stranger
+from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, Health, JobOver, Leave, LinkBase, Share)
+from launcher.nodes.elastic.c10d.arrivals import BEAT, Judge, Unsealed, answer, messages, stranger
 from launcher.nodes.elastic.c10d.speeds import SpeedTable
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.listener import Listener, pending_cap
@@ -40,8 +40,10 @@ class Keeper(LinkBase):
     thread_name = "elastic-keeper"
     join_wait = JOIN_WAIT + CLOSE_WAIT
 
-    def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock) -> None:
+    def __init__(self, listener, spec: ElasticSpec, job_id: str, me: mb.Node, token, clock,
+                 health: Optional[Health] = None) -> None:
         super().__init__()
+        self.judge = Judge(health)  # each launcher's checkups, judged against node 0's facts
         self.spec, self.clock, self.token, self.job_id = spec, clock, token, job_id
         # silent connections keep no launcher out: every launcher and standby may come at once, each has read_timeout
         self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes),
@@ -196,6 +198,8 @@ class Keeper(LinkBase):
                 self.send_to(action.node_id, m.Admitted(action.standby))
             elif isinstance(action, mb.Refuse):
                 self.send_to(action.node_id, m.Refusal(action.reason), close=True)
+            elif isinstance(action, mb.KeepOut):  # not admitted: closed (it asks again); set aside: it stays
+                self.send_to(action.node_id, m.KeptOut(action.reason, action.admitted or None), close=not action.admitted)
             elif isinstance(action, mb.Drop):
                 self.send_to(action.node_id, m.Dropped(action.code, action.reason), close=True)
             elif isinstance(action, mb.StopWorkers):
@@ -279,7 +283,10 @@ class Keeper(LinkBase):
         elif isinstance(message, m.RoundDone) and message.round is not None:
             self.decide(mb.RoundDone(node_id, message.round))
         elif isinstance(message, m.RoundFailed) and message.round is not None:
-            self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure"))
+            self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure",
+                                        self.judge.unfit(peer, message.checkup)))
+        elif isinstance(message, m.Checked):
+            self.decide(mb.Checked(node_id, self.judge.unfit(peer, message.checkup, given=True)))
         elif isinstance(message, m.Speeds):  # a member speaks for itself only
             for entry in message.nodes[:1]:
                 self.speeds.take(node_id, entry, self.state.round, self.clock())
@@ -298,7 +305,8 @@ class Keeper(LinkBase):
         self.fds[peer.node], self.heard[peer.node] = fd, self.clock()  # its hello: its first word
         job_id = (message.identity or {}).get("job_id")
         self.decide(mb.JoinAsked(mb.Node(message.node_id, message.host or "", message.workers),
-                                 job_id if isinstance(job_id, str) else ""))
+                                 job_id if isinstance(job_id, str) else "", self.judge.unfit(peer, message.checkup, given=True)))
+
 
     def forget(self, fd: int, reason: str, lost: str = "its connection closed") -> None:
         peer = self.peers.pop(fd, None)

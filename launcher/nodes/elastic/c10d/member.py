@@ -16,7 +16,8 @@ import selectors
 import time
 from typing import Optional
 
-from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, JobOver, Leave, LinkBase, Report, Share, StartFailed, member, own_id, place_in)
+from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, Health, JobOver, Leave, LinkBase, Report, Share,
+                                         StartFailed, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
 from launcher.nodes.transport.auth import TOKEN_VAR
 from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial
@@ -24,6 +25,10 @@ from launcher.nodes.transport.handshake import Client
 from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
+
+class KeptOut(Exception):
+    """Node 0 did not admit this launcher: its health checks failed (the sentence)."""
+
 
 REPORTS = {STOPPED: lambda r: m.Stopped(r.round), DONE: lambda r: m.RoundDone(r.round),
            FAILED: lambda r: m.RoundFailed(r.round, r.code, r.reason)}
@@ -42,9 +47,12 @@ class MemberLink(LinkBase):
 
     thread_name = "elastic-member"
 
-    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock) -> None:
+    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, health: Optional[Health] = None) -> None:
         super().__init__()
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
+        self.health = health  # its checkup goes in its hello, after a worker failure, and every interval while aside
+        self.aside = False  # a standby, or set aside by node 0 (its checks failed): it checks again every interval
+        self.next_check = clock()
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
         self.handshake = Client(token, job_id, self.node_id)
@@ -58,7 +66,17 @@ class MemberLink(LinkBase):
 
     def join(self) -> "MemberLink":
         """Connect, say hello, beat, and wait for the first round that has this launcher (bounded by
-        join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard)."""
+        join_timeout and a read_timeout more until admitted; then for as long as node 0 is heard). Kept out by
+        its health checks, it says why, checks again every interval and asks again."""
+        while True:
+            try:
+                return self._join_once()
+            except KeptOut as e:
+                log.warning("elastic job: node 0 keeps this launcher out: %s; it checks itself again every %g s",
+                            e, self.health.settings.interval)
+                time.sleep(self.health.settings.interval)
+
+    def _join_once(self) -> "MemberLink":
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
         while True:
@@ -98,6 +116,7 @@ class MemberLink(LinkBase):
                                   "this launcher's round started.")
             if welcomed:  # from the welcome on (sealed with a token)
                 self._beat(now)
+                self._check_again(now)
             self.conn.sock.settimeout(max(0.01, min(self.next_beat if welcomed else deadline,
                                                     deadline if not admitted else self.next_beat) - now))
             bodies = self._receive(admitted)
@@ -114,6 +133,9 @@ class MemberLink(LinkBase):
                     log.info("elastic job: the job ended without this launcher: %s",
                              one_line(str(message.reason or "it finished"), 300))
                     return None
+                if isinstance(message, m.KeptOut) and not message.admitted and self.health is not None:
+                    raise KeptOut(one_line(str(message.reason or "no reason given"), 600))
+                self._take_aside(message)
                 if isinstance(message, (m.Refusal, m.Dropped)):
                     raise StartFailed(f"{self.where} did not take this launcher: "
                                       f"{one_line(str(message.reason or 'no reason given'), 300)}.")
@@ -121,6 +143,7 @@ class MemberLink(LinkBase):
                     admitted = True
                     if message.standby:
                         log.info("elastic job: this launcher waits as a standby")
+                        self.aside = True  # checked every interval while it waits
                 if self._has_me(message):
                     self.early = bodies[i + 1:]  # what came with it: the link's thread takes it first
                     return message
@@ -148,7 +171,7 @@ class MemberLink(LinkBase):
         if answer is not None:
             host = self.conn.sock.getsockname()[0]
             self.conn.send_within(m.Hello({"job_id": self.job_id}, None, *answer, node_id=self.node_id, host=host,
-                                          workers=self.workers))
+                                          workers=self.workers, checkup=self._checkup(False)))
             log.info("elastic job: joined %s as node %s (%s); waiting for the round to start", self.where,
                      self.node_id, host)
             return False
@@ -171,6 +194,26 @@ class MemberLink(LinkBase):
                 return StartFailed(f"{self.where} sent junk ({e}); check that the endpoint belongs to this job.")
             return StartFailed(f"a message on the connection to {self.where} failed the job token's authentication "
                                f"({e}); node 0 counts as gone, which ends an elastic job")
+
+    def _checkup(self, after_failure: bool):
+        return self.health.offer(after_failure) if self.health is not None else None
+
+    def _check_again(self, now: float) -> None:
+        """Aside (a standby, or out of the job after its checks failed): its checkup to node 0 every interval."""
+        if self.aside and self.health is not None and now >= self.next_check:
+            self.next_check = now + self.health.settings.interval
+            self._send(m.Checked(self._checkup(False)))
+
+    def _take_aside(self, message) -> None:
+        """Node 0 set this launcher aside (its checks failed), or took it into a round again."""
+        if isinstance(message, m.KeptOut) and message.admitted:
+            if not self.aside:
+                log.warning("elastic job: this launcher is set aside: %s; it checks itself again every %g s and "
+                            "comes back once it passes", one_line(str(message.reason), 600), self.health.settings.interval
+                            if self.health is not None else 0)
+            self.aside, self.next_check = True, self.clock() + (self.health.settings.interval if self.health else 0)
+        elif self._has_me(message):
+            self.aside = False
 
     def _beat(self, now: float) -> None:
         if now >= self.next_beat:
@@ -236,6 +279,7 @@ class MemberLink(LinkBase):
         if now >= self.next_beat:  # node 0 has not beaten for two intervals: beat by itself
             self._send(m.Beat())
             self.next_beat = now + 2 * self.spec.rendezvous.keep_alive_interval
+        self._check_again(now)
         wait = max(0.0, min(self.next_beat, self.heard + self.spec.rendezvous.heartbeat_timeout) - now)
         for key, _ in self.selector.select(min(wait, 1.0)):
             if key.fileobj == self.waker.read_fd:
@@ -250,7 +294,9 @@ class MemberLink(LinkBase):
     def _waked(self, item) -> None:
         """What the event loop asked of the link's thread: a report to send, or to leave (node 0 counts this node
         as left, not lost; the connection closes once the thread ends)."""
-        if isinstance(item, Report):
+        if isinstance(item, Report) and item.kind == FAILED:  # checked again before the failure spends a restart
+            self._send(m.RoundFailed(item.round, item.code, item.reason, checkup=self._checkup(True)))
+        elif isinstance(item, Report):
             self._send(REPORTS[item.kind](item))
         elif isinstance(item, Leave) and self.conn.sock.fileno() >= 0:
             self._send(m.Leaving(item.reason))
@@ -277,6 +323,7 @@ class MemberLink(LinkBase):
     def _take(self, message) -> Optional[JobOver]:
         """Node 0's word for the event loop: a round that has this launcher, a stop, or the end (returned);
         its heartbeat is answered at once (node 0 then hears every launcher in one burst)."""
+        self._take_aside(message)
         if isinstance(message, m.Beat):
             self._send(m.Beat())
             self.next_beat = self.clock() + 2 * self.spec.rendezvous.keep_alive_interval

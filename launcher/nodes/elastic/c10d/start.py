@@ -33,27 +33,28 @@ from launcher.errors import LaunchError
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.c10d.keeper import Keeper
 from launcher.nodes.elastic.c10d.member import MemberLink
-from launcher.nodes.elastic.link import Link, StartFailed, own_id
+from launcher.nodes.elastic.link import Health, Link, StartFailed, own_id
 from launcher.nodes.transport.listener import bind
 from launcher.plan.elastic import ElasticSpec
 
 
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> Link:
+         clock: Callable[[], float] = time.monotonic, health: Optional[Health] = None) -> Link:
     """This launcher's link to the job's membership once its first round started (node 0's when it can
     listen on the endpoint); ``token``: the job token (LAUNCHER_JOB_TOKEN), which every joining launcher
     proves on node 0's nonce, and which seals their channel from the welcome on. Its ``first`` is that
-    round (None: a standby whose job ended with 0)."""
+    round (None: a standby whose job ended with 0). ``health``: node 0 judges each launcher's checks by it (each
+    launcher's checkup comes in its hello, and again after its worker failures and while it waits aside)."""
     listener = listen(spec.host, spec.port)
     if listener is None:
-        return join(spec, job_id, workers, token, clock)
-    return lead(listener, spec, job_id, workers, token, clock)
+        return join(spec, job_id, workers, token, clock, health)
+    return lead(listener, spec, job_id, workers, token, clock, health)
 
 
 def lead(listener: socket.socket, spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> Keeper:
+         clock: Callable[[], float] = time.monotonic, health: Optional[Health] = None) -> Keeper:
     """Node 0's link, once the first round started on ``listener`` (the endpoint's); StartFailed if it cannot."""
-    keeper = Keeper(listener, spec, job_id, mb.Node(own_id(), spec.host, workers), token, clock)
+    keeper = Keeper(listener, spec, job_id, mb.Node(own_id(), spec.host, workers), token, clock, health)
     if keeper.first_round() is None:
         keeper.close()
         raise StartFailed(f"the elastic job did not start: {keeper.failed_start[1]}.")
@@ -61,9 +62,9 @@ def lead(listener: socket.socket, spec: ElasticSpec, job_id: str, workers: int, 
 
 
 def join(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic) -> MemberLink:
+         clock: Callable[[], float] = time.monotonic, health: Optional[Health] = None) -> MemberLink:
     """Another launcher's link, once its first round started."""
-    return MemberLink(spec, job_id, workers, token, clock).join()
+    return MemberLink(spec, job_id, workers, token, clock, health).join()
 
 
 def listen(host: str, port: int) -> Optional[socket.socket]:

@@ -13,10 +13,11 @@ from launcher.plan.elastic import ElasticSpec
 
 
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
-         clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None) -> EtcdLink:
+         clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None, health=None) -> EtcdLink:
     """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
     with 0). StartFailed when the job does not take it or cannot start; without ``client``, etcd's client of the
-    etcd extra, or one sentence that says how to install it (before anything starts)."""
+    etcd extra, or one sentence that says how to install it (before anything starts). ``health``: not judged yet on
+    this backend (its launchers are admitted as before)."""
     if client is None:
         from launcher.nodes.elastic.etcd.client import Etcd3gwClient, check_extra
 
