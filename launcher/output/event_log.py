@@ -133,6 +133,7 @@ WHAT = {  # event -> how it reads, from its fields
     "member_silent": lambda e: f"member {e.get('member', '?')} silent: {e.get('reason', '')}",
     "member_left": lambda e: f"member {e.get('member', '?')} left: {e.get('reason', '')}",
     "member_straggler": lambda e: f"member {e.get('member', '?')} left as a straggler: {e.get('reason', '')}",
+    "member_unhealthy": lambda e: f"member {e.get('member', '?')} left unhealthy: {e.get('reason', '')}",
     "member_joined": lambda e: f"member {e.get('member', '?')} joined",
     "worker_started": lambda e: f"started pid {e.get('pid', '?')}" + (" (kept from the round before)" if e.get("kept") else ""),
     "worker_exited": lambda e: f"pid {e.get('pid', '?')} exited: {e.get('exit', '?')}",

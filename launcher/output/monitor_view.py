@@ -13,7 +13,7 @@ from typing import Optional
 from launcher.untrusted import json_object
 
 STATES = ("starting", "running", "succeeded", "failed", "stopping")
-CHANGES = ("lost", "silent", "joined", "left", "straggler")
+CHANGES = ("lost", "silent", "joined", "left", "straggler", "unhealthy")
 
 
 @dataclass(frozen=True)

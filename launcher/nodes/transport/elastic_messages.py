@@ -35,8 +35,9 @@ class Seat:
 @dataclass(frozen=True)
 class Change:
     """A change of the membership since the round before (on the wire: a list of the four): a node ``joined``, or was
-    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), ``left`` (it said it leaves), or ``straggler``
-    (it left, named a straggler: ``--straggler_policy leave``)."""
+    ``lost`` (its process or connection gone), ``silent`` (no heartbeat), ``left`` (it said it leaves), ``straggler``
+    (it left, named a straggler: ``--straggler_policy leave``), or ``unhealthy`` (its checks failed after its worker
+    failure)."""
 
     node_id: str
     host: str
@@ -47,7 +48,7 @@ class Change:
         return [self.node_id, self.host, self.kind, self.reason]
 
 
-CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler")
+CHANGE_KINDS = ("joined", "lost", "silent", "left", "straggler", "unhealthy")
 
 
 def as_members(value) -> Optional[tuple]:

@@ -12,6 +12,7 @@ once, each answers), and each counts the other gone when its connection closes o
 
 from __future__ import annotations
 
+import logging
 import selectors
 import time
 from typing import Optional
@@ -53,6 +54,7 @@ class MemberLink(LinkBase):
         self.health = health  # its checkup goes in its hello, after a worker failure, and every interval while aside
         self.aside = False  # a standby, or set aside by node 0 (its checks failed): it checks again every interval
         self.next_check = clock()
+        self.said = ""  # why node 0 kept it out last (said once, until it changes)
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
         self.handshake = Client(token, job_id, self.node_id)
@@ -72,8 +74,9 @@ class MemberLink(LinkBase):
             try:
                 return self._join_once()
             except KeptOut as e:
-                log.warning("elastic job: node 0 keeps this launcher out: %s; it checks itself again every %g s",
-                            e, self.health.settings.interval)
+                said, self.said = self.said, str(e)
+                log.log(logging.WARNING if said != self.said else logging.DEBUG, "elastic job: node 0 keeps this "
+                        "launcher out: %s; it checks itself again every %g s", e, self.health.settings.interval)
                 time.sleep(self.health.settings.interval)
 
     def _join_once(self) -> "MemberLink":

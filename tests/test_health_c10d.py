@@ -1,0 +1,149 @@
+"""A c10d elastic job's launchers judged by their health checks, on loopback sockets (node 0's keeper and each
+launcher's member link, in threads, on the real clock): a joiner that fails is kept out, says why, and joins once it
+passes; a member whose checks fail after its worker failure leaves as unhealthy and a fit standby takes its place,
+no restart spent; a sick standby is set aside, not promoted."""
+
+import threading
+import time
+
+from conftest import free_ports
+from link_harness import wait_until
+from launcher.nodes.elastic import membership as mb
+from launcher.nodes.elastic.c10d import start
+from launcher.nodes.elastic.c10d.keeper import Keeper
+from launcher.nodes.elastic.link import Health, StopOrder, own_id
+from launcher.nodes.transport import messages as m
+from launcher.plan.elastic import ElasticSpec, Rendezvous
+from launcher.plan.health import FAILED, Checkup, Facts, Finding, HealthSettings
+
+INTERVAL = 0.2  # seconds between two checks of a launcher kept out or aside
+HOST = "127.0.0.1"
+
+
+class Body:
+    """One launcher's machine, as its checks see it: ``script`` its training script's hash, ``sick`` a failed
+    check of its own (after a failure only, or always)."""
+
+    def __init__(self, script="good", sick=None, sick_after_failure=None):
+        self.script, self.sick, self.sick_after_failure, self.checks = script, sick, sick_after_failure, 0
+
+    def health(self) -> Health:
+        return Health(HealthSettings(interval=INTERVAL), self.check)
+
+    def check(self, after_failure: bool) -> Checkup:
+        self.checks += 1
+        sick = self.sick_after_failure if after_failure and self.sick_after_failure else self.sick
+        findings = (Finding("shm", FAILED, sick),) if sick else ()
+        return Checkup(Facts("3.11", "1.0", None, self.script, time.time()), findings)
+
+
+def job(low, high, restarts=0):
+    rendezvous = Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0, join_timeout=30.0, last_call_timeout=0.5,
+                            close_timeout=10.0, read_timeout=10.0)
+    return ElasticSpec(low, high, "c10d", host=HOST, port=free_ports(1), rendezvous=rendezvous, max_restarts=restarts)
+
+
+class Launchers:
+    def __init__(self, spec):
+        self.spec, self.links, self.threads, self.errors = spec, {}, [], []
+        self.keeper = Keeper(start.listen(HOST, spec.port), spec, "job", mb.Node(own_id(), HOST, 1), None,
+                             time.monotonic, Body().health())
+
+    def lead(self):
+        self._run("keeper", lambda: self.keeper if self.keeper.first_round() else None)
+
+    def join(self, name, body):
+        self._run(name, lambda: start.join(self.spec, "job", 1, None, time.monotonic, body.health()))
+
+    def _run(self, name, form):
+        def run():
+            try:
+                link = form()
+                link.serve()
+                self.links[name] = link
+            except Exception as e:  # the test's failure names it
+                self.errors.append((name, e))
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def formed(self, *names):
+        wait_until(lambda: all(n in self.links for n in names) or self.errors, f"{names} formed")
+        assert not self.errors, self.errors
+
+    def close(self):
+        for link in list(self.links.values()) + [self.keeper]:
+            link.close()
+
+
+def rounds(link):
+    return [x for x in link.inbox.take() if isinstance(x, (m.RoundStart, StopOrder))]
+
+
+def test_a_joiner_whose_script_differs_is_kept_out_then_joins_once_it_passes(caplog):
+    launchers = Launchers(job(2, 2))
+    sick = Body(script="another copy")
+    try:
+        launchers.lead()
+        launchers.join("n1", sick)
+        wait_until(lambda: sick.checks >= 3, "node 1 checked itself again, kept out")
+        assert "keeper" not in launchers.links  # nothing started meanwhile
+        assert any("node 0 keeps this launcher out" in r.getMessage() and "failed the health check script" in
+                   r.getMessage() for r in caplog.records)
+        sick.script = "good"  # mended
+        launchers.formed("keeper", "n1")
+        assert len(launchers.keeper.first.members) == 2
+        assert all(v.fit for v in [list(launchers.keeper.judge.verdicts.values())[-1]])
+    finally:
+        launchers.close()
+
+
+def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_its_place_with_no_restart_spent():
+    launchers = Launchers(job(2, 2, restarts=3))
+    member, standby = Body(sick_after_failure="/dev/shm is full"), Body()
+    try:
+        launchers.lead()
+        launchers.join("n1", member)
+        launchers.formed("keeper", "n1")
+        launchers.join("n2", standby)  # at MAX: waits as a standby
+        wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
+        launchers.links["n1"].failed(1, 1, "rank 1 failed")
+        keeper = launchers.keeper
+        wait_until(lambda: any(isinstance(x, StopOrder) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        keeper.stopped(1)
+        launchers.formed("n2")
+        second = launchers.links["n2"].first
+        assert second.number == 2 and second.restarts == 0
+        assert {s.node_id for s in second.members} == {keeper.node_id, launchers.links["n2"].node_id}
+        (gone,) = [c for c in second.changes if c.kind != "joined"]
+        assert (gone.node_id, gone.kind) == (launchers.links["n1"].node_id, "unhealthy")
+        assert "/dev/shm is full" in gone.reason
+        wait_until(lambda: launchers.links["n1"].aside, "the sick launcher is set aside, checking again")
+    finally:
+        launchers.close()
+
+
+def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
+    launchers = Launchers(job(1, 2))
+    standby = Body()
+    try:
+        launchers.lead()
+        launchers.join("n1", Body())
+        launchers.formed("keeper", "n1")
+        launchers.join("n2", standby)
+        wait_until(lambda: standby.checks >= 2, "admitted as a standby, checking again")
+        standby.sick = "a GPU is held by another job"
+        wait_until(lambda: launchers.keeper.state.aside, "the sick standby set aside")
+        launchers.links["n1"].leave(0, "done here")
+        keeper = launchers.keeper
+        wait_until(lambda: any(isinstance(x, StopOrder) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        keeper.stopped(1)
+        wait_until(lambda: keeper.state.round.number == 2, "round 2, without the sick standby")
+        assert len(keeper.state.round.members) == 1 and "n2" not in launchers.links
+        standby.sick = None  # mended: below MAX, it joins at its next check
+        wait_until(lambda: any(isinstance(x, StopOrder) and x.round == 2 for x in keeper.inbox.items), "a re-form")
+        keeper.stopped(2)
+        launchers.formed("n2")
+        assert launchers.links["n2"].first.number == 3
+    finally:
+        launchers.close()
