@@ -337,6 +337,9 @@ class FakeCoordinator:
     def round_events(self) -> list:
         return []
 
+    def health_states(self) -> dict:
+        return {}
+
     def heartbeat_ages(self) -> dict:
         return {}
 

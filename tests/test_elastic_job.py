@@ -33,6 +33,9 @@ class FakeLink:
 
     says_rounds = False  # another node's link: the coordinator says each round
 
+    def health_states(self) -> dict:
+        return {}
+
     def heartbeat_ages(self) -> dict:
         return {}
 

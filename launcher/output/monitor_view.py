@@ -14,6 +14,7 @@ from launcher.untrusted import json_object
 
 STATES = ("starting", "running", "succeeded", "failed", "stopping")
 CHANGES = ("lost", "silent", "joined", "left", "straggler", "unhealthy")
+HEALTH_VALUES = {"ok": 1, "failed": 0, "skipped": -1}  # launcher_node_health's value of a check's state
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class NodeView:
     workers: tuple = ()  # WorkerView
     events: tuple = ()  # the last events (launcher.output.event_log's), oldest first
     heartbeats: dict = field(default_factory=dict)  # node -> seconds since heard (on the node that keeps them)
+    health: dict = field(default_factory=dict)  # node -> {check: (state, reason)}: its last checkup (where judged)
     node_ips: tuple = ()  # every node's address, by node rank (the current round's, in an elastic job)
     status: dict = field(default_factory=dict)  # the status document
     node_speeds: dict = field(default_factory=dict)  # node -> relative speed (its slowest rank's), of the nodes compared
@@ -163,6 +165,12 @@ def metrics(view: NodeView) -> bytes:
                          "rank's", "node", sorted(view.node_speeds.items()))
             yield family(GaugeMetricFamily, "launcher_node_heartbeat_age_seconds", "Seconds since the node keeping the "
                          "membership last heard each member", "node", sorted(view.heartbeats.items()))
+            checks = GaugeMetricFamily("launcher_node_health", "Each node's last health check, by check: 1 ok, 0 "
+                                       "failed, -1 skipped (on the node that judges them)", labels=["node", "check"])
+            for node, found in sorted(view.health.items()):
+                for check, (state, _) in sorted(found.items()):
+                    checks.add_metric([node, check], HEALTH_VALUES.get(state, 0))
+            yield checks
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())

@@ -54,6 +54,8 @@ class Coordinator(Protocol):
 
     def heartbeat_ages(self) -> dict: ...  # node id -> seconds since last heard, where this node keeps the heartbeats
 
+    def health_states(self) -> dict: ...  # node id -> {check: (state, reason)}, where this node judges the checkups
+
     def share_speed(self, own: tuple, now: float) -> None: ...  # this node's ranks' compute times, for the other nodes
 
     def peer_times(self, now: float) -> tuple: ...  # the other nodes' ranks' compute times, as shared with this node

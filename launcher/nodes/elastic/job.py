@@ -171,6 +171,9 @@ class ElasticJob:
     def heartbeat_ages(self) -> dict:
         return self.link.heartbeat_ages()
 
+    def health_states(self) -> dict:
+        return self.link.health_states()
+
     def round_events(self) -> list:
         """The round begun last, then each change of the membership since the round before (``event_log``'s)."""
         r = self.round

@@ -210,6 +210,10 @@ class LinkBase:
         keeper overrides this); {} elsewhere."""
         return {}
 
+    def health_states(self) -> dict:
+        """node id -> {check: (state, reason)} of each launcher's last checkup, where they are judged; {} elsewhere."""
+        return {}
+
     def stopped(self, round_: int) -> None:
         self.waker.put(Report(STOPPED, round_))
 

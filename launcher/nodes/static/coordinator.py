@@ -33,7 +33,7 @@ from launcher.nodes.transport import messages
 from launcher.nodes.static.channel import Gone, HubChannel, Joined, Received, SpokeChannel
 from launcher.output.messages import log
 from launcher.plan import policy
-from launcher.plan.admission import HEALTH, Verdict
+from launcher.plan.admission import HEALTH, Verdict, states
 from launcher.plan.model import Plan
 from launcher.plan.policy import Cause
 from launcher.plan.ps import held_by
@@ -81,6 +81,10 @@ class Solo:
         return []
 
     def heartbeat_ages(self) -> dict:
+        return {}
+
+    def health_states(self) -> dict:
+        """node -> {check: (state, reason)} of each node's last checkup, where they are judged (node 0); else {}."""
         return {}
 
     def local_cause(self, cause: Cause) -> None:
@@ -196,6 +200,10 @@ class Leader(Peered):
             self.speeds_shared = now
             self.channel.broadcast(messages.to_wire(messages.Speeds(messages.fresh(self.speeds, now))))
         return super().tick(now)
+
+    def health_states(self) -> dict:
+        judged = {0: self.verdict, **self.channel.verdicts}
+        return {str(node): states(v) for node, v in sorted(judged.items())}
 
     def heartbeat_ages(self) -> dict:
         """Node 0 keeps the heartbeats: seconds since each joined node was last heard, by its node index."""

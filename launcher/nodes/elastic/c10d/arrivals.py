@@ -12,6 +12,7 @@ from launcher.nodes.transport import wire
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.handshake import Server
 from launcher.nodes.elastic.link import Health
+from launcher.plan import admission
 
 BEAT = Shared(m.Beat())
 BEAT_BODY = bytes(BEAT.body)
@@ -75,3 +76,7 @@ class Judge:
         verdict = self.health.judge(f"node {peer.node} ({host})", offered, self.facts)
         self.verdicts[peer.node] = verdict
         return verdict.refusal
+
+    def states(self) -> dict:
+        """node id -> {check: (state, reason)} of each launcher's last checkup judged here (from any thread)."""
+        return {node: admission.states(v) for node, v in list(self.verdicts.items())}

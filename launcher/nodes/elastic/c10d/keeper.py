@@ -69,6 +69,9 @@ class Keeper(LinkBase):
     def leaving_ends_job(self) -> bool:
         return True
 
+    def health_states(self) -> dict:
+        return self.judge.states()
+
     def heartbeat_ages(self) -> dict:
         """node id -> seconds since each connected member was last heard (from any thread: a dict replaced whole)."""
         now = self.clock()
@@ -199,7 +202,7 @@ class Keeper(LinkBase):
             elif isinstance(action, mb.Refuse):
                 self.send_to(action.node_id, m.Refusal(action.reason), close=True)
             elif isinstance(action, mb.KeepOut):  # not admitted: closed (it asks again); set aside: it stays
-                self.send_to(action.node_id, m.KeptOut(action.reason, action.admitted or None), close=not action.admitted)
+                self.send_to(action.node_id, m.KeptOut(action.reason, action.admitted or None), not action.admitted)
             elif isinstance(action, mb.Drop):
                 self.send_to(action.node_id, m.Dropped(action.code, action.reason), close=True)
             elif isinstance(action, mb.StopWorkers):
@@ -285,8 +288,8 @@ class Keeper(LinkBase):
         elif isinstance(message, m.RoundFailed) and message.round is not None:
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure",
                                         self.judge.unfit(peer, message.checkup)))
-        elif isinstance(message, m.Checked):
-            self.decide(mb.Checked(node_id, self.judge.unfit(peer, message.checkup, given=True)))
+        elif isinstance(message, m.Checked):  # a standby, or a member set aside, checked itself again
+            self.decide(mb.Checked(node_id, self.judge.unfit(peer, message.checkup, True)))
         elif isinstance(message, m.Speeds):  # a member speaks for itself only
             for entry in message.nodes[:1]:
                 self.speeds.take(node_id, entry, self.state.round, self.clock())
