@@ -11,7 +11,7 @@ from link_harness import wait_until
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.elastic.c10d import start
 from launcher.nodes.elastic.c10d.keeper import Keeper
-from launcher.nodes.elastic.link import Health, StopOrder, own_id
+from launcher.nodes.elastic.link import Health, own_id
 from launcher.nodes.transport import messages as m
 from launcher.plan.elastic import ElasticSpec, Rendezvous
 from launcher.plan.health import FAILED, Checkup, Facts, Finding, HealthSettings
@@ -76,9 +76,6 @@ class Launchers:
             link.close()
 
 
-def rounds(link):
-    return [x for x in link.inbox.take() if isinstance(x, (m.RoundStart, StopOrder))]
-
 
 def test_a_joiner_whose_script_differs_is_kept_out_then_joins_once_it_passes(caplog):
     launchers = Launchers(job(2, 2))
@@ -109,7 +106,7 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
         wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
         launchers.links["n1"].failed(1, 1, "rank 1 failed")
         keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, StopOrder) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop its workers")
         keeper.stopped(1)
         launchers.formed("n2")
         second = launchers.links["n2"].first
@@ -136,12 +133,12 @@ def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
         wait_until(lambda: launchers.keeper.state.aside, "the sick standby set aside")
         launchers.links["n1"].leave(0, "done here")
         keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, StopOrder) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop its workers")
         keeper.stopped(1)
         wait_until(lambda: keeper.state.round.number == 2, "round 2, without the sick standby")
         assert len(keeper.state.round.members) == 1 and "n2" not in launchers.links
         standby.sick = None  # mended: below MAX, it joins at its next check
-        wait_until(lambda: any(isinstance(x, StopOrder) and x.round == 2 for x in keeper.inbox.items), "a re-form")
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) and x.round == 2 for x in keeper.inbox.items), "a re-form")
         keeper.stopped(2)
         launchers.formed("n2")
         assert launchers.links["n2"].first.number == 3
