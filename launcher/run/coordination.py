@@ -44,7 +44,7 @@ class Coordinator(Protocol):
 
     def trainers_done(self) -> list: ...  # parameter-server mode: this node's trainers all exited 0
 
-    def gate(self, wait: Callable[[float], list]) -> Optional[int]: ...  # before the first workers: None, or the end's code
+    def gate(self, wait: Callable[[float], list]) -> Optional[int]: ...  # first workers: None to start, or a code
 
     def finish_attempt(self, turn: Turn) -> Tuple[str, int]: ...  # ("restart", attempt) or ("end", code)
 

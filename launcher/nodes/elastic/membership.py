@@ -47,10 +47,10 @@ import logging
 from dataclasses import replace
 from typing import Optional, Tuple
 
-from launcher.nodes.elastic.model import (ENDED, LEAVES, REFORMING, RUNNING, SILENT, UNWELL, WAITING, Action,  # noqa: F401
-                                          Admit, Checked, Closed, Drop, EndJob, Event, Heartbeat, JobEnded, JoinAsked,
-                                          KeepOut, Member, Node, Refuse, Round, RoundDone, StartRound, State,
-                                          StopWorkers, TimePassed, WorkerFailed, WorkersStopped, describe)
+from launcher.nodes.elastic.model import (  # noqa: F401
+    ENDED, LEAVES, REFORMING, RUNNING, SILENT, UNWELL, WAITING, Action, Admit, Checked, Closed, Drop, EndJob, Event,
+    Heartbeat, JobEnded, JoinAsked, KeepOut, Member, Node, Refuse, Round, RoundDone, StartRound, State, StopWorkers,
+    TimePassed, WorkerFailed, WorkersStopped, describe)
 from launcher.nodes.elastic.persistent import PSet, Row
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
@@ -93,10 +93,9 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if state.phase == ENDED:
         refusal = (Refuse(event.node.node_id, "the job has ended"),) if isinstance(event, JoinAsked) else ()
         return state, refusal
+    if isinstance(event, JoinAsked) and event.unfit is not None and _refusal(state, event.node, event.job_id) is None:
+        return state, (KeepOut(event.node.node_id, event.unfit), Say(logging.WARNING, f"{event.unfit}; kept out"))
     if isinstance(event, JoinAsked):
-        if event.unfit is not None and _refusal(state, event.node, event.job_id) is None:
-            return state, (KeepOut(event.node.node_id, event.unfit),
-                           Say(logging.WARNING, f"{event.unfit}; it is kept out and checks again"))
         return _on_join(state, event.node, event.job_id, now)
     if isinstance(event, Checked):
         return _on_checked(state, event, now)
@@ -218,8 +217,12 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     current = state.round
     if state.phase != RUNNING or event.round != current.number or current.member(event.node_id) is None:
         return state, ()
-    if event.unfit is not None and event.node_id != state.keeper:  # node 0 cannot leave: its failure is judged as any
-        return _leave_unhealthy(state, event, now)
+    if event.unfit is not None and event.node_id != state.keeper:  # it leaves, no restart spent; it stays aside
+        node = state.known(event.node_id)
+        state, actions = _lose(state, event.node_id, f"{event.unfit}; {UNWELL}", now)
+        state = _seated(state, state.members, state.standbys.plus(node), came=(node,), heard=state.heard.update(
+            {node.node_id: now}), aside=state.aside.plus(node.node_id))
+        return state, (KeepOut(node.node_id, event.unfit, admitted=True),) + actions
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
         state, actions = _lose(state, event.node_id, f"{event.reason}; {LEAVES} (--elastic_level 0)", now)
         return state, (Drop(event.node_id, event.code, event.reason),) + actions
@@ -232,30 +235,17 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     return _end(state, event.code, f"{event.reason} (restarts spent: {spent} of {most})")
 
 
-def _leave_unhealthy(state: State, event: WorkerFailed, now: float):
-    """A member whose checks failed after its worker failure leaves the job, spending no restart (a standby that
-    passed its checks takes its place); it stays as a standby set aside, checking again, until it passes."""
-    node = state.known(event.node_id)
-    state, actions = _lose(state, event.node_id, f"{event.unfit}; {UNWELL}", now)
-    state = _seated(state, state.members, state.standbys.plus(node), came=(node,), aside=state.aside.plus(node.node_id),
-                    heard=state.heard.update({node.node_id: now}))
-    return state, (KeepOut(node.node_id, event.unfit, admitted=True),) + actions
-
-
 def _on_checked(state: State, event: Checked, now: float):
-    """A standby checked again: failing, it is set aside (never promoted) until it passes; passing, it is taken as a
-    member where the job is below MAX, else waits as any standby."""
+    """A standby checked again: failing, it is set aside (never promoted) until it passes; passing, it is taken in
+    again as a launcher that joins (a member below MAX, else a standby)."""
     node = state.known(event.node_id)
     if node is None or node not in state.standbys or (event.unfit is not None) == (node.node_id in state.aside):
         return state, ()  # not a standby, or nothing changed
     if event.unfit is not None:
         return replace(state, aside=state.aside.plus(node.node_id)), (KeepOut(node.node_id, event.unfit, True), Say(
             logging.WARNING, f"{event.unfit}; standby {node.label} is set aside until it passes"))
-    state = replace(state, aside=state.aside.minus(node.node_id))
-    if len(state.members) >= state.spec.max_nodes:
-        return state, ()
-    state = _seated(state, state.members, Row(n for n in state.standbys if n != node), gone=(node.node_id,))
-    return _on_join(state, node, state.job_id, now)
+    standbys, aside = Row(n for n in state.standbys if n != node), state.aside.minus(node.node_id)
+    return _on_join(_seated(state, state.members, standbys, gone=(node.node_id,), aside=aside), node, state.job_id, now)
 
 
 def _verdict(state: State, now: float):

@@ -272,7 +272,8 @@ class Unknown:
     type: str
 
 
-OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "checkup", "changes", "why", "admitted")  # keys left out of the JSON object rather than sent as null
+# keys left out of the JSON object rather than sent as null
+OMITTED_WHEN_NONE = ("proof", "node_id", "host", "workers", "checkup", "changes", "why", "admitted")
 
 
 def to_wire(message: Message) -> dict:

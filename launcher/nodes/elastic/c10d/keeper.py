@@ -44,6 +44,7 @@ class Keeper(LinkBase):
                  health: Optional[Health] = None) -> None:
         super().__init__()
         self.judge = Judge(health)  # each launcher's checkups, judged against node 0's facts
+        self.health_states = self.judge.states  # for the pages
         self.spec, self.clock, self.token, self.job_id = spec, clock, token, job_id
         # silent connections keep no launcher out: every launcher and standby may come at once, each has read_timeout
         self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes),
@@ -68,9 +69,6 @@ class Keeper(LinkBase):
 
     def leaving_ends_job(self) -> bool:
         return True
-
-    def health_states(self) -> dict:
-        return self.judge.states()
 
     def heartbeat_ages(self) -> dict:
         """node id -> seconds since each connected member was last heard (from any thread: a dict replaced whole)."""
@@ -306,10 +304,9 @@ class Keeper(LinkBase):
             return
         self.listener.settled(peer.sock)
         self.fds[peer.node], self.heard[peer.node] = fd, self.clock()  # its hello: its first word
-        job_id = (message.identity or {}).get("job_id")
+        job_id, unfit = (message.identity or {}).get("job_id"), self.judge.unfit(peer, message.checkup, True)
         self.decide(mb.JoinAsked(mb.Node(message.node_id, message.host or "", message.workers),
-                                 job_id if isinstance(job_id, str) else "", self.judge.unfit(peer, message.checkup, given=True)))
-
+                                 job_id if isinstance(job_id, str) else "", unfit))
 
     def forget(self, fd: int, reason: str, lost: str = "its connection closed") -> None:
         peer = self.peers.pop(fd, None)

@@ -48,7 +48,8 @@ class MemberLink(LinkBase):
 
     thread_name = "elastic-member"
 
-    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, health: Optional[Health] = None) -> None:
+    def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock,
+                 health: Optional[Health] = None) -> None:
         super().__init__()
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
         self.health = health  # its checkup goes in its hello, after a worker failure, and every interval while aside
@@ -209,12 +210,10 @@ class MemberLink(LinkBase):
 
     def _take_aside(self, message) -> None:
         """Node 0 set this launcher aside (its checks failed), or took it into a round again."""
-        if isinstance(message, m.KeptOut) and message.admitted:
-            if not self.aside:
-                log.warning("elastic job: this launcher is set aside: %s; it checks itself again every %g s and "
-                            "comes back once it passes", one_line(str(message.reason), 600), self.health.settings.interval
-                            if self.health is not None else 0)
-            self.aside, self.next_check = True, self.clock() + (self.health.settings.interval if self.health else 0)
+        if isinstance(message, m.KeptOut) and message.admitted and self.health is not None:
+            log.warning("elastic job: this launcher is set aside: %s; it checks itself again every %g s and comes back "
+                        "once it passes", one_line(str(message.reason), 600), self.health.settings.interval)
+            self.aside, self.next_check = True, self.clock() + self.health.settings.interval
         elif self._has_me(message):
             self.aside = False
 
