@@ -11,8 +11,6 @@ from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.handshake import Server
-from launcher.nodes.elastic.link import Health
-from launcher.plan import admission
 
 BEAT = Shared(m.Beat())
 BEAT_BODY = bytes(BEAT.body)
@@ -55,28 +53,9 @@ def messages(peer: Connection) -> Iterator:
         yield m.Beat() if body == BEAT_BODY and peer.node is not None else m.from_wire(wire.decode(body))
 
 
-class Judge:
-    """Node 0's verdicts on each launcher's health checkups, against node 0's own facts (``health`` None: none is
-    judged, every launcher passes)."""
-
-    def __init__(self, health: Optional[Health]) -> None:
-        self.health = health
-        self.facts = health.check(False).facts if health is not None else None
-        self.verdicts: dict = {}  # node id -> the verdict on its last checkup (for the pages)
-
-    def unfit(self, peer: Connection, offered, given: bool = False) -> Optional[str]:
-        """Why the checkup ``offered`` by ``peer``'s launcher fails (None: it passes); a checkup not sent counts as
-        one only where one is due (``given``: a hello, a re-check; after a failure an older launcher sends none)."""
-        if self.health is None or (offered is None and not given):
-            return None
-        try:
-            host = peer.sock.getpeername()[0]
-        except OSError:
-            host = "?"
-        verdict = self.health.judge(f"node {peer.node} ({host})", offered, self.facts)
-        self.verdicts[peer.node] = verdict
-        return verdict.refusal
-
-    def states(self) -> dict:
-        """node id -> {check: (state, reason)} of each launcher's last checkup judged here (from any thread)."""
-        return {node: admission.states(v) for node, v in list(self.verdicts.items())}
+def label(peer: Connection) -> str:
+    """How a health check's sentence names the launcher at ``peer``: its id and address."""
+    try:
+        return f"node {peer.node} ({peer.sock.getpeername()[0]})"
+    except OSError:
+        return f"node {peer.node}"

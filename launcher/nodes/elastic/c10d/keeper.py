@@ -22,7 +22,8 @@ from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, Health, JobOver, Leave, LinkBase, Share)
-from launcher.nodes.elastic.c10d.arrivals import BEAT, Judge, Unsealed, answer, messages, stranger
+from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, label, messages, stranger
+from launcher.nodes.elastic.fitness import Judge
 from launcher.nodes.elastic.c10d.speeds import SpeedTable
 from launcher.nodes.transport.connection import Connection, Shared
 from launcher.nodes.transport.listener import Listener, pending_cap
@@ -285,9 +286,9 @@ class Keeper(LinkBase):
             self.decide(mb.RoundDone(node_id, message.round))
         elif isinstance(message, m.RoundFailed) and message.round is not None:
             self.decide(mb.WorkerFailed(node_id, message.round, message.code, message.reason or "a failure",
-                                        self.judge.unfit(peer, message.checkup)))
+                                        self.judge.unfit(node_id, label(peer), message.checkup, False)))
         elif isinstance(message, m.Checked):  # a standby, or a member set aside, checked itself again
-            self.decide(mb.Checked(node_id, self.judge.unfit(peer, message.checkup, True)))
+            self.decide(mb.Checked(node_id, self.judge.unfit(peer.node, label(peer), message.checkup)))
         elif isinstance(message, m.Speeds):  # a member speaks for itself only
             for entry in message.nodes[:1]:
                 self.speeds.take(node_id, entry, self.state.round, self.clock())
@@ -304,7 +305,8 @@ class Keeper(LinkBase):
             return
         self.listener.settled(peer.sock)
         self.fds[peer.node], self.heard[peer.node] = fd, self.clock()  # its hello: its first word
-        job_id, unfit = (message.identity or {}).get("job_id"), self.judge.unfit(peer, message.checkup, True)
+        job_id = (message.identity or {}).get("job_id")
+        unfit = self.judge.unfit(peer.node, label(peer), message.checkup)  # its checkup, against node 0's facts
         self.decide(mb.JoinAsked(mb.Node(message.node_id, message.host or "", message.workers),
                                  job_id if isinstance(job_id, str) else "", unfit))
 

@@ -20,9 +20,9 @@ class RecordKeeper:
     """The record as this launcher reads it, and, while it keeps the membership, writes it."""
 
     def __init__(self, spec: ElasticSpec, job_id: str, token, me: mb.Node, client: KeyValue, mirror: Mirror,
-                 clock: Callable[[], float], where: str) -> None:
+                 clock: Callable[[], float], where: str, judge: Callable = lambda _: None) -> None:
         self.spec, self.job_id, self.token, self.me, self.client = spec, job_id, token, me, client
-        self.mirror, self.clock, self.where = mirror, clock, where
+        self.mirror, self.clock, self.where, self.judge = mirror, clock, where, judge  # judge: a joiner's unfitness
         self.key = ek.record_key(ek.job_prefix(job_id))
         self.created = 0  # the keeper's node key's create revision: its writes are guarded by it
         self.record: Optional[es.Record] = None  # this launcher's while it keeps the membership
@@ -63,7 +63,8 @@ class RecordKeeper:
                 log.info("elastic job: this launcher keeps the membership now (node %s before it is gone)", before)
             say(actions)
         self.record, actions, self.fed = es.reconcile(self.record, alive, self.mirror.reports(alive), self.fed, now,
-                                                      self.mirror.why_gone(self.spec.rendezvous.heartbeat_timeout))
+                                                      self.mirror.why_gone(self.spec.rendezvous.heartbeat_timeout),
+                                                      self.judge)
         say(actions)
         orders = es.encode(es.orders(self.record), None, self.job_id)
         beaten = orders != self.encoded and not self._write(es.encode(self.record, self.token, self.job_id), orders)

@@ -45,11 +45,13 @@ def read_node_id(key: str, prefix: str) -> str:
     return unquote(key[len(prefix) + len("report/"):].rpartition("/")[0])
 
 
-def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str, ring: Optional[tuple] = None) -> str:
-    """``ring``: where this launcher's liveness ring listens (``etcd.ring``), (host, port)."""
+def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str, ring: Optional[tuple] = None,
+               checkup: Optional[dict] = None) -> str:
+    """``ring``: where this launcher's liveness ring listens (``etcd.ring``), (host, port); ``checkup``: its health
+    checkup (``health.Checkup.to_wire``), which the keeper judges each time the key is written."""
     proof = auth.proof(token, f"lease {lease}", job_id, node.node_id) if token else None
     return json.dumps({"id": node.node_id, "host": node.host, "workers": node.workers, "proof": proof,
-                       "ring": list(ring) if ring else None})
+                       "ring": list(ring) if ring else None, "checkup": checkup})
 
 
 def report_value(node_id: str, lease: int, kind: str, round_: int, code: int = 0, reason: str = "",
@@ -69,16 +71,19 @@ class Joiner:
     created: int
     proven: bool  # it proves the job token (or the job has none and it proves none)
     ring: Optional[tuple] = None  # where its liveness ring listens (host, port), if it has one
+    checkup: object = None  # its health checkup as written (judged by the keeper, never trusted)
+    version: int = 0  # its key's mod revision: a checkup written again is judged again
 
 
-def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str) -> Optional[Joiner]:
+def read_node(value: str, lease: int, created: int, token: Optional[str], job_id: str,
+              version: int = 0) -> Optional[Joiner]:
     """A node key's value as a Joiner (None: not one of ours)."""
     data = json_object(value)
     if data is None or not isinstance(data.get("id"), str) or not data["id"]:
         return None
     node = mb.Node(data["id"], data.get("host") if isinstance(data.get("host"), str) else "", data.get("workers"))
     return Joiner(node, lease, created, proven(data.get("proof"), token, f"lease {lease}", job_id, node.node_id),
-                  _ring_address(data.get("ring")))
+                  _ring_address(data.get("ring")), data.get("checkup"), version)
 
 
 def _ring_address(value) -> Optional[tuple]:

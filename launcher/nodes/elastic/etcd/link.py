@@ -27,7 +27,8 @@ from launcher.nodes.elastic.etcd.keeping import RecordKeeper
 from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.link import (JobOver, Leave, LinkBase, Report, Share, StartFailed,
+from launcher.nodes.elastic.fitness import Judge, Recheck
+from launcher.nodes.elastic.link import (Health, JobOver, Leave, LinkBase, Report, Share, StartFailed,
                                          own_id, place_in)
 from launcher.nodes.elastic.etcd.client import KeyValue, Refused, Unavailable, compare_created, put_op
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
@@ -56,8 +57,10 @@ class EtcdLink(LinkBase):
     thread_name = "elastic-etcd"  # every launcher says its rounds itself (job.ElasticJob)
 
     def __init__(self, spec: ElasticSpec, job_id: str, workers: int, token, clock, client: KeyValue,
-                 host: str, ring: bool = True) -> None:
+                 host: str, ring: bool = True, health: Optional[Health] = None) -> None:
         super().__init__()
+        self.health, self.judge, self.recheck = health, Judge(health), Recheck(health)  # its checkup in its node key
+        self.health_states = self.judge.states  # as this launcher judged them, while it kept the membership
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
         self.prefix = ek.job_prefix(job_id)
@@ -66,7 +69,8 @@ class EtcdLink(LinkBase):
         self.lease = Lease(client, spec, clock, self.where)
         self.ring = Ring() if ring else None  # finds a launcher whose process is gone before its lease expires
         self.mirror = Mirror(self.prefix, token, job_id)  # the job's keys as this launcher last heard them (``_span``)
-        self.records = RecordKeeper(spec, job_id, token, self.me, client, self.mirror, clock, self.where)
+        self.records = RecordKeeper(spec, job_id, token, self.me, client, self.mirror, clock, self.where,
+                                    lambda j: self.judge.unfit(j.node.node_id, j.node.label, j.checkup))
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
         self.watcher = None
         self.round_given: Optional[m.RoundStart] = None  # the last round given to the event loop
@@ -80,8 +84,8 @@ class EtcdLink(LinkBase):
         """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
         self.lease.grant()
         key = ek.node_key(self.prefix, self.node_id)
-        ring = self.ring.listen(self.me.host) if self.ring is not None else None
-        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring)
+        self.ring_at = ring = self.ring.listen(self.me.host) if self.ring is not None else None
+        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring, self._checkup())
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
                 self.records.created = self.records.created or self.client.put(key, value, self.lease.id)
@@ -115,6 +119,8 @@ class EtcdLink(LinkBase):
                         return item
                     if isinstance(item, StartFailed):
                         raise item
+                    if isinstance(item, m.KeptOut):  # it checks again: the wait for its round starts again
+                        deadline = self.clock() + rendezvous.join_timeout + rendezvous.read_timeout
                     if isinstance(item, JobOver) and item.code == 0 and self.given_round == 0:
                         log.info("elastic job: the job ended without this launcher: %s", one_line(item.reason, 300))
                         return None
@@ -167,7 +173,7 @@ class EtcdLink(LinkBase):
                     log.debug("elastic job: could not revoke %s's lease (%s)", peer.node_id, one_line(str(e), 200))
 
     def _wait(self) -> float:
-        times = [self.lease.next_beat, self.clock() + 1.0]
+        times = [self.lease.next_beat, self.clock() + 1.0, self.recheck.next_check or self.lease.next_beat]
         times.append(self.records.next_deadline() or times[-1])
         return max(0.0, min(times) - self.clock())
 
@@ -192,6 +198,12 @@ class EtcdLink(LinkBase):
         if self.stopping:
             return
         self._renew()
+        if self.recheck.due(self.clock()):  # kept out: checked again, its node key written again for the keeper
+            value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, self.ring_at, self._checkup())
+            try:
+                self.client.put(ek.node_key(self.prefix, self.node_id), value, self.lease.id)
+            except (Unavailable, Refused):
+                self.recheck.next_check = self.clock()  # tried again next turn
         if self.watcher is None and not self.stopping:
             try:
                 self.resync()
@@ -283,7 +295,12 @@ class EtcdLink(LinkBase):
             return  # tried again next turn
         self._decide()
 
+    def _checkup(self) -> Optional[dict]:
+        return self.health.offer() if self.health is not None else None
+
     def _deliver(self, view: es.View) -> None:
+        if view.kept_out is not None and self.given_round == 0 and self.recheck.kept_out(view.kept_out, self.clock()):
+            self.inbox.put(m.KeptOut(view.kept_out))
         if view.refused is not None and self.given_round == 0:
             self.inbox.put(StartFailed(f"the job {self.job_id} in {self.where} did not take this launcher: "
                                        f"{one_line(view.refused, 300)}."))

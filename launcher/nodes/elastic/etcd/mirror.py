@@ -37,7 +37,7 @@ class Mirror:
         for key, e in self.keys.items():
             if key.startswith(self.prefix + "nodes/"):
                 joiner = self._parsed(e, lambda: ek.read_node(e.value, e.lease, e.create_revision, self.token,
-                                                               self.job_id))
+                                                               self.job_id, e.mod_revision))
                 if joiner is not None:
                     alive[joiner.node.node_id] = joiner
         return alive

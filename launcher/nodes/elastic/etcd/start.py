@@ -16,14 +16,14 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
          clock: Callable[[], float] = time.monotonic, client: Optional[KeyValue] = None, health=None) -> EtcdLink:
     """This launcher's link once its first round started (its ``first`` is None: a standby whose job ended
     with 0). StartFailed when the job does not take it or cannot start; without ``client``, etcd's client of the
-    etcd extra, or one sentence that says how to install it (before anything starts). ``health``: not judged yet on
-    this backend (its launchers are admitted as before)."""
+    etcd extra, or one sentence that says how to install it (before anything starts). ``health``: its checkup goes in
+    its node key, which the keeper judges (a launcher kept out checks again every interval)."""
     if client is None:
         from launcher.nodes.elastic.etcd.client import Etcd3gwClient, check_extra
 
         check_extra()
         client = Etcd3gwClient(spec.etcd, request_timeout(spec))
-    return first_round(EtcdLink(spec, job_id, workers, token, clock, client, source_address(spec)))
+    return first_round(EtcdLink(spec, job_id, workers, token, clock, client, source_address(spec), health=health))
 
 
 def first_round(link: EtcdLink) -> EtcdLink:

@@ -50,6 +50,7 @@ class Record:
     stop: Optional[Tuple[int, str]] = None  # the running round's stop (round, reason), until the next round
     refused: Mapping[str, str] = field(default_factory=dict)  # node id -> why it may not join
     dropped: Mapping[str, Tuple[int, str]] = field(default_factory=dict)  # node id -> (code, reason): counted out
+    kept_out: Mapping[str, Tuple[int, str]] = field(default_factory=dict)  # id -> (its key's version, why): unfit
 
 
 def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
@@ -64,7 +65,7 @@ def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
             stop = (action.round, action.reason)
         elif isinstance(action, mb.StartRound):
             stop = None
-    return Record(state, stop, refused, dropped)
+    return Record(state, stop, refused, dropped, record.kept_out)
 
 
 def orders(record: Record) -> Record:
@@ -83,6 +84,7 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
         "restarts": s.restarts, "end": list(s.end) if s.end else None, "done": sorted(s.done),
         "stop": list(record.stop) if record.stop else None, "refused": dict(record.refused),
         "dropped": {k: list(v) for k, v in record.dropped.items()},
+        "kept_out": {k: list(v) for k, v in record.kept_out.items()},
         "failure": [s.failure[0].node_id, s.failure[0].round, s.failure[0].code, s.failure[0].reason]
         if s.failure else None,
     }, sort_keys=True)
@@ -123,7 +125,8 @@ def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
     stop = (int(data["stop"][0]), str(data["stop"][1])) if data["stop"] else None
     refused = {str(k): str(v) for k, v in dict(data["refused"]).items()}
     dropped = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["dropped"]).items()}
-    return Record(state, stop, refused, dropped)
+    kept_out = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data.get("kept_out") or {}).items()}
+    return Record(state, stop, refused, dropped, kept_out)
 
 
 # ---------------------------------------------------------------- the keeper
@@ -154,9 +157,11 @@ def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: 
 
 def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tuple[int, object]], fed: set,
               now: float, why_gone: Callable[[str], str] = lambda _: "its key in etcd is gone (its lease expired, or "
-                                                                       "it left)") -> Tuple[Record, tuple, set]:
+                                                                       "it left)",
+              judge: Callable[[ek.Joiner], Optional[str]] = lambda _: None) -> Tuple[Record, tuple, set]:
     """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
-    launcher that left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came),
+    launcher that left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came,
+    its health checkup as ``judge`` finds it: one kept out is judged again only once it writes its key again),
     each report not fed before (``fed``: their (key, revision)), then the time. Returns the record, the
     actions to carry out, and the reports fed."""
     state, actions = record.state, []
@@ -180,7 +185,12 @@ def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tupl
             record = replace(record, refused={**record.refused, node_id: "wrong job or job token"})
             actions.append(mb.Refuse(node_id, "wrong job or job token"))
             continue
-        feed(mb.JoinAsked(joiner.node, state.job_id))
+        if record.kept_out.get(node_id, (None,))[0] == joiner.version:
+            continue  # judged unfit as it is: judged again once it writes its key again
+        unfit = judge(joiner)
+        kept_out = {k: v for k, v in record.kept_out.items() if k in alive and k != node_id}
+        record = replace(record, kept_out={**kept_out, node_id: (joiner.version, unfit)} if unfit else kept_out)
+        feed(mb.JoinAsked(joiner.node, state.job_id, unfit))
     fed = set(fed)
     for ident, event in sorted(reports, key=lambda r: r[0][1]):
         if ident not in fed:
@@ -204,6 +214,7 @@ class View:
     standby: bool = False
     round_number: int = 0  # the record's current round, whether or not this launcher is in it
     job_ended: bool = False  # ``over`` is the job's end (not this launcher dropped)
+    kept_out: Optional[str] = None  # why its health checks keep it out (it checks again and writes its key again)
 
 
 def view(record: Record, node_id: str) -> View:
@@ -214,6 +225,8 @@ def view(record: Record, node_id: str) -> View:
         return View(over=(code, reason), round_number=number)
     if node_id in record.refused:
         return View(refused=record.refused[node_id], round_number=number)
+    if node_id in record.kept_out:
+        return View(round_number=number, kept_out=record.kept_out[node_id][1])
     over = s.end
     current = s.round if s.round is not None and s.round.member(node_id) is not None else None
     start = round_start(current) if current is not None else None
