@@ -44,13 +44,14 @@ class Recheck:
         self.next_check: Optional[float] = None
         self.said = ""
 
-    def kept_out(self, reason: str, now: float) -> bool:
-        """Node 0 keeps this launcher out: whether a check is newly due (None was)."""
+    def kept_out(self, reason: Optional[str], now: float) -> bool:
+        """Node 0 keeps this launcher out (``reason``; None: it waits as a standby): whether a check is newly due."""
         if self.health is None or self.next_check is not None:
             return False
-        said, self.said = self.said, reason
-        log.log(logging.WARNING if said != reason else logging.DEBUG, "elastic job: this launcher is kept out: %s; it "
-                "checks itself again every %g s", reason, self.health.settings.interval)
+        said, self.said = self.said, reason or ""
+        if reason is not None:
+            log.log(logging.WARNING if said != reason else logging.DEBUG, "elastic job: this launcher is kept out: %s; "
+                    "it checks itself again every %g s", reason, self.health.settings.interval)
         self.next_check = now + self.health.settings.interval
         return True
 

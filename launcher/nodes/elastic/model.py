@@ -114,6 +114,7 @@ class WorkerFailed:
     code: int  # the exit code the job ends with if it cannot restart
     reason: str  # one sentence: which worker, how
     unfit: Optional[str] = None  # the member's checkup after the failure failed: it leaves, no restart spent
+    checkup: object = field(default=None, compare=False)  # that checkup as sent, for the keeper to judge (etcd)
 
 
 @dataclass(frozen=True)

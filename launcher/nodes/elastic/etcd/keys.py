@@ -55,8 +55,10 @@ def node_value(node: mb.Node, lease: int, token: Optional[str], job_id: str, rin
 
 
 def report_value(node_id: str, lease: int, kind: str, round_: int, code: int = 0, reason: str = "",
-                 token: Optional[str] = None, job_id: str = "") -> str:
-    body = {"id": node_id, "kind": kind, "round": round_, "code": code, "reason": reason}
+                 token: Optional[str] = None, job_id: str = "", checkup: Optional[dict] = None) -> str:
+    """``checkup``: a failure's, made after it (the keeper judges it before the failure spends a restart)."""
+    body = {"id": node_id, "kind": kind, "round": round_, "code": code, "reason": reason,
+            **({"checkup": checkup} if checkup is not None else {})}
     text = json.dumps(body, sort_keys=True)
     proof = auth.proof(token, f"{text} lease {lease}", job_id, node_id) if token else None
     return json.dumps({**body, "proof": proof})
@@ -99,7 +101,7 @@ def read_report(value: str, lease: int, node_lease: int, token: Optional[str], j
     data = json_object(value)
     if data is None or lease != node_lease or not isinstance(data.get("id"), str):
         return None
-    body = {k: data.get(k) for k in ("id", "kind", "round", "code", "reason")}
+    body = {k: data.get(k) for k in ("id", "kind", "round", "code", "reason", "checkup") if k in data or k != "checkup"}
     if not proven(data.get("proof"), token, f"{json.dumps(body, sort_keys=True)} lease {lease}", job_id, body["id"]):
         return None
     round_, code, reason = body["round"], body["code"], body["reason"]
@@ -110,7 +112,7 @@ def read_report(value: str, lease: int, node_lease: int, token: Optional[str], j
     if body["kind"] == "done":
         return mb.RoundDone(body["id"], round_)
     if body["kind"] == "failed":
-        return mb.WorkerFailed(body["id"], round_, code, reason or "a worker failed")
+        return mb.WorkerFailed(body["id"], round_, code, reason or "a worker failed", checkup=body.get("checkup"))
     return None
 
 

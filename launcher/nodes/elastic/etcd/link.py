@@ -70,7 +70,7 @@ class EtcdLink(LinkBase):
         self.ring = Ring() if ring else None  # finds a launcher whose process is gone before its lease expires
         self.mirror = Mirror(self.prefix, token, job_id)  # the job's keys as this launcher last heard them (``_span``)
         self.records = RecordKeeper(spec, job_id, token, self.me, client, self.mirror, clock, self.where,
-                                    lambda j: self.judge.unfit(j.node.node_id, j.node.label, j.checkup))
+                                    lambda node, offered: self.judge.unfit(node.node_id, node.label, offered))
         self.keeps = False  # whether this launcher keeps (or kept) the membership, and so reads the reports
         self.watcher = None
         self.round_given: Optional[m.RoundStart] = None  # the last round given to the event loop
@@ -248,7 +248,8 @@ class EtcdLink(LinkBase):
         self.client.txn([] if kind == departures.LEFT else [compare_created(key, 0)], [put_op(key, value)])
 
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
-        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id)
+        checkup = self.health.offer(True) if self.health is not None and kind == "failed" else None  # before a restart
+        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id, checkup)
         try:
             self.client.put(ek.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
         except (Unavailable, Refused) as e:
@@ -299,7 +300,8 @@ class EtcdLink(LinkBase):
         return self.health.offer() if self.health is not None else None
 
     def _deliver(self, view: es.View) -> None:
-        if view.kept_out is not None and self.given_round == 0 and self.recheck.kept_out(view.kept_out, self.clock()):
+        waits = view.kept_out is not None or view.standby  # it checks itself again every interval
+        if waits and self.recheck.kept_out(view.kept_out, self.clock()) and view.kept_out and not self.given_round:
             self.inbox.put(m.KeptOut(view.kept_out))
         if view.refused is not None and self.given_round == 0:
             self.inbox.put(StartFailed(f"the job {self.job_id} in {self.where} did not take this launcher: "

@@ -51,13 +51,18 @@ class Record:
     refused: Mapping[str, str] = field(default_factory=dict)  # node id -> why it may not join
     dropped: Mapping[str, Tuple[int, str]] = field(default_factory=dict)  # node id -> (code, reason): counted out
     kept_out: Mapping[str, Tuple[int, str]] = field(default_factory=dict)  # id -> (its key's version, why): unfit
+    checked: Mapping[str, int] = field(default_factory=dict)  # standby id -> its key's version judged (not written)
 
 
 def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
     """The record after ``membership.decide`` gave ``state`` and ``actions``."""
-    stop, refused, dropped = record.stop, dict(record.refused), dict(record.dropped)
+    stop, refused, dropped, kept_out = record.stop, dict(record.refused), dict(record.dropped), dict(record.kept_out)
     for action in actions:
-        if isinstance(action, mb.Refuse):
+        if isinstance(action, mb.KeepOut) and action.admitted:  # set aside: told why in its view
+            kept_out[action.node_id] = (-1, action.reason)
+        elif isinstance(action, mb.Admit):
+            kept_out.pop(action.node_id, None)
+        elif isinstance(action, mb.Refuse):
             refused[action.node_id] = action.reason
         elif isinstance(action, mb.Drop):
             dropped[action.node_id] = (action.code, action.reason)
@@ -65,7 +70,7 @@ def apply(record: Record, state: mb.State, actions: Iterable) -> Record:
             stop = (action.round, action.reason)
         elif isinstance(action, mb.StartRound):
             stop = None
-    return Record(state, stop, refused, dropped, record.kept_out)
+    return Record(state, stop, refused, dropped, kept_out, record.checked)
 
 
 def orders(record: Record) -> Record:
@@ -85,6 +90,7 @@ def encode(record: Record, token: Optional[str], job_id: str) -> str:
         "stop": list(record.stop) if record.stop else None, "refused": dict(record.refused),
         "dropped": {k: list(v) for k, v in record.dropped.items()},
         "kept_out": {k: list(v) for k, v in record.kept_out.items()},
+        "aside": sorted(s.aside),
         "failure": [s.failure[0].node_id, s.failure[0].round, s.failure[0].code, s.failure[0].reason]
         if s.failure else None,
     }, sort_keys=True)
@@ -121,7 +127,8 @@ def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
                      left=tuple((_read_node(n), str(r)) for n, r in data["left"]), restarts=int(data["restarts"]),
                      wait_began=now if phase == mb.WAITING else None,
                      min_reached=now if phase == mb.WAITING and len(members) >= spec.min_nodes else None,
-                     end=end, done=frozenset(str(x) for x in data["done"]), failure=_read_failure(data.get("failure"), now))
+                     end=end, done=frozenset(str(x) for x in data["done"]), failure=_read_failure(data.get("failure"), now),
+                     aside=frozenset(str(x) for x in data.get("aside") or ()))
     stop = (int(data["stop"][0]), str(data["stop"][1])) if data["stop"] else None
     refused = {str(k): str(v) for k, v in dict(data["refused"]).items()}
     dropped = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["dropped"]).items()}
@@ -158,12 +165,12 @@ def take_over(record: Optional[Record], spec: ElasticSpec, me: mb.Node, job_id: 
 def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tuple[int, object]], fed: set,
               now: float, why_gone: Callable[[str], str] = lambda _: "its key in etcd is gone (its lease expired, or "
                                                                        "it left)",
-              judge: Callable[[ek.Joiner], Optional[str]] = lambda _: None) -> Tuple[Record, tuple, set]:
+              judge: Callable[[mb.Node, object], Optional[str]] = lambda *_: None) -> Tuple[Record, tuple, set]:
     """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
     launcher that left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came,
     its health checkup as ``judge`` finds it: one kept out is judged again only once it writes its key again),
-    each report not fed before (``fed``: their (key, revision)), then the time. Returns the record, the
-    actions to carry out, and the reports fed."""
+    each standby's key written again (``Checked``), each report not fed before (``fed``: their (key, revision); a
+    failure's checkup judged), then the time. Returns the record, the actions to carry out, and the reports fed."""
     state, actions = record.state, []
 
     def feed(event):
@@ -187,15 +194,22 @@ def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tupl
             continue
         if record.kept_out.get(node_id, (None,))[0] == joiner.version:
             continue  # judged unfit as it is: judged again once it writes its key again
-        unfit = judge(joiner)
+        unfit = judge(joiner.node, joiner.checkup)
         kept_out = {k: v for k, v in record.kept_out.items() if k in alive and k != node_id}
         record = replace(record, kept_out={**kept_out, node_id: (joiner.version, unfit)} if unfit else kept_out)
         feed(mb.JoinAsked(joiner.node, state.job_id, unfit))
+    for node in state.standbys:  # each checks itself again every interval: its key written again
+        joiner = alive.get(node.node_id)
+        if joiner is not None and record.checked.get(node.node_id, joiner.version) != joiner.version:
+            feed(mb.Checked(node.node_id, judge(node, joiner.checkup)))
+        if joiner is not None:
+            record = replace(record, checked={**record.checked, node.node_id: joiner.version})
     fed = set(fed)
     for ident, event in sorted(reports, key=lambda r: r[0][1]):
         if ident not in fed:
             fed.add(ident)
-            feed(event)
+            checked = isinstance(event, mb.WorkerFailed) and event.checkup is not None and state.known(event.node_id)
+            feed(replace(event, unfit=judge(checked, event.checkup)) if checked else event)
     feed(mb.TimePassed())
     return record, tuple(actions), fed
 
@@ -225,14 +239,15 @@ def view(record: Record, node_id: str) -> View:
         return View(over=(code, reason), round_number=number)
     if node_id in record.refused:
         return View(refused=record.refused[node_id], round_number=number)
-    if node_id in record.kept_out:
-        return View(round_number=number, kept_out=record.kept_out[node_id][1])
+    kept_out = record.kept_out.get(node_id, (0, None))[1]
+    if kept_out is not None and s.known(node_id) is None:
+        return View(round_number=number, kept_out=kept_out)
     over = s.end
     current = s.round if s.round is not None and s.round.member(node_id) is not None else None
     start = round_start(current) if current is not None else None
     stop = record.stop if record.stop is not None and current is not None and record.stop[0] == current.number else None
     standby = any(n.node_id == node_id for n in s.standbys)
-    return View(start, stop, over, None, standby, number, over is not None)
+    return View(start, stop, over, None, standby, number, over is not None, kept_out)
 
 
 # ---------------------------------------------------------------- the parts
