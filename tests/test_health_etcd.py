@@ -41,6 +41,12 @@ class Launchers:
         self.threads.append(threading.Thread(target=form, daemon=True))
         self.threads[-1].start()
 
+    def first(self, name, body):
+        """``name``'s key written first: it keeps the membership."""
+        self.join(name, body)
+        wait_until(lambda: body.checks >= 2, f"{name} wrote its node key")  # its own facts, then its key's checkup
+        time.sleep(0.5)
+
     def formed(self, *names):
         wait_until(lambda: all(n in self.links for n in names) or self.errors, f"{names} formed")
         assert not self.errors, self.errors
@@ -70,8 +76,7 @@ def launchers(etcd):  # noqa: F811
 
 def test_a_joiner_whose_script_differs_is_kept_out_then_joins_once_it_passes(launchers, caplog):
     job, sick = launchers(2, 2), Body(script="another copy")
-    job.join("a", Body())
-    time.sleep(0.5)  # a's key first: it keeps the membership
+    job.first("a", Body())
     job.join("b", sick)
     wait_until(lambda: sick.checks >= 3 or job.errors, "b checked itself again, kept out")
     assert not job.links and not job.errors  # nothing started meanwhile
@@ -85,8 +90,7 @@ def test_a_joiner_whose_script_differs_is_kept_out_then_joins_once_it_passes(lau
 
 def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_its_place(launchers):
     job, member, standby = launchers(2, 2, restarts=3), Body(sick_after_failure="/dev/shm is full"), Body()
-    job.join("a", Body())
-    time.sleep(0.5)
+    job.first("a", Body())
     job.join("b", member)
     job.formed("a", "b")
     job.join("c", standby)  # at MAX: a standby, which writes its key again every interval
@@ -105,8 +109,7 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
 
 def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes(launchers):
     job, standby = launchers(1, 2), Body()
-    job.join("a", Body())
-    time.sleep(0.5)
+    job.first("a", Body())
     job.join("b", Body())
     job.formed("a", "b")
     job.join("c", standby)
