@@ -37,9 +37,9 @@ class Body:
         return Checkup(Facts("3.11", "1.0", None, self.script, time.time()), findings)
 
 
-def job(low, high, restarts=0):
-    rendezvous = Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0, join_timeout=30.0, last_call_timeout=0.5,
-                            close_timeout=10.0, read_timeout=10.0)
+def job(low, high, restarts=0, last_call=0.5):
+    rendezvous = Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0, join_timeout=30.0,
+                            last_call_timeout=last_call, close_timeout=10.0, read_timeout=10.0)
     return ElasticSpec(low, high, "c10d", host=HOST, port=free_ports(1), rendezvous=rendezvous, max_restarts=restarts)
 
 
@@ -121,7 +121,7 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
 
 
 def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
-    launchers = Launchers(job(1, 2))
+    launchers = Launchers(job(1, 2, last_call=20.0))  # round 1 waits for n1 (at MAX it starts at once)
     standby = Body()
     try:
         launchers.lead()

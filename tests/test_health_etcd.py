@@ -22,11 +22,12 @@ from launcher.plan.etcd import EtcdSpec, parse_endpoints
 class Launchers:
     """Launchers of one etcd job in threads, each formed with its own client and its body's health checks."""
 
-    def __init__(self, etcd, low, high, restarts=0):  # noqa: F811
+    def __init__(self, etcd, low, high, restarts=0, last_call=0.5):  # noqa: F811
         self.spec = ElasticSpec(low, high, "etcd", etcd=EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]),
                                 max_restarts=restarts,
                                 rendezvous=Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0, join_timeout=30.0,
-                                                      last_call_timeout=0.5, close_timeout=10.0, read_timeout=10.0))
+                                                      last_call_timeout=last_call, close_timeout=10.0,
+                                                      read_timeout=10.0))
         self.links, self.errors, self.clients, self.threads = {}, [], [], []
 
     def join(self, name, body):
@@ -108,7 +109,7 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
 
 
 def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes(launchers):
-    job, standby = launchers(1, 2), Body()
+    job, standby = launchers(1, 2, last_call=20.0), Body()  # round 1 waits for b (at MAX it starts at once)
     job.first("a", Body())
     job.join("b", Body())
     job.formed("a", "b")
