@@ -5,7 +5,7 @@ reason), and no worker starts anywhere; nodes that pass start as before."""
 import os
 import subprocess
 
-from conftest import REPO, finish_all, free_ports, launcher_cmd
+from conftest import REPO, finish_all, free_ports, launcher_cmd, run_launcher
 
 NODES = ["127.0.0.1", "127.0.0.2"]
 TRAIN = "import os, sys\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n"
@@ -40,6 +40,10 @@ def test_a_node_whose_script_differs_refuses_the_job_on_every_node_before_any_wo
         assert errors == [f"launcher: error: {sentence}"], err
         assert "Traceback" not in err
     assert not list(tmp_path.glob("started.*"))  # no worker started anywhere
+    shown = run_launcher("status", tmp_path / "log-127.0.0.1")  # node 0 judged them: each node's last check
+    assert ("health of node 1: failed script: its training script differs from node 0's (another copy of the code)"
+            in shown.stdout), shown.stdout + shown.stderr
+    assert "health of node 0: passed" in shown.stdout
 
 
 def test_nodes_that_pass_their_checks_start_their_workers(tmp_path):

@@ -188,10 +188,11 @@ th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #ddd;font-varia
 td.line{font-family:ui-monospace,monospace;white-space:pre;max-width:50em;overflow:hidden;text-overflow:ellipsis}
 tr.failed td,tr.unreachable td{background:#fde2e2} tr.stopping td{background:#fff4d6} tr.succeeded td{color:#2a7a2a}
 #events{font-family:ui-monospace,monospace;font-size:12px;color:#444;margin-top:1em;white-space:pre}
-#health.bad{color:#b00}
+#health.bad{color:#b00} #checks{white-space:pre;margin-bottom:1em;color:#555}
 </style></head><body>
 <h1>launcher: <span id="job"></span></h1>
 <div id="summary"><span id="health"></span> <span id="membership"></span></div>
+<div id="checks"></div>
 <table><thead><tr><th>rank</th><th>node</th><th>state</th><th>pid</th><th>restarts</th><th>step</th>
 <th>s/step</th><th>speed</th><th>last line</th></tr></thead><tbody id="rows"></tbody></table>
 <div id="events"></div>
@@ -205,6 +206,10 @@ function show(v) {
   document.getElementById("membership").textContent = v.round === null ? "" :
     "round " + v.round + ", world size " + v.world_size + "; lost " + (v.changes.lost || 0) + ", silent " +
     (v.changes.silent || 0) + ", joined " + (v.changes.joined || 0) + ", left " + (v.changes.left || 0);
+  document.getElementById("checks").textContent = Object.entries(v.health || {}).map(([node, found]) => {
+    const bad = Object.entries(found).filter(([, s]) => s[0] === "failed");
+    return "health of node " + node + ": " + (bad.length ? bad.map(([c, s]) => c + " failed: " + s[1]).join("; ") : "passed");
+  }).join("\n");
   const rows = document.getElementById("rows");
   const fresh = document.createElement("tbody"); fresh.id = "rows";
   const all = v.workers.map(w => [v.node, w]);

@@ -63,6 +63,7 @@ class NodeState:  # as ProcessState: read back, any field but processes may be N
     processes: tuple = ()  # ProcessState
     console: Optional[str] = None  # what the console dropped unread, in a sentence (None: nothing)
     rounds: Optional[tuple] = None  # an elastic job: each round this node ran, in a line, the last ROUNDS_KEPT
+    health: Optional[tuple] = None  # each node's last health checkup in a line, where this node judges them
 
 
 def to_json(state: NodeState) -> bytes:
@@ -79,6 +80,7 @@ def document(state: NodeState, status: str) -> dict:
     doc = {**vars(state), "status": status}
     doc["processes"] = [vars(p) for p in state.processes]
     doc["rounds"] = list(state.rounds) if state.rounds else None
+    doc["health"] = list(state.health) if state.health else None
     return doc
 
 
@@ -131,7 +133,7 @@ def _text(v) -> bool:
 NODE_FIELDS = {"node": _count, "node_ip": _text, "nodes": _count, "host": _text, "run_id": _text,
                "launcher_pid": _pid, "launcher_start": _count, "attempt": _count, "max_restarts": _count,
                "phase": _text, "exit_code": _code, "started": _time, "updated": _time}
-OPTIONAL_NODE_FIELDS = {"console": _text, "rounds": _lines}  # a file without them is read as well
+OPTIONAL_NODE_FIELDS = {"console": _text, "rounds": _lines, "health": _lines}  # a file without them is read as well
 PROCESS_FIELDS = {"label": _text, "key": _count, "pid": _pid, "log": _text, "started": _time, "ended": _time,
                   "returncode": _code, "cpus": _text}
 

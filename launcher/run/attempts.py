@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from launcher import envvars as ev
+from launcher.errors import LaunchError
 from launcher.nodes.static import job as job_module
 from launcher.output import error_file
 from launcher.output.console import console
@@ -48,7 +49,12 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
         job = (coordinator or job_module.for_plan)(plan)
         launch.job_label = job.node_label()
         launch.records.rounds = job.history or None
-        code = job.gate(Loop(launch, job).turn_until)  # every node joined and fit, or no worker starts anywhere
+        launch.records.health = job.health_states
+        try:
+            code = job.gate(Loop(launch, job).turn_until)  # every node joined and fit, or no worker starts anywhere
+        except LaunchError as e:  # a node failed its health checks: the state file says which, and why
+            launch.records.record("ended", e.exit_code)
+            raise
         if code is not None:
             _tell_the_end(job, code, (launch.clock.monotonic(), 0), launch.clock)
             launch.records.record("ended", code, console=console.note)

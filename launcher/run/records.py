@@ -7,6 +7,7 @@ import os
 from typing import Callable, Optional
 
 from launcher.output import state_file
+from launcher.plan import admission
 from launcher.plan.model import Plan
 from launcher.run.starter import Clock
 
@@ -23,6 +24,7 @@ class Records:
         self._processes: tuple = ()  # the last attempt's, as the state file shows them
         self._attempt = 0
         self.rounds: Optional[tuple] = None  # an elastic job's rounds on this node, in a line each
+        self.health: Callable[[], dict] = dict  # node -> {check: (state, reason)}, where this node judges them
         self._phase = ""
         self._recorded = 0.0  # when the state file was last written (clock.monotonic())
         self.kept = self.state is not None or plan.monitor is not None  # the state file, or the monitor's /status.json
@@ -57,7 +59,8 @@ class Records:
             run_id=self.run_id, launcher_pid=pid, launcher_start=start,
             attempt=self._attempt, max_restarts=plan.max_restarts, phase=self._phase or "running",
             exit_code=self._exit_code, started=self.started_wall, updated=self.clock.time(), processes=self._processes,
-            console=console, rounds=self.rounds[-state_file.ROUNDS_KEPT:] if self.rounds else None)
+            console=console, rounds=self.rounds[-state_file.ROUNDS_KEPT:] if self.rounds else None,
+            health=admission.lines(self.health(), state_file.ROUNDS_KEPT) or None)
 
     def due(self) -> bool:
         return self.clock.monotonic() - self._recorded >= STATE_INTERVAL

@@ -64,8 +64,9 @@ def _known(value) -> str:
 
 
 def _node_lines(s: state.NodeState, liveness: str) -> list:
-    """The node's line, an elastic job's rounds, and what its console dropped unread, if anything."""
-    rounds = [f"  {line}" for line in s.rounds or ()]
+    """The node's line, an elastic job's rounds, each node's health checks (where it judged them), and what its
+    console dropped unread, if anything."""
+    rounds = [f"  {line}" for line in [*(s.rounds or ()), *(s.health or ())]]
     return [_node_line(s, liveness)] + rounds + ([f"  console: {s.console}"] if s.console else [])
 
 
