@@ -208,7 +208,8 @@ function show(v) {
     (v.changes.silent || 0) + ", joined " + (v.changes.joined || 0) + ", left " + (v.changes.left || 0);
   document.getElementById("checks").textContent = Object.entries(v.health || {}).map(([node, found]) => {
     const bad = Object.entries(found).filter(([, s]) => s[0] === "failed");
-    return "health of node " + node + ": " + (bad.length ? bad.map(([c, s]) => c + " failed: " + s[1]).join("; ") : "passed");
+    const said = bad.map(([c, s]) => c + " failed: " + s[1]).join("; ");
+    return "health of node " + node + ": " + (bad.length ? said : "passed");
   }).join("\n");
   const rows = document.getElementById("rows");
   const fresh = document.createElement("tbody"); fresh.id = "rows";

@@ -191,6 +191,7 @@ class LinkBase:
 
     says_rounds = False
     thread_name = "elastic-link"
+    judge = None  # the keeper's verdicts on each launcher's checkups (``fitness.Judge``), where it judges them
     join_wait = JOIN_WAIT
 
     def __init__(self) -> None:
@@ -211,8 +212,9 @@ class LinkBase:
         return {}
 
     def health_states(self) -> dict:
-        """node id -> {check: (state, reason)} of each launcher's last checkup, where they are judged; {} elsewhere."""
-        return {}
+        """node id -> {check: (state, reason)} of each launcher's last checkup, where they are judged (its ``judge``,
+        a ``fitness.Judge``); {} elsewhere."""
+        return self.judge.states() if self.judge is not None else {}
 
     def stopped(self, round_: int) -> None:
         self.waker.put(Report(STOPPED, round_))

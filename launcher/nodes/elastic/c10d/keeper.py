@@ -45,7 +45,6 @@ class Keeper(LinkBase):
                  health: Optional[Health] = None) -> None:
         super().__init__()
         self.judge = Judge(health)  # each launcher's checkups, judged against node 0's facts
-        self.health_states = self.judge.states  # for the pages
         self.spec, self.clock, self.token, self.job_id = spec, clock, token, job_id
         # silent connections keep no launcher out: every launcher and standby may come at once, each has read_timeout
         self.listener: Optional[Listener] = Listener(listener, "elastic job: node 0", pending_cap(2 * spec.max_nodes),

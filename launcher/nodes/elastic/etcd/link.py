@@ -60,7 +60,6 @@ class EtcdLink(LinkBase):
                  host: str, ring: bool = True, health: Optional[Health] = None) -> None:
         super().__init__()
         self.health, self.judge, self.recheck = health, Judge(health), Recheck(health)  # its checkup in its node key
-        self.health_states = self.judge.states  # as this launcher judged them, while it kept the membership
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
         self.prefix = ek.job_prefix(job_id)
@@ -249,7 +248,8 @@ class EtcdLink(LinkBase):
 
     def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
         checkup = self.health.offer(True) if self.health is not None and kind == "failed" else None  # before a restart
-        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id, checkup)
+        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id,
+                                checkup)
         try:
             self.client.put(ek.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
         except (Unavailable, Refused) as e:

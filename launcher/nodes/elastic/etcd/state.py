@@ -127,7 +127,8 @@ def _record(data: dict, spec: ElasticSpec, job_id: str, now: float) -> Record:
                      left=tuple((_read_node(n), str(r)) for n, r in data["left"]), restarts=int(data["restarts"]),
                      wait_began=now if phase == mb.WAITING else None,
                      min_reached=now if phase == mb.WAITING and len(members) >= spec.min_nodes else None,
-                     end=end, done=frozenset(str(x) for x in data["done"]), failure=_read_failure(data.get("failure"), now),
+                     end=end, done=frozenset(str(x) for x in data["done"]),
+                     failure=_read_failure(data.get("failure"), now),
                      aside=frozenset(str(x) for x in data.get("aside") or ()))
     stop = (int(data["stop"][0]), str(data["stop"][1])) if data["stop"] else None
     refused = {str(k): str(v) for k, v in dict(data["refused"]).items()}
@@ -166,11 +167,11 @@ def reconcile(record: Record, alive: Mapping[str, ek.Joiner], reports: List[Tupl
               now: float, why_gone: Callable[[str], str] = lambda _: "its key in etcd is gone (its lease expired, or "
                                                                        "it left)",
               judge: Callable[[mb.Node, object], Optional[str]] = lambda *_: None) -> Tuple[Record, tuple, set]:
-    """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each
-    launcher that left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came,
-    its health checkup as ``judge`` finds it: one kept out is judged again only once it writes its key again),
-    each standby's key written again (``Checked``), each report not fed before (``fed``: their (key, revision); a
-    failure's checkup judged), then the time. Returns the record, the actions to carry out, and the reports fed."""
+    """What the keys say that the keeper's state does not know yet, fed to the membership's rules: each launcher that
+    left (its key gone: ``Closed``, with ``why_gone``'s reason), each that came (``JoinAsked``, in the order they came,
+    its health checkup as ``judge`` finds it: one kept out is judged again once it writes its key again), each
+    standby's key written again (``Checked``), each report not fed before (``fed``: their (key, revision); a failure's
+    checkup judged), then the time. Returns the record, the actions to carry out, and the reports fed."""
     state, actions = record.state, []
 
     def feed(event):
