@@ -144,3 +144,36 @@ def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
         assert launchers.links["n2"].first.number == 3
     finally:
         launchers.close()
+
+
+JUNK = [{"facts": {"python": ["3"], "launcher": "1.0", "torch": None, "script": None, "clock": "now"}, "findings": []},
+        {"facts": [[[[]]]]}, "facts", 12, [], {"facts": {}, "findings": [["shm", "failed", {"deep": [[[]]]}]]}]
+
+
+class Hostile(Body):
+    """A launcher whose checkup is not one: each hello carries the next value of JUNK."""
+
+    def health(self) -> Health:
+        body = self
+
+        class Junk(Health):
+            def offer(self, after_failure=False):
+                body.checks += 1
+                return JUNK[body.checks % len(JUNK)]
+        return Junk(HealthSettings(interval=INTERVAL), self.check)
+
+
+def test_a_checkup_that_is_not_one_keeps_the_launcher_out_in_one_sentence_and_node_0_goes_on():
+    launchers = Launchers(job(1, 2))
+    hostile = Hostile()
+    try:
+        launchers.lead()
+        wait_until(lambda: launchers.keeper.first is not None, "node 0 alone started the job")
+        launchers.join("n1", hostile)
+        wait_until(lambda: hostile.checks >= 2 * len(JUNK), "every hostile checkup sent")
+        refusals = {v.refusal.split(" sent ")[1] for v in launchers.keeper.judge.verdicts.values()}
+        assert refusals == {"a health checkup that is not one (a field missing or of a wrong type): run the same "
+                            "launcher version on every node"}
+        assert not launchers.errors and launchers.keeper.thread.is_alive() and "n1" not in launchers.links
+    finally:
+        launchers.close()

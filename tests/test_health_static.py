@@ -51,3 +51,39 @@ def test_nodes_that_pass_their_checks_start_their_workers(tmp_path):
     for code, _, err in results:
         assert code == 0, err
     assert sorted(p.name for p in tmp_path.glob("started.*")) == ["started.0", "started.1"]
+
+
+def test_a_hello_whose_checkup_is_not_one_is_a_refusal_reason_on_node_0_s_socket():
+    """Node 0's hub and a node's spoke on loopback, the spoke's hello carrying junk where its checkup goes."""
+    import selectors
+    import time
+
+    from launcher.nodes.static.hub import Hub
+    from launcher.nodes.static.spoke import Spoke
+    from launcher.nodes.transport.messages import Identity
+    from launcher.plan import admission
+    from launcher.plan.health import Facts, HealthSettings
+
+    node0 = Facts("3.11", "1.0", None, "x", time.time())
+    for junk in ({"facts": {"python": "3", "launcher": "1", "clock": 1e300}, "findings": []}, [["shm"]], "checkup", {"facts": {"python": {"a": 1}}}):
+        port = free_ports(1)
+        identity = Identity("job", ("127.0.0.1", "127.0.0.2"), (port + 1,), "train.py")
+        hub = Hub(identity, "127.0.0.1", port, 3.0, 10.0, None,
+                  judge=lambda node, offered: admission.judge(f"node {node}", offered, node0, time.time(),
+                                                             HealthSettings()))
+        spoke = Spoke(identity, 1, "127.0.0.1", port, 3.0, 10.0, None, checkup=lambda: junk)
+        deadline = time.monotonic() + 30
+        try:
+            while 1 not in hub.verdicts and time.monotonic() < deadline:
+                for end in (hub, spoke):
+                    end.tick(time.monotonic())
+                    with selectors.DefaultSelector() as selector:
+                        for fd, events in end.registrations().items():
+                            selector.register(fd, events)
+                        for key, mask in selector.select(0.01):
+                            end.ready(key.fd, mask, time.monotonic())
+            assert hub.verdicts[1].refusal == ("node 1 sent a health checkup that is not one (a field missing or of a "
+                                               "wrong type): run the same launcher version on every node"), junk
+        finally:
+            hub.close()
+            spoke.close()
