@@ -17,7 +17,7 @@ class Judge:
 
     def __init__(self, health: Optional[Health]) -> None:
         self.health = health
-        self.facts = health.check(False).facts if health is not None else None
+        self.facts = None  # its own, made once, as it first judges (its checks may take a while: the user's own)
         self.verdicts: dict = {}  # node id -> the verdict on its last checkup (for the pages)
 
     def unfit(self, node_id: str, label: str, offered, given: bool = True) -> Optional[str]:
@@ -26,6 +26,7 @@ class Judge:
         failure report has none)."""
         if self.health is None or (offered is None and not given):
             return None
+        self.facts = self.facts or self.health.check(False).facts
         verdict = self.health.judge(label, offered, self.facts)
         self.verdicts[node_id] = verdict
         return verdict.refusal
