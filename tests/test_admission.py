@@ -58,11 +58,3 @@ def test_what_is_not_a_checkup_is_a_refusal_never_an_exception(offered):
 
 def test_no_checkup_at_all_names_an_older_launcher():
     assert "sent no health checkup" in admission.judge("node 1 (h)", None, NODE0, 1000.0, HealthSettings()).refusal
-
-
-def test_the_settings_are_the_plan_s_or_the_defaults():
-    class Plan:
-        health = HealthSettings(interval=1.0)
-
-    assert admission.settings_of(Plan()).interval == 1.0
-    assert admission.settings_of(object()) == HealthSettings()

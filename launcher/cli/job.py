@@ -59,7 +59,8 @@ def _check_warm_start(request: Request) -> None:
 
 
 def _fixed(request: Request, host, finder, env):
-    """A fixed job's plan, the ports it holds, and no coordinator of its own (the attempt driver's default)."""
+    """A fixed job's plan, the ports it holds, and its coordinator (None: the attempt driver's default, one node's);
+    with several nodes, one that node 0 judges each node's health checkup with."""
     opts = request.options
     host = _with_gathered_nodes(opts, host, env)
     try:
@@ -72,7 +73,13 @@ def _fixed(request: Request, host, finder, env):
         for s in finder.held:
             s.close()
         raise
-    return plan, finder.held or preflight.reserve_store_port(plan), None
+    if plan.control is None:
+        return plan, finder.held or preflight.reserve_store_port(plan), None
+    from launcher.host import health
+    from launcher.nodes.static import job as static_job
+
+    mine = health.checkup(plan.health, health.subject_of(plan, opts, host))  # node 0 judges it before any worker starts
+    return plan, finder.held or preflight.reserve_store_port(plan), lambda p: static_job.for_plan(p, mine)
 
 
 def _check_health(plan, opts, host) -> None:
@@ -105,7 +112,8 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
         request.options, agent_store=_agent_store(request, spec, trial)))
     job_id = request.options.job_id or env.get(JOB_ID) or f"elastic-{spec.host}:{spec.port}"
     warm = _start_warm(request, trial, spec, cleanup)
-    link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None, health=_health(trial))
+    link = backends.form(spec, job_id, len(trial.workers), env.get(JOB_TOKEN) or None,
+                         health=_health(trial, request.options, host))
     cleanup.callback(link.close)
     if link.first is None:
         return None, (), None, None
@@ -121,17 +129,16 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
     return plan, reserved, lambda p: ElasticJob(p, link, round_plan, spec.reform_wait, spec.min_nodes), warm
 
 
-def _health(plan):
+def _health(plan, opts, host):
     """This launcher's health checks for its link (``launcher.nodes.elastic.link.Health``): its checkup made afresh
     each time; after a worker failure its ports are not checked (its own workers may hold them still)."""
-    from launcher.host import health as probes
+    from launcher.host import health
     from launcher.nodes.elastic.link import Health
-    from launcher.plan import admission
     from launcher.plan.health import PORTS
 
-    settings, subject = admission.settings_of(plan), admission.subject(plan)
+    settings, subject = plan.health, health.subject_of(plan, opts, host)
     after_failure = dataclasses.replace(settings, off=settings.off | {PORTS})
-    return Health(settings, lambda failed: probes.checkup(after_failure if failed else settings, subject))
+    return Health(settings, lambda failed: health.checkup(after_failure if failed else settings, subject))
 
 
 def _start_warm(request: Request, trial, spec, cleanup: ExitStack):

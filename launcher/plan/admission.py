@@ -1,6 +1,6 @@
-"""Whether a node is fit to take part in a job, as node 0 judges it: the settings a plan's health checks run with,
-what they look at (``health.Subject``, from the plan), and node 0's verdict on a checkup that came in a hello (its own
-findings and the comparison of its facts with node 0's). Pure: the checkups and the times are given.
+"""Whether a node is fit to take part in a job, as node 0 judges it: node 0's verdict on a checkup that came in a
+hello (its own findings and the comparison of its facts with node 0's), and each node's verdict in a line for the
+pages. Pure: the checkups and the times are given.
 """
 
 from __future__ import annotations
@@ -8,33 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from launcher.plan.health import (FAILED, SKIPPED, Checkup, Facts, HealthSettings, Subject, compare, first_failure,
-                                  sentence)
+from launcher.plan.health import FAILED, SKIPPED, Checkup, Facts, HealthSettings, compare, first_failure, sentence
 from launcher.plan.policy import one_line
 
 HEALTH = "health"  # the kind of the cause a job is refused with, and the cause a member leaves with
 UNHEALTHY = "unhealthy"  # how the membership names a member taken out by its checks (events, metrics)
-
-
-def settings_of(plan) -> HealthSettings:
-    """The checks a plan runs (its ``health``, where the options gave one; else every check on its defaults)."""
-    return getattr(plan, "health", None) or HealthSettings()
-
-
-def subject(plan) -> Subject:
-    """What this node's checks look at: its log dir, its workers' ports (but the one this launcher holds for the
-    store), GPUs and program; the working directory is the launcher's own."""
-    cmd = tuple(plan.workers[0].cmd) if plan.workers else ()
-    if cmd[1:3] == ("-u", "-m"):  # a module: no file to compare
-        python, script = cmd[0], None
-    elif cmd[1:2] == ("-u",):
-        python, script = cmd[0], (cmd[2] if len(cmd) > 2 else None)
-    else:  # --no_python: the program itself is compared
-        python, script = None, (cmd[0] if cmd else None)
-    ports = tuple(p for p in plan.ports if p != plan.store_port)
-    gpus = tuple(w.gpu for w in plan.workers if w.gpu is not None)
-    return Subject(log_dir=plan.log_dir, workdir=".", host=plan.node_ip, ports=ports, gpus=gpus, script=script,
-                   python=python, uses_torch=python is not None)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from launcher.errors import LaunchError
-from launcher.host import health as probes
 from launcher.nodes.static.coordinator import Leader, Solo
 from launcher.nodes.static.follower import Follower
 from launcher.nodes.static.hub import Hub
@@ -25,27 +24,28 @@ def identity(plan: Plan) -> Identity:
                     " ".join(plan.workers[0].cmd[1:]))
 
 
-def open_hub(plan: Plan, mine: Checkup) -> Hub:
-    """Node 0's hub, which judges each node's checkup against node 0's facts (``mine``) as its hello comes."""
-    spec, settings = plan.control, admission.settings_of(plan)
+def open_hub(plan: Plan, mine: Optional[Checkup] = None) -> Hub:
+    """Node 0's hub, which judges each node's checkup against node 0's facts (``mine``; None: none judged) as its
+    hello comes."""
+    spec = plan.control
 
     def judge(node: int, offered) -> admission.Verdict:
-        return admission.judge(f"node {node} ({plan.node_ips[node]})", offered, mine.facts, time.time(), settings)
+        return admission.judge(f"node {node} ({plan.node_ips[node]})", offered, mine.facts, time.time(), plan.health)
 
     try:
         return Hub(identity(plan), plan.node_ip, spec.port, spec.heartbeat_timeout, spec.join_timeout, spec.token,
-                   judge=judge)
+                   judge=judge if mine is not None else None)
     except OSError as e:
         raise LaunchError(f"cannot listen on the control port {spec.port} of node 0 ({e.strerror}); "
                           f"free it or choose another --control_port (the same on every node).") from None
 
 
-def open_spoke(plan: Plan, mine: Checkup) -> Spoke:
-    """Connects only when ticked: opening it opens no socket yet. Its hellos carry ``mine``, their clock read as each
-    is sent."""
+def open_spoke(plan: Plan, mine: Optional[Checkup] = None) -> Spoke:
+    """Connects only when ticked: opening it opens no socket yet. Its hellos carry ``mine`` (this node's checkup),
+    their clock read as each is sent."""
     spec = plan.control
     return Spoke(identity(plan), plan.node_rank, plan.node_ips[0], spec.port, spec.heartbeat_timeout,
-                 spec.join_timeout, spec.token, checkup=fresh(mine))
+                 spec.join_timeout, spec.token, checkup=fresh(mine) if mine is not None else None)
 
 
 def fresh(mine: Checkup, clock: Callable[[], float] = time.time) -> Callable[[], dict]:
@@ -53,17 +53,12 @@ def fresh(mine: Checkup, clock: Callable[[], float] = time.time) -> Callable[[],
     return lambda: dataclasses.replace(mine, facts=dataclasses.replace(mine.facts, clock=clock())).to_wire()
 
 
-def own_checkup(plan: Plan) -> Checkup:
-    """This node's checkup, once, before it joins (its checks may take a while: the user's own runs up to its
-    timeout)."""
-    return probes.checkup(admission.settings_of(plan), admission.subject(plan))
-
-
-def for_plan(plan: Plan) -> Solo:
+def for_plan(plan: Plan, mine: Optional[Checkup] = None) -> Solo:
+    """``mine``: this node's health checkup (``launcher.host.health``), which node 0 judges, its own and each node's,
+    before any worker starts (None: none is judged)."""
     if plan.control is None:
         return Solo(plan)
-    mine = own_checkup(plan)
     if plan.node_rank == 0:
-        return Leader(plan, open_hub(plan, mine), time.monotonic,
-                      admission.own(f"node 0 ({plan.node_ip})", mine))
+        verdict = admission.own(f"node 0 ({plan.node_ip})", mine) if mine is not None else None
+        return Leader(plan, open_hub(plan, mine), time.monotonic, verdict)
     return Follower(plan, open_spoke(plan, mine), time.monotonic)
