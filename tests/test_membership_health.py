@@ -96,3 +96,11 @@ def test_a_check_of_a_node_not_standing_by_changes_nothing():
     h = History(spec(2, 2))
     h.running(0.0, N1)
     assert h.at(1.0, Checked("n1", SICK), Checked("nobody", SICK)) == []
+
+
+def test_a_member_whose_workers_all_finished_is_not_waited_for_when_another_s_failure_re_forms_the_round():
+    h = start_with_standby()
+    h.at(1.5, m.RoundDone("n0", 1))  # node 0's workers all finished: nothing of the round left to stop there
+    h.at(2.0, WorkerFailed("n1", 1, 1, "rank 2 failed", SICK))
+    assert h.state.unstopped == frozenset() or "n0" not in h.state.unstopped
+    assert h.state.round.number == 2 and [x.node.node_id for x in h.state.round.members] == ["n0", "n2"]

@@ -1,6 +1,8 @@
 """Real launchers of an elastic job on loopback, c10d and etcd (a real etcd, tests/etcd_servers.py): a launcher whose
 training script differs from the keeper's is kept out, says why in one sentence, checks itself again every
-interval, and joins once its script is mended; the job then runs on both and ends 0."""
+interval, and joins once its script is mended; the job then runs on both and ends 0. A member whose own check fails
+after its worker failed leaves as unhealthy and the standby takes its place: the job ends 0 with no restart to
+spend (--max_restarts 0)."""
 
 import os
 import subprocess
@@ -8,9 +10,10 @@ import time
 
 import pytest
 
-from conftest import REPO, finish_all, free_ports, launcher_cmd
+from conftest import REPO, finish_all, free_ports, launcher_cmd, read_until
 from etcd_servers import etcd  # noqa: F401 - the fixture
 from launcher.cli import table
+from launcher.output import event_log
 
 TRAIN = "import os, sys\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n"
 # the interval between two checks of a launcher kept out: --health_interval where the option is there (1 s), else
@@ -56,3 +59,52 @@ def test_c10d_a_launcher_with_another_copy_of_the_code_is_kept_out_until_it_is_m
 def test_etcd_a_launcher_with_another_copy_of_the_code_is_kept_out_until_it_is_mended(tmp_path, etcd):  # noqa: F811
     kept_out_then_joined(tmp_path, ("--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "health",
                                     "--rdzv-conf", "heartbeat_timeout=5,keep_alive_interval=0.5"))
+
+
+# fails once where a file "fail_here" is in its folder (once OUT/go is there: the standby waits), leaving the node
+# sick (the check below fails there after)
+SICKENS = ("import os, sys, time\nif os.path.exists('fail_here'):\n    os.remove('fail_here')\n"
+           "    deadline = time.time() + 60\n"
+           "    while not os.path.exists(os.path.join(sys.argv[1], 'go')) and time.time() < deadline:\n"
+           "        time.sleep(0.1)\n"
+           "    open('sick', 'w').close()\n    sys.exit(1)\ntime.sleep(2)\n"
+           "open(os.path.join(sys.argv[1], 'done.%s.%d' % (os.environ['RANK'], os.getpid())), 'w').close()\n")
+
+
+def sick_member_leaves(tmp_path, rendezvous, nnodes):
+    folders = [tmp_path / f"node{i}" for i in range(3)]
+    for folder in folders:
+        folder.mkdir()
+        (folder / "train.py").write_text(SICKENS)
+    (folders[1] / "fail_here").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    procs = []
+    for i, folder in enumerate(folders):
+        cmd = launcher_cmd("--nnodes", nnodes, "--nproc-per-node", 1, *rendezvous, "--started_port", free_ports(4),
+                           "--max_restarts", 0, "--health_check", "test ! -e sick", *INTERVAL,
+                           "--log_dir", tmp_path / f"log{i}", "train.py", tmp_path)
+        procs.append(subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        time.sleep(1.5)  # in this order: node 0 keeps the membership, the third waits as a standby
+    read_until(procs[2], "standby", 60)
+    (tmp_path / "go").write_text("")
+    results = finish_all(procs, timeout=180)
+    for i in (0, 2):
+        assert results[i][0] == 0, results[i][2]
+    events = list(event_log.read(str(tmp_path / "log0" / "events.jsonl")))
+    (left,) = [e for e in events if e["event"] == "member_unhealthy"]
+    assert "failed the health check user" in left["reason"] and "it leaves the job unhealthy" in left["reason"]
+    assert not [e for e in events if e["event"] == "restart"]
+    rounds = [e for e in events if e["event"] == "round"]
+    assert [e["restarts"] for e in rounds] == [0, 0] and "standby" not in rounds[1]["text"], rounds  # no restart spent
+
+
+def test_c10d_a_member_sick_after_its_failure_leaves_and_the_standby_takes_its_place(tmp_path):
+    port = free_ports(1)
+    sick_member_leaves(tmp_path, ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                                  "sick", "--rdzv-conf", "last_call_timeout=60"), "1:2")
+
+
+def test_etcd_a_member_sick_after_its_failure_leaves_and_the_standby_takes_its_place(tmp_path, etcd):  # noqa: F811
+    sick_member_leaves(tmp_path, ("--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "sick",
+                                  "--rdzv-conf", "heartbeat_timeout=5,keep_alive_interval=0.5"), "2:2")

@@ -259,11 +259,13 @@ def _verdict(state: State, now: float):
 
 
 def _reform(state: State, why: str, reason: str, now: float):
-    """Stop the running round's workers on every member still in; the next round follows once they have."""
+    """Stop the running round's workers on every member still in; the next round follows once they have (a member
+    whose workers all finished already has none to stop: it is not waited for)."""
     staying = {n.node_id for n in state.members}
     stopping = tuple(m.node.node_id for m in state.round.members if m.node.node_id in staying)
     stop = StopWorkers(state.round.number, stopping, reason)
-    state = replace(state, phase=REFORMING, why=why, unstopped=PSet(stopping), stop_began=now)
+    unstopped = PSet(n for n in stopping if n not in state.done)
+    state = replace(state, phase=REFORMING, why=why, unstopped=unstopped, stop_began=now)
     state, more = _settle(state, now)
     return state, (stop,) + more
 
