@@ -31,7 +31,8 @@ def test_a_fact_that_differs_from_node_0_s_is_one_sentence(facts, check, reason)
 
 
 def test_a_check_turned_off_is_not_judged():
-    verdict = admission.judge("node 1 (h)", wire(script="def"), NODE0, 1000.0, HealthSettings(off=frozenset({"script"})))
+    settings = HealthSettings(off=frozenset({"script"}))
+    verdict = admission.judge("node 1 (h)", wire(script="def"), NODE0, 1000.0, settings)
     assert verdict.fit
 
 

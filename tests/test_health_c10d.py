@@ -106,7 +106,7 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
         wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
         launchers.links["n1"].failed(1, 1, "rank 1 failed")
         keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
         keeper.stopped(1)
         launchers.formed("n2")
         second = launchers.links["n2"].first
@@ -133,7 +133,7 @@ def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
         wait_until(lambda: launchers.keeper.state.aside, "the sick standby set aside")
         launchers.links["n1"].leave(0, "done here")
         keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop its workers")
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
         keeper.stopped(1)
         wait_until(lambda: keeper.state.round.number == 2, "round 2, without the sick standby")
         assert len(keeper.state.round.members) == 1 and "n2" not in launchers.links

@@ -25,9 +25,9 @@ class Launchers:
     def __init__(self, etcd, low, high, restarts=0, last_call=0.5):  # noqa: F811
         self.spec = ElasticSpec(low, high, "etcd", etcd=EtcdSpec(parse_endpoints(etcd.endpoints, "test")[0]),
                                 max_restarts=restarts,
-                                rendezvous=Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0, join_timeout=30.0,
-                                                      last_call_timeout=last_call, close_timeout=10.0,
-                                                      read_timeout=10.0))
+                                rendezvous=Rendezvous(keep_alive_interval=0.5, heartbeat_timeout=10.0,
+                                                      join_timeout=30.0, last_call_timeout=last_call,
+                                                      close_timeout=10.0, read_timeout=10.0))
         self.links, self.errors, self.clients, self.threads = {}, [], [], []
 
     def join(self, name, body):

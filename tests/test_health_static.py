@@ -65,7 +65,8 @@ def test_a_hello_whose_checkup_is_not_one_is_a_refusal_reason_on_node_0_s_socket
     from launcher.plan.health import Facts, HealthSettings
 
     node0 = Facts("3.11", "1.0", None, "x", time.time())
-    for junk in ({"facts": {"python": "3", "launcher": "1", "clock": 1e300}, "findings": []}, [["shm"]], "checkup", {"facts": {"python": {"a": 1}}}):
+    for junk in ({"facts": {"python": "3", "launcher": "1", "clock": 1e300}, "findings": []}, [["shm"]], "checkup",
+                 {"facts": {"python": {"a": 1}}}):
         port = free_ports(1)
         identity = Identity("job", ("127.0.0.1", "127.0.0.2"), (port + 1,), "train.py")
         hub = Hub(identity, "127.0.0.1", port, 3.0, 10.0, None,

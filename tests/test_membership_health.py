@@ -49,7 +49,8 @@ def test_a_member_whose_checks_fail_after_its_failure_leaves_unhealthy_and_a_sta
     assert started.restarts == 0 and h.state.restarts == 0  # no restart spent
     changes = {c.node_id: c for c in round_start(started).changes}
     assert (changes["n1"].kind, changes["n2"].kind) == ("unhealthy", "joined")
-    assert changes["n1"].reason == f"{SICK}; it leaves the job unhealthy" and change_kind(changes["n1"].reason) == "unhealthy"
+    assert changes["n1"].reason == f"{SICK}; it leaves the job unhealthy"
+    assert change_kind(changes["n1"].reason) == "unhealthy"
     assert "n1" in h.state.aside and N1 in h.state.standbys  # it stays, aside, checking again
 
 
