@@ -131,14 +131,15 @@ def _elastic(request: Request, host, finder, env, cleanup: ExitStack):
 
 def _health(plan, opts, host):
     """This launcher's health checks for its link (``launcher.nodes.elastic.link.Health``): its checkup made afresh
-    each time; after a worker failure its ports are not checked (its own workers may hold them still)."""
+    each time. Its workers' ports are not among them: they are a round's (its node rank's), checked as each round's
+    plan is (``preflight``), and another launcher of the job on this host may hold the first round's meanwhile."""
     from launcher.host import health
     from launcher.nodes.elastic.link import Health
     from launcher.plan.health import PORTS
 
-    settings, subject = plan.health, health.subject_of(plan, opts, host)
-    after_failure = dataclasses.replace(settings, off=settings.off | {PORTS})
-    return Health(settings, lambda failed: health.checkup(after_failure if failed else settings, subject))
+    settings = dataclasses.replace(plan.health, off=plan.health.off | {PORTS})
+    subject = health.subject_of(plan, opts, host)
+    return Health(settings, lambda _: health.checkup(settings, subject))
 
 
 def _start_warm(request: Request, trial, spec, cleanup: ExitStack):

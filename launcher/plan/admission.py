@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from launcher.plan.health import FAILED, SKIPPED, Checkup, Facts, HealthSettings, compare, first_failure, sentence
+from launcher.plan.health import FAILED, Checkup, Facts, HealthSettings, compare, first_failure, sentence
 from launcher.plan.policy import one_line
 
 HEALTH = "health"  # the kind of the cause a job is refused with, and the cause a member leaves with
@@ -58,13 +58,11 @@ def states(verdict: Verdict) -> dict:
 
 
 def lines(judged: dict, most: int = 100) -> tuple:
-    """Each node's last checkup in a line (``node -> states``), for ``launcher status``: its first failed check and
-    why, or that it passed (and which checks could not run there); at most ``most`` nodes, the failed ones first."""
+    """Each node whose last checkup failed, in a line (``node -> states``), for ``launcher status``: its first failed
+    check and why; at most ``most`` nodes (the nodes that passed are on the pages and /metrics)."""
     out = []
     for node, found in judged.items():
         failed = next(((check, why) for check, (state, why) in found.items() if state == FAILED), None)
-        skipped = sorted(check for check, (state, _) in found.items() if state == SKIPPED)
-        text = f"failed {failed[0]}: {failed[1]}" if failed else "passed" + (f" (skipped: {', '.join(skipped)})"
-                                                                              if skipped else "")
-        out.append((failed is None, one_line(f"health of node {node}: {text}", 1000)))
-    return tuple(line for _, line in sorted(out)[:most])
+        if failed is not None:
+            out.append(one_line(f"health of node {node}: failed {failed[0]}: {failed[1]}", 1000))
+    return tuple(out[:most])
