@@ -192,6 +192,10 @@ class Leader(Peered):
                 if isinstance(e, policy.StopSignal):
                     self._root(self.signal_cause(e.sig))
 
+    def _put_speed(self, node: int, entry: Optional[messages.NodeSpeed], now: float) -> None:
+        if entry is not None:
+            self.speeds[node] = (entry, now)
+
     def peer_times(self, now: float) -> tuple:
         return messages.others(messages.fresh(self.speeds, now), 0)
 
