@@ -51,15 +51,11 @@ from launcher.nodes.elastic.model import (  # noqa: F401
     ENDED, LEAVES, REFORMING, RUNNING, SILENT, UNWELL, WAITING, Action, Admit, Checked, Closed, Drop, EndJob, Event,
     Heartbeat, JobEnded, JoinAsked, KeepOut, Member, Node, Refuse, Round, RoundDone, StartRound, State, StopWorkers,
     TimePassed, WorkerFailed, WorkersStopped, describe)
+from launcher.nodes.elastic import seats
 from launcher.nodes.elastic.persistent import PSet, Row
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import Say
 
-def _seated(state: State, members: Row, standbys: Row, came=(), gone=(), **changes) -> State:
-    """``state`` with these members and standbys, its index of the ids known changed by the nodes that ``came``
-    and the ids ``gone``."""
-    known = state.index[2].update({n.node_id: n for n in came}, gone)
-    return replace(state, members=members, standbys=standbys, index=(members, standbys, known), **changes)
 
 
 def begin(spec: ElasticSpec, keeper: Node, job_id: str, now: float) -> Tuple[State, tuple]:
@@ -93,7 +89,7 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
     if state.phase == ENDED:
         refusal = (Refuse(event.node.node_id, "the job has ended"),) if isinstance(event, JoinAsked) else ()
         return state, refusal
-    if isinstance(event, JoinAsked) and event.unfit is not None and _refusal(state, event.node, event.job_id) is None:
+    if isinstance(event, JoinAsked) and event.unfit is not None and seats.refusal(state, event.node, event.job_id) is None:
         return state, (KeepOut(event.node.node_id, event.unfit), Say(logging.WARNING, f"{event.unfit}; kept out"))
     if isinstance(event, JoinAsked):
         return _on_join(state, event.node, event.job_id, now)
@@ -118,15 +114,15 @@ def decide(state: State, event: Event, now: float) -> Tuple[State, tuple]:
 
 
 def _on_join(state: State, node: Node, job_id: str, now: float):
-    refusal = _refusal(state, node, job_id)
+    refusal = seats.refusal(state, node, job_id)
     if refusal is not None:
         return state, (Refuse(node.node_id, refusal),)
     heard = state.heard.update({node.node_id: now})
     if len(state.members) >= state.spec.max_nodes:
-        state = _seated(state, state.members, state.standbys.plus(node), came=(node,), heard=heard)
+        state = seats.seated(state, state.members, state.standbys.plus(node), came=(node,), heard=heard)
         return state, (Admit(node.node_id, standby=True),
                        Say(logging.INFO, f"{node.label} waits as a standby: the job has its {state.spec.max_nodes} nodes"))
-    state = _seated(state, state.members.plus(node), state.standbys, came=(node,), heard=heard)
+    state = seats.seated(state, state.members.plus(node), state.standbys, came=(node,), heard=heard)
     actions = (Admit(node.node_id), Say(logging.INFO, f"{node.label} joined ({len(state.members)} node(s))"))
     if state.phase == RUNNING:
         state, more = _reform(state, "joined", f"{node.label} joined", now)
@@ -135,21 +131,6 @@ def _on_join(state: State, node: Node, job_id: str, now: float):
     return state, actions + more
 
 
-def _refusal(state: State, node: Node, job_id: str) -> Optional[str]:
-    """Why a node may not join, or None."""
-    if job_id != state.job_id:
-        return f"its job id is {job_id!r}, this job's is {state.job_id!r}"
-    taken = state.known(node.node_id)
-    if taken is not None:
-        return (f"the node id {node.node_id!r} is taken by a launcher already in the job (on {taken.host}); "
-                "each launcher makes an id of its own")
-    if not (isinstance(node.node_id, str) and node.node_id and isinstance(node.host, str) and node.host):
-        return f"its node id {node.node_id!r} or host {node.host!r} is not a name"
-    if type(node.workers) is not int or node.workers < 1:
-        return f"it has {node.workers!r} workers; a node needs one at least"
-    if state.spec.node_hosts and node.host not in state.spec.node_hosts:
-        return f"its host {node.host} is not one of the job's nodes ({','.join(state.spec.node_hosts)})"
-    return None  # past MAX a node waits as a standby, however many wait already: no count of arrivals ends a launcher
 
 
 def _lose(state: State, node_id: str, reason: str, now: float, start: bool = True):
@@ -162,11 +143,11 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
     heard = state.heard.update(gone=(node_id,))
     if node in state.standbys:
         standbys = Row(n for n in state.standbys if n != node)
-        state = _seated(state, state.members, standbys, gone=(node_id,), heard=heard, aside=state.aside.minus(node_id))
+        state = seats.seated(state, state.members, standbys, gone=(node_id,), heard=heard, aside=state.aside.minus(node_id))
         return state, (Say(logging.INFO, f"standby {node.label} left: {reason}"),)
-    members, standbys, promoted = _promote(state, node)
+    members, standbys, promoted = seats.promote(state, node)
     text = f"{node.label} {'left' if LEAVES in reason else 'lost'}: {reason}{promoted}"
-    state = _seated(state, members, standbys, gone=(node_id,), heard=heard, unstopped=state.unstopped.minus(node_id),
+    state = seats.seated(state, members, standbys, gone=(node_id,), heard=heard, unstopped=state.unstopped.minus(node_id),
                     left=state.left + ((node, reason),))
     actions = (Say(logging.WARNING, text),)
     if state.failure is not None:  # the loss explains the failure: no restart spent
@@ -179,21 +160,6 @@ def _lose(state: State, node_id: str, reason: str, now: float, start: bool = Tru
     return state, actions + more
 
 
-def _promote(state: State, node: Node) -> Tuple[Row, Row, str]:
-    """(members, standbys, what became of the place) once member ``node`` is gone: the first standby of its size
-    takes its place (every rank stays); none of its size, the first standby joins last, as a newcomer (the ranks
-    after the lost node's move); no standby, the members close up. Standbys set aside (``aside``) are passed over."""
-    staying = Row(n for n in state.members if n != node)
-    fit = [n for n in state.standbys if n.node_id not in state.aside]  # one set aside by its checks is never promoted
-    same = next((n for n in fit if n.workers == node.workers), None)
-    if same is not None:
-        members = Row(same if n == node else n for n in state.members)
-        return members, Row(n for n in state.standbys if n != same), f"; standby {same.label} takes its place"
-    if not fit:
-        return staying, state.standbys, ""
-    other = fit[0]
-    return (staying.plus(other), Row(n for n in state.standbys if n != other),
-            f"; standby {other.label} joins last ({other.workers} worker(s), not {node.workers}: the ranks after move)")
 
 
 def _on_done(state: State, event: RoundDone, now: float):
@@ -220,7 +186,7 @@ def _on_failure(state: State, event: WorkerFailed, now: float):
     if event.unfit is not None and event.node_id != state.keeper:  # it leaves, no restart spent; it stays aside
         node = state.known(event.node_id)
         state, actions = _lose(state, event.node_id, f"{event.unfit}; {UNWELL}", now)
-        state = _seated(state, state.members, state.standbys.plus(node), came=(node,), heard=state.heard.update(
+        state = seats.seated(state, state.members, state.standbys.plus(node), came=(node,), heard=state.heard.update(
             {node.node_id: now}), aside=state.aside.plus(node.node_id))
         return state, (KeepOut(node.node_id, event.unfit, admitted=True),) + actions
     if state.spec.failed_node_leaves and event.node_id != state.keeper:
@@ -245,7 +211,7 @@ def _on_checked(state: State, event: Checked, now: float):
         return replace(state, aside=state.aside.plus(node.node_id)), (KeepOut(node.node_id, event.unfit, True), Say(
             logging.WARNING, f"{event.unfit}; standby {node.label} is set aside until it passes"))
     standbys, aside = Row(n for n in state.standbys if n != node), state.aside.minus(node.node_id)
-    return _on_join(_seated(state, state.members, standbys, gone=(node.node_id,), aside=aside), node, state.job_id, now)
+    return _on_join(seats.seated(state, state.members, standbys, gone=(node.node_id,), aside=aside), node, state.job_id, now)
 
 
 def _verdict(state: State, now: float):
@@ -327,7 +293,7 @@ def _on_time(state: State, now: float):
         actions += more
     if state.phase == WAITING and len(state.members) < state.spec.min_nodes \
             and now >= state.wait_began + rendezvous.join_timeout:
-        state, more = _end(state, 1, _gave_up(state))
+        state, more = _end(state, 1, seats.gave_up(state))
         return state, actions + more
     if state.failure is not None and now >= state.failure[1] + state.spec.failure_grace and state.phase != ENDED:
         state, more = _verdict(state, now)
@@ -352,14 +318,6 @@ def _stop_overdue(state: State, now: float):
     return state, actions
 
 
-def _gave_up(state: State) -> str:
-    spec = state.spec
-    wanted = f"{spec.min_nodes} needed (--nnodes {spec.nodes})"
-    waited = f"{spec.rendezvous.join_timeout:g} s (join_timeout)"
-    if state.round is None:
-        return f"only {len(state.members)} node(s) joined within {waited}, {wanted}"
-    lost = ", ".join(f"{node.label} ({reason})" for node, reason in state.left)
-    return f"{len(state.members)} node(s) left after {waited}, {wanted}; lost: {lost}"
 
 
 def _end(state: State, code: int, reason: str):

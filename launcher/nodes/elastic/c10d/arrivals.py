@@ -1,12 +1,14 @@
 """What reaches node 0 of a c10d elastic job on each connection: the handshake (``handshake``: its challenge,
 the launcher's hello checked, a welcome or a refusal), then the welcomed member's messages, opened in its
-session (with a job token) and decoded, a heartbeat without decoding it (most of what comes)."""
+session (with a job token) and decoded, a heartbeat without decoding it (most of what comes); and what node 0 tells
+one launcher of the membership's decisions on it."""
 
 from __future__ import annotations
 
 import socket
 from typing import Iterator, Optional
 
+from launcher.nodes.elastic import model as mb
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.transport.connection import Connection, Shared
@@ -59,3 +61,16 @@ def label(peer: Connection) -> str:
         return f"node {peer.node} ({peer.sock.getpeername()[0]})"
     except OSError:
         return f"node {peer.node}"
+
+
+def told_to_node(action) -> Optional[tuple]:
+    """(message, close after it) that a membership's action says to its one launcher; None for another action."""
+    if isinstance(action, mb.Admit):
+        return m.Admitted(action.standby), False
+    if isinstance(action, mb.Refuse):
+        return m.Refusal(action.reason), True
+    if isinstance(action, mb.KeepOut):  # not admitted: closed (it asks again); set aside: it stays
+        return m.KeptOut(action.reason, action.admitted or None), not action.admitted
+    if isinstance(action, mb.Drop):
+        return m.Dropped(action.code, action.reason), True
+    return None

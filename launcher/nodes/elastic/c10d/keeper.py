@@ -22,7 +22,7 @@ from launcher.nodes.elastic.model import round_start
 from launcher.nodes.transport import messages as m
 from launcher.nodes.transport import wire
 from launcher.nodes.elastic.link import (DONE, JOIN_WAIT, STOPPED, Health, JobOver, Leave, LinkBase, Share)
-from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, label, messages, stranger
+from launcher.nodes.elastic.c10d.arrivals import BEAT, Unsealed, answer, label, messages, stranger, told_to_node
 from launcher.nodes.elastic.fitness import Judge
 from launcher.nodes.elastic.c10d.speeds import SpeedTable
 from launcher.nodes.transport.connection import Connection, Shared
@@ -193,16 +193,11 @@ class Keeper(LinkBase):
 
     def carry_out(self, actions) -> None:
         for action in actions:
-            if isinstance(action, Say):
+            told = told_to_node(action)
+            if told is not None:
+                self.send_to(action.node_id, *told)
+            elif isinstance(action, Say):
                 log.log(action.level, "elastic job: %s", action.text)
-            elif isinstance(action, mb.Admit):
-                self.send_to(action.node_id, m.Admitted(action.standby))
-            elif isinstance(action, mb.Refuse):
-                self.send_to(action.node_id, m.Refusal(action.reason), close=True)
-            elif isinstance(action, mb.KeepOut):  # not admitted: closed (it asks again); set aside: it stays
-                self.send_to(action.node_id, m.KeptOut(action.reason, action.admitted or None), not action.admitted)
-            elif isinstance(action, mb.Drop):
-                self.send_to(action.node_id, m.Dropped(action.code, action.reason), close=True)
             elif isinstance(action, mb.StopWorkers):
                 self.order_stop(action)
             elif isinstance(action, mb.StartRound):
@@ -324,9 +319,7 @@ class Keeper(LinkBase):
     def send_to(self, node_id: str, message, close: bool = False) -> None:
         """A message, or one ``Shared`` by many, to one launcher."""
         fd = self.fds.get(node_id)
-        if fd is None:
-            return
-        if not self.peers[fd].send_within(message) or close:
+        if fd is not None and (not self.peers[fd].send_within(message) or close):
             self.forget(fd, "node 0 closed it")
 
     def close_all(self, wait_for_them: bool) -> None:
