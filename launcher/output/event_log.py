@@ -129,11 +129,9 @@ WHAT = {  # event -> how it reads, from its fields
                              f"{e.get('nodes', '?')} node(s)",
     "round": lambda e: f"round {e.get('round', '?')} ({e.get('why', '?')}): {e.get('nodes', '?')} node(s), "
                        f"world size {e.get('world_size', '?')}",
-    "member_lost": lambda e: f"member {e.get('member', '?')} lost: {e.get('reason', '')}",
-    "member_silent": lambda e: f"member {e.get('member', '?')} silent: {e.get('reason', '')}",
-    "member_left": lambda e: f"member {e.get('member', '?')} left: {e.get('reason', '')}",
-    "member_straggler": lambda e: f"member {e.get('member', '?')} left as a straggler: {e.get('reason', '')}",
-    "member_unhealthy": lambda e: f"member {e.get('member', '?')} left unhealthy: {e.get('reason', '')}",
+    **{f"member_{kind}": (lambda said: lambda e: f"member {e.get('member', '?')} {said}: {e.get('reason', '')}")(said)
+       for kind, said in (("lost", "lost"), ("silent", "silent"), ("left", "left"), ("straggler", "left as a straggler"),
+                          ("unhealthy", "left unhealthy"))},
     "member_joined": lambda e: f"member {e.get('member', '?')} joined",
     "worker_started": lambda e: f"started pid {e.get('pid', '?')}" + (" (kept from the round before)" if e.get("kept") else ""),
     "worker_exited": lambda e: f"pid {e.get('pid', '?')} exited: {e.get('exit', '?')}",

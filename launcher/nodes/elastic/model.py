@@ -153,6 +153,15 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class Drop:
+    """Node 0 counts this node out: it closes its connection, and that launcher stops its workers and ends."""
+
+    node_id: str
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class KeepOut:
     """A launcher that failed its health checks: not admitted (it checks again and asks again), or set aside
     (``admitted``: a standby not promoted, a member out of the job; it stays, checking again)."""
@@ -160,15 +169,6 @@ class KeepOut:
     node_id: str
     reason: str
     admitted: bool = False
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Node 0 counts this node out: it closes its connection, and that launcher stops its workers and ends."""
-
-    node_id: str
-    code: int
-    reason: str
 
 
 @dataclass(frozen=True)
