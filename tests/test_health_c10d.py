@@ -28,7 +28,7 @@ class Body:
         self.script, self.sick, self.sick_after_failure, self.checks = script, sick, sick_after_failure, 0
 
     def health(self) -> Health:
-        return Health(HealthSettings(interval=INTERVAL), self.check)
+        return Health(HealthSettings(interval=INTERVAL), self.check, lambda: self.check(False).facts)
 
     def check(self, after_failure: bool) -> Checkup:
         self.checks += 1
@@ -120,6 +120,45 @@ def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_it
         launchers.close()
 
 
+class SlowBody(Body):
+    """A launcher whose check after a failure runs longer than the heartbeat timeout (the user's own, say), then fails."""
+
+    def check(self, after_failure: bool) -> Checkup:
+        if after_failure:
+            time.sleep(SLOW_CHECK)
+        return super().check(after_failure)
+
+
+SLOW_CHECK = 3.0  # seconds: three heartbeat timeouts of the job below
+
+
+def test_a_check_longer_than_the_heartbeat_timeout_after_a_failure_keeps_the_member_heard():
+    """The check after a failure runs beside the link's thread, which goes on beating: the member leaves as unhealthy
+    once its check says so, never as silent while it checks."""
+    spec = job(2, 2, restarts=3)
+    spec = ElasticSpec(2, 2, "c10d", host=HOST, port=spec.port, max_restarts=3, rendezvous=Rendezvous(
+        keep_alive_interval=0.2, heartbeat_timeout=SLOW_CHECK / 3, join_timeout=30.0, last_call_timeout=0.5,
+        close_timeout=10.0, read_timeout=10.0))
+    launchers = Launchers(spec)
+    member, standby = SlowBody(sick_after_failure="an ECC error is pending"), Body()
+    try:
+        launchers.lead()
+        launchers.join("n1", member)
+        launchers.formed("keeper", "n1")
+        launchers.join("n2", standby)
+        wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
+        launchers.links["n1"].failed(1, 1, "rank 1 failed")
+        keeper = launchers.keeper
+        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
+        keeper.stopped(1)
+        launchers.formed("n2")
+        (gone,) = [c for c in launchers.links["n2"].first.changes if c.kind != "joined"]
+        assert (gone.node_id, gone.kind) == (launchers.links["n1"].node_id, "unhealthy")
+        assert "an ECC error is pending" in gone.reason
+    finally:
+        launchers.close()
+
+
 def test_a_sick_standby_is_not_promoted_and_joins_once_it_passes():
     launchers = Launchers(job(1, 2, last_call=20.0))  # round 1 waits for n1 (at MAX it starts at once)
     standby = Body()
@@ -160,7 +199,7 @@ class Hostile(Body):
             def offer(self, after_failure=False):
                 body.checks += 1
                 return JUNK[body.checks % len(JUNK)]
-        return Junk(HealthSettings(interval=INTERVAL), self.check)
+        return Junk(HealthSettings(interval=INTERVAL), self.check, lambda: self.check(False).facts)
 
 
 def test_a_checkup_that_is_not_one_keeps_the_launcher_out_in_one_sentence_and_node_0_goes_on():

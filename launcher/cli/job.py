@@ -139,7 +139,7 @@ def _health(plan, opts, host):
 
     settings = dataclasses.replace(plan.health, off=plan.health.off | {PORTS})
     subject = health.subject_of(plan, opts, host)
-    return Health(settings, lambda _: health.checkup(settings, subject))
+    return Health(settings, lambda _: health.checkup(settings, subject), lambda: health.facts_of(subject))
 
 
 def _start_warm(request: Request, trial, spec, cleanup: ExitStack):

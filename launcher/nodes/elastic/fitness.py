@@ -1,14 +1,21 @@
 """What every backend's link does with the health checks: the keeper's verdicts on each launcher's checkups against
-its own facts (``Judge``), and a launcher's own checks again every interval while it is kept out (``Recheck``)."""
+its own facts (``Judge``), a launcher's own checks again every interval while it is kept out (``Recheck``), and
+its checkups made beside the link's thread (``Checker``), which goes on with its heartbeats meanwhile."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
 from typing import Optional
 
 from launcher.nodes.elastic.link import Health
 from launcher.output.messages import log
 from launcher.plan import admission
+
+
+class KeptOut(Exception):
+    """Node 0 did not admit this launcher: its health checks failed (the sentence)."""
 
 
 class Judge:
@@ -26,7 +33,7 @@ class Judge:
         failure report has none)."""
         if self.health is None or (offered is None and not given):
             return None
-        self.facts = self.facts or self.health.check(False).facts
+        self.facts = self.facts or self.health.facts()  # its facts only: its own checks are not run in its thread
         verdict = self.health.judge(label, offered, self.facts)
         self.verdicts[node_id] = verdict
         return verdict.refusal
@@ -62,3 +69,33 @@ class Recheck:
             return False
         self.next_check = None
         return True
+
+
+@dataclass(frozen=True)
+class CheckedUp:
+    """A checkup made in the checker's thread, back in the link's: ``after`` is the failure's report it was made
+    for (None: a check again while kept out or waiting)."""
+
+    after: object
+    checkup: Optional[dict]
+
+
+class Checker:
+    """This launcher's checkups, each made in a thread of its own (the user's --health_check may run for minutes,
+    longer than a heartbeat timeout), each put back in the link's ``waker`` as a ``CheckedUp``."""
+
+    def __init__(self, health: Optional[Health], waker) -> None:
+        self.health, self.waker = health, waker
+        self.threads: list = []
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkup is under way."""
+        self.threads = [t for t in self.threads if t.is_alive()]
+        return bool(self.threads)
+
+    def ask(self, after=None) -> None:
+        thread = threading.Thread(target=lambda: self.waker.put(CheckedUp(after, self.health.offer(after is not None))),
+                                  name="launcher-health-check", daemon=True)
+        self.threads.append(thread)
+        thread.start()

@@ -89,6 +89,7 @@ class Health:
 
     settings: HealthSettings
     check: Callable[[bool], Checkup]
+    facts: Callable[[], Facts]  # its facts alone (cheap), for a keeper to judge the others' against
 
     def offer(self, after_failure: bool = False) -> dict:
         """A checkup for the wire: what node 0 judges."""

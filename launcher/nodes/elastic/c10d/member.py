@@ -17,6 +17,7 @@ import selectors
 import time
 from typing import Optional
 
+from launcher.nodes.elastic.fitness import Checker, CheckedUp, KeptOut
 from launcher.nodes.elastic.link import (DONE, FAILED, STOPPED, Health, JobOver, Leave, LinkBase, Report, Share,
                                          StartFailed, member, own_id, place_in)
 from launcher.nodes.transport import messages as m, wire
@@ -27,20 +28,12 @@ from launcher.output.messages import log
 from launcher.plan.elastic import ElasticSpec
 from launcher.plan.policy import one_line
 
-class KeptOut(Exception):
-    """Node 0 did not admit this launcher: its health checks failed (the sentence)."""
-
-
 REPORTS = {STOPPED: lambda r: m.Stopped(r.round), DONE: lambda r: m.RoundDone(r.round),
            FAILED: lambda r: m.RoundFailed(r.round, r.code, r.reason)}
 
 
 class _Unproven(Exception):
-    """An answer to the hello (a welcome, a refusal) that does not prove the job token: not obeyed."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
+    """An answer to the hello (a welcome, a refusal) that does not prove the job token: not obeyed (what it did)."""
 
 
 class MemberLink(LinkBase):
@@ -53,12 +46,13 @@ class MemberLink(LinkBase):
         super().__init__()
         self.spec, self.job_id, self.workers, self.token, self.clock = spec, job_id, workers, token, clock
         self.health = health  # its checkup goes in its hello, after a worker failure, and every interval while aside
+        self.checker = Checker(health, self.waker)
         self.aside = False  # a standby, or set aside by node 0 (its checks failed): it checks again every interval
         self.next_check = clock()
         self.said = ""  # why node 0 kept it out last (said once, until it changes)
         self.where = f"node 0's launcher at {spec.host}:{spec.port}"
         self.node_id = own_id()
-        self.handshake = Client(token, job_id, self.node_id)
+        self.handshake: Optional[Client] = None  # a new one at each try to join
         self.conn: Optional[Connection] = None
         self.early: list = []  # node 0's messages that came with the first round (their bodies, still sealed)
         self.heard = clock()  # when node 0 last said anything
@@ -83,6 +77,7 @@ class MemberLink(LinkBase):
     def _join_once(self) -> "MemberLink":
         rendezvous = self.spec.rendezvous
         deadline = self.clock() + rendezvous.join_timeout
+        self.offered = self.health.offer() if self.health is not None else None  # before node 0's hello deadline runs
         while True:
             try:
                 sock = dial(self.spec.host, self.spec.port, deadline, self.clock)
@@ -97,7 +92,7 @@ class MemberLink(LinkBase):
                 break
             except _Unproven as e:
                 sock.close()
-                self._after_unproven(e.what, deadline)
+                self._after_unproven(str(e), deadline)
             except BaseException:
                 sock.close()
                 raise
@@ -175,7 +170,7 @@ class MemberLink(LinkBase):
         if answer is not None:
             host = self.conn.sock.getsockname()[0]
             self.conn.send_within(m.Hello({"job_id": self.job_id}, None, *answer, node_id=self.node_id, host=host,
-                                          workers=self.workers, checkup=self._checkup(False)))
+                                          workers=self.workers, checkup=self.offered))
             log.info("elastic job: joined %s as node %s (%s); waiting for the round to start", self.where,
                      self.node_id, host)
             return False
@@ -199,14 +194,14 @@ class MemberLink(LinkBase):
             return StartFailed(f"a message on the connection to {self.where} failed the job token's authentication "
                                f"({e}); node 0 counts as gone, which ends an elastic job")
 
-    def _checkup(self, after_failure: bool):
-        return self.health.offer(after_failure) if self.health is not None else None
-
     def _check_again(self, now: float) -> None:
-        """Aside (a standby, or out of the job after its checks failed): its checkup to node 0 every interval."""
-        if self.aside and self.health is not None and now >= self.next_check:
+        """Aside (a standby, or out of the job after its checks failed): checked every interval, beside this thread,
+        which sends the checkup to node 0 as it comes (``_waked``)."""
+        if self.aside and self.health is not None and now >= self.next_check and not self.checker.busy:
             self.next_check = now + self.health.settings.interval
-            self._send(m.Checked(self._checkup(False)))
+            self.checker.ask()
+        for item in self.waker.take() if self.selector is None else ():  # before the link's thread: none but these
+            self._waked(item)
 
     def _take_aside(self, message) -> None:
         """Node 0 set this launcher aside (its checks failed), or took it into a round again."""
@@ -296,8 +291,12 @@ class MemberLink(LinkBase):
     def _waked(self, item) -> None:
         """What the event loop asked of the link's thread: a report to send, or to leave (node 0 counts this node
         as left, not lost; the connection closes once the thread ends)."""
-        if isinstance(item, Report) and item.kind == FAILED:  # checked again before the failure spends a restart
-            self._send(m.RoundFailed(item.round, item.code, item.reason, checkup=self._checkup(True)))
+        if isinstance(item, Report) and item.kind == FAILED and self.health is not None:
+            self.checker.ask(item)  # checked again before the failure spends a restart; sent as it comes back
+        elif isinstance(item, CheckedUp):
+            after = item.after
+            self._send(m.RoundFailed(after.round, after.code, after.reason, checkup=item.checkup) if after is not None
+                       else m.Checked(item.checkup))
         elif isinstance(item, Report):
             self._send(REPORTS[item.kind](item))
         elif isinstance(item, Leave) and self.conn.sock.fileno() >= 0:

@@ -27,8 +27,8 @@ from launcher.nodes.elastic.etcd.keeping import RecordKeeper
 from launcher.nodes.elastic.etcd.paces import Paces
 from launcher.nodes.elastic import membership as mb
 from launcher.nodes.transport import messages as m
-from launcher.nodes.elastic.fitness import Judge, Recheck
-from launcher.nodes.elastic.link import (Health, JobOver, Leave, LinkBase, Report, Share, StartFailed,
+from launcher.nodes.elastic.fitness import Checker, CheckedUp, Judge, Recheck
+from launcher.nodes.elastic.link import (FAILED, Health, JobOver, Leave, LinkBase, Report, Share, StartFailed,
                                          own_id, place_in)
 from launcher.nodes.elastic.etcd.client import KeyValue, Refused, Unavailable, compare_created, put_op
 from launcher.nodes.elastic.etcd.lease import RETRY_EVERY, Lease
@@ -60,6 +60,7 @@ class EtcdLink(LinkBase):
                  host: str, ring: bool = True, health: Optional[Health] = None) -> None:
         super().__init__()
         self.health, self.judge, self.recheck = health, Judge(health), Recheck(health)  # its checkup in its node key
+        self.checker = Checker(health, self.waker)
         self.spec, self.job_id, self.token, self.clock, self.client = spec, job_id, token, clock, client
         self.where = f"etcd at {spec.etcd.shown()}"
         self.prefix = ek.job_prefix(job_id)
@@ -81,10 +82,11 @@ class EtcdLink(LinkBase):
 
     def start(self) -> None:
         """The lease and the node key (etcd tried again within join_timeout), the mirror, the watch, the thread."""
+        checkup = self.health.offer() if self.health is not None else None  # before the lease: it may take a while
         self.lease.grant()
         key = ek.node_key(self.prefix, self.node_id)
         self.ring_at = ring = self.ring.listen(self.me.host) if self.ring is not None else None
-        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring, self._checkup())
+        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, ring, checkup)
         while True:  # an etcd slow to answer (hundreds of launchers joining at once) is asked again, within the lease
             try:
                 self.records.created = self.records.created or self.client.put(key, value, self.lease.id)
@@ -178,8 +180,14 @@ class EtcdLink(LinkBase):
 
     def _turn(self) -> None:
         for item in self.waker.take():
-            if isinstance(item, Report):
-                self._report(item.kind, item.round, item.code, item.reason)
+            if isinstance(item, Report) and item.kind == FAILED and self.health is not None:
+                self.checker.ask(item)  # checked again before the failure spends a restart; reported as it comes back
+            elif isinstance(item, Report):
+                self._report(item)
+            elif isinstance(item, CheckedUp) and item.after is not None:
+                self._report(item.after, item.checkup)
+            elif isinstance(item, CheckedUp):  # kept out: checked again, its node key written again for the keeper
+                self._write_node(item.checkup)
             elif isinstance(item, Leave):  # why, first: the lease is revoked as the thread ends (``release``)
                 self.stopping = True
                 try:
@@ -197,12 +205,8 @@ class EtcdLink(LinkBase):
         if self.stopping:
             return
         self._renew()
-        if self.recheck.due(self.clock()):  # kept out: checked again, its node key written again for the keeper
-            value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, self.ring_at, self._checkup())
-            try:
-                self.client.put(ek.node_key(self.prefix, self.node_id), value, self.lease.id)
-            except (Unavailable, Refused):
-                self.recheck.next_check = self.clock()  # tried again next turn
+        if not self.checker.busy and self.recheck.due(self.clock()):  # kept out: checked again, beside this thread
+            self.checker.ask()
         if self.watcher is None and not self.stopping:
             try:
                 self.resync()
@@ -246,15 +250,21 @@ class EtcdLink(LinkBase):
         value = departures.gone_value(kind, reason, self.node_id, self.token, self.job_id)
         self.client.txn([] if kind == departures.LEFT else [compare_created(key, 0)], [put_op(key, value)])
 
-    def _report(self, kind: str, round_: int, code: int, reason: str) -> None:
-        checkup = self.health.offer(True) if self.health is not None and kind == "failed" else None  # before a restart
-        value = ek.report_value(self.node_id, self.lease.id, kind, round_, code, reason, self.token, self.job_id,
-                                checkup)
+    def _report(self, report: Report, checkup: Optional[dict] = None) -> None:
+        value = ek.report_value(self.node_id, self.lease.id, report.kind, report.round, report.code, report.reason,
+                                self.token, self.job_id, checkup)
         try:
-            self.client.put(ek.report_key(self.prefix, self.node_id, kind), value, self.lease.id)
+            self.client.put(ek.report_key(self.prefix, self.node_id, report.kind), value, self.lease.id)
         except (Unavailable, Refused) as e:
-            log.warning("elastic job: could not tell %s that this node's workers %s (%s)", self.where, kind,
+            log.warning("elastic job: could not tell %s that this node's workers %s (%s)", self.where, report.kind,
                         one_line(str(e), 200))
+
+    def _write_node(self, checkup: Optional[dict]) -> None:
+        value = ek.node_value(self.me, self.lease.id, self.token, self.job_id, self.ring_at, checkup)
+        try:
+            self.client.put(ek.node_key(self.prefix, self.node_id), value, self.lease.id)
+        except (Unavailable, Refused):
+            self.recheck.next_check = self.clock()  # checked and written again next turn
 
     # ------------------------------------------------------------ the keeper, and every launcher's orders
 
@@ -295,9 +305,6 @@ class EtcdLink(LinkBase):
         except (Unavailable, Refused):
             return  # tried again next turn
         self._decide()
-
-    def _checkup(self) -> Optional[dict]:
-        return self.health.offer() if self.health is not None else None
 
     def _deliver(self, view: es.View) -> None:
         waits = view.kept_out is not None or view.standby  # it checks itself again every interval
