@@ -216,3 +216,17 @@ def test_a_checkup_that_is_not_one_keeps_the_launcher_out_in_one_sentence_and_no
         assert not launchers.errors and launchers.keeper.thread.is_alive() and "n1" not in launchers.links
     finally:
         launchers.close()
+
+
+def test_a_node_0_that_fails_its_own_checks_refuses_the_job_in_one_sentence_and_frees_its_endpoint():
+    """Node 0 of a c10d job cannot leave the job it keeps: sick, it refuses to start (exit 2), before anyone joins."""
+    import pytest
+
+    from launcher.errors import LaunchError
+
+    spec = job(1, 2)
+    listener = start.listen(HOST, spec.port)
+    with pytest.raises(LaunchError) as refused:
+        start.lead(listener, spec, "job", 1, None, time.monotonic, Body(sick="/dev/shm is full").health())
+    assert str(refused.value).startswith(f"node 0 ({HOST}) failed the health check shm: /dev/shm is full")
+    assert getattr(refused.value, "exit_code", 2) == 2 and listener.fileno() == -1

@@ -36,6 +36,7 @@ from launcher.nodes.elastic.c10d.member import MemberLink
 from launcher.nodes.elastic.link import Health, Link, StartFailed, own_id
 from launcher.nodes.transport.listener import bind
 from launcher.plan.elastic import ElasticSpec
+from launcher.plan.health import first_failure, sentence
 
 
 def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
@@ -53,7 +54,12 @@ def form(spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = No
 
 def lead(listener: socket.socket, spec: ElasticSpec, job_id: str, workers: int, token: Optional[str] = None,
          clock: Callable[[], float] = time.monotonic, health: Optional[Health] = None) -> Keeper:
-    """Node 0's link, once the first round started on ``listener`` (the endpoint's); StartFailed if it cannot."""
+    """Node 0's link, once the first round started on ``listener`` (the endpoint's); StartFailed if it cannot, and
+    LaunchError (exit 2) if node 0 fails its own health checks: it cannot leave the job it keeps."""
+    failed = first_failure(health.check(False).findings) if health is not None else None
+    if failed is not None:
+        listener.close()
+        raise LaunchError(sentence(f"node 0 ({spec.host})", failed))
     keeper = Keeper(listener, spec, job_id, mb.Node(own_id(), spec.host, workers), token, clock, health)
     if keeper.first_round() is None:
         keeper.close()
