@@ -1,8 +1,10 @@
 """A fixed job's nodes checked before any worker starts, on real launchers on loopback: a node whose training script
 differs from node 0's refuses the job on every node (exit 2, one sentence naming the node, the check and the
-reason), and no worker starts anywhere; nodes that pass start as before."""
+reason), and no worker starts anywhere, as does a node whose clock stands a minute off; nodes that pass start as
+before."""
 
 import os
+import re
 import subprocess
 
 from conftest import REPO, finish_all, free_ports, launcher_cmd, run_launcher
@@ -11,22 +13,24 @@ NODES = ["127.0.0.1", "127.0.0.2"]
 TRAIN = "import os, sys\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n"
 
 
-def start_node(folder, node_ip, port, out):
-    """One launcher of the two-node job, run in ``folder`` (its own copy of train.py, by the same relative name)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+def start_node(folder, node_ip, port, out, first_path=None):
+    """One launcher of the two-node job, run in ``folder`` (its own copy of train.py, by the same relative name);
+    ``first_path``: a folder put first on its PYTHONPATH (a sitecustomize of its own)."""
+    path = [str(first_path)] if first_path else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*path, str(REPO), os.environ.get("PYTHONPATH")]))}
     cmd = launcher_cmd("--cluster_node_ips", ",".join(NODES), "--node_ip", node_ip, "--started_port", port,
                        "--nproc_per_node", 1, "--log_dir", out / f"log-{node_ip}", "--shutdown_timeout", 2,
                        "--join_timeout", 60, "train.py", out)
     return subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def two_nodes(tmp_path, second_script):
+def two_nodes(tmp_path, second_script, second_path=None):
     first, second = tmp_path / "node0", tmp_path / "node1"
     for folder, text in ((first, TRAIN), (second, second_script)):
         folder.mkdir()
         (folder / "train.py").write_text(text)
     port = free_ports(2) + 1  # and the one below, node 0's control port
-    procs = [start_node(second, NODES[1], port, tmp_path), start_node(first, NODES[0], port, tmp_path)]
+    procs = [start_node(second, NODES[1], port, tmp_path, second_path), start_node(first, NODES[0], port, tmp_path)]
     return finish_all(procs)
 
 
@@ -88,3 +92,19 @@ def test_a_hello_whose_checkup_is_not_one_is_a_refusal_reason_on_node_0_s_socket
         finally:
             hub.close()
             spoke.close()
+
+
+def test_a_node_whose_clock_stands_a_minute_off_refuses_the_job_on_every_node(tmp_path):
+    """Node 1's wall clock a minute ahead: a faked source (its interpreter's time.time, shifted by a sitecustomize on
+    its PYTHONPATH: a time namespace moves only the monotonic clocks), read by its launcher as it sends its hello."""
+    fake = tmp_path / "fake_clock"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text("import time\n_real = time.time\ntime.time = lambda: _real() + 60.0\n")
+    results = two_nodes(tmp_path, TRAIN, fake)
+    for code, _, err in results:
+        assert code == 2, err
+        errors = [line for line in err.splitlines() if "error" in line]
+        assert len(errors) == 1 and re.match(r"launcher: error: node 1 \(127\.0\.0\.2\) failed the health check clock: "
+                                             r"its clock stands \+(5\d|60)\.\d s from node 0's \(the bound is 5 s\)",
+                                             errors[0]), err
+    assert not list(tmp_path.glob("started.*"))
