@@ -2,7 +2,7 @@
 """Goodput of an elastic job under a seeded schedule of faults: ours in place, ours with restarts, torchrun.
 
     sudo python bench/goodput.py [--seeds N] [--first-seed S] [--duration S] [--sides inplace,restarts,torchrun]
-                                 [--backend c10d|etcd] [--keep DIR] [--json FILE]
+                                 [--backend c10d|etcd] [--scenario faults|spare] [--keep DIR] [--json FILE]
 
 Three nodes (and a spare, idle until a ``join`` fault starts it), each a launcher in a network namespace and a
 cgroup of its own (``faults.py``: veths into a bridge, 10.213.0.N), run bench/goodput_train.py for ``--duration``
@@ -407,6 +407,9 @@ def broken_note(results: dict, baselines: dict) -> str:
 # ---------------------------------------------------------------- main
 
 
+SCENARIOS = {"faults": plan.schedule, "spare": plan.spare_schedule}
+
+
 def parse_args(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Goodput of an elastic job under seeded faults.")
     parser.add_argument("--seeds", type=int, default=3, help="schedules run (default 3)")
@@ -415,6 +418,8 @@ def parse_args(argv: list) -> argparse.Namespace:
     parser.add_argument("--sides", default=",".join(SIDES), help="of: " + ",".join(SIDES))
     parser.add_argument("--backend", choices=("c10d", "etcd"), default="c10d",
                         help="our sides' membership (torchrun stays on c10d)")
+    parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="faults",
+                        help="faults: one of each kind; spare: a standby waits from the start, members powered off")
     parser.add_argument("--keep", type=Path, help="keep every run's folder there (launchers' output, step lines)")
     parser.add_argument("--json", type=Path, help="write every run's figures there")
     args = parser.parse_args(argv)
@@ -430,7 +435,7 @@ def measure(args: argparse.Namespace, root: Path, straggler: bool) -> tuple:
     baselines: dict = {}
     with network_of(plan.NODES + 1, args.backend, root) as net:
         for seed in [None, *seeds]:
-            schedule = () if seed is None else plan.schedule(seed, args.duration)
+            schedule = () if seed is None else SCENARIOS[args.scenario](seed, args.duration)
             if seed is not None:
                 harness.progress(f"seed {seed}: {plan.describe(schedule)}")
             for side in sides:

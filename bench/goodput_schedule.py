@@ -14,6 +14,10 @@ rule, not the fault; the same schedule runs on every side and backend, so etcd's
 - ``partition``: the victim's traffic dropped (nftables or iptables in its namespace), then the rule removed;
 - ``join``: the spare node (node NODES, idle until then) starts its launcher at the beginning; it stays.
 
+The ``spare`` scenario (``spare_schedule``) starts the spare at once, where it waits as a standby (warm on the
+``inplace`` side), and then powers members off one after the other (``SPARE_LOSSES`` of them): each lost member's
+place is the standby's (and, once back, the powered-off node waits as the next one).
+
 Whatever the fault, a node whose launcher has exited while no fault holds it is started again (as a cluster's
 node agent restarts a failed service), on every side alike.
 """
@@ -63,6 +67,14 @@ def schedule(seed: int, duration: float, kinds: tuple = KINDS) -> tuple:
         faults.append(Fault(kind, node, round(start, 2), round(start + length, 2)))
         begins += slot
     return tuple(faults)
+
+
+SPARE_LOSSES = ("poweroff", "poweroff")
+
+
+def spare_schedule(seed: int, duration: float) -> tuple:
+    """The spare waiting from the start (a join at 0 s), then members powered off, as ``schedule`` draws them."""
+    return (Fault("join", NODES, 0.0, 0.0),) + schedule(seed, duration, SPARE_LOSSES)
 
 
 def describe(faults: tuple) -> str:

@@ -50,6 +50,16 @@ def test_every_schedule_has_each_kind_once_apart_and_spares_node_0(seed):
     assert all(0.15 * 120 <= f.start <= f.end <= 0.85 * 120 for f in faults)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_the_spare_scenario_has_its_standby_waiting_from_the_start_then_members_powered_off_apart(seed):
+    faults = plan.spare_schedule(seed, 120)
+    assert faults[0] == plan.Fault("join", plan.NODES, 0.0, 0.0)  # the spare waits as a standby from the start
+    assert [f.kind for f in faults[1:]] == list(plan.SPARE_LOSSES)
+    assert all(0 < f.node < plan.NODES for f in faults[1:])  # members only, never node 0
+    assert all(a.end <= b.start for a, b in zip(faults[1:], faults[2:]))
+    assert plan.spare_schedule(seed, 120) == faults
+
+
 def test_a_fault_holds_its_node_only_while_it_lasts():
     fault = plan.Fault("freeze", 1, 10.0, 15.0)
     assert fault.holds(1, 12) and not fault.holds(2, 12) and not fault.holds(1, 15) and not fault.holds(1, 9)
