@@ -140,10 +140,13 @@ def test_two_nodes_hostile_clients_of_the_store_do_not_hurt_the_job(tmp_path):
     try:
         wait_for(lambda: listens_on(procs[0].pid, port), timeout=60, what="node 0's store")
         socks = hostile_clients(port)
-        (_, _, err0), (_, _, err1) = finish_two_nodes(procs)
+        # connected through every rank's use of the store; then let go: node 0's launcher would otherwise serve
+        # them up to its drain bound (60 s) after the job, a bound tests/test_store.py proves on a fake clock
+        wait_for(lambda: len(late_records(tmp_path)) == 4, timeout=180, what="every rank's record")
     finally:
         for s in socks:
             s.close()
+        (_, _, err0), (_, _, err1) = finish_two_nodes(procs)
     assert "Traceback" not in err0 + err1
     records = late_records(tmp_path)
     assert sorted(records) == [0, 1, 2, 3]

@@ -142,8 +142,9 @@ def run_short_script(count, tmp_path):
     return codes
 
 
-def test_short_fleet_scripts_exit_cleanly(tmp_path):
-    assert run_short_script(3, tmp_path) == [0] * 3
+def test_a_short_fleet_script_exits_cleanly(tmp_path):
+    """One run: the race at exit is hunted by the slow test's fifty."""
+    assert run_short_script(1, tmp_path) == [0]
 
 
 def test_the_runtime_leaves_no_gloo_or_store_thread_running_into_the_interpreters_shutdown(tmp_path):

@@ -499,13 +499,13 @@ GONE = {
 
 def steady_job(tmp_path, log_dir: bool):
     """Arguments of a job of 2 workers that write COUNT lines each on stdout and stderr over about
-    1.5 s; rank 1 then exits 7, 2 s after rank 0 has ended: the job's exit code is 7, and no
+    1.5 s; rank 1 then exits 7, 0.5 s after rank 0 has left its mark: the job's exit code is 7, and no
     worker is stopped. Each worker leaves tmp_path/marks/done.RANK when it got to its end."""
     marks = tmp_path / "marks"
     marks.mkdir()
     logs = ["--log_dir", tmp_path / "logs"] if log_dir else []
     return ["--nproc_per_node", 2, *logs, STEADY, "--lines", COUNT, "--interval", 0.005, "--marks", marks,
-            "--code-rank", 1, "--code", 7, "--delay", 2]
+            "--code-rank", 1, "--code", 7, "--delay", 0.5]
 
 
 def assert_the_job_ran_to_its_end(tmp_path, log_dir: bool, code: int, stderr: str = "") -> None:
@@ -583,7 +583,7 @@ def test_a_log_dir_that_fills_up_while_the_job_runs_does_not_stop_it(tmp_path, t
     marks = tmp_path / "marks"
     marks.mkdir()
     r = run_launcher("--nproc_per_node", 2, "--log_dir", logs, *PAST_HEALTH, STEADY, "--lines", 3000, "--marks", marks,
-                     "--ignore-write-errors", "--code-rank", 1, "--code", 7, "--delay", 2, timeout=60)
+                     "--ignore-write-errors", "--code-rank", 1, "--code", 7, "--delay", 0.5, timeout=60)
     assert r.returncode == 7, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr
     assert (marks / "done.0").exists() and (marks / "done.1").exists()

@@ -4,7 +4,8 @@ steady pace, then leaves a mark file saying it got to its end, then exits.
 --lines N        lines on each of stdout and stderr: "r0 n000000000042 out", "r0 n000000000042 err"
 --interval S     sleep S between lines
 --marks DIR      at the end, write DIR/done.RANK
---code-rank R    rank R exits with --code once it is done, --delay seconds after its last line
+--code-rank R    rank R exits with --code once it is done, --delay seconds after its last line; with --marks,
+                 once every rank's mark is there too (up to 60 s), then --delay seconds more
 --progress N     before the lines, rank 0 draws a bar of N steps ("\\rstep K/N"), --interval apart
 --bar-width W    each state of the bar ends with a space and W "#"
 --ignore-write-errors   a write that fails (a full disk) is skipped, and the worker goes on
@@ -55,5 +56,9 @@ if args.marks:
     with open(os.path.join(args.marks, f"done.{rank}"), "w") as f:
         f.write(str(args.lines))
 if rank == args.code_rank:
+    others = [os.path.join(args.marks, f"done.{r}") for r in range(int(os.environ["WORLD_SIZE"]))] if args.marks else []
+    deadline = time.monotonic() + 60  # a rank stopped never writes its mark: the test says so, not a hang
+    while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(args.delay)
     sys.exit(args.code)
