@@ -476,6 +476,11 @@ def accepted_client(agent, port):
     raise AssertionError("the store accepted no connection")
 
 
+def client_fd(agent) -> int:
+    (fd,) = agent.clients
+    return fd
+
+
 @contextmanager
 def listening_store():
     agent, held = new_store()
@@ -502,8 +507,17 @@ def test_the_drain_is_bounded_and_needs_nothing_when_no_one_is_connected():
     store.AgentStore(None, ()).drain(1e9)  # no store: nothing to wait for
     with listening_store() as (agent, port):
         agent.drain(1e9)  # nobody connected
+        stranger = accepted_client(agent, port)  # connected, never validated: no worker's
+        agent.drain(1e9, clock=lambda: 0.0)  # let go at once: the clock never moves, the drain did not wait
+        assert not agent.clients and stranger.recv(1) == b""
         client = accepted_client(agent, port)
+        client.sendall(VALIDATE)
+        for _ in range(200):
+            agent.ready(client_fd(agent), selectors.EVENT_READ, time.monotonic())
+            if all(c.input.validated for c in agent.clients.values()):
+                break
+            time.sleep(0.01)
         ticks = iter(range(0, 10_000))
-        agent.drain(5, clock=lambda: next(ticks))  # a client that never lets go: served up to the bound only
+        agent.drain(5, clock=lambda: next(ticks))  # a worker that never lets go: served up to the bound only
         assert agent.clients
         client.close()

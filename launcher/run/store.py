@@ -141,7 +141,11 @@ class AgentStore:
     def drain(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         """The job ended well here: workers still connected (another node's, whose launcher had not yet reached this
         one's: it ends without waiting for them) are served until they let go, up to ``seconds``. Those of a node
-        that joined are gone by now, and so are this node's: their connections end at the first read."""
+        that joined are gone by now, and so are this node's: their connections end at the first read. A connection
+        that never validated is no worker's (torch's store client validates as it connects): let go at once."""
+        for client in [c for c in self.clients.values() if not c.input.validated]:
+            self._drop(client, "the job ended here, and it had not validated")
+        self.changes()
         if self.listener is None or not self.clients:
             return
         deadline, said = clock() + seconds, False
