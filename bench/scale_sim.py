@@ -46,6 +46,10 @@ from scale import WORKER  # noqa: E402
 sys.path.insert(0, str(harness.REPO))
 from launcher.nodes.transport import messages as m  # noqa: E402
 from launcher.nodes.transport import wire  # noqa: E402
+from launcher.plan.health import Checkup, Facts  # noqa: E402
+
+# every simulated node's checkup: healthy, its facts not compared (node 0 skips versions, script and clock)
+CHECKUP = Checkup(Facts("-", "-", None, None, 0.0)).to_wire()
 
 NUMBER = re.compile(rb'"(?:number|round)":(\d+)')
 BEAT = wire.encode(m.to_wire(m.Beat()))
@@ -76,8 +80,8 @@ class Simulation:
 
     def hello(self, i: int) -> bytes:
         host = f"10.{1 + i // 65536}.{i // 256 % 256}.{i % 256}"
-        return wire.encode(m.to_wire(m.Hello({"job_id": self.job_id}, None, f"{i:032x}", None,
-                                             node_id=f"sim-{i}", host=host, workers=self.workers)))
+        return wire.encode(m.to_wire(m.Hello({"job_id": self.job_id}, None, f"{i:032x}", None, node_id=f"sim-{i}",
+                                             host=host, workers=self.workers, checkup=CHECKUP)))
 
     def connect_all(self) -> None:
         """Every node connects without waiting (a launcher of its own would not wait for the others), a
@@ -165,7 +169,8 @@ def node_0(nodes: int, workers: int, port: int, job_id: str, folder: Path) -> ha
     ready.mkdir(parents=True)
     line = [sys.executable, "-m", "launcher", f"--nnodes={nodes - 1}:{nodes}", f"--nproc-per-node={workers}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={job_id}",
-            "--rdzv-conf=last_call_timeout=5,join_timeout=900", f"--started_port={port + 1}", str(WORKER), str(ready)]
+            "--rdzv-conf=last_call_timeout=5,join_timeout=900", f"--started_port={port + 1}",
+            "--skip_health_checks=versions,script,clock", str(WORKER), str(ready)]  # facts the simulation has not
     return harness.Run(line, folder, name="node0")
 
 

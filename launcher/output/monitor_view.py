@@ -50,7 +50,7 @@ class NodeView:
     workers: tuple = ()  # WorkerView
     events: tuple = ()  # the last events (launcher.output.event_log's), oldest first
     heartbeats: dict = field(default_factory=dict)  # node -> seconds since heard (on the node that keeps them)
-    health: dict = field(default_factory=dict)  # node -> {check: (state, reason)}: its last checkup (where judged)
+    checks: dict = field(default_factory=dict)  # node -> {check: (state, reason)}: its last checkup (where judged)
     node_ips: tuple = ()  # every node's address, by node rank (the current round's, in an elastic job)
     status: dict = field(default_factory=dict)  # the status document
     node_speeds: dict = field(default_factory=dict)  # node -> relative speed (its slowest rank's), of the nodes compared
@@ -167,7 +167,7 @@ def metrics(view: NodeView) -> bytes:
                          "membership last heard each member", "node", sorted(view.heartbeats.items()))
             checks = GaugeMetricFamily("launcher_node_health", "Each node's last health check, by check: 1 ok, 0 "
                                        "failed, -1 skipped (on the node that judges them)", labels=["node", "check"])
-            for node, found in sorted(view.health.items()):
+            for node, found in sorted(view.checks.items()):
                 for check, (state, _) in sorted(found.items()):
                     checks.add_metric([node, check], HEALTH_VALUES.get(state, 0))
             yield checks
@@ -206,11 +206,11 @@ function show(v) {
   document.getElementById("membership").textContent = v.round === null ? "" :
     "round " + v.round + ", world size " + v.world_size + "; lost " + (v.changes.lost || 0) + ", silent " +
     (v.changes.silent || 0) + ", joined " + (v.changes.joined || 0) + ", left " + (v.changes.left || 0);
-  document.getElementById("checks").textContent = Object.entries(v.health || {}).map(([node, found]) => {
+  document.getElementById("checks").textContent = Object.entries(v.checks || {}).map(([node, found]) => {
     const bad = Object.entries(found).filter(([, s]) => s[0] === "failed");
     const said = bad.map(([c, s]) => c + " failed: " + s[1]).join("; ");
     return "health of node " + node + ": " + (bad.length ? said : "passed");
-  }).join("\n");
+  }).join("\\n");
   const rows = document.getElementById("rows");
   const fresh = document.createElement("tbody"); fresh.id = "rows";
   const all = v.workers.map(w => [v.node, w]);

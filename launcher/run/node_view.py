@@ -22,7 +22,7 @@ def build(launch, job, group=None, state: Optional[policy.State] = None) -> Node
         run_id=launch.run_id, phase=record.phase, restarts=job.attempt, max_restarts=plan.max_restarts,
         round=events.round, changes={kind: events.counts.get(f"member_{kind}", 0) for kind in CHANGES},
         reason=_reason(last_stop, workers), workers=workers, events=tuple(events.recent),
-        heartbeats=job.heartbeat_ages(), health=job.health_states(), node_ips=tuple(plan.node_ips),
+        heartbeats=job.heartbeat_ages(), checks=job.health_states(), node_ips=tuple(plan.node_ips),
         status={"nodes": [state_file.document(record, "running, this launcher")]},
         node_speeds=dict(launch.stragglers.verdict.nodes), speeds=dict(launch.stragglers.verdict.ranks))
 
