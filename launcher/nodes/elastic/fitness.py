@@ -87,6 +87,20 @@ class Checker:
     def __init__(self, health: Optional[Health], waker) -> None:
         self.health, self.waker = health, waker
         self.threads: list = []
+        self.held: Optional[list] = None  # what the event loop said after a failure whose checkup is under way
+
+    def holds(self, item) -> bool:
+        """Whether ``item`` waits (kept, in order) for the checkup of the failure reported before it: a failure's
+        report goes first, its stop and end after it."""
+        if self.held is None or isinstance(item, CheckedUp):
+            return False
+        self.held.append(item)
+        return True
+
+    def released(self) -> list:
+        """What waited for a failure's checkup, now that it came (to be handled in order)."""
+        held, self.held = self.held or [], None
+        return held
 
     @property
     def busy(self) -> bool:
@@ -95,6 +109,8 @@ class Checker:
         return bool(self.threads)
 
     def ask(self, after=None) -> None:
+        if after is not None:
+            self.held = self.held or []
         thread = threading.Thread(target=lambda: self.waker.put(CheckedUp(after, self.health.offer(after is not None))),
                                   name="launcher-health-check", daemon=True)
         self.threads.append(thread)

@@ -96,11 +96,10 @@ class MemberLink(LinkBase):
             except BaseException:
                 sock.close()
                 raise
-        if self.first is None:  # a standby whose job finished without it
-            return self
-        place = place_in(self.first, self.node_id)
-        log.info("elastic job: round %d: %d node(s), world size %d; this launcher is node %d",
-                 self.first.number, place.nodes, self.first.world_size, place.node_rank)
+        if self.first is not None:  # None: a standby whose job finished without it
+            place = place_in(self.first, self.node_id)
+            log.info("elastic job: round %d: %d node(s), world size %d; this launcher is node %d",
+                     self.first.number, place.nodes, self.first.world_size, place.node_rank)
         return self
 
     def _await_round(self, deadline: float) -> Optional[m.RoundStart]:
@@ -274,7 +273,7 @@ class MemberLink(LinkBase):
                               f"{self.spec.rendezvous.heartbeat_timeout:g} s); node 0's launcher leaving ends an "
                               "elastic job")
         if now >= self.next_beat:  # node 0 has not beaten for two intervals: beat by itself
-            self._send(m.Beat())
+            self.conn.send_within(m.Beat())
             self.next_beat = now + 2 * self.spec.rendezvous.keep_alive_interval
         self._check_again(now)
         wait = max(0.0, min(self.next_beat, self.heard + self.spec.rendezvous.heartbeat_timeout) - now)
@@ -291,19 +290,23 @@ class MemberLink(LinkBase):
     def _waked(self, item) -> None:
         """What the event loop asked of the link's thread: a report to send, or to leave (node 0 counts this node
         as left, not lost; the connection closes once the thread ends)."""
+        if self.checker.holds(item):
+            return
         if isinstance(item, Report) and item.kind == FAILED and self.health is not None:
             self.checker.ask(item)  # checked again before the failure spends a restart; sent as it comes back
         elif isinstance(item, CheckedUp):
             after = item.after
-            self._send(m.RoundFailed(after.round, after.code, after.reason, checkup=item.checkup) if after is not None
-                       else m.Checked(item.checkup))
+            self.conn.send_within(m.Checked(item.checkup) if after is None else
+                                  m.RoundFailed(after.round, after.code, after.reason, checkup=item.checkup))
+            for later in self.checker.released() if after is not None else ():
+                self._waked(later)
         elif isinstance(item, Report):
-            self._send(REPORTS[item.kind](item))
+            self.conn.send_within(REPORTS[item.kind](item))
         elif isinstance(item, Leave) and self.conn.sock.fileno() >= 0:
-            self._send(m.Leaving(item.reason))
+            self.conn.send_within(m.Leaving(item.reason))
             self.stopping = True
         elif isinstance(item, Share) and item.entry is not None and not self.stopping:
-            self._send(m.Speeds((item.entry,)))
+            self.conn.send_within(m.Speeds((item.entry,)))
 
     def _read(self) -> Optional[JobOver]:
         try:
@@ -326,7 +329,7 @@ class MemberLink(LinkBase):
         its heartbeat is answered at once (node 0 then hears every launcher in one burst)."""
         self._take_aside(message)
         if isinstance(message, m.Beat):
-            self._send(m.Beat())
+            self.conn.send_within(m.Beat())
             self.next_beat = self.clock() + 2 * self.spec.rendezvous.keep_alive_interval
         elif self._has_me(message):
             self.inbox.put(message)
@@ -343,7 +346,4 @@ class MemberLink(LinkBase):
         """Whether ``message`` is a whole round that has this launcher."""
         return isinstance(message, m.RoundStart) and None not in (message.number, message.members, message.world_size) \
             and member(message, self.node_id) is not None
-
-    def _send(self, message) -> None:
-        self.conn.send_within(message)  # if the connection is gone, the read sees it
 

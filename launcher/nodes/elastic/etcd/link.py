@@ -179,13 +179,18 @@ class EtcdLink(LinkBase):
         return max(0.0, min(times) - self.clock())
 
     def _turn(self) -> None:
-        for item in self.waker.take():
+        items = self.waker.take()
+        while items:
+            item = items.pop(0)
+            if self.checker.holds(item):
+                continue
             if isinstance(item, Report) and item.kind == FAILED and self.health is not None:
                 self.checker.ask(item)  # checked again before the failure spends a restart; reported as it comes back
             elif isinstance(item, Report):
                 self._report(item)
             elif isinstance(item, CheckedUp) and item.after is not None:
                 self._report(item.after, item.checkup)
+                items[:0] = self.checker.released()  # what waited for it, in order
             elif isinstance(item, CheckedUp):  # kept out: checked again, its node key written again for the keeper
                 self._write_node(item.checkup)
             elif isinstance(item, Leave):  # why, first: the lease is revoked as the thread ends (``release``)
