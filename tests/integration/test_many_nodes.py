@@ -754,11 +754,14 @@ def marked_line(marker: str) -> int:
     return next(i for i, line in enumerate(HANG.read_text().splitlines(), 1) if line.rstrip().endswith(marker))
 
 
+HANG_TIMEOUT = 20  # seconds: longer than two workers importing torch at once on a busy machine (8 was not)
+
+
 def start_hung_job(cluster, tmp_path, *worker_args):
     nodes = LOOPBACK[:2]
     port = free_ports(2)
     for i in (1, 0):  # node 1 first: rank 0's store listens on every address of this machine
-        cluster.start(nodes, i, *job_args(port, 1, "--hang_timeout", 8, "--log_dir", tmp_path / f"log{i}"),
+        cluster.start(nodes, i, *job_args(port, 1, "--hang_timeout", HANG_TIMEOUT, "--log_dir", tmp_path / f"log{i}"),
                       HANG, "--limit", 60, *worker_args)
     for i in range(2):
         path = tmp_path / f"log{i}" / f"workerlog.{i}"
@@ -780,7 +783,7 @@ needs_py_spy = pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy i
 @needs_py_spy
 def test_a_hung_job_shows_where_each_rank_of_each_node_was(cluster, tmp_path):
     (follower, leader), (pid1, pid0) = start_hung_job(cluster, tmp_path)
-    assert cluster.finish(8 + 40) == [1, 1], leader.stderr + follower.stderr
+    assert cluster.finish(HANG_TIMEOUT + 40) == [1, 1], leader.stderr + follower.stderr
     reduce_line, sleep_line = marked_line("# ALLREDUCE"), marked_line("# SLEEP")
     assert "launcher: where each rank of node 0 (127.0.0.1) was:" in leader.stderr, leader.stderr
     assert f"  rank 0 (pid {pid0}): all_reduce ({HANG.name}:{reduce_line})" in leader.stderr, leader.stderr
@@ -788,16 +791,16 @@ def test_a_hung_job_shows_where_each_rank_of_each_node_was(cluster, tmp_path):
     assert f"  rank 1 (pid {pid1}): step ({HANG.name}:{sleep_line})" in follower.stderr, follower.stderr
     causes = {root_cause(node) for node in cluster.nodes}
     assert len(causes) == 1, causes  # whichever node saw it first, both name the same one
-    assert causes.pop().endswith("wrote a line for 8 s (--hang_timeout); exit code 1")
+    assert causes.pop().endswith(f"wrote a line for {HANG_TIMEOUT} s (--hang_timeout); exit code 1")
     assert_gone(cluster.pids)
 
 
 @needs_py_spy
 def test_a_node_stopped_for_a_hang_elsewhere_shows_its_stacks_too(cluster, tmp_path):
     (follower, leader), _ = start_hung_job(cluster, tmp_path, "--talk", 4)  # node 1 goes quiet 4 s after node 0
-    assert cluster.finish(8 + 40) == [1, 1], leader.stderr + follower.stderr
-    assert root_cause(follower).endswith("no worker on node 0 (127.0.0.1) wrote a line for 8 s (--hang_timeout); "
-                                         "exit code 1")
+    assert cluster.finish(HANG_TIMEOUT + 40) == [1, 1], leader.stderr + follower.stderr
+    assert root_cause(follower).endswith(f"no worker on node 0 (127.0.0.1) wrote a line for {HANG_TIMEOUT} s "
+                                         "(--hang_timeout); exit code 1")
     assert "launcher: where each rank of node 0 (127.0.0.1) was:" in leader.stderr
     assert_gone(cluster.pids)
     assert "launcher: where each rank of node 1 (127.0.0.2) was:" in follower.stderr
