@@ -95,20 +95,27 @@ def test_a_joiner_whose_script_differs_is_kept_out_then_joins_once_it_passes(cap
         launchers.close()
 
 
+def fail_the_member(launchers, member, standby):
+    """Node 0 and member n1 formed, standby n2 waiting (at MAX) and checked again; n1's worker fails and node 0's own
+    workers stop; the round after it formed on n2. Node 0's keeper."""
+    launchers.lead()
+    launchers.join("n1", member)
+    launchers.formed("keeper", "n1")
+    launchers.join("n2", standby)  # at MAX: waits as a standby
+    wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
+    launchers.links["n1"].failed(1, 1, "rank 1 failed")
+    keeper = launchers.keeper
+    wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
+    keeper.stopped(1)
+    launchers.formed("n2")
+    return keeper
+
+
 def test_a_member_sick_after_its_failure_leaves_unhealthy_and_a_standby_takes_its_place_with_no_restart_spent():
     launchers = Launchers(job(2, 2, restarts=3))
     member, standby = Body(sick_after_failure="/dev/shm is full"), Body()
     try:
-        launchers.lead()
-        launchers.join("n1", member)
-        launchers.formed("keeper", "n1")
-        launchers.join("n2", standby)  # at MAX: waits as a standby
-        wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
-        launchers.links["n1"].failed(1, 1, "rank 1 failed")
-        keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
-        keeper.stopped(1)
-        launchers.formed("n2")
+        keeper = fail_the_member(launchers, member, standby)
         second = launchers.links["n2"].first
         assert second.number == 2 and second.restarts == 0
         assert {s.node_id for s in second.members} == {keeper.node_id, launchers.links["n2"].node_id}
@@ -142,16 +149,7 @@ def test_a_check_longer_than_the_heartbeat_timeout_after_a_failure_keeps_the_mem
     launchers = Launchers(spec)
     member, standby = SlowBody(sick_after_failure="an ECC error is pending"), Body()
     try:
-        launchers.lead()
-        launchers.join("n1", member)
-        launchers.formed("keeper", "n1")
-        launchers.join("n2", standby)
-        wait_until(lambda: standby.checks >= 2, "the standby checked again while it waits")
-        launchers.links["n1"].failed(1, 1, "rank 1 failed")
-        keeper = launchers.keeper
-        wait_until(lambda: any(isinstance(x, m.StopWorkers) for x in keeper.inbox.items), "node 0 told to stop")
-        keeper.stopped(1)
-        launchers.formed("n2")
+        fail_the_member(launchers, member, standby)
         (gone,) = [c for c in launchers.links["n2"].first.changes if c.kind != "joined"]
         assert (gone.node_id, gone.kind) == (launchers.links["n1"].node_id, "unhealthy")
         assert "an ECC error is pending" in gone.reason
