@@ -15,7 +15,8 @@ from typing import Optional
 
 import click
 
-from launcher.cli.types import CheckNames, CpuList, LogLevel, NodeCount, Seconds, Whole, WorkerCount
+from launcher.cli.types import (CheckNames, CountList, CpuList, EnvSetting, LogLevel, NodeCount, Seconds, Whole,
+                                WorkerCount)
 from launcher.plan import elastic_backends as backends
 from launcher.plan.agent_store import CHOICES as AGENT_STORE_CHOICES
 from launcher.plan.clusters.registry import names as cluster_source_names
@@ -33,10 +34,10 @@ REFUSED = "refused"  # accepted only to be refused, saying why (reason), unless 
 PADDLE18, TORCHRUN, PADDLE3, FLEETRUN = "Paddle 1.8", "torchrun", "Paddle 2.6/3.x", "fleetrun"
 
 # --help's sections, in order
-JOB, PLACEMENT, NODES, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
-    "The job", "Workers on CPUs", "The nodes", "Elastic jobs", "Health checks", "Logs and output", "Watching the job",
-    "Parameter servers", "torchrun's spellings", "Paddle 2.x/3.x spellings")
-GROUPS = (JOB, PLACEMENT, NODES, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
+JOB, PLACEMENT, NODES, SSH, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP = (
+    "The job", "Workers on CPUs", "The nodes", "The whole cluster over ssh", "Elastic jobs", "Health checks",
+    "Logs and output", "Watching the job", "Parameter servers", "torchrun's spellings", "Paddle 2.x/3.x spellings")
+GROUPS = (JOB, PLACEMENT, NODES, SSH, ELASTIC, HEALTH, LOGS, WATCH, PS, TORCHRUN_GROUP, PADDLE_GROUP)
 
 # what the code asks of a row by its tag (Row.tags), never by a list of names of its own
 NAMES_NODES = "names the nodes"  # torchrun's and Paddle's ways of naming the nodes, which may not be mixed
@@ -44,6 +45,7 @@ LISTS_NODES = "lists the nodes"  # given, the nodes are listed: they do not take
 KUBEFLOW_NODES = "Kubeflow's"  # its PET_* variable in a job of fixed size is the Kubeflow cluster source's
 PARAMETER_SERVERS = "parameter servers"  # given, it asks for a parameter-server job
 FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
+OVER_SSH = "over ssh"  # the command that starts every host over ssh (--hostfile): not passed on to the hosts
 
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -186,6 +188,36 @@ ROWS = (
           click={"type": Seconds(0.5), "default": 3.0, "show_default": True, "metavar": "SECONDS"}),
     _ours("join_timeout", NODES, "Several nodes: a node that has not joined after this long is named, and the job "
           "stops.", click={"type": Seconds(0.5), "default": 300.0, "show_default": True, "metavar": "SECONDS"}),
+    # ---------------------------------------------------------------- the whole cluster over ssh
+    _ours("hostfile", SSH, "Start the job on every host of FILE over ssh, from this one command (docs/cluster-ssh.md): a "
+          "line a host, 'host slots=N' (DeepSpeed's, Open MPI's), 'host:N' (horovodrun's) or 'host' (its default "
+          "workers); # starts a comment.", tags=(NAMES_NODES, LISTS_NODES, OVER_SSH), click={"metavar": "FILE"}),
+    _ours("hosts", SSH, "The hosts as horovodrun's -H: h1:4,h2:2,h3 (instead of --hostfile).", short=("-H",),
+          tags=(NAMES_NODES, LISTS_NODES, OVER_SSH), click={"metavar": "HOST[:N],..."}),
+    _ours("include", SSH, "Only these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0,2@host2.",
+          tags=(OVER_SSH,), click={"metavar": "HOST[:IDS]@..."}),
+    _ours("exclude", SSH, "All but these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0@host3.",
+          tags=(OVER_SSH,), click={"metavar": "HOST[:IDS]@..."}),
+    _ours("remote_python", SSH, "The Python the hosts run the launcher with. Default: this command's own "
+          "(sys.executable), in the same working directory.", tags=(OVER_SSH,), click={"metavar": "PATH"}),
+    _ours("ssh_port", SSH, "The hosts' ssh port (default: ssh's own, from ~/.ssh/config or 22).", tags=(OVER_SSH,),
+          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+    _ours("ssh_identity_file", SSH, "The private key ssh offers the hosts (horovodrun's option).", tags=(OVER_SSH,),
+          click={"metavar": "FILE"}),
+    _ours("ssh_args", SSH, "More arguments for every ssh command, split as a shell would: '-F my_config -o "
+          "ProxyJump=gw'.", tags=(OVER_SSH,), click={"metavar": "ARGS"}),
+    _ours("ssh_connect_timeout", SSH, "Seconds within which each host must answer ssh; one that does not is named, and "
+          "nothing starts.", tags=(OVER_SSH,),
+          click={"type": Seconds(1.0), "default": 10.0, "show_default": True, "metavar": "SECONDS"}),
+    _ours("ssh_fanout", SSH, "Hosts checked and started at once (pdsh's default).", tags=(OVER_SSH,),
+          click={"type": Whole(1, 1024, "a number of hosts"), "default": 32, "show_default": True, "metavar": "N"}),
+    _ours("env", JOB, "A variable for every worker, NAME=VALUE (again for more); with --hostfile, for every host's.",
+          click={"type": EnvSetting(), "multiple": True, "metavar": "NAME=VALUE"}),
+    _ours("env_file", JOB, "Variables for every worker from FILE, a NAME=VALUE a line (DeepSpeed's .deepspeed_env).",
+          click={"metavar": "FILE"}),
+    _ours("node_workers", NODES, "Each node's number of workers, by node rank, where the nodes differ (4,2,8); "
+          "--hostfile gives it to each host. Default: this node's on every node.", listed=True,
+          click={"type": CountList(), "default": (), "metavar": "N,..."}),
     # ---------------------------------------------------------------- elastic jobs
     _torchrun("rdzv_backend", ELASTIC, "static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node "
               "0's launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. etcd "

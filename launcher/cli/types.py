@@ -119,3 +119,32 @@ class CheckNames(click.ParamType):
             return read_check_names(value)
         except ValueError as e:
             self.fail(f"{e}.", param, ctx)
+
+
+class EnvSetting(click.ParamType):
+    """--env NAME=VALUE: a variable for the workers, as a (name, value) pair; the value is kept exactly."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):  # already read (the config file's)
+            return value
+        name, equals, text = str(value).partition("=")
+        if not equals or not name or "\0" in value or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            self.fail(f"{value!r} is not NAME=VALUE with a variable name of letters, digits and _ (not first a digit); "
+                      "give it as --env NAME=VALUE.", param, ctx)
+        return (name, text)
+
+
+class CountList(click.ParamType):
+    """--node_workers: a comma list of whole numbers of workers, each 1 or more."""
+
+    name = "N,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [item.strip() for item in str(value).split(",")]
+        if not all(item.isascii() and item.isdigit() and 1 <= int(item) <= 65535 for item in items):
+            self.fail(f"{value!r} is not a comma list of numbers of workers from 1 to 65535, such as 4,2,8.", param, ctx)
+        return tuple(int(item) for item in items)
