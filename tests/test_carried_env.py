@@ -106,6 +106,7 @@ def test_the_env_file_forms():
         "NCCL_DEBUG": "WARN", "PADDED": "both sides stripped, as DeepSpeed does", "EQUALS": "=a=b", "EMPTY": "",
         "HASH": "x#y", "QUOTED": "\"a b\" 'c'", "DOLLAR": "$HOME/${USER}`id`", "UNICODE": "héllo ✓"}
     assert parse_env_file("", "f") == {} == parse_env_file("\n# nothing\n", "f")
+    assert parse_env_file("\ufeffA=1\n", "f") == {"A": "1"}  # a UTF-8 file some editors mark first
 
 
 FORM = "NAME=VALUE, the name of letters, digits and _ (not first a digit)"

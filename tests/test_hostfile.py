@@ -53,6 +53,7 @@ def test_forms_mix_in_one_file_with_comments_and_blank_lines_in_hostfile_order()
     text = ("# the cluster\n\nnode3 slots=4\r\n  # indented comment\nnode1:2\n\t\nnode2   # default slots\n"
             "[fd00::9]:1\n")
     assert parse_hostfile(text, "h") == (Host("node3", 4), Host("node1", 2), Host("node2"), Host("fd00::9", 1))
+    assert parse_hostfile("\ufeffnode1:2\n", "h") == (Host("node1", 2),)  # a UTF-8 file some editors mark first
 
 
 DOCUMENTED = """\

@@ -15,6 +15,7 @@ from typing import Dict, Mapping, Sequence
 
 from launcher import envvars as ev
 from launcher.errors import LaunchError
+from launcher.plan.hostfile import BOM
 
 # (a name, or a prefix ending in *; why it is not carried)
 DROPPED = (
@@ -74,7 +75,7 @@ def parse_env_file(text: str, source: str) -> Dict[str, str]:
     the spaces around them (as DeepSpeed does); the value is taken as written, no shell: quotes and ``$`` stay.
     Blank lines and lines that start with ``#`` are skipped; a later line of a name wins."""
     env = {}
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, line in enumerate(text.removeprefix(BOM).split("\n"), 1):
         line = line.strip()
         if line and not line.startswith("#"):
             name, equals, value = line.partition("=")

@@ -29,6 +29,7 @@ from launcher.errors import LaunchError
 FORMS = "HOST slots=N, HOST:N or HOST alone"
 IGNORED_KEYS = ("max_slots", "max-slots")  # Open MPI's cap for oversubscribing a host, which the launcher never does
 _EQUALS = re.compile(r"\s*=\s*")  # Open MPI takes "slots = 4" too
+BOM = "\ufeff"  # what some editors write first in a UTF-8 file
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Host:
 def parse_hostfile(text: str, source: str) -> Tuple[Host, ...]:
     """The hosts of a hostfile, in its order; ``source`` names the file in refusals (``hosts.txt:3``)."""
     placed = []
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, line in enumerate(text.removeprefix(BOM).split("\n"), 1):
         words = _EQUALS.sub("=", line.partition("#")[0]).split()
         if words:
             where = f"{source}:{number}"
