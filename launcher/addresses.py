@@ -26,7 +26,7 @@ class NotAnAddress(ValueError):
 
 def split(text, default_port: Optional[int] = None) -> Tuple[str, int]:
     """``HOST[:PORT]`` as (host, port), the host without brackets; no port: ``default_port`` (None: one is needed)."""
-    host, port = _parts(str(text).strip())
+    host, port = parts(str(text).strip())
     if not is_host(host):
         raise NotAnAddress("is not HOST:PORT" if host else "has no host before its port")
     if port is None and default_port is None:
@@ -37,8 +37,9 @@ def split(text, default_port: Optional[int] = None) -> Tuple[str, int]:
     return host, default_port if port is None else int(port)
 
 
-def _parts(text: str) -> Tuple[str, Optional[str]]:
-    """(host, port text or None) of ``HOST[:PORT]``, ``[V6][:PORT]`` or a bare IPv6 address."""
+def parts(text: str) -> Tuple[str, Optional[str]]:
+    """(host, the text after its colon or None) of ``HOST[:TAIL]``, ``[V6][:TAIL]`` or a bare IPv6 address, unchecked:
+    a port here, a hostfile's slots or GPU ids elsewhere (``launcher.plan.hostfile``)."""
     if text.startswith("["):
         inside, closed, rest = text[1:].partition("]")
         if not closed or ":" not in inside or (rest and not rest.startswith(":")):
