@@ -24,8 +24,9 @@ from launcher.plan.planner import make_plan
 from launcher.run import attempts, limits
 
 
-def run(request: Request, env=os.environ) -> int:
-    """Run the request on this node to its end; the launcher's exit code."""
+def run(request: Request, env=os.environ, on_end=None) -> int:
+    """Run the request on this node to its end; the launcher's exit code. ``on_end(code, cause)``: told the job's end
+    and its root cause (None for a good end)."""
     for name, source in sorted(request.sources.items()):
         if source != DEFAULT:
             log.debug("--%s from %s", name, source if source.startswith("PET_") else f"the {source}")
@@ -44,7 +45,7 @@ def run(request: Request, env=os.environ) -> int:
             log.warning(note)
         if request.print_config:
             console.write(2, (reports.format_plan(plan) + "\n").encode(errors="replace"))
-        return attempts.run(plan, tuple(reserved), coordinator=coordinator, warm=warm)
+        return attempts.run(plan, tuple(reserved), coordinator=coordinator, warm=warm, on_end=on_end)
 
 
 def _check_warm_start(request: Request) -> None:

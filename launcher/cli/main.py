@@ -57,9 +57,14 @@ def launch(ctx: click.Context, **values) -> int:
     """
     from launcher.cli import job
 
+    obj = ctx.obj or {}
+    if values.get("hostfile") or values.get("hosts"):  # every host over ssh, from this command
+        from launcher.cli import cluster
+
+        return cluster.run(ctx, values, obj.get("argv") or [])
     request = requests.resolve(ctx, values, os.environ)
     setup_messages(request.log_level)
-    return job.run(request)
+    return job.run(request, on_end=obj.get("on_end"))
 
 
 def request_of(argv: list, env=None, prog: str = DEFAULT_PROG) -> "requests.Request":
@@ -149,10 +154,15 @@ def prog_name(argv0: str) -> str:
 
 def main(argv=None) -> None:
     streams.open_standard_streams()
-    args = list(sys.argv[1:] if argv is None else argv)
+    os._exit(run_command(list(sys.argv[1:] if argv is None else argv)))  # the interpreter's teardown only costs time
+
+
+def run_command(args: list, on_end=None) -> int:
+    """Run one command line to its end (everything flushed and stopped); its exit code. ``on_end(code, cause)``: told
+    the job's end and its root cause (``launcher.cli.over_ssh``)."""
     command, args, prog = command_for(args, prog_name(sys.argv[0] if sys.argv else ""))
     try:
-        code = command.main(args=args, prog_name=prog, standalone_mode=False)
+        code = command.main(args=args, prog_name=prog, standalone_mode=False, obj={"argv": args, "on_end": on_end})
     except streams.StdoutLost as e:
         code = streams.stdout_lost_code(e.error)
     except (LaunchError, click.ClickException) as e:
@@ -168,4 +178,4 @@ def main(argv=None) -> None:
         error("internal error of the launcher (a bug: please report it with the traceback above); the workers were stopped.")
         code = 1
     streams.finish_output()
-    os._exit(code or 0)  # everything is flushed and stopped; the interpreter's teardown only costs time
+    return code or 0

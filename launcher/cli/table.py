@@ -191,9 +191,9 @@ ROWS = (
     # ---------------------------------------------------------------- the whole cluster over ssh
     _ours("hostfile", SSH, "Start the job on every host of FILE over ssh, from this one command (docs/cluster-ssh.md): a "
           "line a host, 'host slots=N' (DeepSpeed's, Open MPI's), 'host:N' (horovodrun's) or 'host' (its default "
-          "workers); # starts a comment.", tags=(NAMES_NODES, LISTS_NODES, OVER_SSH), click={"metavar": "FILE"}),
+          "workers); # starts a comment.", tags=(OVER_SSH,), click={"metavar": "FILE"}),
     _ours("hosts", SSH, "The hosts as horovodrun's -H: h1:4,h2:2,h3 (instead of --hostfile).", short=("-H",),
-          tags=(NAMES_NODES, LISTS_NODES, OVER_SSH), click={"metavar": "HOST[:N],..."}),
+          tags=(OVER_SSH,), click={"metavar": "HOST[:N],..."}),
     _ours("include", SSH, "Only these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0,2@host2.",
           tags=(OVER_SSH,), click={"metavar": "HOST[:IDS]@..."}),
     _ours("exclude", SSH, "All but these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0@host3.",

@@ -32,12 +32,12 @@ STORE_DRAIN = 60.0  # seconds node 0's store serves the workers of a node not ye
 
 def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = None,
         clock: Optional[Clock] = None, coordinator: Optional[Callable[[Plan], Coordinator]] = None,
-        warm=None) -> int:
+        warm=None, on_end: Optional[Callable] = None) -> int:
     """Start the plan's workers, supervise them to the end (and again after a failure, up to
     ``plan.max_restarts`` times), and return the launcher's exit code.
 
     ``reserved``: sockets holding ports for the workers (rank 0's store), kept until the end. ``warm``: the workers
-    started ahead of the first round (``launcher.run.warm``), woken as its workers.
+    started ahead of the first round (``launcher.run.warm``), woken as its workers. ``on_end(code, cause)``: told the end.
     ``starter``, ``clock``: the real ones by default. ``coordinator``: makes the job's coordinator
     across nodes, once the launch is set up (``launcher.nodes.static.job.for_plan`` by default).
     """
@@ -71,6 +71,8 @@ def run(plan: Plan, reserved: tuple = (), starter: Optional[ProcessStarter] = No
                 _tell_the_end(job, code, started, launch.clock)
                 cause = job.final_cause()
                 launch.events.write("job_ended", code=code, cause=cause.text if cause is not None else None)
+                if on_end is not None:
+                    on_end(code, cause)
                 console.finish()  # bounded: a console nobody reads never holds the end
                 launch.records.record("ended", code, console=console.note)
                 if code == 0 and launch.plan.control is not None:

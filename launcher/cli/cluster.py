@@ -1,0 +1,260 @@
+"""The whole cluster from one command: ``--hostfile FILE`` (or ``--hosts H:N,...``) starts the job's launcher on every
+host over ssh (``launcher.run.over_ssh``), each a node of an ordinary job in hostfile order, after every host passed
+the check; one table says each host's address, workers, ranks and what failed. The job's exit code is its nodes'
+(they agree), and the host and rank of its root cause are named; a signal to this command stops every host."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import secrets
+import shlex
+import sys
+from typing import Mapping, Optional, Sequence
+
+import click
+
+import launcher
+from launcher.cli import request as requests
+from launcher.cli import table
+from launcher.envvars import JOB_TOKEN
+from launcher.errors import LaunchError
+from launcher.output.console import console, setup_messages
+from launcher.output.messages import log
+from launcher.plan import carried_env, hostfile, over_ssh
+
+SET_FOR_EACH_HOST = ("cluster_env", "cluster_node_ips", "node_ip", "nproc_per_node", "started_port", "node_workers",
+                     "env", "env_file")  # given to each host by this command, so not passed on as the user gave them
+REFUSED_WITH = ("selected_gpus",)  # --include HOST:IDS says it per host
+DEFAULT_RUN = 16  # ports asked about beside the control port, where a host's workers are not known yet
+LOCAL_NAMES = ("localhost",)
+
+
+def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
+    """Check every host, print the table, run the job on all of them; the job's exit code."""
+    from launcher.run.over_ssh import FanOut, Remote
+
+    on_line = requests.given_in(ctx)
+    named = {name for name in values if on_line(name)}  # before any stand-in
+    given = named.__contains__
+    request = _request(ctx, values, given)
+    _refuse_mixed(given, request)
+    hosts = _hosts(values)
+    reach = over_ssh.Reach(python=values.get("remote_python") or sys.executable, directory=os.getcwd(),
+                           port=values.get("ssh_port"), identity_file=values.get("ssh_identity_file"),
+                           extra=tuple(_split(values.get("ssh_args"))),
+                           connect_timeout=values["ssh_connect_timeout"])
+    env = _environment(values)
+    local = _local_names()
+    remotes = [Remote(i, h.name, over_ssh.local_command(reach) if h.name in local else over_ssh.ssh_command(h.name, reach),
+                      f"[{h.name}] ".encode()) for i, h in enumerate(hosts)]
+    fan = FanOut(remotes, reach, values["ssh_fanout"], stop_node_0_only=request.elastic is None)
+    fan.catch_signals()
+    opts = request.options
+    starts = over_ssh.candidate_starts(values.get("started_port"), random.Random().randrange)
+    limit = max([h.slots or 0 for h in hosts] + [_int(opts.nproc_per_node), DEFAULT_RUN]) + 1
+    try:
+        probe = over_ssh.probe_request(opts.training_script if not (opts.module or opts.no_python) else None,
+                                       values.get("config"), starts, limit)
+        if not fan.check(probe):
+            return 128 + fan.signals[0]
+        placed = _place(hosts, remotes, reach, opts, values)
+        start = over_ssh.common_start(starts, [r.facts.get("free") if r.facts else [] for r in remotes],
+                                      [p["workers"] + 1 for p in placed])
+        _show_table(hosts, remotes, placed, request.elastic is not None)
+        _refuse_unfit(remotes, placed, start, values.get("started_port"))
+        names = [p["address"] for p in placed]
+        counts = [p["workers"] for p in placed]
+        base = _passed_on(argv)
+        elastic, endpoint_given = request.elastic is not None, given("rdzv_endpoint")
+        runs = {p["node"]: {"argv": over_ssh.host_options(names, p["node"], counts, p["gpus"], start, elastic,
+                                                          endpoint_given) + base, "env": env} for p in placed}
+        sig = fan.run(runs, opts.shutdown_timeout)
+        return 128 + sig if sig is not None else _outcome(remotes)
+    finally:
+        fan.close()
+
+
+# ---------------------------------------------------------------- the hosts
+
+
+def _hosts(values: Mapping) -> tuple:
+    if values.get("hostfile") and values.get("hosts"):
+        raise LaunchError("--hostfile and --hosts both name the hosts; give one of them.")
+    if values.get("hostfile"):
+        hosts = hostfile.parse_hostfile(_read(values["hostfile"], "--hostfile"), values["hostfile"])
+    else:
+        hosts = hostfile.parse_hosts(values["hosts"])
+    return hostfile.select(hosts, values.get("include"), values.get("exclude"))
+
+
+def _read(path: str, option: str) -> str:
+    from launcher.host import files
+
+    try:
+        return files.read_regular(path, 1 << 20).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise LaunchError(f"{option} {path} does not exist; check the path.") from None
+    except (OSError, files.NotReadable) as e:
+        raise LaunchError(f"{option} {path} cannot be read ({getattr(e, 'strerror', None) or e}); give a text file.") from None
+
+
+def _request(ctx: click.Context, values: Mapping, given):
+    """The request as each host will read it. An elastic job's membership is kept by node 0's launcher (c10d) at a
+    port chosen later: a stand-in endpoint lets the request be read here."""
+    from launcher.plan.parsing import NodeRange
+
+    nodes = values.get("nnodes")
+    if isinstance(nodes, NodeRange) and nodes.elastic and not given("rdzv_endpoint") and not given("master"):
+        stand_ins = {"rdzv_endpoint": "127.0.0.1", **({} if given("rdzv_backend") else {"rdzv_backend": "c10d"})}
+        values = {**values, **stand_ins}
+        for name in stand_ins:
+            ctx.set_parameter_source(name, click.core.ParameterSource.COMMANDLINE)
+    request = requests.resolve(ctx, dict(values), os.environ)
+    setup_messages(request.log_level)
+    return request
+
+
+def _refuse_mixed(given, request) -> None:
+    """The options that name the nodes another way, or choose GPUs for every host, refused beside --hostfile; but an
+    elastic job's membership in etcd, which no host keeps."""
+    backend = getattr(request.elastic, "backend_row", None)
+    for row in table.ROWS:
+        if row.name == "rdzv_endpoint" and backend is not None and not backend.has_node_0:
+            continue
+        if given(row.name) and table.OVER_SSH not in row.tags and (
+                table.NAMES_NODES in row.tags or row.name in REFUSED_WITH or row.name in ("node_ip", "node_workers")):
+            shown = row.shown[0]
+            raise LaunchError(f"{shown} cannot be given with --hostfile or --hosts, which place every node (and "
+                              "--include HOST:IDS its GPUs); leave it out.")
+
+
+def _local_names() -> frozenset:
+    """The host names that are this machine (localhost, and the addresses of its interfaces): they run without ssh."""
+    import psutil
+
+    return frozenset(LOCAL_NAMES) | {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+
+
+def _place(hosts, remotes, reach: over_ssh.Reach, opts, values) -> list:
+    """Each host's node, address, workers, GPU ids and problems, from its facts."""
+    expected = {"python": platform.python_version(), "launcher": launcher.__version__, "directory": reach.directory,
+                "script": opts.training_script if not (opts.module or opts.no_python) else None, "config": values.get("config")}
+    command_address = next((r.facts.get("command_address") for r in remotes if r.facts and r.facts.get("command_address")),
+                           None)
+    placed = []
+    for host, remote in zip(hosts, remotes):
+        facts = remote.facts or {}
+        problems = [remote.failure] if remote.failure else over_ssh.fact_problems(facts, expected)
+        workers, gpus = 0, None
+        if remote.facts is not None:
+            gpu_count = facts.get("gpus") if isinstance(facts.get("gpus"), int) else 0
+            default = _int(opts.nproc_per_node) or gpu_count or 2
+            try:
+                workers, gpus = hostfile.resolve(host, default, tuple(range(gpu_count)))
+            except LaunchError as e:
+                problems.append(str(e).rstrip("."))
+        address = facts.get("address") or "?"
+        if address == "127.0.0.1" and command_address and not facts.get("command_address"):
+            address = command_address  # this machine, run without ssh: where the other hosts reached it
+        placed.append({"node": remote.node, "address": str(address), "workers": workers, "gpus": gpus,
+                       "problems": problems})
+    return placed
+
+
+def _refuse_unfit(remotes, placed, start, given_port) -> None:
+    unfit = [(r, p) for r, p in zip(remotes, placed) if p["problems"]]
+    if unfit:
+        remote, p = unfit[0]
+        more = f" (and {len(unfit) - 1} more host(s), in the table above)" if len(unfit) > 1 else ""
+        raise LaunchError(f"host {remote.name} cannot take part: {'; '.join(p['problems'])}{more}; nothing was started.")
+    if start is None:
+        if given_port is not None:
+            raise LaunchError(f"--started_port {given_port} (and the control port {given_port - 1} before it) is not "
+                              "free on every host; give another port, or leave it out to have free ones chosen.")
+        raise LaunchError("no run of ports was free on every host; give --started_port.")
+
+
+def _show_table(hosts, remotes, placed, elastic: bool) -> None:
+    """The table of the check: in an elastic job, ranks follow each round, not the hostfile."""
+    from launcher.output.hosts_table import hosts_table
+
+    first = 0
+    rows = []
+    for host, remote, p in zip(hosts, remotes, placed):
+        ranks = f"{first}-{first + p['workers'] - 1}" if p["workers"] > 1 else (str(first) if p["workers"] else "-")
+        ranks = "by round" if elastic and p["workers"] else ranks
+        first += p["workers"]
+        rows.append((host.name, p["address"], str(p["workers"] or "-"), ranks, "; ".join(p["problems"]) or "ok"))
+    console.write(2, hosts_table(rows).encode(errors="replace"))
+
+
+# ---------------------------------------------------------------- what each host gets
+
+
+def _environment(values: Mapping) -> dict:
+    """The command's environment less what describes this machine, the env file's lines and --env; a job token."""
+    file_env = {}
+    if values.get("env_file"):
+        file_env = carried_env.parse_env_file(_read(values["env_file"], "--env_file"), values["env_file"])
+    env = carried_env.carried(os.environ, file_env, dict(values.get("env") or ()))
+    env.setdefault(JOB_TOKEN, secrets.token_hex(16))  # the nodes prove to each other that they are this job's
+    return env
+
+
+def _passed_on(argv: Sequence[str]) -> list:
+    """The command line less the options this command uses itself or sets for each host."""
+    names = {row.name for row in table.ROWS if table.OVER_SSH in row.tags} | set(SET_FOR_EACH_HOST)
+    takes_value, dropped = {}, set()
+    for row in table.ROWS:
+        for spelling in (*row.spellings, *row.short):
+            takes_value[spelling] = not row.click.get("is_flag")
+            if row.name in names:
+                dropped.add(spelling)
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            return out + list(argv[i:])
+        name, equals, _ = token.partition("=")
+        short = token[:2] if not token.startswith("--") and len(token) > 2 else None
+        key = short if short in takes_value else name
+        width = 1 if equals or short or not takes_value.get(key, False) else 2
+        if key not in dropped:
+            out += argv[i:i + width]
+        i += width
+    return out
+
+
+# ---------------------------------------------------------------- the end
+
+
+def _outcome(remotes) -> int:
+    """The job's exit code, the root cause's host and rank named: the nodes agree on both."""
+    ends = [r for r in remotes if isinstance(r.end, dict)]
+    cause = next((r.end["cause"] for r in ends if isinstance(r.end.get("cause"), dict)), None)
+    codes = [r.end["end"] for r in ends if isinstance(r.end.get("end"), int)]
+    lost = [r for r in remotes if r.end is None]
+    code = next((c for c in codes if c != 0), 0 if codes else 255)
+    if cause is not None:
+        node = cause.get("node")
+        where = remotes[node].name if isinstance(node, int) and 0 <= node < len(remotes) else "?"
+        log.error("the job stopped: %s, on host %s; exit code %d", cause.get("text"), where, code)
+    elif lost and code == 0:
+        code = 255
+    for remote in lost:
+        log.error("host %s ended its ssh session (exit code %s) before its launcher said how the job ended",
+                  remote.name, remote.proc.returncode if remote.proc else None)
+    return code
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _split(text: Optional[str]) -> list:
+    try:
+        return shlex.split(text or "")
+    except ValueError as e:
+        raise LaunchError(f"--ssh_args {text!r} cannot be split as a shell would ({e}); check its quotes.") from None

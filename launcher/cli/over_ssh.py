@@ -1,0 +1,85 @@
+"""A host's launcher under ``--hostfile``'s command (``python -m launcher.cli.over_ssh``, which that command's ssh
+session runs in the command's working directory): it answers the check with this host's facts, then runs the job the
+command sends, a node of an ordinary job, with the command's environment, and ends with the job's exit code and root
+cause. Its stdin is its lifeline (``launcher.run.lifeline``): a stop, its end or its silence stops the workers.
+
+The command line and the environment arrive on stdin, so that neither is on any process's command line; the lifeline
+is moved off descriptor 0 first, so that no child ever reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from launcher.plan import over_ssh
+from launcher.run import lifeline
+
+BAD_REQUEST = 2
+
+
+def main() -> None:
+    from launcher.output import standard_streams
+
+    reader = lifeline.LineReader(_lifeline_fd())
+    standard_streams.open_standard_streams()
+    request = _next_request(reader)
+    if request is None or not isinstance(request.get("probe"), dict):
+        os._exit(BAD_REQUEST)
+    from launcher.host import remote_facts
+
+    _tell(over_ssh.line(facts=remote_facts.facts(request["probe"], os.environ)))
+    request = _next_request(reader)
+    if request is None or not _is_run(request.get("run")):  # the command went on without this host
+        os._exit(0)
+    os.environ.update(request["run"]["env"])
+    lifeline.watch(reader)
+    causes = []
+    from launcher.cli.main import run_command
+
+    code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause))
+    cause = causes[0].as_dict() if causes and causes[0] is not None else None
+    _tell(over_ssh.line(end=code, cause=cause))
+    os._exit(code)
+
+
+def _lifeline_fd() -> int:
+    """The ssh session's stdin on a descriptor of its own (closed on exec), and /dev/null on descriptor 0."""
+    fd = os.dup(0)
+    os.set_inheritable(fd, False)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return fd
+
+
+def _next_request(reader: lifeline.LineReader):
+    """The next line of the command that is not a beat; None when the stream ends, stays silent or asks a stop."""
+    while True:
+        line = reader.next(over_ssh.SILENT_AFTER)
+        if line is None or line is lifeline.EOF:
+            return None
+        fields = over_ssh.read_line(line)
+        if fields is None or "stop" in fields:
+            return None
+        if "beat" not in fields:
+            return fields
+
+
+def _is_run(run) -> bool:
+    return (isinstance(run, dict) and isinstance(run.get("argv"), list) and all(isinstance(a, str) for a in run["argv"])
+            and isinstance(run.get("env"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+                    for k, v in run["env"].items()))
+
+
+def _tell(data: bytes) -> None:
+    """A lifeline line on stdout, whole: between the console's writes, never inside one."""
+    from launcher.output.console import console
+
+    console.write(1, data)
+    console.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The whole cluster from one command (``--hostfile``, ``--hosts``): how each host is reached (the ssh command, or
+none for this machine), the lifeline's lines between the command and each host's launcher, what a failed ssh means
+in one reason, the ports every host has free, and each host's own launch options. Pure.
+
+The lifeline is the ssh session itself. The command writes JSON lines to each host's launcher on its stdin: the
+check (``probe``), then the job (``run``: its command line and environment, never on any process's command line),
+then a ``beat`` every ``BEAT_EVERY`` seconds and, to stop, ``stop`` with the signal. The host's launcher answers on
+its stdout, each line behind ``MARKER`` so that the workers' output around it is never taken for one: the host's
+facts (``facts``), and at its end the exit code and the job's root cause (``end``). A launcher whose stdin ends (the
+command, its ssh or its machine gone) or stays silent for ``SILENT_AFTER`` stops its workers by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from launcher.untrusted import json_object
+
+MARKER = b"\x1elauncher-over-ssh "  # a record separator first: no program prints it at the start of a line
+BEAT_EVERY = 2.0  # seconds between the command's beats to each host
+SILENT_AFTER = 20.0  # seconds without a line from the command after which a host's launcher stops its workers
+MAX_LINE = 16 << 20  # bytes of one lifeline line: a job's environment fits many times over
+NO_FOLDER, NO_PYTHON = 201, 127  # the remote command's exit codes: no working directory, no Python
+REMOTE_MODULE = "launcher.cli.over_ssh"
+PORT_TRIES = 8  # candidate port runs each host checks at once
+PORT_LOW, PORT_HIGH = 20000, 32000  # where candidate runs are drawn: below Linux's ephemeral ports (32768 on)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How every host is reached: the options of the command that make its ssh command line."""
+
+    python: str  # the hosts' Python (--remote_python; default the command's own)
+    directory: str  # the working directory, the same on every host
+    port: Optional[int] = None  # --ssh_port
+    identity_file: Optional[str] = None  # --ssh_identity_file
+    extra: tuple = ()  # --ssh_args, split
+    connect_timeout: float = 10.0
+
+
+def remote_command(reach: Reach) -> str:
+    """What a host's login shell runs: the launcher's lifeline end, in the command's working directory."""
+    return (f"cd -- {shlex.quote(reach.directory)} 2>/dev/null || exit {NO_FOLDER}; "
+            f"exec {shlex.quote(reach.python)} -m {REMOTE_MODULE}")
+
+
+def ssh_command(host: str, reach: Reach) -> list:
+    """The ssh client's command line for ``host``: never a prompt (BatchMode: an unknown host key or a password
+    refuses at once), a bounded connect, a dead peer noticed in 15 s. The user's --ssh_args come first, so that
+    theirs win (ssh takes the first value of an option)."""
+    options = [*reach.extra, "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(reach.connect_timeout))}",
+               "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    if reach.port is not None:
+        options += ["-p", str(reach.port)]
+    if reach.identity_file:
+        options += ["-i", reach.identity_file]
+    return ["ssh", *options, "--", host, remote_command(reach)]
+
+
+def local_command(reach: Reach) -> list:
+    """The same for this machine, without ssh."""
+    return ["/bin/sh", "-c", remote_command(reach)]
+
+
+# ---------------------------------------------------------------- the lifeline's lines
+
+
+def line(**fields) -> bytes:
+    return MARKER + json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+
+
+def read_line(data: bytes) -> Optional[dict]:
+    """A lifeline line's fields; None for any other line (a worker's output) or a broken one."""
+    if not data.startswith(MARKER):
+        return None
+    return json_object(data[len(MARKER):].rstrip(b"\r\n"))
+
+
+# ---------------------------------------------------------------- what went wrong with a host
+
+_SSH_REASONS = (  # (text in ssh's stderr, the reason), first match wins
+    ("Could not resolve hostname", "its name does not resolve; check the hostfile or /etc/hosts"),
+    ("Host key verification failed", "its host key is not known here (ssh asks no question in batch mode); add it "
+                                     "with ssh-keyscan HOST >> ~/.ssh/known_hosts"),
+    ("No ED25519 host key is known", "its host key is not known here; add it with ssh-keyscan"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "its host key changed; check the host, then ssh-keygen -R HOST"),
+    ("password", "it asks for a password (ssh asks none in batch mode); give it your public key (ssh-copy-id)"),
+    ("keyboard-interactive", "it asks for a password (ssh asks none in batch mode); give it your public key"),
+    ("Permission denied", "it refuses the key; give it your public key (ssh-copy-id), or --ssh_identity_file"),
+    ("banner exchange", "it accepted the connection but never answered ssh"),
+    ("timed out", "it did not answer ssh"),
+    ("Connection refused", "it refuses connections on the ssh port (is sshd running? --ssh_port)"),
+    ("No route to host", "there is no route to it"),
+    ("Network is unreachable", "its network is unreachable"),
+    ("Connection closed", "it closed the connection"),
+    ("Connection reset", "it reset the connection"),
+)
+
+
+def failure_reason(code: int, stderr: str, reach: Reach) -> str:
+    """Why a host's ssh session ended before it answered the check, in words, from its exit code and stderr."""
+    if code == NO_FOLDER:
+        return f"it has no folder {reach.directory} (the command's working directory)"
+    if code == NO_PYTHON:
+        return f"it has no {reach.python} (give --remote_python)"
+    if "No module named" in stderr:
+        return f"its {reach.python} has no launcher installed (pip install it there, or give --remote_python)"
+    if code == 255:
+        for text, reason in _SSH_REASONS:
+            if text in stderr:
+                return reason
+    last = next((s for s in reversed(stderr.strip().splitlines()) if s.strip()), "")
+    return f"its ssh session ended with exit code {code}" + (f": {last.strip()[:300]}" if last else "")
+
+
+# ---------------------------------------------------------------- the check's facts
+
+
+def probe_request(script: Optional[str], config: Optional[str], starts: Sequence[int], limit: int) -> dict:
+    """What the command asks each host: whether these files are there, and how many ports are free in a row from
+    each of ``starts`` (up to ``limit``)."""
+    return {"script": script, "config": config, "starts": list(starts), "limit": limit}
+
+
+def fact_problems(facts: Mapping, expected: Mapping) -> list:
+    """What makes a host unfit, each in words: another Python or launcher version than the command's, a missing
+    script or config file."""
+    problems = []
+    for key, what in (("python", "Python"), ("launcher", "launcher")):
+        if facts.get(key) != expected.get(key):
+            problems.append(f"{what} {facts.get(key)} there, {expected.get(key)} here")
+    for key in ("script", "config"):
+        if expected.get(key) and facts.get(f"{key}_found") is not True:
+            problems.append(f"no {expected[key]} in {expected.get('directory')}")
+    return problems
+
+
+def candidate_starts(given: Optional[int], draw) -> tuple:
+    """The ports each host is asked about, each the first of a run (the control port, then the workers'): the one
+    before the user's --started_port, or PORT_TRIES drawn by ``draw(low, high)``."""
+    if given is not None:
+        return (max(1, given - 1),)
+    return tuple(draw(PORT_LOW, PORT_HIGH) for _ in range(PORT_TRIES))
+
+
+def common_start(starts: Sequence[int], free_runs: Sequence[Sequence[int]], needs: Sequence[int]) -> Optional[int]:
+    """The first of ``starts`` with, on every host, as many free ports after it as the host needs (``free_runs``:
+    each host's answer, a run length for each start); None when no start has."""
+    for index, start in enumerate(starts):
+        if all(_run(free, index) >= need for free, need in zip(free_runs, needs)):
+            return start
+    return None
+
+
+def _run(free, index: int) -> int:
+    value = free[index] if isinstance(free, list) and index < len(free) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def host_options(names: Sequence[str], node: int, counts: Sequence[int], gpus: Optional[tuple], start: int,
+                 elastic: bool = False, endpoint_given: bool = False) -> list:
+    """The options each host's launcher is given over the user's. A fixed job: the nodes in hostfile order, its own
+    address and workers, each node's workers where they differ, the worker ports after the control port ``start``.
+    An elastic one: node 0's launcher keeps the membership at ``start`` (unless the user named the rendezvous), and
+    each host joins it with its own address and workers. The plan table is node 0's alone."""
+    options = ["--node_ip", names[node], "--nproc_per_node", str(counts[node])]
+    if elastic:
+        if not endpoint_given:
+            options += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{_bracketed(names[0])}:{start}"]
+    else:
+        options += ["--cluster_env", "cli", "--cluster_node_ips", ",".join(names), "--started_port", str(start + 1)]
+        if len(set(counts)) > 1:
+            options += ["--node_workers", ",".join(map(str, counts))]
+    if gpus is not None:
+        options += ["--selected_gpus", ",".join(map(str, gpus))]
+    if node > 0:
+        options += ["--print_config", "false"]
+    return options
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
