@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-import random
 import shutil
 import signal
 import socket
@@ -225,25 +224,15 @@ class SshHosts:
         return path
 
     def _free_port(self) -> int:
-        """A port free on every address right now, in this pytest process's share of the ports (conftest)."""
-        from conftest import ports_of_this_process
+        """A port free on every address right now, from this pytest process's share of the ports (conftest)."""
+        from conftest import free_port
 
-        low, high = ports_of_this_process()
         addresses = self.hosts + list(self.failure_hosts.values())
-        for _ in range(200):
-            port = random.randrange(low, high)
-            socks = []
-            try:
-                for address in addresses:
-                    socks.append(socket.socket())
-                    socks[-1].bind((address, port))
+        for _ in range(100):
+            port = free_port()
+            if all(_bindable(address, port) for address in addresses):
                 return port
-            except OSError:
-                continue
-            finally:
-                for sock in socks:
-                    sock.close()
-        raise SshdError(f"no port free on all of {len(addresses)} loopback addresses from {low} to {high}")
+        raise SshdError(f"found no port free on all of {len(addresses)} loopback addresses in 100 tries")
 
     def _write_client_files(self, host_key: Path, client_key: Path) -> None:
         key = " ".join((self.folder / "host_key.pub").read_text().split()[:2])
@@ -334,6 +323,15 @@ class SshHosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, port))
+            return True
+        except OSError:
+            return False
 
 
 def _cmdline(process: psutil.Process) -> str:
