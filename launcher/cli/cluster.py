@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence
 import click
 
 import launcher
+from launcher.cli import config_file
 from launcher.cli import request as requests
 from launcher.cli import table
 from launcher.envvars import JOB_TOKEN
@@ -24,9 +25,6 @@ from launcher.output.console import console, setup_messages
 from launcher.output.messages import log
 from launcher.plan import carried_env, hostfile, over_ssh
 
-SET_FOR_EACH_HOST = ("cluster_env", "cluster_node_ips", "node_ip", "nproc_per_node", "started_port", "node_workers",
-                     "env", "env_file")  # given to each host by this command, so not passed on as the user gave them
-REFUSED_WITH = ("selected_gpus",)  # --include HOST:IDS says it per host
 DEFAULT_RUN = 16  # ports asked about beside the control port, where a host's workers are not known yet
 LOCAL_NAMES = ("localhost",)
 
@@ -57,7 +55,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
     try:
         probe = over_ssh.probe_request(opts.training_script if not (opts.module or opts.no_python) else None,
                                        values.get("config"), starts, limit)
-        if not fan.check(probe):
+        if not fan.check(over_ssh.environment(env), probe):
             return 128 + fan.signals[0]
         placed = _place(hosts, remotes, reach, opts, values)
         start = over_ssh.common_start(starts, [r.facts.get("free") if r.facts else [] for r in remotes],
@@ -69,7 +67,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
         base = _passed_on(argv)
         elastic, endpoint_given = request.elastic is not None, given("rdzv_endpoint")
         runs = {p["node"]: {"argv": over_ssh.host_options(names, p["node"], counts, p["gpus"], start, elastic,
-                                                          endpoint_given) + base, "env": env} for p in placed}
+                                                          endpoint_given) + base} for p in placed}
         sig = fan.run(runs, opts.shutdown_timeout)
         return 128 + sig if sig is not None else _outcome(remotes)
     finally:
@@ -83,21 +81,10 @@ def _hosts(values: Mapping) -> tuple:
     if values.get("hostfile") and values.get("hosts"):
         raise LaunchError("--hostfile and --hosts both name the hosts; give one of them.")
     if values.get("hostfile"):
-        hosts = hostfile.parse_hostfile(_read(values["hostfile"], "--hostfile"), values["hostfile"])
+        hosts = hostfile.parse_hostfile(config_file.read_text(values["hostfile"], "--hostfile"), values["hostfile"])
     else:
         hosts = hostfile.parse_hosts(values["hosts"])
     return hostfile.select(hosts, values.get("include"), values.get("exclude"))
-
-
-def _read(path: str, option: str) -> str:
-    from launcher.host import files
-
-    try:
-        return files.read_regular(path, 1 << 20).decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        raise LaunchError(f"{option} {path} does not exist; check the path.") from None
-    except (OSError, files.NotReadable) as e:
-        raise LaunchError(f"{option} {path} cannot be read ({getattr(e, 'strerror', None) or e}); give a text file.") from None
 
 
 def _request(ctx: click.Context, values: Mapping, given):
@@ -124,7 +111,7 @@ def _refuse_mixed(given, request) -> None:
         if row.name == "rdzv_endpoint" and backend is not None and not backend.has_node_0:
             continue
         if given(row.name) and table.OVER_SSH not in row.tags and (
-                table.NAMES_NODES in row.tags or row.name in REFUSED_WITH or row.name in ("node_ip", "node_workers")):
+                table.NAMES_NODES in row.tags or table.NOT_OVER_SSH in row.tags):
             shown = row.shown[0]
             raise LaunchError(f"{shown} cannot be given with --hostfile or --hosts, which place every node (and "
                               "--include HOST:IDS its GPUs); leave it out.")
@@ -195,9 +182,7 @@ def _show_table(hosts, remotes, placed, elastic: bool) -> None:
 
 def _environment(values: Mapping) -> dict:
     """The command's environment less what describes this machine, the env file's lines and --env; a job token."""
-    file_env = {}
-    if values.get("env_file"):
-        file_env = carried_env.parse_env_file(_read(values["env_file"], "--env_file"), values["env_file"])
+    file_env = config_file.env_file(values["env_file"]) if values.get("env_file") else {}
     env = carried_env.carried(os.environ, file_env, dict(values.get("env") or ()))
     env.setdefault(JOB_TOKEN, secrets.token_hex(16))  # the nodes prove to each other that they are this job's
     return env
@@ -205,7 +190,7 @@ def _environment(values: Mapping) -> dict:
 
 def _passed_on(argv: Sequence[str]) -> list:
     """The command line less the options this command uses itself or sets for each host."""
-    names = {row.name for row in table.ROWS if table.OVER_SSH in row.tags} | set(SET_FOR_EACH_HOST)
+    names = {row.name for row in table.ROWS if {table.OVER_SSH, table.PER_HOST} & set(row.tags)}
     takes_value, dropped = {}, set()
     for row in table.ROWS:
         for spelling in (*row.spellings, *row.short):

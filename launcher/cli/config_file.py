@@ -149,3 +149,22 @@ def _kind(value) -> str:
     kind = {"date": "a date", "datetime": "a timestamp", "bytes": "binary data", "dict": "a mapping"}
     article = "an" if name[0] in "aeiou" else "a"
     return f"{kind.get(name, f'{article} {name}')} ({_short.repr(value)})"
+
+
+def read_text(path: str, option: str) -> str:
+    """A small text file a user names (a hostfile, an env file), or LaunchError naming ``option`` and the fix."""
+    try:
+        return files.read_regular(path, MAX_SIZE).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise LaunchError(f"{option} {path} does not exist; check the path.") from None
+    except OSError as e:
+        raise LaunchError(f"{option} {path} cannot be read ({e.strerror}); check its path and permissions.") from None
+    except files.NotReadable as e:
+        raise LaunchError(f"{option} {path} {e}; give a text file of at most {files.size_text(MAX_SIZE)}.") from None
+
+
+def env_file(path: str) -> dict:
+    """The variables of --env_file (DeepSpeed's .deepspeed_env form: NAME=VALUE a line)."""
+    from launcher.plan.carried_env import parse_env_file
+
+    return parse_env_file(read_text(path, "--env_file"), path)

@@ -3,8 +3,9 @@ session runs in the command's working directory): it answers the check with this
 command sends, a node of an ordinary job, with the command's environment, and ends with the job's exit code and root
 cause. Its stdin is its lifeline (``launcher.run.lifeline``): a stop, its end or its silence stops the workers.
 
-The command line and the environment arrive on stdin, so that neither is on any process's command line; the lifeline
-is moved off descriptor 0 first, so that no child ever reads it.
+The environment (taken before this module was imported: ``launcher.plan.over_ssh.remote_command``) and the command
+line arrive on stdin, so that neither is on any process's command line; the lifeline is moved off descriptor 0
+first, so that no child ever reads it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ def main() -> None:
     request = _next_request(reader)
     if request is None or not _is_run(request.get("run")):  # the command went on without this host
         os._exit(0)
-    os.environ.update(request["run"]["env"])
     lifeline.watch(reader)
     causes = []
     from launcher.cli.main import run_command
@@ -67,10 +67,7 @@ def _next_request(reader: lifeline.LineReader):
 
 
 def _is_run(run) -> bool:
-    return (isinstance(run, dict) and isinstance(run.get("argv"), list) and all(isinstance(a, str) for a in run["argv"])
-            and isinstance(run.get("env"), dict)
-            and all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
-                    for k, v in run["env"].items()))
+    return isinstance(run, dict) and isinstance(run.get("argv"), list) and all(isinstance(a, str) for a in run["argv"])
 
 
 def _tell(data: bytes) -> None:

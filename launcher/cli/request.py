@@ -141,4 +141,13 @@ def _options(ctx: click.Context, values: dict, given):
         raise LaunchError(f"no training script given; usage: {ctx.command_path} [OPTIONS] training_script [ARGS]...")
     fields = {f.name: values[f.name] for f in dataclasses.fields(LaunchOptions) if f.name in values}
     fields["training_script_args"] = tuple(values["training_script_args"] or ())
-    return LaunchOptions(**fields, extra_env=tuple(values.get("env", ()))), expected
+    return LaunchOptions(**fields, extra_env=_env_file(values.get("env_file")) + tuple(values.get("env", ()))), expected
+
+
+def _env_file(path) -> tuple:
+    """--env_file's variables, as (name, value) pairs; --env's come after them, and win."""
+    if not path:
+        return ()
+    from launcher.cli import config_file
+
+    return tuple(config_file.env_file(path).items())

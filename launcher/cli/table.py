@@ -46,6 +46,8 @@ KUBEFLOW_NODES = "Kubeflow's"  # its PET_* variable in a job of fixed size is th
 PARAMETER_SERVERS = "parameter servers"  # given, it asks for a parameter-server job
 FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
 OVER_SSH = "over ssh"  # the command that starts every host over ssh (--hostfile): not passed on to the hosts
+PER_HOST = "per host"  # --hostfile's command sets it for each host: not passed on as the user gave it
+NOT_OVER_SSH = "not over ssh"  # refused beside --hostfile, which places every node and (--include) its GPUs
 
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -125,9 +127,9 @@ ROWS = (
     # ---------------------------------------------------------------- the job
     _ours("nproc_per_node", JOB, "Workers on this node: CPU workers when there is no GPU (default 2), or how many of "
           "the visible GPUs to use; torchrun's auto, gpu, cpu too.", dialects=(PADDLE3, TORCHRUN), pet=True,
-          tags=(KUBEFLOW_NODES,), click={"type": WorkerCount(), "metavar": "N"}),
+          tags=(PER_HOST, KUBEFLOW_NODES,), click={"type": WorkerCount(), "metavar": "N"}),
     _ours("selected_gpus", JOB, "Comma-separated GPU ids, one worker each. Default: all visible GPUs.",
-          click={"metavar": "IDS"}, listed=True),
+          tags=(NOT_OVER_SSH,), click={"metavar": "IDS"}, listed=True),
     _ours("module", JOB, "Run training_script as a module: python -m training_script.", dialects=(TORCHRUN,),
           short=("-m",), pet=True, click={"is_flag": True, "default": False}),
     _ours("no_python", JOB, "Run training_script as an executable, not through Python: a path such as ./run.sh, "
@@ -162,20 +164,20 @@ ROWS = (
           click={"type": CpuList(), "metavar": "CPUS"}),
     # ---------------------------------------------------------------- the nodes
     _ours("cluster_node_ips", NODES, "Comma-separated IPs or host names of all nodes, in node-rank order.",
-          tags=(NAMES_NODES, LISTS_NODES), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"},
+          tags=(PER_HOST, NAMES_NODES, LISTS_NODES), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"},
           listed=True),
     _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
-          click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
+          tags=(PER_HOST, NOT_OVER_SSH,), click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
     _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
           "node, 6070 on several.", aliases=("start_port",), dialects=(PADDLE18, PADDLE3),
-          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+          tags=(PER_HOST,), click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
     _ours("nnodes", NODES, "The number of nodes: N, checked against the nodes found; MIN:MAX, an elastic job "
           "(torchrun's, with --rdzv-endpoint; Paddle's, with --master: docs/elastic.md).", aliases=("np",),
           dialects=(TORCHRUN, PADDLE3, FLEETRUN), status=HONOURED, pet=True,
           tags=(KUBEFLOW_NODES,), click={"type": NodeCount(), "metavar": "N|MIN:MAX"}),
     _ours("cluster_env", NODES, "Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), "
           "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
-          "alone.", click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
+          "alone.", tags=(PER_HOST,), click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
     _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
           tags=(NAMES_NODES, LISTS_NODES), click={"is_flag": True, "default": False}),
     _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
@@ -212,12 +214,12 @@ ROWS = (
     _ours("ssh_fanout", SSH, "Hosts checked and started at once (pdsh's default).", tags=(OVER_SSH,),
           click={"type": Whole(1, 1024, "a number of hosts"), "default": 32, "show_default": True, "metavar": "N"}),
     _ours("env", JOB, "A variable for every worker, NAME=VALUE (again for more); with --hostfile, for every host's.",
-          click={"type": EnvSetting(), "multiple": True, "metavar": "NAME=VALUE"}),
+          tags=(PER_HOST,), click={"type": EnvSetting(), "multiple": True, "metavar": "NAME=VALUE"}),
     _ours("env_file", JOB, "Variables for every worker from FILE, a NAME=VALUE a line (DeepSpeed's .deepspeed_env).",
-          click={"metavar": "FILE"}),
+          tags=(PER_HOST,), click={"metavar": "FILE"}),
     _ours("node_workers", NODES, "Each node's number of workers, by node rank, where the nodes differ (4,2,8); "
           "--hostfile gives it to each host. Default: this node's on every node.", listed=True,
-          click={"type": CountList(), "default": (), "metavar": "N,..."}),
+          tags=(PER_HOST, NOT_OVER_SSH,), click={"type": CountList(), "default": (), "metavar": "N,..."}),
     # ---------------------------------------------------------------- elastic jobs
     _torchrun("rdzv_backend", ELASTIC, "static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node "
               "0's launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. etcd "

@@ -129,11 +129,13 @@ class EnvSetting(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):  # already read (the config file's)
             return value
-        name, equals, text = str(value).partition("=")
-        if not equals or not name or "\0" in value or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            self.fail(f"{value!r} is not NAME=VALUE with a variable name of letters, digits and _ (not first a digit); "
-                      "give it as --env NAME=VALUE.", param, ctx)
-        return (name, text)
+        from launcher.errors import LaunchError
+        from launcher.plan.carried_env import parse_env_option  # not at import: --help stays fast
+
+        try:
+            return next(iter(parse_env_option([str(value)]).items()))
+        except LaunchError as e:
+            self.fail(str(e), param, ctx)
 
 
 class CountList(click.ParamType):

@@ -2,8 +2,9 @@
 none for this machine), the lifeline's lines between the command and each host's launcher, what a failed ssh means
 in one reason, the ports every host has free, and each host's own launch options. Pure.
 
-The lifeline is the ssh session itself. The command writes JSON lines to each host's launcher on its stdin: the
-check (``probe``), then the job (``run``: its command line and environment, never on any process's command line),
+The lifeline is the ssh session itself. The command writes to each host on its stdin the job's environment first
+(never on any process's command line: see ``remote_command``), then JSON lines: the check (``probe``), the job
+(``run``: its command line),
 then a ``beat`` every ``BEAT_EVERY`` seconds and, to stop, ``stop`` with the signal. The host's launcher answers on
 its stdout, each line behind ``MARKER`` so that the workers' output around it is never taken for one: the host's
 facts (``facts``), and at its end the exit code and the job's root cause (``end``). A launcher whose stdin ends (the
@@ -41,10 +42,35 @@ class Reach:
     connect_timeout: float = 10.0
 
 
+# Run by the host's Python before anything is imported: the job's environment, its first bytes on stdin (a length,
+# a newline, then that many bytes of JSON), put in place, and the host's launcher started in it (so PYTHONPATH and the
+# rest apply to the launcher too). Standard library only: no launcher is imported before the environment is there.
+_BOOTSTRAP = (
+    "import os,sys,json\n"
+    "def take(n):\n"
+    " b=b''\n"
+    " while len(b)<n:\n"
+    "  c=os.read(0,min(n-len(b),1<<20))\n"
+    "  if not c: os._exit(0)\n"
+    "  b+=c\n"
+    " return b\n"
+    "n=b''\n"
+    "while not n.endswith(b'\\n') and len(n)<16: n+=take(1)\n"
+    "os.environ.update(json.loads(take(int(n))))\n"
+    f"os.execv(sys.executable,[sys.executable,'-m','{REMOTE_MODULE}'])\n")
+
+
 def remote_command(reach: Reach) -> str:
-    """What a host's login shell runs: the launcher's lifeline end, in the command's working directory."""
+    """What a host's login shell runs, in the command's working directory: its Python, which takes the job's
+    environment first (``environment``), then becomes the host's launcher."""
     return (f"cd -- {shlex.quote(reach.directory)} 2>/dev/null || exit {NO_FOLDER}; "
-            f"exec {shlex.quote(reach.python)} -m {REMOTE_MODULE}")
+            f"exec {shlex.quote(reach.python)} -c {shlex.quote(_BOOTSTRAP)}")
+
+
+def environment(env: Mapping[str, str]) -> bytes:
+    """The job's environment, as a host's Python takes it first on its stdin."""
+    data = json.dumps(dict(env), ensure_ascii=True).encode()
+    return f"{len(data)}\n".encode() + data
 
 
 def ssh_command(host: str, reach: Reach) -> list:

@@ -1,9 +1,9 @@
 """``--hostfile``'s command: every host's launcher started over its own ssh session (``launcher.plan.over_ssh``) and
 followed to the end from one event loop, with no thread of its own.
 
-Two steps. The check: at most ``fanout`` sessions connect at once; each answers with its host's facts, or fails
-with a reason (its ssh's exit and stderr, or no answer within twice the connect timeout). The run: each session is
-sent its node's command line and the environment, then a beat every ``BEAT_EVERY`` seconds; the hosts' output is
+Two steps. The check: at most ``fanout`` sessions connect at once; each is sent the job's environment, and answers
+with its host's facts, or fails with a reason (its ssh's exit and stderr, or no answer within twice the connect
+timeout). The run: each session is sent its node's command line, then a beat every ``BEAT_EVERY`` seconds; the hosts' output is
 relayed, each line behind its host's name (node 0's stdout, its first worker's, as it is). A signal to the command is
 sent on as a stop: to node 0 in a fixed job (which stops every node, each once, with the one cause), else to
 every host; a second one, or the hosts still running ``shutdown_timeout`` + ``STOP_SLACK``
@@ -79,16 +79,16 @@ class FanOut:
 
     # ---------------------------------------------------------------- the two steps
 
-    def check(self, probe: dict) -> bool:
-        """Every host asked ``probe`` (at most ``fanout`` connecting at once) until each answered or failed; False
-        when a signal came first."""
+    def check(self, environment: bytes, probe: dict) -> bool:
+        """Every host given the job's ``environment`` and asked ``probe`` (at most ``fanout`` connecting at once)
+        until each answered or failed; False when a signal came first."""
         waiting = list(self.remotes)
         active: List[Remote] = []
         while waiting or active:
             while waiting and len(active) < self.fanout:
                 remote = waiting.pop(0)
                 self._start(remote)
-                self._send(remote, over_ssh.line(probe=probe))
+                self._send(remote, environment + over_ssh.line(probe=probe))
                 active.append(remote)
             deadline = min(r.started + self.answer_within for r in active)
             self._turn(max(0.0, min(deadline, self.next_beat) - self.clock()))
