@@ -22,56 +22,67 @@ from launcher.cli import table
 from launcher.envvars import JOB_TOKEN
 from launcher.errors import LaunchError
 from launcher.output.console import console, setup_messages
+from launcher.output.hosts_table import hosts_table
 from launcher.output.messages import log
-from launcher.plan import carried_env, hostfile, over_ssh
+from launcher.plan import carried_env, collective, hostfile, over_ssh
 
 DEFAULT_RUN = 16  # ports asked about beside the control port, where a host's workers are not known yet
+
 LOCAL_NAMES = ("localhost",)
 
 
 def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
     """Check every host, print the table, run the job on all of them; the job's exit code."""
-    from launcher.run.over_ssh import FanOut, Remote
+    from launcher.run.over_ssh import FanOut
 
     on_line = requests.given_in(ctx)
-    named = {name for name in values if on_line(name)}  # before any stand-in
-    given = named.__contains__
+    given = {name for name in values if on_line(name)}.__contains__  # before any stand-in
     request = _request(ctx, values, given)
     _refuse_mixed(given, request)
     hosts = _hosts(values)
     reach = over_ssh.Reach(python=values.get("remote_python") or sys.executable, directory=os.getcwd(),
                            port=values.get("ssh_port"), identity_file=values.get("ssh_identity_file"),
-                           extra=tuple(_split(values.get("ssh_args"))),
-                           connect_timeout=values["ssh_connect_timeout"])
-    env = _environment(values)
-    local = _local_names()
-    remotes = [Remote(i, h.name, over_ssh.local_command(reach) if h.name in local else over_ssh.ssh_command(h.name, reach),
-                      f"[{h.name}] ".encode()) for i, h in enumerate(hosts)]
-    fan = FanOut(remotes, reach, values["ssh_fanout"], stop_node_0_only=request.elastic is None)
+                           extra=tuple(_split(values.get("ssh_args"))), connect_timeout=values["ssh_connect_timeout"])
+    fan = FanOut(_remotes(hosts, reach), reach, values["ssh_fanout"], stop_node_0_only=request.elastic is None)
     fan.catch_signals()
     opts = request.options
     starts = over_ssh.candidate_starts(values.get("started_port"), random.Random().randrange)
-    limit = max([h.slots or 0 for h in hosts] + [_int(opts.nproc_per_node), DEFAULT_RUN]) + 1
     try:
-        probe = over_ssh.probe_request(opts.training_script if not (opts.module or opts.no_python) else None,
-                                       values.get("config"), starts, limit)
-        if not fan.check(over_ssh.environment(env), probe):
+        if not fan.check(over_ssh.environment(_environment(values)), _probe(opts, values, hosts, starts, fan.key)):
             return 128 + fan.signals[0]
-        placed = _place(hosts, remotes, reach, opts, values)
-        start = over_ssh.common_start(starts, [r.facts.get("free") if r.facts else [] for r in remotes],
-                                      [p["workers"] + 1 for p in placed])
-        _show_table(hosts, remotes, placed, request.elastic is not None)
-        _refuse_unfit(remotes, placed, start, values.get("started_port"))
-        names = [p["address"] for p in placed]
-        counts = [p["workers"] for p in placed]
-        base = _passed_on(argv)
-        elastic, endpoint_given = request.elastic is not None, given("rdzv_endpoint")
-        runs = {p["node"]: {"argv": over_ssh.host_options(names, p["node"], counts, p["gpus"], start, elastic,
-                                                          endpoint_given) + base} for p in placed}
+        placed = _place(hosts, fan.remotes, reach, opts, values)
+        start = over_ssh.common_start(starts, [(r.facts or {}).get("free") for r in fan.remotes],
+                                      [p.workers + 1 for p in placed])
+        console.write(2, hosts_table(over_ssh.table_rows(placed, start, request.elastic is not None)).encode())
+        _refuse_unfit(placed, start, values.get("started_port"))
+        names, counts, base = [p.address for p in placed], [p.workers for p in placed], _passed_on(argv)
+        runs = {p.node: over_ssh.host_options(names, p.node, counts, p.gpus, start, request.elastic is not None,
+                                              given("rdzv_endpoint")) + base for p in placed}
         sig = fan.run(runs, opts.shutdown_timeout)
-        return 128 + sig if sig is not None else _outcome(remotes)
+        return 128 + sig if sig is not None else _outcome(fan.remotes)
     finally:
         fan.close()
+
+
+def _remotes(hosts, reach: over_ssh.Reach) -> list:
+    """A session for each host: over ssh, or this machine's own without."""
+    from launcher.run.over_ssh import Remote
+
+    local = _local_names()
+    return [Remote(i, h.name, over_ssh.local_command(reach) if h.name in local else over_ssh.ssh_command(h.name, reach),
+                   f"[{h.name}] ".encode()) for i, h in enumerate(hosts)]
+
+
+def _probe(opts, values: Mapping, hosts, starts, key: str) -> dict:
+    """The check each host answers: its files, and its free ports from each of ``starts`` (as many as the most
+    workers a host may get, DEFAULT_RUN where they are not known yet, and the control port)."""
+    limit = max([h.slots or 0 for h in hosts] + [_int(opts.nproc_per_node), DEFAULT_RUN]) + 1
+    return over_ssh.probe_request(_script(opts), values.get("config"), starts, limit, key)
+
+
+def _script(opts) -> Optional[str]:
+    """The file the hosts must have: the script, unless it is a module or a program found on PATH."""
+    return opts.training_script if not (opts.module or opts.no_python) else None
 
 
 # ---------------------------------------------------------------- the hosts
@@ -125,56 +136,43 @@ def _local_names() -> frozenset:
 
 
 def _place(hosts, remotes, reach: over_ssh.Reach, opts, values) -> list:
-    """Each host's node, address, workers, GPU ids and problems, from its facts."""
+    """Each host's place (``over_ssh.Placed``), from its facts."""
     expected = {"python": platform.python_version(), "launcher": launcher.__version__, "directory": reach.directory,
-                "script": opts.training_script if not (opts.module or opts.no_python) else None, "config": values.get("config")}
-    command_address = next((r.facts.get("command_address") for r in remotes if r.facts and r.facts.get("command_address")),
+                "script": _script(opts), "config": values.get("config")}
+    command_address = next((r.facts["command_address"] for r in remotes if r.facts and r.facts.get("command_address")),
                            None)
-    placed = []
-    for host, remote in zip(hosts, remotes):
-        facts = remote.facts or {}
-        problems = [remote.failure] if remote.failure else over_ssh.fact_problems(facts, expected)
+    return [_placed(host, remote, expected, _int(opts.nproc_per_node), command_address)
+            for host, remote in zip(hosts, remotes)]
+
+
+def _placed(host, remote, expected: Mapping, nproc: int, command_address: Optional[str]) -> over_ssh.Placed:
+    if remote.facts is None:
+        return over_ssh.Placed(remote.node, host.name, problems=(remote.failure or "it did not answer",))
+    facts = remote.facts
+    problems = over_ssh.fact_problems(facts, expected)
+    gpu_count = _int(facts.get("gpus"))
+    try:
+        workers, gpus = hostfile.resolve(host, nproc or gpu_count or collective.DEFAULT_CPU_WORKERS, tuple(range(gpu_count)))
+    except LaunchError as e:
         workers, gpus = 0, None
-        if remote.facts is not None:
-            gpu_count = facts.get("gpus") if isinstance(facts.get("gpus"), int) else 0
-            default = _int(opts.nproc_per_node) or gpu_count or 2
-            try:
-                workers, gpus = hostfile.resolve(host, default, tuple(range(gpu_count)))
-            except LaunchError as e:
-                problems.append(str(e).rstrip("."))
-        address = facts.get("address") or "?"
-        if address == "127.0.0.1" and command_address and not facts.get("command_address"):
-            address = command_address  # this machine, run without ssh: where the other hosts reached it
-        placed.append({"node": remote.node, "address": str(address), "workers": workers, "gpus": gpus,
-                       "problems": problems})
-    return placed
+        problems.append(str(e).rstrip("."))
+    address = str(facts.get("address") or "?")
+    if command_address and not facts.get("command_address"):
+        address = command_address  # this machine, run without ssh: where the other hosts reached it
+    return over_ssh.Placed(remote.node, host.name, address, workers, gpus, tuple(problems))
 
 
-def _refuse_unfit(remotes, placed, start, given_port) -> None:
-    unfit = [(r, p) for r, p in zip(remotes, placed) if p["problems"]]
+def _refuse_unfit(placed, start, given_port) -> None:
+    unfit = [p for p in placed if p.problems]
     if unfit:
-        remote, p = unfit[0]
         more = f" (and {len(unfit) - 1} more host(s), in the table above)" if len(unfit) > 1 else ""
-        raise LaunchError(f"host {remote.name} cannot take part: {'; '.join(p['problems'])}{more}; nothing was started.")
+        raise LaunchError(f"host {unfit[0].name} cannot take part: {'; '.join(unfit[0].problems)}{more}; nothing was "
+                          "started.")
     if start is None:
         if given_port is not None:
             raise LaunchError(f"--started_port {given_port} (and the control port {given_port - 1} before it) is not "
                               "free on every host; give another port, or leave it out to have free ones chosen.")
         raise LaunchError("no run of ports was free on every host; give --started_port.")
-
-
-def _show_table(hosts, remotes, placed, elastic: bool) -> None:
-    """The table of the check: in an elastic job, ranks follow each round, not the hostfile."""
-    from launcher.output.hosts_table import hosts_table
-
-    first = 0
-    rows = []
-    for host, remote, p in zip(hosts, remotes, placed):
-        ranks = f"{first}-{first + p['workers'] - 1}" if p["workers"] > 1 else (str(first) if p["workers"] else "-")
-        ranks = "by round" if elastic and p["workers"] else ranks
-        first += p["workers"]
-        rows.append((host.name, p["address"], str(p["workers"] or "-"), ranks, "; ".join(p["problems"]) or "ok"))
-    console.write(2, hosts_table(rows).encode(errors="replace"))
 
 
 # ---------------------------------------------------------------- what each host gets
@@ -216,21 +214,16 @@ def _passed_on(argv: Sequence[str]) -> list:
 
 
 def _outcome(remotes) -> int:
-    """The job's exit code, the root cause's host and rank named: the nodes agree on both."""
-    ends = [r for r in remotes if isinstance(r.end, dict)]
-    cause = next((r.end["cause"] for r in ends if isinstance(r.end.get("cause"), dict)), None)
-    codes = [r.end["end"] for r in ends if isinstance(r.end.get("end"), int)]
-    lost = [r for r in remotes if r.end is None]
-    code = next((c for c in codes if c != 0), 0 if codes else 255)
+    """The job's exit code, the root cause's host named; a host lost before it said how the job ended, named."""
+    code, cause = over_ssh.outcome([r.end for r in remotes])
     if cause is not None:
         node = cause.get("node")
         where = remotes[node].name if isinstance(node, int) and 0 <= node < len(remotes) else "?"
         log.error("the job stopped: %s, on host %s; exit code %d", cause.get("text"), where, code)
-    elif lost and code == 0:
-        code = 255
-    for remote in lost:
-        log.error("host %s ended its ssh session (exit code %s) before its launcher said how the job ended",
-                  remote.name, remote.proc.returncode if remote.proc else None)
+    for remote in remotes:
+        if remote.end is None:
+            log.error("host %s ended its ssh session (exit code %s) before its launcher said how the job ended",
+                      remote.name, remote.proc.returncode if remote.proc else None)
     return code
 
 

@@ -29,7 +29,8 @@ def main() -> None:
         os._exit(BAD_REQUEST)
     from launcher.host import remote_facts
 
-    _tell(over_ssh.line(facts=remote_facts.facts(request["probe"], os.environ)))
+    key = str(request["probe"].get("key"))
+    _tell(over_ssh.line(key=key, facts=remote_facts.facts(request["probe"], os.environ)))
     request = _next_request(reader)
     if request is None or not _is_run(request.get("run")):  # the command went on without this host
         os._exit(0)
@@ -39,7 +40,7 @@ def main() -> None:
 
     code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause))
     cause = causes[0].as_dict() if causes and causes[0] is not None else None
-    _tell(over_ssh.line(end=code, cause=cause))
+    _tell(over_ssh.line(key=key, end=code, cause=cause))
     os._exit(code)
 
 

@@ -1,11 +1,11 @@
 """The table ``--hostfile``'s command prints after checking every host: a line a host, its address, workers, ranks,
-and what failed (``ok`` when nothing did)."""
+ports, and what failed (``ok`` when nothing did)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-HEADINGS = ("host", "address", "workers", "ranks", "check")
+HEADINGS = ("host", "address", "workers", "ranks", "ports", "check")
 
 
 def hosts_table(rows: Sequence[tuple]) -> str:

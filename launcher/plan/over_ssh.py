@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from launcher.untrusted import json_object
@@ -98,11 +98,14 @@ def line(**fields) -> bytes:
     return MARKER + json.dumps(fields, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
 
 
-def read_line(data: bytes) -> Optional[dict]:
-    """A lifeline line's fields; None for any other line (a worker's output) or a broken one."""
+def read_line(data: bytes, key: Optional[str] = None) -> Optional[dict]:
+    """A lifeline line's fields; None for any other line (a worker's output) or a broken one, and, with ``key``, for
+    one that does not carry it: the command's key for this session, sent with the check and never to a worker, so that
+    no worker's output can pass for its launcher's facts or end."""
     if not data.startswith(MARKER):
         return None
-    return json_object(data[len(MARKER):].rstrip(b"\r\n"))
+    fields = json_object(data[len(MARKER):].rstrip(b"\r\n"))
+    return fields if fields is not None and (key is None or fields.get("key") == key) else None
 
 
 # ---------------------------------------------------------------- what went wrong with a host
@@ -145,10 +148,10 @@ def failure_reason(code: int, stderr: str, reach: Reach) -> str:
 # ---------------------------------------------------------------- the check's facts
 
 
-def probe_request(script: Optional[str], config: Optional[str], starts: Sequence[int], limit: int) -> dict:
+def probe_request(script: Optional[str], config: Optional[str], starts: Sequence[int], limit: int, key: str) -> dict:
     """What the command asks each host: whether these files are there, and how many ports are free in a row from
-    each of ``starts`` (up to ``limit``)."""
-    return {"script": script, "config": config, "starts": list(starts), "limit": limit}
+    each of ``starts`` (up to ``limit``); ``key``: what the host's lines carry (``read_line``)."""
+    return {"script": script, "config": config, "starts": list(starts), "limit": limit, "key": key}
 
 
 def fact_problems(facts: Mapping, expected: Mapping) -> list:
@@ -209,3 +212,43 @@ def host_options(names: Sequence[str], node: int, counts: Sequence[int], gpus: O
 
 def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+# ---------------------------------------------------------------- each host's place in the job
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A host after the check: its node, the address the job uses, its workers and GPU ids, what makes it unfit."""
+
+    node: int
+    name: str
+    address: str = "?"
+    workers: int = 0
+    gpus: Optional[tuple] = None  # --selected_gpus for it; None: its default
+    problems: tuple = field(default_factory=tuple)
+
+
+def table_rows(placed: Sequence[Placed], start: Optional[int], elastic: bool) -> list:
+    """The check's table, a row a host (``launcher.output.hosts_table.HEADINGS``): its ranks in hostfile order (by
+    round in an elastic job) and its ports (node 0's control port first)."""
+    rows, first = [], 0
+    for p in placed:
+        last = first + p.workers - 1
+        ranks = "-" if not p.workers else "by round" if elastic else str(first) if last == first else f"{first}-{last}"
+        ports = "-" if start is None or not p.workers else f"{start if p.node == 0 else start + 1}-{start + p.workers}"
+        rows.append((p.name, p.address, str(p.workers or "-"), ranks, ports, "; ".join(p.problems) or "ok"))
+        first += p.workers
+    return rows
+
+
+def outcome(ends: Sequence[Optional[dict]]) -> tuple:
+    """(the job's exit code, its root cause's fields or None) from each host's last line (None: it sent none): the
+    nodes agree on both; a host lost before it said anything makes a good end 255."""
+    cause = next((e["cause"] for e in ends if isinstance(e, dict) and isinstance(e.get("cause"), dict)), None)
+    codes = [e["end"] for e in ends if isinstance(e, dict) and isinstance(e.get("end"), int)
+             and not isinstance(e.get("end"), bool)]
+    code = next((c for c in codes if c != 0), 0 if codes else 255)
+    if code == 0 and any(e is None for e in ends):
+        code = 255
+    return code, cause

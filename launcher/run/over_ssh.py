@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 import selectors
+import secrets
 import signal
 import subprocess
 import time
@@ -65,6 +66,7 @@ class FanOut:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.remotes = list(remotes)
         self.reach = reach
+        self.key = secrets.token_hex(16)  # what the hosts' lines carry (over_ssh.read_line)
         self.stop_node_0_only = stop_node_0_only  # a fixed job: node 0 stops every node, each once, with one cause
         self.fanout = fanout
         self.answer_within = 2 * reach.connect_timeout
@@ -99,11 +101,11 @@ class FanOut:
             self._beat([r for r in self.remotes if r.answered])
         return True
 
-    def run(self, runs: Dict[int, dict], shutdown_timeout: float) -> Optional[int]:
-        """Every host sent its job (``runs``: by node), followed until every session is over; the first signal
-        received meanwhile (None without one)."""
+    def run(self, runs: Dict[int, list], shutdown_timeout: float) -> Optional[int]:
+        """Every host sent its command line (``runs``: by node), followed until every session is over; the first
+        signal received meanwhile (None without one)."""
         for remote in self.remotes:
-            self._send(remote, over_ssh.line(run=runs[remote.node]))
+            self._send(remote, over_ssh.line(run={"argv": runs[remote.node]}))
         stop_by: Optional[float] = None
         told = 0
         while not all(r.over for r in self.remotes):
@@ -259,7 +261,7 @@ class FanOut:
 
     def _line(self, remote: Remote, is_stdout: bool, line: bytes) -> None:
         if is_stdout:
-            fields = over_ssh.read_line(line)
+            fields = over_ssh.read_line(line, self.key)
             if fields is not None:
                 if isinstance(fields.get("facts"), dict) and remote.facts is None:
                     remote.facts = fields["facts"]

@@ -6,6 +6,7 @@ The workers never import torch: what is checked is the launcher's. One sshd serv
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,8 +113,11 @@ def test_hosts_of_different_sizes_make_one_job_with_ranks_in_hostfile_order_and_
     result = job.run("--nproc_per_node", "1", "--env_file", "job.env", hostfile=hostfile,
                      env={"MYSECRET": SECRET, "HOSTNAME_SEEN": "not carried?"})
     assert result.returncode == 0, result.stderr
-    assert "host       address    workers  ranks  check" in result.stderr
-    assert "127.0.0.3  127.0.0.3  1        2      ok" in result.stderr
+    assert "host       address    workers  ranks  ports" in result.stderr
+    table = " ".join(result.stderr.split("\n[")[0].split())
+    first, last = map(int, re.search(r"127\.0\.0\.2 127\.0\.0\.2 2 0-1 (\d+)-(\d+) ok", table).groups())
+    assert last == first + 2  # node 0: the control port, then its two workers' ports
+    assert f"127.0.0.3 127.0.0.3 1 2 {first + 1}-{first + 1} ok" in table
     seen = workers_seen(result.stdout + result.stderr)
     assert [(w["RANK"], w["LOCAL_RANK"], w["LOCAL_WORLD_SIZE"], w["GROUP_RANK"]) for w in seen] == [
         ("0", "0", "2", "0"), ("1", "1", "2", "0"), ("2", "0", "1", "1"), ("3", "0", "1", "2")]
@@ -138,7 +142,7 @@ def test_every_way_a_host_fails_the_check_is_named_and_nothing_starts_anywhere(j
     for name, host in failing.items():
         line = next(line for line in table.splitlines() if line.startswith(host))
         assert reasons[name] in line, (name, line)
-    assert "127.0.0.2 127.0.0.2 1 0 ok" in " ".join(table.split())
+    assert "127.0.0.2 127.0.0.2 1 0 - ok" in " ".join(table.split())  # no ports: nothing starts
     assert "cannot take part" in result.stderr and "nothing was started" in result.stderr
     assert "Traceback" not in result.stderr
     assert job.marks() == []
