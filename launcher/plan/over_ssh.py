@@ -57,14 +57,14 @@ _BOOTSTRAP = (
     "n=b''\n"
     "while not n.endswith(b'\\n') and len(n)<16: n+=take(1)\n"
     "os.environ.update(json.loads(take(int(n))))\n"
-    f"os.execv(sys.executable,[sys.executable,'-m','{REMOTE_MODULE}'])\n")
+    "os.execv(sys.executable,[sys.executable,'-m',MODULE])\n")
 
 
-def remote_command(reach: Reach) -> str:
+def remote_command(reach: Reach, module: str = REMOTE_MODULE) -> str:
     """What a host's login shell runs, in the command's working directory: its Python, which takes the job's
-    environment first (``environment``), then becomes the host's launcher."""
+    environment first (``environment``), then becomes the host's launcher (``module``)."""
     return (f"cd -- {shlex.quote(reach.directory)} 2>/dev/null || exit {NO_FOLDER}; "
-            f"exec {shlex.quote(reach.python)} -c {shlex.quote(_BOOTSTRAP)}")
+            f"exec {shlex.quote(reach.python)} -c {shlex.quote(_BOOTSTRAP.replace('MODULE', repr(module)))}")
 
 
 def environment(env: Mapping[str, str]) -> bytes:
