@@ -249,6 +249,9 @@ ROWS = (
           "Python stack, with py-spy), and again before the SIGKILL of a worker that let SIGTERM pass. Costs up to a "
           "few seconds of teardown; always done for --hang_timeout.",
           click={"type": click.BOOL, "default": False, "show_default": True, "metavar": "BOOL"}),
+    _ours("report_log", WATCH, "Keep the workers' reports (launcher.runtime.report: the step and the numbers by name) "
+          "in LOG_DIR/reports.nodeN.jsonl, a line per worker at most every 0.1 s: what launcher tune measures each "
+          "trial's rate from (docs/tuning.md). Needs --log_dir.", click={"is_flag": True, "default": False}),
     _torchrun("event_log_handler", WATCH, "where torchrun's events also go: null (nowhere more), console (each event "
               "a line on the console) or dynamic_rendezvous; LOG_DIR/events.jsonl is kept either way.",
               click={"metavar": "NAME"}),
