@@ -76,6 +76,17 @@ def test_a_space_file_that_is_not_there_is_one_sentence(tmp_path):
         tune_cli.job_of(launch, "python -m launcher", str(tmp_path / "nope.yaml"), None, False, None, ["t.py"], request_of)
 
 
+def test_plot_without_matplotlib_is_refused_before_any_trial(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    path = tmp_path / "space.yaml"
+    path.write_text("knobs:\n  env.A: [1]\n")
+    with pytest.raises(LaunchError, match=r"--plot needs matplotlib: pip install 'launcher\[bench\]'"):
+        tune_cli.job_of(launch, "python -m launcher", str(path), None, False, "t.png", ["t.py"], request_of)
+
+
 def test_no_script_says_where_tunes_own_options_go(tmp_path):
     message = refused(tmp_path, "knobs:\n  env.A: [1]\n", "--nproc_per_node", "1")
     assert message.startswith("no training script given; usage: python -m launcher tune --space FILE")

@@ -33,11 +33,12 @@ Examples:
 Watching a job started with --log_dir (reads the folder only; touches no process):
   python -m launcher status mylog          # each process: pid, state, run time, last log line
   python -m launcher logs mylog -f --ranks 0,3 --grep loss   # the logs merged, followed
-\b
-The fastest settings searched for (each trial a whole job; docs/tuning.md):
-  python -m launcher tune --space space.yaml --log_dir tune_log train.py
-status, logs and tune are these tools only as the first argument, and only when no file of that name
+status and logs are these tools only as the first argument, and only when no file of that name
 is in the current folder: a training script named status or logs runs as usual (also as ./status).
+
+\b
+The fastest settings searched for, each trial a whole job (docs/tuning.md; tune as status and logs):
+  python -m launcher tune --space space.yaml --log_dir tune_log train.py
 
 \b
 """ + refused_options_epilog())
@@ -163,7 +164,7 @@ TOOLS = {"status": status_command, "logs": logs_command, "tune": tune_command}
 
 
 def command_for(args: list, prog: str = DEFAULT_PROG):
-    """(click command, its arguments, its name). ``status`` and ``logs`` are the operator tools
+    """(click command, its arguments, its name). ``status``, ``logs`` and ``tune`` are the tools
     only as the first argument and when no file of that name is in the current folder: a training
     script of that name is never shadowed."""
     if args and args[0] in TOOLS and not os.path.isfile(args[0]):

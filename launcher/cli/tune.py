@@ -38,6 +38,11 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
                               "[ARGS].")
         params = {p.name: p for p in launch.params if isinstance(p, click.Option)}
         base = _base(launch.make_parser(ctx).parse_args(list(args))[0], params, ctx)
+    if plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise LaunchError("--plot needs matplotlib: pip install 'launcher[bench]' (or leave --plot out).")
     space = tune_space.parse(config_file.read(space_path, "space file", "--space"), f"space file {space_path}",
                              _option_checker(params, base))
     _check_points(space, base, space_path, resolve)

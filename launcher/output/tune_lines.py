@@ -3,7 +3,6 @@ by rate at the end, and the plot of the trials (``--plot``, with the bench extra
 
 from __future__ import annotations
 
-from launcher.errors import LaunchError
 from launcher.output.reports import table
 from launcher.plan.tune_search import DEFAULTS, Result, noise_between
 from launcher.plan.tune_space import label
@@ -52,10 +51,8 @@ def final_lines(standings: list, metric: str, command: str, out: str) -> list:
 
 def plot(path: str, results: list, metric: str) -> None:
     """Each trial's rate (with its spread) in the order run, failed ones marked at zero: a PNG at ``path``."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise LaunchError("--plot needs matplotlib: pip install 'launcher[bench]' (or leave --plot out).") from None
+    import matplotlib  # there: launcher.cli.tune made sure before the first trial
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
