@@ -52,7 +52,11 @@ def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Calla
             on_progress(elapsed, series.rate())
             clock.sleep(POLL)
     except BaseException:  # Ctrl-C or an error of the tuner: the trial does not outlive it
-        stop(proc, clock)
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the stop short
+        try:
+            stop(proc, clock)
+        finally:
+            signal.signal(signal.SIGINT, before)
         raise
 
 
