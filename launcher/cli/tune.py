@@ -18,6 +18,7 @@ from launcher.plan import tune_space, tune_trial
 from launcher.plan.common import check_run_options
 
 OWN_OPTIONS = ("--space", "--out", "--resume", "--plot")
+OWN_OF_TRIALS = table.names(tag=table.TUNER_OWN)  # given to each trial by the tuner
 DEFAULT_LOG_DIR = "tune_log"
 
 
@@ -38,6 +39,8 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
                               "[ARGS].")
         params = {p.name: p for p in launch.params if isinstance(p, click.Option)}
         base = _base(launch.make_parser(ctx).parse_args(list(args))[0], params, ctx)
+    raw_log_dir = base.get("log_dir")
+    base = {name: value for name, value in base.items() if name not in OWN_OF_TRIALS}
     if plot:
         import importlib.util
 
@@ -46,7 +49,7 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
     space = tune_space.parse(config_file.read(space_path, "space file", "--space"), f"space file {space_path}",
                              _option_checker(params, base))
     _check_points(space, base, space_path, resolve)
-    log_dir = base.get("log_dir") or DEFAULT_LOG_DIR
+    log_dir = raw_log_dir or DEFAULT_LOG_DIR
     command = shlex.join([*prog.split(), "tune", "--space", space_path, *(["--out", out] if out else []),
                           *(["--resume"] if resume else []), *(["--plot", plot] if plot else []), *args])
     return TuneJob(space, base, log_dir, out or os.path.join(log_dir, "tuned.yaml"), command, resume, plot)
@@ -90,7 +93,7 @@ def _option_checker(params: dict, base: dict):
         if row is None or key not in params:
             raise LaunchError(f"{where} is neither a launch option nor env.NAME, strategy.FIELD or arg.--flag; "
                               "write a launch option by its name (nproc_per_node), or one of those.")
-        if key in tune_trial.LEFT_OUT:
+        if key in OWN_OF_TRIALS:
             raise LaunchError(f"{where}: --{key} is the tuner's own for each trial; it cannot be a knob.")
         if row.status in (table.REFUSED, table.NO_EFFECT):
             raise LaunchError(f"{where}: the launch takes --{key} with no effect or refuses it ({row.reason}); "

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from launcher.plan.tune_space import ARG, ENV, OPTION, STRATEGY, Space
 
-LEFT_OUT = ("log_dir", "report_log", "config")  # the tuner's own, given on each trial's command line
-
-
 def config(base: dict, space: Space, point: tuple) -> dict:
-    """``base`` (the launch's settings, by config key) with the point's knobs over it."""
-    out = {k: v for k, v in base.items() if k not in LEFT_OUT}
+    """``base`` (the launch's settings, by config key, without the tuner's own) with the point's knobs over it."""
+    out = dict(base)
     env, strategy = dict(out.pop("env", None) or {}), dict(out.pop("strategy", None) or {})
     args = list(out.get("training_script_args") or ())
     kinds = {k.name: k for k in space.knobs}
