@@ -274,3 +274,18 @@ def test_noise_between_the_best_and_the_next():
     a = tune_search.Standing((("env.A", 1),), 100.0, 3.0, 3)
     b = tune_search.Standing((("env.A", 2),), 97.0, 1.0, 3)
     assert tune_search.noise_between(a, b) and not tune_search.noise_between(a, None)
+
+
+def test_a_report_line_cut_short_is_read_once_whole(tmp_path):
+    from launcher.run.tune_trial import Reports
+
+    path = tmp_path / "reports.node0.jsonl"
+    series, reports = Series("steps", warmup_steps=0), Reports(str(path))
+    reports.read_into(series)  # no file yet
+    path.write_bytes(b'{"rank":0,"step":1,"t":1.0,"scalars":{}}\n{"rank":0,"st')
+    reports.read_into(series)
+    assert series.reports == 1
+    with open(path, "ab") as f:
+        f.write(b'ep":2,"t":2.0,"scalars":{}}\nnot json\n')
+    reports.read_into(series)
+    assert series.reports == 2 and series.ranks[0][-1][2] == 2
