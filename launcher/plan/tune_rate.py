@@ -103,6 +103,7 @@ def within_noise(a: tuple, b: tuple) -> bool:
     return abs(a[0] - b[0]) <= a[1] + b[1]
 
 
+NOTHING = "the program reported"  # how the reason of a trial with nothing to measure begins
 HANG_AFTER = 0.25  # of trial_seconds (at least HANG_LEAST seconds): a trial with no report for this long has hung
 HANG_LEAST = 2.0
 
@@ -133,5 +134,5 @@ def nothing_reported(metric: str, reports: int) -> str:
     """The one sentence for a program whose trial reported nothing the tuner can measure."""
     call = "report(step=step)" if metric == STEPS else f"report(step=step, {metric}=COUNT_SO_FAR)"
     what = f"no {metric} in its {reports} reports" if reports else "nothing"
-    return (f"the program reported {what}: call launcher.runtime.{call} in its training loop after each step "
+    return (f"{NOTHING} {what}: call launcher.runtime.{call} in its training loop after each step "
             "(from launcher.runtime import report)")

@@ -14,7 +14,7 @@ from launcher.errors import LaunchError
 from launcher.output import tune_lines
 from launcher.output.console import console
 from launcher.plan import tune_trial
-from launcher.plan.tune_rate import Rate
+from launcher.plan.tune_rate import NOTHING, Rate
 from launcher.plan.tune_search import DEFAULTS, Result, Search
 from launcher.plan.tune_space import Space, label
 from launcher.run import tune_trial as trials
@@ -59,7 +59,7 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
                 _say(tune_lines.trial_line(n, result, job.space.metric))
             search.record(result)
             done.append(result)
-            if point == DEFAULTS and result.rate is None and not search.standings() and "reported" in result.why:
+            if point == DEFAULTS and result.rate is None and result.why.startswith(NOTHING):
                 raise TrialsFailed(result.why + ".")  # no trial of this program can be measured
     except KeyboardInterrupt:
         again = job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
