@@ -289,3 +289,29 @@ def test_a_report_line_cut_short_is_read_once_whole(tmp_path):
         f.write(b'ep":2,"t":2.0,"scalars":{}}\nnot json\n')
     reports.read_into(series)
     assert series.reports == 2 and series.ranks[0][-1][2] == 2
+
+
+def test_the_table_says_within_noise_and_the_ratio_to_the_defaults():
+    from launcher.output.tune_lines import final_lines
+
+    a, b = (("env.A", 1),), (("env.A", 2),)
+    standings = [tune_search.Standing(a, 200.0, 6.0, 3), tune_search.Standing(b, 195.0, 2.0, 3),
+                 tune_search.Standing(DEFAULTS, 100.0, 1.0, 1)]
+    lines = final_lines(standings, "samples", "python -m launcher --config t.yaml x.py", "t.yaml")
+    assert lines[0] == "tune: the settings by rate:" and "2.00x" in lines[2] and lines[2].endswith("env.A=1")
+    assert "tune: within noise: the best (env.A=1) and the next (env.A=2) overlap; either will do" in lines
+    assert "tune: best: env.A=1, 2.00x the program's own settings" in lines
+    assert lines[-1] == "tune: kept in t.yaml; run it with: python -m launcher --config t.yaml x.py"
+
+
+def test_a_history_line_cut_short_is_run_again(tmp_path):
+    from launcher.run.tuner import read_history
+
+    path = tmp_path / "tune.jsonl"
+    path.write_text('{"trial": 1, "point": [], "why": "steady", "rate": {"rate": 5.0, "spread": 0.1, "steps": 9, '
+                    '"seconds": 1.5, "lines": 9}}\n{"trial": 2, "point": [["env.A", 1]], "why": "exit code 3: x", '
+                    '"rate": null}\n{"trial": 3, "point": [["env.A", 2]], "wh')
+    got = read_history(str(path))
+    assert list(got) == [DEFAULTS, (("env.A", 1),)]
+    assert got[DEFAULTS][0][1].rate.rate == 5.0 and got[(("env.A", 1),)][0] == (2, Result((("env.A", 1),), None,
+                                                                                         "exit code 3: x"))

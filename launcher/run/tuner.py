@@ -40,7 +40,7 @@ class TuneJob:
 
 def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
     history_path = os.path.join(job.log_dir, HISTORY)
-    earlier = _history(history_path) if job.resume else {}
+    earlier = read_history(history_path) if job.resume else {}
     if not job.resume and os.path.exists(history_path):
         raise LaunchError(f"{job.log_dir} already holds a tuning history ({HISTORY}); add --resume to go on from it, "
                           "or give another --log_dir.")
@@ -130,7 +130,7 @@ def _folders(log_dir: str) -> list:
     return [int(n[6:]) for n in names if n.startswith("trial-") and n[6:].isdigit()]
 
 
-def _history(path: str) -> dict:
+def read_history(path: str) -> dict:
     """The results of the history file by point: [(trial number, Result)], in the order measured."""
     out: dict = {}
     try:
