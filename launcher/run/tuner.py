@@ -1,12 +1,13 @@
 """``launcher tune``'s run: the search (``launcher.plan.tune_search``) trial after trial, each one whole job
 (``launcher.run.tune_trial``) in LOG_DIR/trial-N, each result a line of LOG_DIR/tune.jsonl as it ends, which
 ``--resume`` reads to skip the trials already measured; at the end the table, and the best trial's config written to
-``--out``. Ctrl-C stops the running trial, keeps the history and says how to resume."""
+``--out``. Ctrl-C (or SIGTERM, SIGHUP) stops the running trial, keeps the history and says how to resume."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -47,6 +48,7 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
     os.makedirs(job.log_dir, exist_ok=True)
     search, done = Search(job.space.points(), job.space.repeats), []
     number = max([r[0] for rs in earlier.values() for r in rs] + _folders(job.log_dir), default=0)
+    before = {sig: signal.signal(sig, _interrupted) for sig in STOPPING}
     try:
         while (point := search.next()) is not None:
             if earlier.get(point):
@@ -65,7 +67,17 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
         again = job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
         _say(f"tune: interrupted; the {len(done)} trials measured are kept in {history_path}; resume with: {again}")
         return 130
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     return _finish(job, search, done)
+
+
+STOPPING = (signal.SIGTERM, signal.SIGHUP)  # as Ctrl-C: the running trial stopped, the history kept
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _trial(job: TuneJob, number: int, point: tuple, clock: Clock) -> Result:
