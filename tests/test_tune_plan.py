@@ -276,11 +276,12 @@ def test_noise_between_the_best_and_the_next():
     assert tune_search.noise_between(a, b) and not tune_search.noise_between(a, None)
 
 
-def test_a_report_line_cut_short_is_read_once_whole(tmp_path):
-    from launcher.run.tune_trial import Reports
+def test_a_report_line_cut_short_is_read_once_whole_and_every_nodes_log_is_read(tmp_path):
+    from launcher.run.tune_trial import TrialReports
 
     path = tmp_path / "reports.node0.jsonl"
-    series, reports = Series("steps", warmup_steps=0), Reports(str(path))
+    (tmp_path / "reports.nodeX.jsonl").write_text('{"rank":9,"step":1,"t":1.0,"scalars":{}}\n')  # not a node's
+    series, reports = Series("steps", warmup_steps=0), TrialReports(str(tmp_path))
     reports.read_into(series)  # no file yet
     path.write_bytes(b'{"rank":0,"step":1,"t":1.0,"scalars":{}}\n{"rank":0,"st')
     reports.read_into(series)
@@ -289,6 +290,9 @@ def test_a_report_line_cut_short_is_read_once_whole(tmp_path):
         f.write(b'ep":2,"t":2.0,"scalars":{}}\nnot json\n')
     reports.read_into(series)
     assert series.reports == 2 and series.ranks[0][-1][2] == 2
+    (tmp_path / "reports.node1.jsonl").write_text('{"rank":1,"step":1,"t":1.0,"scalars":{}}\n')  # a shared log dir
+    reports.read_into(series)
+    assert series.reports == 3 and set(series.first_step) == {0, 1}
 
 
 def test_the_table_says_within_noise_and_the_ratio_to_the_defaults():

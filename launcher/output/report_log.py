@@ -11,6 +11,7 @@ import os
 from typing import Optional
 
 from launcher.output.messages import log
+from launcher.output.state_file import is_node_file
 
 EVERY = 0.1  # seconds between two lines of one worker
 PREFIX, SUFFIX = "reports.node", ".jsonl"
@@ -18,6 +19,10 @@ PREFIX, SUFFIX = "reports.node", ".jsonl"
 
 def path_for(log_dir: str, node: int) -> str:
     return os.path.join(log_dir, f"{PREFIX}{node}{SUFFIX}")
+
+
+def is_report_log(name: str) -> bool:
+    return is_node_file(name, PREFIX, SUFFIX)
 
 
 class ReportLog:

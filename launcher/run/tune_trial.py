@@ -33,7 +33,7 @@ def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Calla
     """(why, rate or None) of the trial of ``config`` (``on_progress(seconds, rate)`` while it runs)."""
     os.makedirs(folder, exist_ok=True)
     series = tune_rate.Series(space.metric, space.warmup_steps)
-    reports = Reports(report_log.path_for(folder, 0))
+    reports = TrialReports(folder)
     with open(os.path.join(folder, OUTPUT), "ab") as out:
         proc = subprocess.Popen(command(config, folder), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -89,6 +89,20 @@ def last_line(path: str) -> str:
         if lines:
             return lines[-1][:LAST_LINE]
     return "no output"
+
+
+class TrialReports:
+    """Every node's report log in the trial's folder (``reports.nodeN.jsonl``: node 0's, and the other nodes' where
+    they share the log dir), each read as it grows."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.logs = folder, {}
+
+    def read_into(self, series) -> None:
+        with suppress(OSError):
+            for name in sorted(os.listdir(self.folder)):
+                if report_log.is_report_log(name):
+                    self.logs.setdefault(name, Reports(os.path.join(self.folder, name))).read_into(series)
 
 
 class Reports:
