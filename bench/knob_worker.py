@@ -14,6 +14,7 @@ API is how gradients are synchronised:
 --strategy sets attributes of a fleet.DistributedStrategy (JSON object, e.g. '{"nccl_comm_num": 2}');
 the FLAGS_* environment variables are read by fleet itself. SGD, lr 0.01, on every API.
 
+Each step is reported with launcher.runtime.report(step=...) (what launcher tune measures: bench/tune_vs_grid.py).
 Each rank writes OUT_DIR/result.<rank>.json: steps/s over STEPS timed steps (after W untimed ones),
 CPU ms per timed step of the whole process (time.process_time, every thread), and a checksum of its
 parameters. Every API but local SGD keeps the ranks identical at every step: the checksum is taken
@@ -33,6 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from launcher.runtime import report
 
 MODELS = ("mlp", "conv")
 APIS = ("ddp", "model", "optimizer")
@@ -155,6 +158,7 @@ def main() -> None:
             sync()
             start, cpu_start = time.perf_counter(), time.process_time()
         step(*data[i % len(data)])
+        report(step=i)
         if i == check_at:
             sync()
             w, c = time.perf_counter(), time.process_time()

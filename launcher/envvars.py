@@ -94,4 +94,7 @@ GLOO_FS_PATH = "PADDLE_GLOO_FS_PATH"
 CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"
 CONTROL_KEY = "LAUNCHER_CONTROL_KEY"
 PROGRESS_FD = "LAUNCHER_PROGRESS_FD"  # the worker's progress page (launcher.progress_page), an inherited descriptor
+# Fields of fleet's DistributedStrategy set over the program's own (a config file's strategy:, a tuning trial's
+# strategy.NAME), as a JSON object (launcher.plan.strategy_fields); fleet applies them and says so once
+STRATEGY = "LAUNCHER_STRATEGY"
 WARM_FD = "LAUNCHER_WARM_FD"  # --warm_start: a warm worker's end of the socket its first round comes on (launcher.run.warm)

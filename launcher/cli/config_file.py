@@ -1,4 +1,5 @@
-"""``--config FILE.yaml``: long options by their underscore names, plus the script, its args and ``env``."""
+"""``--config FILE.yaml``: long options by their underscore names, plus the script, its args, ``env`` and ``strategy``
+(fields of fleet's DistributedStrategy set over the program's own, carried to the workers in ``envvars.STRATEGY``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Mapping
 
 import click
 
+from launcher import envvars as ev
 from launcher.cli import table
 from launcher.host import files
 from launcher.errors import LaunchError
+from launcher.plan import strategy_fields
 
 LIST_KEYS = tuple(r.name for r in table.ROWS if r.listed)  # a YAML list is joined with commas
-EXTRA_KEYS = ("training_script", "training_script_args", "env")
+EXTRA_KEYS = ("training_script", "training_script_args", "env", "strategy")
 MAX_SIZE = 1 << 20  # a config of options is a few hundred bytes; a bigger file is the wrong one
 SCALARS = (str, int, float, bool)  # YAML also makes dates, timestamps and bytes: refused, not guessed at
 _short = reprlib.Repr()
@@ -23,7 +26,7 @@ _short.maxlevel = 2
 
 def load(path: str, options: Mapping[str, click.Parameter]) -> dict:
     """The file's settings by option name, converted and checked with the options' own types."""
-    data = _read(path)
+    data = read(path)
     known = sorted(set(options) | set(EXTRA_KEYS))
     settings = {}
     for key, value in data.items():
@@ -35,51 +38,59 @@ def load(path: str, options: Mapping[str, click.Parameter]) -> dict:
             settings[name] = tuple(_scalar_list(value, where))
         elif name == "training_script":
             settings[name] = _string(value, where)
+        elif name == "strategy":
+            settings[name] = _strategy(value, where)
         elif name in options:
-            settings[name] = _convert(options[name], name, value, where)
+            settings[name] = convert(options[name], name, value, where)
         else:
             near = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {near[0]}?" if near else f"; valid keys: {', '.join(known)}."
             raise LaunchError(f"config file {path} has an unknown key {_short.repr(key)}{hint}")
+    if settings.get("strategy"):
+        settings["env"] = (*settings.get("env", ()), (ev.STRATEGY, strategy_fields.encode(settings["strategy"])))
+    settings.pop("strategy", None)
     return settings
 
 
-def _read(path: str) -> dict:
+def read(path: str, what: str = "config file", option: str = "--config") -> dict:
+    """The mapping in the YAML file at ``path`` (``what`` it is and the ``option`` that gave it, for the errors)."""
     import yaml
 
     try:
         raw = files.read_regular(path, MAX_SIZE)
     except FileNotFoundError:
-        raise LaunchError(f"config file {path} does not exist; check the path given to --config.") from None
+        raise LaunchError(f"{what} {path} does not exist; check the path given to {option}.") from None
     except OSError as e:
-        raise LaunchError(f"config file {path} cannot be read ({e.strerror}); check its path and permissions.") from None
+        raise LaunchError(f"{what} {path} cannot be read ({e.strerror}); check its path and permissions.") from None
     except files.NotReadable as e:
-        raise LaunchError(f"config file {path} {e}; give --config a YAML file of options (at most "
+        raise LaunchError(f"{what} {path} {e}; give {option} a YAML file of options (at most "
                           f"{files.size_text(MAX_SIZE)}).") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise LaunchError(f"config file {path} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); save it as UTF-8.") from None
+        raise LaunchError(f"{what} {path} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); save it as UTF-8.") from None
     try:
         data = yaml.safe_load(text)
     except RecursionError:
-        raise LaunchError(f"config file {path} nests its values too deeply to read; a launcher config is a flat mapping of option names to values.") from None
+        raise LaunchError(f"{what} {path} nests its values too deeply to read; a launcher config is a flat mapping of option names to values.") from None
     except yaml.reader.ReaderError as e:
         char = e.character if isinstance(e.character, int) else ord(e.character)
-        raise LaunchError(f"config file {path} holds a character YAML does not allow (U+{char:04X} at offset {e.position}); remove it.") from None
+        raise LaunchError(f"{what} {path} holds a character YAML does not allow (U+{char:04X} at offset {e.position}); remove it.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or "syntax error"
-        raise LaunchError(f"config file {path} is not valid YAML{at} ({problem}); fix its syntax.") from None
+        raise LaunchError(f"{what} {path} is not valid YAML{at} ({problem}); fix its syntax.") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise LaunchError(f"config file {path} holds {_kind(data)}, not a mapping of option names to values.")
+        raise LaunchError(f"{what} {path} holds {_kind(data)}, not a mapping of option names to values.")
     return data
 
 
-def _convert(param: click.Parameter, name: str, value, where: str):
+def convert(param: click.Parameter, name: str, value, where: str):
+    """A YAML value for the option ``param``, checked and converted by the option's own type (LaunchError naming
+    ``where``); also a tuning space's values (``launcher.cli.tune``)."""
     if isinstance(value, list) and name in LIST_KEYS:
         value = ",".join(_scalar_list(value, where))
     _check_scalar(value, where)
@@ -93,6 +104,12 @@ def _convert(param: click.Parameter, name: str, value, where: str):
         return param.type.convert(value, param, None)
     except click.BadParameter as e:
         raise LaunchError(f"{where}: {e.message}") from None
+
+
+def _strategy(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise LaunchError(f"{where} must be a mapping of DistributedStrategy fields to values, not {_kind(value)}.")
+    return {str(k): strategy_fields.check(str(k), v, f"{where}: {k}") for k, v in value.items()}
 
 
 def _env(value, where: str) -> tuple:

@@ -1,5 +1,5 @@
 """``python -m launcher``: the command line, merged with --config, turned into a plan and run; or, as
-the first argument, the operator tools ``status`` and ``logs``. The launch command's options (their
+the first argument, the operator tools ``status`` and ``logs``, and the tuner ``tune``. The launch command's options (their
 spellings, types and help) are ``launcher.cli.options``'s."""
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ Watching a job started with --log_dir (reads the folder only; touches no process
   python -m launcher logs mylog -f --ranks 0,3 --grep loss   # the logs merged, followed
 status and logs are these tools only as the first argument, and only when no file of that name
 is in the current folder: a training script named status or logs runs as usual (also as ./status).
+
+\b
+The fastest settings searched for, each trial a whole job (docs/tuning.md; tune as status and logs):
+  python -m launcher tune --space space.yaml --log_dir tune_log train.py
 
 \b
 """ + refused_options_epilog())
@@ -134,11 +138,38 @@ def logs_command(log_dir: str, follow: bool, ranks, grep, events: bool) -> int:
     return 0
 
 
-TOOLS = {"status": status_command, "logs": logs_command}
+@click.command(context_settings={**TOOL_CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--space", required=True, metavar="FILE.yaml",
+              help="The knobs and the values to try (docs/tuning.md): launch options by name, env.NAME, "
+                   "strategy.FIELD, arg.--flag; metric, trial_seconds.")
+@click.option("--out", default=None, metavar="FILE.yaml", help="Where the best trial's config goes (default: "
+              "tuned.yaml in the log dir); python -m launcher --config FILE.yaml SCRIPT runs it.")
+@click.option("--resume", is_flag=True, default=False, help="Go on from the log dir's history (tune.jsonl): the "
+              "trials measured there are not run again.")
+@click.option("--plot", default=None, metavar="FILE.png", help="Draw the trials (needs matplotlib: the bench extra).")
+@click.argument("launch_args", nargs=-1, type=click.UNPROCESSED, metavar="[LAUNCH OPTIONS] SCRIPT [ARGS]")
+@click.pass_context
+def tune_command(ctx: click.Context, space: str, out, resume: bool, plot, launch_args: tuple) -> int:
+    """Search the knobs of --space for the fastest settings of SCRIPT: each trial one whole job (any launch option
+    works as for a job), stopped as soon as its rate is steady (the program's own reports: launcher.runtime.report),
+    the slower points dropped early and the leaders measured again in alternation; at the end the table by rate,
+    and the best trial's config in --out. Every trial's logs are kept in --log_dir (default tune_log), one folder
+    each. tune's own options come before the launch options.
+    """
+    from launcher.cli import tune
+    from launcher.run import tuner
+
+    prog = ctx.command_path.rsplit(" tune", 1)[0]
+    setup_messages(logging.WARNING)
+    job = tune.job_of(launch, prog, space, out, resume, plot, list(launch_args), lambda argv: request_of(argv, prog=prog))
+    return tuner.tune(job)
+
+
+TOOLS = {"status": status_command, "logs": logs_command, "tune": tune_command}
 
 
 def command_for(args: list, prog: str = DEFAULT_PROG):
-    """(click command, its arguments, its name). ``status`` and ``logs`` are the operator tools
+    """(click command, its arguments, its name). ``status``, ``logs`` and ``tune`` are the tools
     only as the first argument and when no file of that name is in the current folder: a training
     script of that name is never shadowed."""
     if args and args[0] in TOOLS and not os.path.isfile(args[0]):

@@ -77,8 +77,9 @@ def _layers(ctx: click.Context, values: dict, env: Mapping[str, str]):
         settings = config_file.load(values["config"], params)
         script_given = bool(values["training_script"])
         for name, value in settings.items():
-            if name in ("training_script", "training_script_args") and script_given:
-                continue
+            if (name == "training_script" and script_given) or (name == "training_script_args" and
+                                                                 values["training_script_args"]):
+                continue  # the file's arguments are used where the command line gives none after the script
             if sources.get(name, DEFAULT) == DEFAULT:
                 values[name], sources[name] = value, f"{CONFIG_FILE} {values['config']}"
             elif name not in values:

@@ -48,6 +48,7 @@ FLEET_GLOO = "fleet's gloo"  # fleet's gloo rendezvous of a parameter-server job
 OVER_SSH = "over ssh"  # the command that starts every host over ssh (--hostfile): not passed on to the hosts
 PER_HOST = "per host"  # --hostfile's command sets it for each host: not passed on as the user gave it
 NOT_OVER_SSH = "not over ssh"  # refused beside --hostfile, which places every node and (--include) its GPUs
+TUNER_OWN = "the tuner's own"  # launcher tune gives it to each trial: not a knob, not in a trial's config
 
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -146,7 +147,7 @@ ROWS = (
           "launcher's and has torch but not paddle. Collective mode only.",
           click={"type": click.Choice(AGENT_STORE_CHOICES), "default": "auto", "show_default": True}),
     _ours("config", JOB, "A YAML file of options (underscore names), training_script, training_script_args and env. "
-          "The command line wins over it.", click={"metavar": "FILE.yaml"}),
+          "The command line wins over it.", click={"metavar": "FILE.yaml"}, tags=(TUNER_OWN,)),
     _ours("print_config", JOB, "Print the launch plan before starting (true/false/1/0/yes/no).",
           click={"type": click.BOOL, "default": True, "show_default": True, "metavar": "BOOL"}),
     _ours("log_level", JOB, "The launcher's own messages: DEBUG, INFO, WARNING, ERROR, or 10-40.",
@@ -251,7 +252,8 @@ ROWS = (
                                       "metavar": "SECONDS"}),
     # ---------------------------------------------------------------- logs and output
     _ours("log_dir", LOGS, "Write each worker's output to DIR/workerlog.RANK (appended); the node's first worker is "
-          "also shown on the console.", dialects=(PADDLE18, TORCHRUN, PADDLE3), pet=True, click={"metavar": "DIR"}),
+          "also shown on the console.", dialects=(PADDLE18, TORCHRUN, PADDLE3), pet=True, click={"metavar": "DIR"},
+          tags=(TUNER_OWN,)),
     _torchrun("redirects", LOGS, "these streams (1 stdout, 2 stderr, 3 both; by local rank as 0:3,1:2) go to "
               "log_dir/workerlog.N only, the others to the console.", short=("-r",), aliases=("redirect",),
               click={"metavar": "0-3|R:V,..."}),
@@ -283,6 +285,10 @@ ROWS = (
           "Python stack, with py-spy), and again before the SIGKILL of a worker that let SIGTERM pass. Costs up to a "
           "few seconds of teardown; always done for --hang_timeout.",
           click={"type": click.BOOL, "default": False, "show_default": True, "metavar": "BOOL"}),
+    _ours("report_log", WATCH, "Keep the workers' reports (launcher.runtime.report: the step and the numbers by name) "
+          "in LOG_DIR/reports.nodeN.jsonl, a line per worker at most every 0.1 s: what launcher tune measures each "
+          "trial's rate from (docs/tuning.md). Needs --log_dir.", click={"is_flag": True, "default": False},
+          tags=(TUNER_OWN,)),
     _torchrun("event_log_handler", WATCH, "where torchrun's events also go: null (nowhere more), console (each event "
               "a line on the console) or dynamic_rendezvous; LOG_DIR/events.jsonl is kept either way.",
               click={"metavar": "NAME"}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -10,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from launcher.fleet.comm import BucketLimits, groups_of, make_channels
-from launcher.fleet.strategy import DistributedStrategy
+from launcher import envvars as ev
+from launcher.fleet.strategy import DistributedStrategy, set_by_launcher
 from launcher.runtime import ParallelEnv
 from launcher.runtime import elastic
 from launcher.runtime import flags as fl
@@ -88,9 +90,25 @@ def strategy_in_force(strategy: Optional[DistributedStrategy]) -> DistributedStr
     if strategy is not None:
         state.strategy = strategy
     strategy = state.strategy
+    _set_by_launcher(strategy)
     strategy.check(state.penv.world_size, state.penv.local_world_size)
     apply_exec_options(strategy)
     return strategy
+
+
+def _set_by_launcher(strategy: DistributedStrategy) -> None:
+    """The fields the launcher sets (a config file's strategy:, a tuning trial's) over the program's, said once."""
+    text = os.environ.get(ev.STRATEGY)
+    if not text:
+        return
+    changed = set_by_launcher(strategy, text)
+    if not _said_strategy:
+        _said_strategy.append(True)
+        print(f"launcher: fleet's strategy, set by the launcher ({ev.STRATEGY}): {', '.join(changed)}",
+              file=sys.stderr, flush=True)
+
+
+_said_strategy: list = []
 
 
 def apply_exec_options(strategy: DistributedStrategy) -> None:

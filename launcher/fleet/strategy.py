@@ -89,3 +89,22 @@ def _at_least(strategy, name: str, low: int) -> None:
     value = getattr(strategy, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"DistributedStrategy.{name}={value!r} must be a whole number of at least {low}.")
+
+
+def set_by_launcher(strategy: DistributedStrategy, text: str) -> list:
+    """The fields the launcher gives (``envvars.STRATEGY``: a JSON object of fields, written by
+    ``launcher.plan.strategy_fields``) set over ``strategy``; the ``name=value (the program's: old)`` of each. A value the field refuses is a ValueError naming it, as ``check`` says."""
+    import json
+
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise ValueError(f"LAUNCHER_STRATEGY={text!r} is not a JSON object of DistributedStrategy fields.")
+    changed = []
+    for name, value in fields.items():
+        old = getattr(strategy, name)  # an unknown field: AttributeError naming the valid ones
+        setattr(strategy, name, value)
+        changed.append(f"{name}={value!r} (the program's: {old!r})")
+    return changed

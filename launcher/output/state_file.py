@@ -30,7 +30,12 @@ def path_for(log_dir: str, node: int) -> str:
 
 
 def is_state_file(name: str) -> bool:
-    return name.startswith(PREFIX) and name.endswith(SUFFIX) and name[len(PREFIX):-len(SUFFIX)].isdigit()
+    return is_node_file(name, PREFIX, SUFFIX)
+
+
+def is_node_file(name: str, prefix: str, suffix: str) -> bool:
+    """Whether ``name`` is PREFIX + a node's index + SUFFIX: one node's file of a log dir (also the report logs')."""
+    return name.startswith(prefix) and name.endswith(suffix) and name[len(prefix):-len(suffix)].isdigit()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ def check_run_options(opts: LaunchOptions) -> None:
         raise LaunchError("--module and --no_python exclude each other; give only one of them.")
     if opts.max_restarts < 0:
         raise LaunchError(f"--max_restarts {opts.max_restarts} is below 0; give 0 (no restart) or more.")
+    if opts.report_log and not opts.log_dir:
+        raise LaunchError("--report_log keeps the reports in the log dir; give --log_dir DIR too.")
 
 
 def check_shutdown_timeout(seconds) -> None:
@@ -127,5 +129,5 @@ def run_fields(opts: LaunchOptions, base_env: dict, files: dict, node_ip: str) -
     this node's own address (never every interface unless asked, with --monitor_host 0.0.0.0)."""
     monitor = (opts.monitor_host or node_ip, opts.monitor_port) if opts.monitor_port is not None else None
     return dict(base_env=base_env, log_dir=opts.log_dir, shutdown_timeout=opts.shutdown_timeout, files=files,
-                max_restarts=opts.max_restarts, hang_timeout=opts.hang_timeout, dump_stacks=opts.dump_stacks,
+                max_restarts=opts.max_restarts, hang_timeout=opts.hang_timeout, dump_stacks=opts.dump_stacks, report_log=opts.report_log,
                 monitor=monitor, error_file=base_env.get(ev.ERROR_FILE) or None)

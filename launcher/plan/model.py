@@ -49,6 +49,7 @@ class LaunchOptions:
     job_id: Optional[str] = None
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    report_log: bool = False  # --report_log: the workers' reports kept in LOG_DIR/reports.nodeN.jsonl
     straggler_policy: str = "warn"  # --straggler_policy: off, warn or leave (launcher.plan.stragglers)
     warm_start: bool = False  # --warm_start: an elastic job's workers started before the node joins (launcher.run.warm)
     monitor_port: Optional[int] = None  # --monitor_port: serve /metrics, /healthz, /status.json and the live page
@@ -185,6 +186,7 @@ class Plan:
     control: Optional[ControlSpec] = None  # None: one node, no channel
     hang_timeout: Optional[float] = None
     dump_stacks: bool = False
+    report_log: bool = False  # the workers' reports kept in LOG_DIR/reports.nodeN.jsonl (launcher.output.report_log)
     straggler_policy: str = "warn"  # off: no straggler looked for; leave: an elastic node named one leaves the job
     monitor: Optional[tuple] = None  # (host, port) the monitor listens on (port 0: a free one)
     servers: tuple = ()  # parameter-server mode: every server's and every trainer's endpoint

@@ -15,6 +15,7 @@ from launcher.output.console import console
 from launcher.output.messages import log
 from launcher.plan import policy
 from launcher.run.coordination import Channel, Coordinator
+from launcher.output.report_log import EVERY as REPORT_EVERY
 from launcher.run.session import PUBLISH_EVERY, Launch
 from launcher.run.straggler_watch import LOOK_EVERY
 from launcher.run.store import AgentStore
@@ -188,6 +189,8 @@ class Loop:
             waits.append(max(0.0, self.wake_by - now))
         if self.launch.watched:
             waits.append(PUBLISH_EVERY)
+        if self.launch.report_log is not None and self.group is not None:
+            waits.append(REPORT_EVERY)  # --report_log: the reports read while the workers write nothing
         if self.launch.stragglers.windows and self.group is not None:
             waits.append(LOOK_EVERY)  # the straggler's search, also while the workers write nothing
         return min(waits) if waits else None

@@ -15,6 +15,7 @@ from launcher.output import error_file
 from launcher.output import log_files
 from launcher.output.event_log import EventLog
 from launcher.output.messages import log
+from launcher.output.report_log import ReportLog
 from launcher.plan import stragglers
 from launcher.plan.model import Plan
 from launcher.run import processes
@@ -54,8 +55,10 @@ class Launch:
                                to_console=plan.events_to_console)  # --event-log-handler console
         self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
+        self.report_log = ReportLog(plan.log_dir, plan.node_rank) if plan.report_log and plan.log_dir else None
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
-                                      or self.trainer_status is not None or _compares_ranks(plan))
+                                      or self.trainer_status is not None or _compares_ranks(plan)
+                                      or self.report_log is not None)
         self.stragglers = StragglerWatch()  # each rank's compute time from its reports, compared
         self.said_stays = False  # --straggler_policy leave: this node said why it stays in the job
         self.monitor = None  # --monitor_port's server (launcher.run.monitor.Monitor)
@@ -113,6 +116,7 @@ class Launch:
         ranks against the other nodes' (as ``job`` shares them, and the monitor's views where a page watches); the
         events for this node's policy when this node, named a straggler, leaves the job (``--straggler_policy``)."""
         changed = self.progress.poll(now)
+        self._keep_reports(changed, now)
         if self.plan.straggler_policy == "off" or (not changed and not self.stragglers.windows):
             return []
         by_local = {s.local_rank: s for s in self.plan.workers if s.kind.by_rank}
@@ -147,6 +151,16 @@ class Launch:
                         why)
             self.events.write("straggler_stays", node=straggler.node, host=straggler.host, why=why)
         return []
+
+    def _keep_reports(self, changed: list, now: float) -> None:
+        """The new reports in ``--report_log``'s file (by rank), and those held back since."""
+        if self.report_log is None:
+            return
+        by_local = {s.local_rank: s.rank for s in self.plan.workers if s.kind.by_rank}
+        for local_rank in changed:
+            if local_rank in by_local:
+                self.report_log.note(by_local[local_rank], self.progress.last(local_rank), now)
+        self.report_log.flush(now)
 
     @property
     def watched(self) -> bool:
@@ -221,6 +235,9 @@ class Launch:
         self.watchdog.check()
 
     def close(self) -> None:
+        if self.report_log is not None:  # the last reports, of workers that ended since the last look
+            self._keep_reports(self.progress.poll(self.clock.monotonic()), self.clock.monotonic())
+            self.report_log.close(self.clock.monotonic())
         self.records.close()
         self.events.close()
         if self.monitor is not None:

@@ -1,6 +1,7 @@
 """``launcher.runtime.report(step=..., **scalars)``: a worker tells its launcher how far it got, for ``--hang_timeout``
-(a rank that writes lines but makes no step is found), the monitor (``launcher_worker_step``) and the straggler's
-search (``launcher.plan.stragglers``: each step's own work, its compute time, against the fastest rank's).
+(a rank that writes lines but makes no step is found), the monitor (``launcher_worker_step``), ``--report_log``
+(what ``launcher tune`` measures a trial's rate from) and the straggler's search (``launcher.plan.stragglers``: each
+step's own work, its compute time, against the fastest rank's).
 
     from launcher.runtime import report
     for step, batch in enumerate(loader):

@@ -1,0 +1,127 @@
+"""One trial of ``launcher tune``: one whole job, ``python -m launcher --config TRIAL.yaml --log_dir FOLDER
+--report_log``, started in a session of its own (a Ctrl-C at the terminal reaches the tuner, not the trial), watched
+through the reports its launcher keeps in FOLDER, and stopped when its rate is known (``launcher.plan.tune_rate``):
+SIGTERM to that one process, whose launcher then stops its own workers, and SIGKILL to it alone after GRACE. Nothing
+else is ever signalled. The trial's own output is kept in FOLDER/launcher.log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from contextlib import suppress
+from typing import Callable
+
+from launcher.output import report_log
+from launcher.plan import tune_rate
+from launcher.plan.tune_space import Space
+from launcher.run.starter import Clock
+from launcher.untrusted import json_object
+
+POLL = 0.2  # seconds between two looks at the trial
+GRACE = 60.0  # seconds the trial's launcher has to stop its workers after SIGTERM
+OUTPUT = "launcher.log"
+LAST_LINE = 300  # characters of the trial's last line of output kept as its failure's reason
+
+
+def command(config: str, folder: str) -> list:
+    return [sys.executable, "-m", "launcher", "--config", config, "--log_dir", folder, "--report_log"]
+
+
+def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Callable) -> tuple:
+    """(why, rate or None) of the trial of ``config`` (``on_progress(seconds, rate)`` while it runs)."""
+    os.makedirs(folder, exist_ok=True)
+    series = tune_rate.Series(space.metric, space.warmup_steps)
+    reports = TrialReports(folder)
+    with open(os.path.join(folder, OUTPUT), "ab") as out:
+        proc = subprocess.Popen(command(config, folder), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    start = clock.monotonic()
+    try:
+        while True:
+            code = proc.poll()
+            reports.read_into(series)
+            elapsed = clock.monotonic() - start
+            if code is not None:
+                return _ended(code, series, folder, space, clock)
+            done = tune_rate.verdict(series, elapsed, clock.time(), space.trial_seconds, space.steady)
+            if done is not None:
+                stop(proc, clock)
+                return done
+            on_progress(elapsed, series.rate())
+            clock.sleep(POLL)
+    except BaseException:  # Ctrl-C or an error of the tuner: the trial does not outlive it
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the stop short
+        try:
+            stop(proc, clock)
+        finally:
+            signal.signal(signal.SIGINT, before)
+        raise
+
+
+def _ended(code: int, series, folder: str, space: Space, clock: Clock) -> tuple:
+    if code == 0:
+        return tune_rate.ended(series, clock.time(), space.trial_seconds, "ended")
+    return f"exit code {code}: {last_line(os.path.join(folder, OUTPUT))}", None
+
+
+def stop(proc: subprocess.Popen, clock: Clock) -> None:
+    """SIGTERM to the trial's launcher (the process the tuner started, and no other), SIGKILL after GRACE."""
+    if proc.poll() is not None:
+        return
+    with suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    deadline = clock.monotonic() + GRACE
+    while proc.poll() is None and clock.monotonic() < deadline:
+        clock.sleep(0.05)
+    if proc.poll() is None:
+        with suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def last_line(path: str) -> str:
+    """The trial's last line of output (its launcher's error, most often)."""
+    with suppress(OSError), open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - 4096))
+        lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+        if lines:
+            return lines[-1][:LAST_LINE]
+    return "no output"
+
+
+class TrialReports:
+    """Every node's report log in the trial's folder (``reports.nodeN.jsonl``: node 0's, and the other nodes' where
+    they share the log dir), each read as it grows."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder, self.logs = folder, {}
+
+    def read_into(self, series) -> None:
+        with suppress(OSError):
+            for name in sorted(os.listdir(self.folder)):
+                if report_log.is_report_log(name):
+                    self.logs.setdefault(name, Reports(os.path.join(self.folder, name))).read_into(series)
+
+
+class Reports:
+    """The lines of a report log read as they come (a line cut short is read once whole)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset, self.rest = path, 0, b""
+
+    def read_into(self, series) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        for line in lines:
+            doc = json_object(line)
+            if doc is not None:
+                series.add(doc)
+
