@@ -31,6 +31,19 @@ DEFAULT_RUN = 16  # ports asked about beside the control port, where a host's wo
 LOCAL_NAMES = ("localhost",)
 
 
+def with_hosts(ctx: click.Context, values: Mapping) -> Optional[dict]:
+    """The values with this command's own options (``table.OVER_SSH``) from --config where the command line left
+    them out, when the command line or the config names hosts; None when neither does (a job of this node's)."""
+    settings = {}
+    if values.get("config"):
+        params = {p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name != "config"}
+        settings = config_file.load(values["config"], params)
+    on_line = requests.given_in(ctx)
+    own = {row.name for row in table.ROWS if table.OVER_SSH in row.tags}
+    merged = {**values, **{k: v for k, v in settings.items() if k in own and not on_line(k)}}
+    return merged if merged.get("hostfile") or merged.get("hosts") else None
+
+
 def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
     """Check every host, print the table, run the job on all of them; the job's exit code."""
     from launcher.run.over_ssh import FanOut

@@ -62,10 +62,12 @@ def launch(ctx: click.Context, **values) -> int:
     from launcher.cli import job
 
     obj = ctx.obj or {}
-    if values.get("hostfile") or values.get("hosts"):  # every host over ssh, from this command
+    if not obj.get("a_host") and (values.get("hostfile") or values.get("hosts") or values.get("config")):
         from launcher.cli import cluster
 
-        return cluster.run(ctx, values, obj.get("argv") or [])
+        over_ssh = cluster.with_hosts(ctx, values)
+        if over_ssh is not None:  # every host over ssh, from this command
+            return cluster.run(ctx, over_ssh, obj.get("argv") or [])
     request = requests.resolve(ctx, values, os.environ)
     setup_messages(request.log_level)
     return job.run(request, on_end=obj.get("on_end"))
@@ -188,12 +190,14 @@ def main(argv=None) -> None:
     os._exit(run_command(list(sys.argv[1:] if argv is None else argv)))  # the interpreter's teardown only costs time
 
 
-def run_command(args: list, on_end=None) -> int:
+def run_command(args: list, on_end=None, a_host: bool = False) -> int:
     """Run one command line to its end (everything flushed and stopped); its exit code. ``on_end(code, cause)``: told
-    the job's end and its root cause (``launcher.cli.over_ssh``)."""
+    the job's end and its root cause; ``a_host``: a host's launcher under --hostfile's command, which ignores the
+    hosts its config file names (``launcher.cli.over_ssh``)."""
     command, args, prog = command_for(args, prog_name(sys.argv[0] if sys.argv else ""))
+    obj = {"argv": args, "on_end": on_end, "a_host": a_host}
     try:
-        code = command.main(args=args, prog_name=prog, standalone_mode=False, obj={"argv": args, "on_end": on_end})
+        code = command.main(args=args, prog_name=prog, standalone_mode=False, obj=obj)
     except streams.StdoutLost as e:
         code = streams.stdout_lost_code(e.error)
     except (LaunchError, click.ClickException) as e:

@@ -38,7 +38,8 @@ def main() -> None:
     causes = []
     from launcher.cli.main import run_command
 
-    code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause))
+    code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause),
+                       a_host=True)
     cause = causes[0].as_dict() if causes and causes[0] is not None else None
     _tell(over_ssh.line(key=key, end=code, cause=cause))
     os._exit(code)

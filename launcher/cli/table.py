@@ -51,6 +51,7 @@ NOT_OVER_SSH = "not over ssh"  # refused beside --hostfile, which places every n
 TUNER_OWN = "the tuner's own"  # launcher tune gives it to each trial: not a knob, not in a trial's config
 
 STATIC_PORT = 29500  # torchrun's --master-port default on several nodes
+PORT = Whole(1, 65535, "a port")
 START_METHODS = ("spawn", "fork", "forkserver")
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # a true or false value of a Paddle option, as Paddle reads it
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off", "")
@@ -128,7 +129,7 @@ ROWS = (
     # ---------------------------------------------------------------- the job
     _ours("nproc_per_node", JOB, "Workers on this node: CPU workers when there is no GPU (default 2), or how many of "
           "the visible GPUs to use; torchrun's auto, gpu, cpu too.", dialects=(PADDLE3, TORCHRUN), pet=True,
-          tags=(PER_HOST, KUBEFLOW_NODES,), click={"type": WorkerCount(), "metavar": "N"}),
+          tags=(PER_HOST, KUBEFLOW_NODES), click={"type": WorkerCount(), "metavar": "N"}),
     _ours("selected_gpus", JOB, "Comma-separated GPU ids, one worker each. Default: all visible GPUs.",
           tags=(NOT_OVER_SSH,), click={"metavar": "IDS"}, listed=True),
     _ours("module", JOB, "Run training_script as a module: python -m training_script.", dialects=(TORCHRUN,),
@@ -168,22 +169,22 @@ ROWS = (
           tags=(PER_HOST, NAMES_NODES, LISTS_NODES), click={"default": "127.0.0.1", "show_default": True, "metavar": "IPS"},
           listed=True),
     _ours("node_ip", NODES, "This node's IP, as it appears in --cluster_node_ips.",
-          tags=(PER_HOST, NOT_OVER_SSH,), click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
+          tags=(PER_HOST, NOT_OVER_SSH), click={"default": "127.0.0.1", "show_default": True, "metavar": "IP"}),
     _ours("started_port", NODES, "First port of this node's workers; worker i uses PORT+i. Default: free ports on one "
           "node, 6070 on several.", aliases=("start_port",), dialects=(PADDLE18, PADDLE3),
-          tags=(PER_HOST,), click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+          tags=(PER_HOST,), click={"type": PORT, "metavar": "PORT"}),
     _ours("nnodes", NODES, "The number of nodes: N, checked against the nodes found; MIN:MAX, an elastic job "
           "(torchrun's, with --rdzv-endpoint; Paddle's, with --master: docs/elastic.md).", aliases=("np",),
           dialects=(TORCHRUN, PADDLE3, FLEETRUN), status=HONOURED, pet=True,
           tags=(KUBEFLOW_NODES,), click={"type": NodeCount(), "metavar": "N|MIN:MAX"}),
-    _ours("cluster_env", NODES, "Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), "
-          "SLURM (srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node "
-          "alone.", tags=(PER_HOST,), click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
+    _ours("cluster_env", NODES, "Where the nodes come from: the command line (cli), PaddleCloud, Kubeflow (PET_*), SLURM "
+          "(srun), Volcano, MPI, LSF or torchrun's node options; auto takes the first found, else this node alone.",
+          tags=(PER_HOST,), click={"type": click.Choice(cluster_source_names()), "default": "auto", "show_default": True}),
     _ours("use_paddlecloud", NODES, "Take the cluster from PaddleCloud's environment (PADDLE_TRAINERS, POD_IP, ...).",
           tags=(NAMES_NODES, LISTS_NODES), click={"is_flag": True, "default": False}),
     _ours("control_port", NODES, "Several nodes: the port node 0's launcher listens on for the others (under mpirun "
           "also to gather the node list). Default: the first worker port minus one.",
-          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+          click={"type": PORT, "metavar": "PORT"}),
     _ours("job_id", NODES, "Several nodes: the job's name, the same on every node. Default: a digest of the nodes, "
           "ports and command. Set LAUNCHER_JOB_TOKEN to make nodes prove they belong.", dialects=(PADDLE18, PADDLE3),
           click={"metavar": "ID"}),
@@ -197,16 +198,12 @@ ROWS = (
           "workers); # starts a comment.", tags=(OVER_SSH,), click={"metavar": "FILE"}),
     _ours("hosts", SSH, "The hosts as horovodrun's -H: h1:4,h2:2,h3 (instead of --hostfile).", short=("-H",),
           tags=(OVER_SSH,), click={"metavar": "HOST[:N],..."}),
-    _ours("include", SSH, "Only these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0,2@host2.",
-          tags=(OVER_SSH,), click={"metavar": "HOST[:IDS]@..."}),
-    _ours("exclude", SSH, "All but these hosts and GPUs of the hostfile, in DeepSpeed's form: host1:0@host3.",
-          tags=(OVER_SSH,), click={"metavar": "HOST[:IDS]@..."}),
+    _ours("include", SSH, "Only these hosts and GPUs (DeepSpeed's host1:0,2@host2).", tags=(OVER_SSH,)),
+    _ours("exclude", SSH, "All but these hosts and GPUs (DeepSpeed's host1:0@host3).", tags=(OVER_SSH,)),
     _ours("remote_python", SSH, "The Python the hosts run the launcher with. Default: this command's own "
           "(sys.executable), in the same working directory.", tags=(OVER_SSH,), click={"metavar": "PATH"}),
-    _ours("ssh_port", SSH, "The hosts' ssh port (default: ssh's own, from ~/.ssh/config or 22).", tags=(OVER_SSH,),
-          click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
-    _ours("ssh_identity_file", SSH, "The private key ssh offers the hosts (horovodrun's option).", tags=(OVER_SSH,),
-          click={"metavar": "FILE"}),
+    _ours("ssh_port", SSH, "The hosts' ssh port (default: ssh's own).", tags=(OVER_SSH,), click={"type": PORT}),
+    _ours("ssh_identity_file", SSH, "The key ssh offers the hosts.", tags=(OVER_SSH,), click={"metavar": "FILE"}),
     _ours("ssh_args", SSH, "More arguments for every ssh command, split as a shell would: '-F my_config -o "
           "ProxyJump=gw'.", tags=(OVER_SSH,), click={"metavar": "ARGS"}),
     _ours("ssh_connect_timeout", SSH, "Seconds within which each host must answer ssh; one that does not is named, and "
@@ -218,9 +215,8 @@ ROWS = (
           tags=(PER_HOST,), click={"type": EnvSetting(), "multiple": True, "metavar": "NAME=VALUE"}),
     _ours("env_file", JOB, "Variables for every worker from FILE, a NAME=VALUE a line (DeepSpeed's .deepspeed_env).",
           tags=(PER_HOST,), click={"metavar": "FILE"}),
-    _ours("node_workers", NODES, "Each node's number of workers, by node rank, where the nodes differ (4,2,8); "
-          "--hostfile gives it to each host. Default: this node's on every node.", listed=True,
-          tags=(PER_HOST, NOT_OVER_SSH,), click={"type": CountList(), "default": (), "metavar": "N,..."}),
+    _ours("node_workers", NODES, "Each node's workers, by node rank, where nodes differ (4,2,8; --hostfile gives it).",
+          listed=True, tags=(PER_HOST, NOT_OVER_SSH), click={"type": CountList(), "default": (), "metavar": "N,..."}),
     # ---------------------------------------------------------------- elastic jobs
     _torchrun("rdzv_backend", ELASTIC, "static, or c10d: with --nnodes MIN:MAX an elastic job whose membership node "
               "0's launcher keeps (docs/elastic.md); else both mean nodes of fixed ranks, gathered at node 0. etcd "
@@ -315,7 +311,7 @@ ROWS = (
               "there.", tags=(NAMES_NODES, KUBEFLOW_NODES), click={"metavar": "HOST"}),
     _torchrun("master_port", TORCHRUN_GROUP, f"rank 0's store port (= --started_port; default {STATIC_PORT} on several "
               "nodes); node 0's launcher also listens on PORT-1 for the other nodes.",
-              tags=(NAMES_NODES, KUBEFLOW_NODES), click={"type": Whole(1, 65535, "a port"), "metavar": "PORT"}),
+              tags=(NAMES_NODES, KUBEFLOW_NODES), click={"type": PORT, "metavar": "PORT"}),
     _torchrun("local_addr", TORCHRUN_GROUP, "this node's address (= --node_ip).", status=ALIAS, maps_to="node_ip",
               click={"metavar": "IP"}),
     _torchrun("role", TORCHRUN_GROUP, "the workers' ROLE_NAME.",

@@ -226,3 +226,12 @@ def test_a_silent_command_as_on_a_lost_network_makes_every_host_stop_its_workers
     finally:
         head.kill()
         head.wait()
+
+
+def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host_reads_too(job, tmp_path):
+    job.hostfile("\n".join(HOSTS))
+    (tmp_path / "job.yaml").write_text(f"hostfile: hosts.txt\nssh_args: -F {job.hosts.config}\nnproc_per_node: 1\n")
+    result = subprocess.run([sys.executable, "-m", "launcher", "--config", "job.yaml", "worker.py"], cwd=tmp_path,
+                            env=job.env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert [w["RANK"] for w in workers_seen(result.stdout + result.stderr)] == ["0", "1", "2"]
