@@ -8,7 +8,8 @@ own under ``folder``: a host key and a client key (ssh-keygen, ed25519), an auth
 PidFile, ``UsePAM no``, ``StrictModes no``, ``PermitRootLogin prohibit-password`` (the tests run as root), limits
 high enough for 128 hosts connecting at once. It listens on every address of ``hosts`` (a count: 127.0.0.1 to
 127.0.0.N; or a list of loopback addresses), all on the same port; sshd takes at most 16 ListenAddress, so a
-process per 16 addresses. It never reads /etc/ssh or ~/.ssh, nor touches the machine's own sshd.
+process per 16 addresses (and one more for the failure hosts). It never reads /etc/ssh or ~/.ssh, nor touches the
+machine's own sshd.
 
 The :class:`SshHosts` it returns has ``hosts`` (the addresses that work), ``port``, ``config`` (a client config
 file: the client key, a known_hosts file with every working address's host key, ``StrictHostKeyChecking yes``,
@@ -30,14 +31,18 @@ service not known``. Every line ends with a newline; ssh exits 255 for each (``E
 
 ``close()`` ends every sshd it started (SIGTERM to its pid, then wait; SIGKILL after 10 s) and every process still
 running under them (the sessions, and what the sessions started), and the silent listener; safe to call twice.
-The fixtures skip the test when sshd, ssh or ssh-keygen is missing.
+A session's environment is sshd's own (HOME, USER, SHELL, PATH=/usr/local/sbin:/usr/local/bin:..., SSH_CLIENT,
+SSH_CONNECTION, SHLVL), whatever the test's is: the command's own variables reach a host only if it sends them. The
+fixtures skip the test when sshd, ssh or ssh-keygen is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import os
+import re
 import shutil
 import signal
 import socket
@@ -68,6 +73,9 @@ EXPECTED_STDERR = {
     "refused": "ssh: connect to host {host} port {port}: Connection refused\n",
     "unresolvable": "ssh: Could not resolve hostname {host}: Name or service not known\n",
 }
+# KexAlgorithms: curve25519 costs the client 11 ms of CPU a connection, sntrup761x25519 (the default) 78 ms: at 128
+# hosts on 2 cores, seconds. SetEnv SHLVL=1: bash run by sshd reads ~/.bashrc only as a top-level shell (SHLVL below
+# 2 once it adds one), and the machine's ~/.bashrc may run anything (pyenv init here: 0.1 s of CPU a session).
 SERVER_OPTIONS = """\
 Port {port}
 HostKey {host_key}
@@ -207,13 +215,16 @@ class SshHosts:
         (self.folder / "authorized_keys").write_text((self.folder / "client_key.pub").read_text())
         self.port = self._free_port()
         self._write_client_files(host_key, client_key)
-        listening = self.hosts + [self.failure_hosts[name] for name in ("refuses_key", "asks_password", "unknown_key")
-                                  if name in self.failure_hosts]
-        for n in range(0, len(listening), MAX_LISTEN):
-            self._spawn(n // MAX_LISTEN, listening[n:n + MAX_LISTEN], host_key)
-        if "silent" in self.failure_hosts:
+        # The failure hosts have an sshd of their own: one that counts failed logins per source address (OpenSSH
+        # 9.8's PerSourcePenalties, turned off where known) never refuses the working hosts' connections for them.
+        groups = [self.hosts[n:n + MAX_LISTEN] for n in range(0, len(self.hosts), MAX_LISTEN)]
+        if self.failure_hosts:
+            groups.append([self.failure_hosts[name] for name in ("refuses_key", "asks_password", "unknown_key")])
+        for index, addresses in enumerate(groups):
+            self._spawn(index, addresses, host_key)
+        if self.failure_hosts:
             self.silent = SilentHost(self.failure_hosts["silent"], self.port)
-        self._wait_listening(listening)
+        self._wait_listening([address for group in groups for address in group])
         self._prove(self.hosts[0])
         return self
 
@@ -247,6 +258,7 @@ class SshHosts:
         text = SERVER_OPTIONS.format(port=self.port, host_key=host_key, pid_file=self.folder / f"sshd.{index}.pid",
                                      authorized_keys=self.folder / "authorized_keys", log_level=self.log_level)
         text += "".join(f"ListenAddress {address}\n" for address in addresses)
+        text += "PerSourcePenalties no\n" if _server_version() >= (9, 8) else ""
         if self.failure_hosts:
             text += FAILURE_MATCHES.format(**self.failure_hosts)
         config.write_text(text)
@@ -323,6 +335,14 @@ class SshHosts:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@functools.lru_cache(maxsize=None)
+def _server_version() -> tuple:
+    """sshd's version, (major, minor): ``sshd -V`` says ``OpenSSH_9.2p1 ...`` (on stderr)."""
+    said = subprocess.run([SSHD, "-V"], capture_output=True, text=True, timeout=30)
+    found = re.search(r"OpenSSH_(\d+)\.(\d+)", said.stderr + said.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def _bindable(address: str, port: int) -> bool:
