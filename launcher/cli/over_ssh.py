@@ -31,6 +31,7 @@ def main() -> None:
 
     key = str(request["probe"].get("key"))
     _tell(over_ssh.line(key=key, facts=remote_facts.facts(request["probe"], os.environ)))
+    _import_the_launch()  # while the command waits for the other hosts' answers
     request = _next_request(reader)
     if request is None or not _is_run(request.get("run")):  # the command went on without this host
         os._exit(0)
@@ -43,6 +44,14 @@ def main() -> None:
     cause = causes[0].as_dict() if causes and causes[0] is not None else None
     _tell(over_ssh.line(key=key, end=code, cause=cause))
     os._exit(code)
+
+
+def _import_the_launch() -> None:
+    """The modules a launch imports, imported now: the job then starts as soon as the command sends it."""
+    import launcher.cli.job  # noqa: F401
+    import launcher.cli.main  # noqa: F401
+    import launcher.plan.planner  # noqa: F401
+    import launcher.run.attempts  # noqa: F401
 
 
 def _lifeline_fd() -> int:

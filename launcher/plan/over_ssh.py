@@ -43,10 +43,11 @@ class Reach:
 
 
 # Run by the host's Python before anything is imported: the job's environment, its first bytes on stdin (a length,
-# a newline, then that many bytes of JSON), put in place, and the host's launcher started in it (so PYTHONPATH and the
-# rest apply to the launcher too). Standard library only: no launcher is imported before the environment is there.
+# a newline, then that many bytes of JSON), put in place, PYTHONPATH's folders put on the path as the interpreter's
+# start would, and the host's launcher run in the same process (one interpreter start a host, not two). Standard
+# library only: no launcher is imported before the environment is there.
 _BOOTSTRAP = (
-    "import os,sys,json\n"
+    "import os,sys,json,runpy\n"
     "def take(n):\n"
     " b=b''\n"
     " while len(b)<n:\n"
@@ -57,7 +58,8 @@ _BOOTSTRAP = (
     "n=b''\n"
     "while not n.endswith(b'\\n') and len(n)<16: n+=take(1)\n"
     "os.environ.update(json.loads(take(int(n))))\n"
-    "os.execv(sys.executable,[sys.executable,'-m',MODULE])\n")
+    "sys.path[1:1]=[p for p in os.environ.get('PYTHONPATH','').split(os.pathsep) if p]\n"
+    "runpy.run_module(MODULE,run_name='__main__',alter_sys=True)\n")
 
 
 def remote_command(reach: Reach, module: str = REMOTE_MODULE) -> str:
