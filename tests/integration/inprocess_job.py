@@ -142,14 +142,3 @@ def check_ended_well(results, kept=None) -> None:
         assert code == 0 and "Traceback" not in err, err
         if kept is None or i in kept:
             assert "keeping the 1 worker(s) for the next round" in err, err
-
-
-def example_job(tmp_path, last_call: int, *options) -> Job:
-    """A c10d job of examples/elastic_inprocess.py (with ``options``), as the docs show it."""
-    port = free_ports(6)
-    line = ("--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={HOST}:{port}",
-            "--rdzv-id=job1", "--rdzv-conf", f"{C10D_CONF},last_call_timeout={last_call}")
-    job = Job(tmp_path, "c10d", port)
-    job.line = lambda node: (*line, "--log_dir", tmp_path / f"node{node}", EXAMPLE, *options, "--check",
-                             tmp_path / "digests.jsonl")
-    return job

@@ -6,11 +6,22 @@ import json
 
 import pytest
 
-from conftest import assert_all_gone
-from inprocess_job import check_went_on, example_job
+from conftest import assert_all_gone, free_ports
+from inprocess_job import C10D_CONF, EXAMPLE, HOST, Job, check_went_on
 from test_elastic import power_off, stop_all
 
 pytestmark = pytest.mark.real_torch
+
+
+def example_job(tmp_path, last_call: int, *options) -> Job:
+    """A c10d job of examples/elastic_inprocess.py (with ``options``), as the docs show it."""
+    port = free_ports(6)
+    line = ("--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={HOST}:{port}",
+            "--rdzv-id=job1", "--rdzv-conf", f"{C10D_CONF},last_call_timeout={last_call}")
+    job = Job(tmp_path, "c10d", port)
+    job.line = lambda node: (*line, "--log_dir", tmp_path / f"node{node}", EXAMPLE, *options, "--check",
+                             tmp_path / "digests.jsonl")
+    return job
 
 
 @pytest.mark.parametrize("options", [(), ("--fleet",)], ids=["plain", "fleet"])
