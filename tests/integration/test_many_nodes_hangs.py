@@ -9,7 +9,8 @@ import pytest
 
 from conftest import WORKERS, free_ports
 from launcher.run import stacks
-from test_many_nodes import LOOPBACK, assert_gone, cluster, job_args, root_cause  # noqa: F401 - cluster: the fixture
+from test_many_nodes import LOOPBACK, assert_gone, job_args, root_cause
+from test_many_nodes import cluster  # noqa: F401 - the fixture
 
 HANG = WORKERS / "hang_two_nodes.py"
 

@@ -9,7 +9,8 @@ import uuid
 
 from conftest import free_ports, pose_as_node_0
 from launcher.nodes.transport.auth import step_proof
-from test_many_nodes import LOOPBACK, WORKER, assert_gone, cluster, job_args, read_attempt  # noqa: F401 - cluster: the fixture
+from test_many_nodes import LOOPBACK, WORKER, assert_gone, job_args, read_attempt
+from test_many_nodes import cluster  # noqa: F401 - the fixture
 
 
 def frame(body: bytes) -> bytes:

@@ -6,7 +6,8 @@ import glob
 
 import pytest
 
-from test_real_paddle import PROGRAMS, folders, paddle3, paddle26, results, run_ours, run_paddles  # noqa: F401 - fixtures
+from test_real_paddle import PROGRAMS, folders, results, run_ours, run_paddles
+from test_real_paddle import paddle3, paddle26  # noqa: F401 - the fixtures
 
 _PADDLES = {}  # the roles under Paddle's launcher, once per test run
 
