@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import REPO, WORKERS, finish_all, free_ports, listening, start_launcher, wait_for
+from conftest import REPO, WORKERS, finish_all, free_ports, listening, read_until, start_launcher, wait_for
 from test_elastic import stop_all
 
 EXAMPLE = REPO / "examples" / "elastic_inprocess.py"
@@ -37,6 +37,7 @@ class Job:
     def __init__(self, folder, backend, endpoint, nnodes="2:3") -> None:
         self.folder, self.backend, self.endpoint, self.nnodes = folder, backend, endpoint, nnodes
         self.procs: list = []
+        self.heads: dict = {}  # node -> what its launcher wrote before it joined (read to see it join), kept for its end
         self.job_id = "inprocess"
         self.last_call = 60
         self.started_port = free_ports(4) if backend == "etcd" else None  # every node's: rank 0's store is there
@@ -59,8 +60,11 @@ class Job:
             started.append(node)
             if node == 0 and self.backend == "c10d":  # the first one binds the endpoint: node 0, however busy the machine
                 wait_for(lambda: listening(HOST, self.endpoint), WAIT, "node 0's launcher on the endpoint")
+            elif self.backend == "etcd":  # the oldest key is node 0: each launcher's key is in etcd before the next starts
+                # (not a sleep: on a busy machine a later one may get there first, and node 2 stopped would hold rank 0's port)
+                self.heads[node] = read_until(self.procs[node], "elastic job: joined the job", WAIT)
             else:
-                time.sleep(0.5)  # with etcd, the oldest key is node 0
+                time.sleep(0.5)
         return started
 
     def steps(self, node: int) -> list:
@@ -83,7 +87,8 @@ class Job:
             wait_for(predicate, WAIT, what)
         except AssertionError:
             stop_all(self.procs)
-            launchers = "\n".join(f"--- launcher of node {n}:\n{p.stderr.read()[-3000:]}" for n, p in enumerate(self.procs))
+            launchers = "\n".join(f"--- launcher of node {n}:\n{(self.heads.get(n, '') + p.stderr.read())[-3000:]}"
+                                  for n, p in enumerate(self.procs))
             raise AssertionError(f"timed out waiting for {what}:\n{self.said()}\n{launchers}") from None
 
     def digests(self) -> list:
@@ -96,7 +101,8 @@ class Job:
         (self.folder / "finish.tmp").write_text(str(furthest + 10))
         (self.folder / "finish.tmp").rename(self.folder / "finish")
         try:
-            return finish_all([self.procs[n] for n in nodes], timeout=WAIT)
+            results = finish_all([self.procs[n] for n in nodes], timeout=WAIT)
+            return [(code, out, self.heads.get(n, "") + err) for n, (code, out, err) in zip(nodes, results)]
         finally:
             stop_all(self.procs)
 
