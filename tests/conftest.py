@@ -54,6 +54,15 @@ def launcher_output_restored():
     console.reset()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(items):
+    """A benchmark's run end to end (marked ``bench``) is slow too: out of the quick loop (``-m 'not slow'``); CI runs
+    them after it (``-m bench``), and ``-m slow`` runs every long test."""
+    for item in items:
+        if item.get_closest_marker("bench") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 def netns_available():
     """Whether this test run may create network namespaces (root and `ip netns`)."""
     import shutil

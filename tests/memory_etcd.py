@@ -6,8 +6,8 @@ gateway's compare dicts, as ``launcher.nodes.elastic.etcd.client`` writes them).
 
 Each launcher gets a client of its own (``client()``), which a test can cut off (``Unavailable`` on every
 call) or close. Events are delivered in the calling thread, in revision order, before the call returns,
-so a history replays the same way every time. tests/integration/test_etcd.py::test_the_memory_double_behaves_like_etcd
-runs the same operations on a real etcd 3.4 and on this, and compares what they answer. ``end_watches`` is
+so a history replays the same way every time.
+tests/integration/test_etcd_endpoints.py::test_the_memory_double_behaves_like_etcd runs the same operations on a real etcd 3.4 and on this, and compares what they answer. ``end_watches`` is
 etcd ending every watch (a compaction they were behind, a member's restart).
 """
 

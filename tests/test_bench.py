@@ -1,11 +1,12 @@
 """The benchmark (bench/) still works.
 
 One ``--tiny`` pass of bench/run.py, both launchers, every workload (the parameter-server ones in
-their own pass, marked slow: ``pytest -m slow tests/test_bench.py``): no timing is asserted, only
-what the benchmark checks on the way (exit codes, no log line lost or cut, ranks in sync, no
-process outliving its launcher, a figure that is only a bound said so in a footnote). Then fast
-tests of the report (goals, rows, the table) and of the harness's port reservations, which start
-no process.
+their own pass): no timing is asserted, only what the benchmark checks on the way (exit codes, no log
+line lost or cut, ranks in sync, no process outliving its launcher, a figure that is only a bound said
+so in a footnote). Those passes, and bench/late_rank0.py's run, take minutes of torch start-ups: they
+are marked ``bench``, out of the quick loop (CI runs them: ``pytest -m bench``); the quick loop runs the
+harness end to end on its two cheapest workloads. Then fast tests of the report (goals, rows, the
+table) and of the harness's port reservations, which start no process.
 """
 
 import errno
@@ -48,6 +49,12 @@ def tiny_run(tmp_path_factory, names):
 
 
 @pytest.fixture(scope="module")
+def tiny_quick(tmp_path_factory):
+    """The quick loop's run: the two cheapest workloads (start-up, teardown: 10 s), both launchers."""
+    return tiny_run(tmp_path_factory, ["startup", "teardown"])
+
+
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Every workload but the parameter-server ones (a minute of torch start-ups: their own, slow, run)."""
     return tiny_run(tmp_path_factory, [w.name for w in workloads.WORKLOADS if w.name not in PS_WORKLOADS])
@@ -63,6 +70,19 @@ def row(result, workload, metric):
     return found
 
 
+def test_a_tiny_run_of_two_workloads_measures_both_sides_and_leaves_nothing(tiny_quick):
+    """The harness end to end, in the quick loop (the full run's tests below say what each workload's rows hold)."""
+    stdout, result = tiny_quick
+    assert stdout.splitlines()[2].split() == ["workload", "metric", "ours", "torchrun", "ratio", "goal", "met?"]
+    assert {r["workload"].split(" ")[0] for r in result["rows"]} == {"1.", "3."}
+    assert result["errors"] == [] and result["leftovers"] == [] and result["notes"] == []
+    for r in result["rows"]:
+        assert r["torchrun"] is not None and r["ours"] is not None, r
+    teardown = row(result, "3.", "launcher exit code")
+    assert teardown["ours"] == 7 and teardown["met"] is True
+
+
+@pytest.mark.bench
 def test_tiny_run_has_every_workload_in_the_table(tiny):
     stdout, result = tiny
     header = stdout.splitlines()[2].split()
@@ -73,6 +93,7 @@ def test_tiny_run_has_every_workload_in_the_table(tiny):
     assert {r["workload"].split(" ")[0] for r in result["rows"]} == {t.split(" ")[0] for t in titles}
 
 
+@pytest.mark.bench
 def test_tiny_run_measures_both_sides_of_every_row(tiny):
     _, result = tiny
     assert result["errors"] == [], result["errors"]
@@ -81,7 +102,7 @@ def test_tiny_run_measures_both_sides_of_every_row(tiny):
     assert "error [" not in tiny[0]
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_tiny_parameter_server_run_has_its_three_workloads_measured(tiny_ps):
     stdout, result = tiny_ps
     for title in TITLES:
@@ -94,7 +115,7 @@ def test_tiny_parameter_server_run_has_its_three_workloads_measured(tiny_ps):
         assert r["torchrun"] is not None and (r["ours"] is None) == (r in unmeasured), r
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.parametrize("title", PS_TITLES)
 def test_tiny_run_parameter_server_trains_the_same_model(tiny_ps, title):
     _, result = tiny_ps
@@ -108,6 +129,7 @@ def test_tiny_run_parameter_server_trains_the_same_model(tiny_ps, title):
         assert loss["ours"] == pytest.approx(loss["torchrun"], rel=1e-3)
 
 
+@pytest.mark.bench
 def test_tiny_run_remarks_only_on_a_figure_that_is_a_bound(tiny):
     stdout, result = tiny
     for r in result["rows"]:
@@ -119,6 +141,7 @@ def test_tiny_run_remarks_only_on_a_figure_that_is_a_bound(tiny):
             assert f"  [{number}] {remark}" in stdout
 
 
+@pytest.mark.bench
 def test_tiny_run_cross_node_teardown(tiny):
     _, result = tiny
     seconds = row(result, "9.", "worker exit on node 1")
@@ -134,6 +157,7 @@ def test_tiny_run_cross_node_teardown(tiny):
         assert node0["torchrun"] not in (0, "running") and seconds["remarks"] == {}
 
 
+@pytest.mark.bench
 def test_tiny_run_restart_round_trip(tiny):
     _, result = tiny
     running = row(result, "10.", "failure -> attempt 2 all running")
@@ -145,6 +169,7 @@ def test_tiny_run_restart_round_trip(tiny):
     assert (code["ours"], code["torchrun"]) == (0, 0) and code["met"] is True
 
 
+@pytest.mark.bench
 def test_tiny_run_loses_no_log_line(tiny):
     _, result = tiny
     lost = row(result, "5.", "lines lost")
@@ -154,6 +179,7 @@ def test_tiny_run_loses_no_log_line(tiny):
     assert floor["ours"] > 0 and floor["torchrun"] > 0 and floor["ratio"] is None
 
 
+@pytest.mark.bench
 def test_tiny_run_exit_codes(tiny):
     _, result = tiny
     teardown = row(result, "3.", "launcher exit code")
@@ -162,12 +188,14 @@ def test_tiny_run_exit_codes(tiny):
     assert row(result, "6.", "launcher exit code")["ours"] == 143  # 128 + SIGTERM
 
 
+@pytest.mark.bench
 def test_tiny_run_leaves_no_process_behind(tiny):
     stdout, result = tiny
     assert result["leftovers"] == [] and result["notes"] == []
     assert "note:" not in stdout
 
 
+@pytest.mark.bench
 def test_late_rank0_bench_runs_two_nodes_with_each_launcher():
     """bench/late_rank0.py, its smallest run: 2 nodes on loopback x 1 worker, rank 0 not late."""
     import re

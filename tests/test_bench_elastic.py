@@ -1,7 +1,8 @@
 """bench/elastic.py still works: one run of its start-up scenario, both launchers (3 launchers each on
 127.0.0.1, real gloo workers), and the table's cells. No timing is asserted, only what holds however
 loaded the machine: a figure on both sides, every node's exit 0 (a job of a step count), nothing left
-running; a bad option exits 2 before anything starts."""
+running; a bad option exits 2 before anything starts. The spare scenario's runs are marked ``bench``, out of the quick
+loop (CI runs them: ``pytest -m bench``)."""
 
 import json
 import shutil
@@ -34,6 +35,7 @@ def test_one_start_up_run_of_each_launcher_has_its_figures_and_leaves_nothing(tm
     assert "Left running after a run: nothing." in done.stdout
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("backend", ["c10d", "etcd"])
 def test_one_spare_run_promotes_the_warm_standby_and_keeps_every_process(tmp_path, backend):
     """The spare scenario, small: ours with workers kept in place and a warm standby (torchrun's side is left out

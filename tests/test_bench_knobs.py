@@ -1,8 +1,8 @@
 """bench/fleet_knobs.py still works.
 
-One ``--tiny`` run (marked slow: a dozen launches of 2 torch workers, about two minutes on 2 cores) of both
-models with a few variants under both launchers: every requested row in each table, numbers in the
-JSON, the ranks' parameters in agreement (for local SGD right after its last averaging step), the
+One ``--tiny`` run (a dozen launches of 2 torch workers, about two minutes on 2 cores: marked ``bench``, out
+of the quick loop; CI runs it) of both models with a few variants under both launchers: every requested row
+in each table, numbers in the JSON, the ranks' parameters in agreement (for local SGD right after its last averaging step), the
 bound variant measured (or n/a, where the launcher lacks --bind_cores_to_rank). No timing is asserted. Then fast tests
 that start no launcher: the table, the goals, the refusals of bad arguments, and ``--device cuda``
 on a machine without CUDA.
@@ -51,7 +51,7 @@ def table_rows(stdout: str, model: str) -> dict:
     return rows
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.parametrize("model", ["mlp", "conv"])
 def test_tiny_run_has_a_row_for_every_requested_variant(tiny, model):
     stdout, result = tiny
@@ -62,7 +62,7 @@ def test_tiny_run_has_a_row_for_every_requested_variant(tiny, model):
     assert result["complete"] is True and result["steps"] == 2 and result["rounds"] == 1 and result["nproc"] == 2
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.parametrize("model", ["mlp", "conv"])
 def test_tiny_run_measures_every_variant_and_the_ranks_agree(tiny, model):
     _, result = tiny
@@ -79,7 +79,7 @@ def test_tiny_run_measures_every_variant_and_the_ranks_agree(tiny, model):
     assert base["steps_ratio_vs_ddp"] == 1.0
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_tiny_run_compares_local_sgd_ranks_after_the_last_averaging(tiny):
     from launcher.fleet.optimizer import averaging_due
     from launcher.fleet.strategy import DistributedStrategy
@@ -96,7 +96,7 @@ def test_tiny_run_compares_local_sgd_ranks_after_the_last_averaging(tiny):
         assert plain["checksum_step"] == total - 1
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_tiny_run_reports_a_missing_launcher_option_as_not_available(tiny):
     stdout, result = tiny
     for model in ("mlp", "conv"):

@@ -1,7 +1,9 @@
 """bench/scale.py and bench/scale_sim.py still work, at a size this machine runs in seconds: no timing is
 asserted, only what holds however loaded the machine (with each backend, a real etcd's too: every worker
 up, every other worker stopped by a failure and by a silent node, the simulated nodes all given each
-round, nothing left running)."""
+round, nothing left running). The whole runs of each backend take a minute of launchers: they are marked
+``bench``, out of the quick loop (CI runs them: ``pytest -m bench``); the quick loop runs the monitor's, of a
+part of the scenarios on c10d."""
 
 import json
 import socket
@@ -22,6 +24,7 @@ def run(*args, timeout=600):
     return done
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("backend", ["fixed", "c10d"])
 def test_a_job_of_4_nodes_is_measured_whole(tmp_path, backend):
     out = tmp_path / "scale.json"
@@ -46,6 +49,7 @@ def test_with_the_monitor_every_node_is_scraped_and_the_job_stops_whole(tmp_path
     assert result["scraped"]["nodes"] == 4 and result["scraped"]["ok"] >= 4, result
 
 
+@pytest.mark.bench
 def test_a_job_of_4_nodes_with_its_membership_in_etcd_is_measured_whole(tmp_path, etcd):  # noqa: F811
     out = tmp_path / "scale.json"
     run("bench/scale.py", "--nodes", "4", "--backends", "etcd", "--etcd", etcd.endpoints, "--idle", "1",

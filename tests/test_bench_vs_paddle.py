@@ -1,6 +1,7 @@
 """bench/vs_paddle.py still works: one run of each figure against Paddle's own launcher, run from the
 Paddle 3 environment of tests/paddle_envs.py (skipped where it cannot be made). No timing is asserted, only what holds however loaded the machine: exit codes, complete
-logs, and nothing of ours left after kill -9."""
+logs, and nothing of ours left after kill -9. That run (both launchers, a minute) is marked ``bench``, out of the quick
+loop (CI runs it: ``pytest -m bench``)."""
 
 import subprocess
 import sys
@@ -15,6 +16,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import vs_paddle  # noqa: E402
 
 
+@pytest.mark.bench
 def test_one_run_of_each_figure_against_paddles_launcher():
     try:
         python = paddle_envs.make(paddle_envs.PADDLE3)

@@ -31,6 +31,7 @@ def test_the_development_install_takes_the_cpu_torch_first_and_ci_runs_it_as_sho
     lines = _development_block()
     assert lines == ["pip install torch --index-url https://download.pytorch.org/whl/cpu",
                      "pip install -e '.[test]'",
-                     "python -m pytest -m 'not slow'"]
+                     "python -m pytest -m 'not slow'",
+                     "python -m pytest -m bench"]
     users = (REPO / "README.md").read_text().split("## Install", 1)[1].split("## Quick start", 1)[0]
     assert "\n".join(lines[:2]) in users  # the Install section shows the same two lines

@@ -29,13 +29,19 @@ def launcher(folder, out, rendezvous, nnodes="2:2"):
     return subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def holds_its_place(proc) -> None:
+    """Wait until the launcher holds its place in the job (c10d's node 0 listens on the endpoint, any other launcher
+    joined: its first "elastic job:" line), so that the next one starts after it, however busy the machine."""
+    read_until(proc, "elastic job: ", 60)
+
+
 def kept_out_then_joined(tmp_path, rendezvous, nnodes="2:2"):
     good, stale = tmp_path / "node0", tmp_path / "node1"
     for folder, text in ((good, TRAIN), (stale, TRAIN + "# another copy of the code\n")):
         folder.mkdir()
         (folder / "train.py").write_text(text)
     first = launcher(good, tmp_path, rendezvous, nnodes)
-    time.sleep(1.0)  # it keeps the membership
+    holds_its_place(first)  # it keeps the membership
     second = launcher(stale, tmp_path, rendezvous, nnodes)
     said = ""
     deadline = time.monotonic() + 60
@@ -85,7 +91,8 @@ def sick_member_leaves(tmp_path, rendezvous, nnodes):
                            "--log_dir", tmp_path / f"log{i}", "train.py", tmp_path)
         procs.append(subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
-        time.sleep(1.5)  # in this order: node 0 keeps the membership, the third waits as a standby
+        if i < 2:  # in this order: node 0 keeps the membership, the third waits as a standby
+            holds_its_place(procs[i])
     read_until(procs[2], "standby", 60)
     (tmp_path / "go").write_text("")
     results = finish_all(procs, timeout=180)

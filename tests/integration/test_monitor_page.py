@@ -9,6 +9,7 @@ import time
 import pytest
 
 from conftest import WORKERS, start_launcher, wait_for
+from test_elastic import power_off
 
 pytest.importorskip("prometheus_client")
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -62,7 +63,7 @@ def test_the_page_follows_the_job_without_a_reload(tmp_path, browser):
         assert browser.execute_script("return performance.getEntriesByType('resource')"
                                       ".filter(e => !e.name.startsWith(location.origin)).length") == 0
     finally:
-        proc.kill()
+        power_off(proc)  # its workers too: rank 0 would stop 20 s after the launcher's SIGTERM
         proc.communicate()
 
 
@@ -87,5 +88,5 @@ def test_any_node_s_page_shows_the_whole_job(tmp_path, browser):
         wait_for(lambda: rows(browser)[3][0] == "failed", WAIT, "rank 3's row (node 1) turned to failed")
     finally:
         for proc in procs:
-            proc.kill()
+            power_off(proc)  # its workers too: they would stop 20 s after the launcher's SIGTERM
             proc.communicate()

@@ -52,8 +52,8 @@ class Launchers:
         self.procs.append(proc)
         if node == 0 and self.backend == "c10d":  # the first one binds the endpoint: node 0, however busy the machine
             wait_for(lambda: listening(HOST, self.endpoint), WAIT, "node 0's launcher on the endpoint")
-        elif node == 0:
-            time.sleep(0.5)  # with etcd, the oldest key is node 0
+        elif node == 0:  # with etcd, the oldest key is node 0: its key is in etcd before the next launcher starts
+            self.wait(lambda: "elastic job: joined the job" in self.said(0), "node 0's key in etcd")
         return proc
 
     def err(self, node: int):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import WORKERS, finish_all, free_ports, listening, start_launcher, wait_for
+from conftest import WORKERS, finish_all, free_ports, listening, read_until, start_launcher, wait_for
 from etcd_servers import etcd  # noqa: F401 - the fixture
 
 pytest.importorskip("torch")
@@ -93,8 +93,10 @@ def test_a_straggler_leaves_an_elastic_job_and_the_others_go_on_in_place(tmp_pat
                                         env={"SLOW_NODE": "1" if n == 2 else "0"}))
             if n == 0 and backend == "c10d":  # the first binds the endpoint: node 0
                 wait_for(lambda: listening(HOST, endpoint), WAIT, "node 0's launcher on the endpoint")
+            elif backend == "etcd" and n < 2:  # the oldest key keeps the membership: each key in etcd before the next
+                read_until(procs[n], "elastic job: joined the job", WAIT)  # (of these two, only the exit code is read)
             else:
-                time.sleep(0.5)  # with etcd, the oldest key keeps the membership
+                time.sleep(0.5)
         wait_for(lambda: all(any(s["world"] == "3" for s in steps(f)) for f in folders), WAIT, "a world of 3")
         wait_for(lambda: procs[2].poll() is not None, WAIT, "the slow node's launcher leaving")
         out, err = procs[2].communicate(timeout=WAIT)

@@ -12,8 +12,9 @@ import psutil
 import pytest
 
 from conftest import WORKERS, assert_refused_in_one_line, finish_all, free_ports, run_launcher, start_launcher, wait_for
-from test_inprocess import EXAMPLE, WAIT, example_job
+from inprocess_job import EXAMPLE, WAIT
 from test_elastic import stop_all
+from test_inprocess import example_job
 
 pytestmark = pytest.mark.real_torch
 

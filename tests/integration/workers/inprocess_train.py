@@ -1,5 +1,5 @@
 """A worker that re-enters in place (launcher.runtime.elastic.run): the data-parallel steps of
-examples/elastic_inprocess.py, with what the tests of tests/integration/test_inprocess.py watch.
+examples/elastic_inprocess.py, with what the tests of tests/integration/test_inprocess*.py watch.
 
     inprocess_train.py FOLDER [STEPS]
 

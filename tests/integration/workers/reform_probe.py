@@ -1,4 +1,4 @@
-"""A worker of ``launcher.runtime.elastic.run`` for tests/test_runtime_elastic.py: a tiny model trained with
+"""A worker of ``launcher.runtime.elastic.run`` for tests/test_runtime_elastic*.py: a tiny model trained with
 all-reduces, forever (until the process is stopped), in every round the launcher gives it.
 
 At each entry into ``train`` it appends one JSON line to argv[1] ("event": "enter"): the round, rank, world
