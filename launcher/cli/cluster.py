@@ -25,6 +25,7 @@ from launcher.output.console import console, setup_messages
 from launcher.output.hosts_table import hosts_table
 from launcher.output.messages import log
 from launcher.plan import carried_env, collective, hostfile, over_ssh
+from launcher.plan import elastic_backends as backends
 
 DEFAULT_RUN = 16  # ports asked about beside the control port, where a host's workers are not known yet
 
@@ -118,7 +119,7 @@ def _request(ctx: click.Context, values: Mapping, given):
 
     nodes = values.get("nnodes")
     if isinstance(nodes, NodeRange) and nodes.elastic and not given("rdzv_endpoint") and not given("master"):
-        stand_ins = {"rdzv_endpoint": "127.0.0.1", **({} if given("rdzv_backend") else {"rdzv_backend": "c10d"})}
+        stand_ins = {"rdzv_endpoint": "127.0.0.1", **({} if given("rdzv_backend") else {"rdzv_backend": backends.C10D.name})}
         values = {**values, **stand_ins}
         for name in stand_ins:
             ctx.set_parameter_source(name, click.core.ParameterSource.COMMANDLINE)

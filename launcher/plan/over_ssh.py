@@ -18,6 +18,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from launcher.plan import elastic_backends as backends
 from launcher.untrusted import json_object
 
 MARKER = b"\x1elauncher-over-ssh "  # a record separator first: no program prints it at the start of a line
@@ -200,7 +201,7 @@ def host_options(names: Sequence[str], node: int, counts: Sequence[int], gpus: O
     options = ["--node_ip", names[node], "--nproc_per_node", str(counts[node])]
     if elastic:
         if not endpoint_given:
-            options += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{_bracketed(names[0])}:{start}"]
+            options += ["--rdzv_backend", backends.C10D.name, "--rdzv_endpoint", f"{_bracketed(names[0])}:{start}"]
     else:
         options += ["--cluster_env", "cli", "--cluster_node_ips", ",".join(names), "--started_port", str(start + 1)]
         if len(set(counts)) > 1:
