@@ -56,10 +56,11 @@ def launcher_output_restored():
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects
 def pytest_collection_modifyitems(items):
-    """A benchmark's run end to end (marked ``bench``) is slow too: out of the quick loop (``-m 'not slow'``); CI runs
-    them after it (``-m bench``), and ``-m slow`` runs every long test."""
+    """A benchmark's run end to end (marked ``bench``) and training checked number for number (``training``) are slow
+    too: out of the quick loop (``-m 'not slow'``); CI runs them after it (``-m 'bench or training'``), and ``-m slow``
+    runs every long test."""
     for item in items:
-        if item.get_closest_marker("bench") is not None:
+        if item.get_closest_marker("bench") is not None or item.get_closest_marker("training") is not None:
             item.add_marker(pytest.mark.slow)
 
 

@@ -32,6 +32,6 @@ def test_the_development_install_takes_the_cpu_torch_first_and_ci_runs_it_as_sho
     assert lines == ["pip install torch --index-url https://download.pytorch.org/whl/cpu",
                      "pip install -e '.[test]'",
                      "python -m pytest -m 'not slow'",
-                     "python -m pytest -m bench"]
+                     "python -m pytest -m 'bench or training'"]
     users = (REPO / "README.md").read_text().split("## Install", 1)[1].split("## Quick start", 1)[0]
     assert "\n".join(lines[:2]) in users  # the Install section shows the same two lines

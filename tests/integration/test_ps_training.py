@@ -17,6 +17,8 @@ import psjob
 sys.path.insert(0, str(psjob.WORKERS))
 import ps_models  # noqa: E402
 
+pytestmark = pytest.mark.training  # CI runs them after the quick loop (README's development lines)
+
 TOLERANCE = 1e-5
 STEPS = 5
 KILL_DEADLINE_MS = "120000"  # far above the time a failure may take to spread: proves nobody waits for it
