@@ -222,7 +222,7 @@ def test_a_silent_command_as_on_a_lost_network_makes_every_host_stop_its_workers
     try:
         marks = wait_for(lambda: len(job.marks()) == 3 and job.marks(), "every worker started")
         head.send_signal(signal.SIGSTOP)  # its ssh clients keep their connections: the hosts hear nothing
-        wait_for(lambda: not alive(marks), "every worker stopped by its own launcher", bound=120)
+        wait_for(lambda: not alive(marks), "every worker stopped by its own launcher", bound=180)
     finally:
         head.kill()
         head.wait()
