@@ -198,11 +198,11 @@ ROWS = (
           "workers); # starts a comment.", tags=(OVER_SSH,), click={"metavar": "FILE"}),
     _ours("hosts", SSH, "The hosts as horovodrun's -H: h1:4,h2:2,h3 (instead of --hostfile).", short=("-H",),
           tags=(OVER_SSH,), click={"metavar": "HOST[:N],..."}),
-    _ours("include", SSH, "Only these hosts and GPUs (DeepSpeed's host1:0,2@host2).", tags=(OVER_SSH,)),
-    _ours("exclude", SSH, "All but these hosts and GPUs (DeepSpeed's host1:0@host3).", tags=(OVER_SSH,)),
+    _ours("include", SSH, "Only these hosts and GPUs (DeepSpeed's host1:0,2@host2).", tags=(OVER_SSH,), click={"metavar": "HOSTS"}),
+    _ours("exclude", SSH, "All but these hosts and GPUs (DeepSpeed's host1:0@host3).", tags=(OVER_SSH,), click={"metavar": "HOSTS"}),
     _ours("remote_python", SSH, "The Python the hosts run the launcher with. Default: this command's own "
           "(sys.executable), in the same working directory.", tags=(OVER_SSH,), click={"metavar": "PATH"}),
-    _ours("ssh_port", SSH, "The hosts' ssh port (default: ssh's own).", tags=(OVER_SSH,), click={"type": PORT}),
+    _ours("ssh_port", SSH, "The hosts' ssh port (default: ssh's own).", tags=(OVER_SSH,), click={"type": PORT, "metavar": "PORT"}),
     _ours("ssh_identity_file", SSH, "The key ssh offers the hosts.", tags=(OVER_SSH,), click={"metavar": "FILE"}),
     _ours("ssh_args", SSH, "More arguments for every ssh command, split as a shell would: '-F my_config -o "
           "ProxyJump=gw'.", tags=(OVER_SSH,), click={"metavar": "ARGS"}),
