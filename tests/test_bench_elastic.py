@@ -18,6 +18,7 @@ import elastic  # noqa: E402
 from elastic import Figure  # noqa: E402
 
 
+@pytest.mark.bench  # CI runs it after the quick loop
 def test_one_start_up_run_of_each_launcher_has_its_figures_and_leaves_nothing(tmp_path):
     out = tmp_path / "elastic.json"
     done = subprocess.run([sys.executable, "bench/elastic.py", "--only", "startup", "--sides", "ours,torchrun",

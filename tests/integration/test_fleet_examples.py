@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.training  # CI runs them after the quick loop (README's development lines)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

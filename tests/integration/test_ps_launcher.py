@@ -53,6 +53,7 @@ def test_a_failing_server_stops_the_job_at_once_with_its_code(tmp_path):
     assert "server 1 failed (exit code 9)" in r.stderr and f"log: {logs / 'serverlog.1'}" in r.stderr
 
 
+@pytest.mark.training  # CI runs it after the quick loop
 def test_the_ctr_example_runs_as_a_parameter_server_job(tmp_path):
     cmd = [sys.executable, "-m", "launcher", "--server_num", "2", "--worker_num", "2", "--log_dir", "logs",
            str(psjob.REPO / "examples" / "train_ctr_ps.py")]
