@@ -235,3 +235,11 @@ def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host
                             env=job.env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert [w["RANK"] for w in workers_seen(result.stdout + result.stderr)] == ["0", "1", "2"]
+
+
+def test_an_elastic_job_over_ssh_forms_from_its_hosts_and_those_past_max_wait_as_spares(job):
+    result = job.run("--nproc_per_node", "1", "--nnodes", "1:2", hostfile=job.hostfile("\n".join(HOSTS)))
+    assert result.returncode == 0, result.stderr
+    assert "by round" in result.stderr  # ranks follow each round, not the hostfile
+    assert [w["RANK"] for w in workers_seen(result.stdout + result.stderr)] == ["0", "1"]
+    assert "waits as a standby" in result.stderr and "the job ended without this launcher" in result.stderr
