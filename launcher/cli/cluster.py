@@ -21,8 +21,8 @@ from launcher.cli import request as requests
 from launcher.cli import table
 from launcher.envvars import JOB_TOKEN
 from launcher.errors import LaunchError
+from launcher.output import reports
 from launcher.output.console import console, setup_messages
-from launcher.output.hosts_table import hosts_table
 from launcher.output.messages import log
 from launcher.plan import carried_env, collective, hostfile, over_ssh
 from launcher.plan import elastic_backends as backends
@@ -67,7 +67,8 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
         placed = _place(hosts, fan.remotes, reach, opts, values)
         start = over_ssh.common_start(starts, [(r.facts or {}).get("free") for r in fan.remotes],
                                       [p.workers + 1 for p in placed])
-        console.write(2, hosts_table(over_ssh.table_rows(placed, start, request.elastic is not None)).encode())
+        rows = over_ssh.table_rows(placed, start, request.elastic is not None)
+        console.write(2, "".join(line + "\n" for line in reports.table(rows, indent="")).encode())
         _refuse_unfit(placed, start, values.get("started_port"))
         names, counts, base = [p.address for p in placed], [p.workers for p in placed], _passed_on(argv)
         runs = {p.node: over_ssh.host_options(names, p.node, counts, p.gpus, start, request.elastic is not None,
@@ -144,9 +145,9 @@ def _refuse_mixed(given, request) -> None:
 
 def _local_names() -> frozenset:
     """The host names that are this machine (localhost, and the addresses of its interfaces): they run without ssh."""
-    import psutil
+    from launcher.host import preflight
 
-    return frozenset(LOCAL_NAMES) | {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return frozenset(LOCAL_NAMES) | {interface.address for interface in preflight.interfaces()}
 
 
 def _place(hosts, remotes, reach: over_ssh.Reach, opts, values) -> list:

@@ -24,7 +24,7 @@ def probe_host(env=None, topology: bool = False) -> HostFacts:
     return HostFacts(
         gpu_count=count_gpus(),
         cpu_count=len(os.sched_getaffinity(0)),
-        interfaces=tuple(_interfaces()),
+        interfaces=tuple(interfaces()),
         python=sys.executable,
         run_id=uuid.uuid4().hex[:12],
         temp_dir=tempfile.gettempdir(),
@@ -88,7 +88,7 @@ def count_gpus(proc: str = "/proc", dev: str = "/dev"):
     return len(found) or None
 
 
-def _interfaces():
+def interfaces():
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():

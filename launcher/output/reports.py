@@ -77,9 +77,10 @@ def _format_ps_plan(plan) -> str:
     return "\n".join(lines + table(rows) + _plan_footer(plan))
 
 
-def table(rows: list) -> list:
+def table(rows: list, indent: str = "  ") -> list:
+    """``rows`` (tuples of texts, the first the headings) as aligned columns, a line each."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip() for r in rows]
+    return [indent + "  ".join(c.ljust(wd) for c, wd in zip(r, widths)).rstrip() for r in rows]
 
 
 def _plan_footer(plan) -> list:

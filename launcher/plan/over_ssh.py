@@ -27,6 +27,7 @@ SILENT_AFTER = 60.0  # seconds without a line from the command after which a hos
 MAX_LINE = 16 << 20  # bytes of one lifeline line: a job's environment fits many times over
 NO_FOLDER, NO_PYTHON = 201, 127  # the remote command's exit codes: no working directory, no Python
 REMOTE_MODULE = "launcher.cli.over_ssh"
+TABLE_HEADINGS = ("host", "address", "workers", "ranks", "ports", "check")
 PORT_TRIES = 8  # candidate port runs each host checks at once
 PORT_LOW, PORT_HIGH = 20000, 32000  # where candidate runs are drawn: below Linux's ephemeral ports (32768 on)
 
@@ -233,9 +234,9 @@ class Placed:
 
 
 def table_rows(placed: Sequence[Placed], start: Optional[int], elastic: bool) -> list:
-    """The check's table, a row a host (``launcher.output.hosts_table.HEADINGS``): its ranks in hostfile order (by
-    round in an elastic job) and its ports (node 0's control port first)."""
-    rows, first = [], 0
+    """The check's table, its headings first, then a row a host: its ranks in hostfile order (by round in an elastic
+    job) and its ports (node 0's control port first)."""
+    rows, first = [TABLE_HEADINGS], 0
     for p in placed:
         last = first + p.workers - 1
         ranks = "-" if not p.workers else "by round" if elastic else str(first) if last == first else f"{first}-{last}"

@@ -13,11 +13,9 @@ Nothing is signalled but the ssh clients this command started.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import selectors
 import secrets
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -25,9 +23,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.output.console import console
 from launcher.plan import over_ssh
+from launcher.run.signals import SignalIntake
 
 STOP_SLACK = 10.0  # seconds past the workers' shutdown_timeout that a host's launcher has to end after a stop
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 STDERR_KEPT = 8192  # bytes of a session's stderr kept before it answered the check, for the reason it failed
 
 
@@ -72,12 +70,10 @@ class FanOut:
         self.answer_within = 2 * reach.connect_timeout
         self.clock = clock
         self.selector = selectors.DefaultSelector()
-        self.signals: List[int] = []
+        self.signals: List[int] = []  # the stop signals received, in order
         self.next_beat = 0.0
-        self._wakeup_r, self._wakeup_w = os.pipe()
-        for fd in (self._wakeup_r, self._wakeup_w):
-            os.set_blocking(fd, False)
-        self.selector.register(self._wakeup_r, selectors.EVENT_READ, None)
+        self.intake = SignalIntake()  # the launcher's own: a wakeup pipe the loop waits on, no work in a handler
+        self.selector.register(self.intake.fd, selectors.EVENT_READ, None)
 
     # ---------------------------------------------------------------- the two steps
 
@@ -145,22 +141,14 @@ class FanOut:
             if remote.proc is not None:
                 remote.proc.wait()
         self.selector.close()
-        os.close(self._wakeup_r)
-        os.close(self._wakeup_w)
+        self.intake.restore()
+        self.intake.close()
 
     # ---------------------------------------------------------------- signals
 
     def catch_signals(self) -> None:
-        """The stop signals noted (and the loop woken) instead of their default."""
-        def note(sig, _frame):
-            self.signals.append(sig)
-            try:
-                os.write(self._wakeup_w, b"\0")
-            except OSError:
-                pass
-
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, note)
+        """The stop signals noted (and the loop woken) instead of their default, as the launcher's own are."""
+        self.intake.install()
 
     # ---------------------------------------------------------------- one session
 
@@ -176,9 +164,7 @@ class FanOut:
             os.set_blocking(stream.fileno(), False)
             self.selector.register(stream.fileno(), selectors.EVENT_READ, (remote, stream))
         remote.open_streams = 2
-        fd = remote.proc.stdin.fileno()
-        os.set_blocking(fd, False)
-        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+        os.set_blocking(remote.proc.stdin.fileno(), False)
 
     def _failed(self, remote: Remote) -> bool:
         """Whether ``remote`` failed the check (its failure then set)."""
@@ -223,20 +209,13 @@ class FanOut:
         """One wait for output (or a signal), and what came read and relayed; pending input pushed on."""
         for key, _ in self.selector.select(timeout):
             if key.data is None:
-                self._drain_wakeup()
+                self.signals += [s for s in self.intake.received() if s in self.intake.stopping]
                 continue
             remote, stream = key.data
             self._read(remote, stream)
         for remote in self.remotes:
             if remote.outgoing and remote.proc is not None:
                 self._flush(remote)
-
-    def _drain_wakeup(self) -> None:
-        try:
-            while os.read(self._wakeup_r, 512):
-                pass
-        except OSError:
-            pass
 
     def _read(self, remote: Remote, stream) -> None:
         fd = stream.fileno()
