@@ -54,6 +54,7 @@ def refused(tmp_path, space: str, *args) -> str:
     ("metric: 3\nknobs:\n  env.A: [1]\n", "metric names the running count"),
     ("trial_seconds: 0\nknobs:\n  env.A: [1]\n", "trial_seconds must be a number from 1 to 86400, not int 0"),
     ("repeats: 0\nknobs:\n  env.A: [1]\n", "repeats must be a whole number from 1 to 10"),
+    ("search: grid\nknobs:\n  env.A: [1]\n", "search is descent or every, not str 'grid'"),
     ("knobs:\n  nnodes: ['2:1']\n", "knob nnodes"),
     ("knobs:\n  max_restarts: [1]\n  max-restarts: [2]\n", "is named twice"),
     ("- a\n", "not a mapping"),
@@ -232,9 +233,9 @@ def rate(r, spread=1.0):
     return Rate(r, spread, 100, 2.0, 10)
 
 
-def run_search(speed, points, repeats=3, fail=()):
+def run_search(speed, points, repeats=3, fail=(), every=False):
     """The trials the search asks for, each measured as ``speed(point, n)`` (n: the point's trials so far)."""
-    search, asked = Search(points, repeats), []
+    search, asked = Search(points, repeats, every), []
     while (point := search.next()) is not None:
         asked.append(point)
         n = asked.count(point) - 1
@@ -268,6 +269,48 @@ def test_the_search_replays_the_same_trials_from_its_results():
     points = [(("env.A", i),) for i in range(7)]
     speed = lambda p, n: 50.0 + ((p[0][1] * 37 + n * 11) % 23)  # noqa: E731
     assert run_search(speed, points)[1] == run_search(speed, points)[1]
+
+
+def grid(*sizes):
+    return tune_space.Space(tuple(tune_space.Knob(f"env.K{i}", tune_space.ENV, f"K{i}", tuple(range(n)))
+                                  for i, n in enumerate(sizes))).points()
+
+
+def test_the_descent_goes_one_knob_at_a_time_and_measures_the_sum_of_the_values_not_their_product():
+    points = grid(4, 3, 2, 3)  # 72 points
+    best = (3, 0, 1, 2)
+    speed = lambda p, n: 100.0 - sum(abs(v - b) * 7 for (_, v), b in zip(p, best))  # noqa: E731
+    search, asked = run_search(speed, points)
+    assert asked[:5] == [DEFAULTS, points[0], *[p for p in points if p[1:] == points[0][1:] and p != points[0]]]
+    assert search.best().point == tuple(zip([f"env.K{i}" for i in range(4)], best))
+    descent = asked[:asked.index(search.best().point) + 1]
+    first_pass = 1 + 3 + 2 + 1 + 2  # the start, then each knob's other values
+    second_pass = 3 + 2 + 1  # the lines through the point it moved to; the last knob's line is measured
+    assert len(set(asked) - {DEFAULTS}) == first_pass + second_pass  # of 72 points
+    assert len(descent) == len(set(descent))  # nothing measured twice before the leaders' passes
+
+
+def test_a_value_that_helps_only_beside_another_is_found_by_every_not_by_the_descent():
+    points = grid(2, 2)
+    together = (("env.K0", 1), ("env.K1", 1))
+    speed = lambda p, n: 200.0 if p == together else 100.0 - 10 * sum(v for _, v in p)  # noqa: E731
+    assert run_search(speed, points)[0].best().point == points[0]
+    search, asked = run_search(speed, points, every=True)
+    assert asked[:5] == [DEFAULTS, *points] and search.best().point == together
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4), st.data())
+def test_the_search_ends_asks_only_points_of_the_space_and_names_the_fastest_it_measured(sizes, data):
+    points = grid(*sizes)
+    speeds = {p: data.draw(st.floats(1.0, 100.0)) for p in points}
+    fail = set(data.draw(st.lists(st.sampled_from(points), max_size=2)))
+    search, asked = run_search(lambda p, n: speeds[p], points, fail=fail)
+    assert asked[0] == DEFAULTS and set(asked[1:]) <= set(points)
+    assert len(asked) <= 1 + len(points) * 3
+    measured = [s for s in search.standings() if s.point != DEFAULTS]
+    assert search.best() == (max(measured, key=lambda s: s.rate) if measured else None)
+    assert not fail & {s.point for s in measured}
 
 
 def test_noise_between_the_best_and_the_next():

@@ -16,7 +16,8 @@ from launcher.plan import strategy_fields
 
 OPTION, ENV, STRATEGY, ARG = "option", "env", "strategy", "arg"
 PREFIXES = (ENV, STRATEGY, ARG)
-KEYS = ("metric", "trial_seconds", "warmup_steps", "steady", "repeats", "knobs")
+KEYS = ("metric", "trial_seconds", "warmup_steps", "steady", "repeats", "search", "knobs")
+SEARCHES = ("descent", "every")  # launcher.plan.tune_search: one knob at a time, or every point once
 STEPS = "steps"  # the default metric: the step of report(step=...)
 MAX_POINTS = 1000
 SCALARS = (str, int, float, bool)
@@ -38,6 +39,7 @@ class Space:
     warmup_steps: int = 5  # steps of each rank left out before its rate is measured
     steady: float = 0.02  # a rate is steady once its spread is within this share of it
     repeats: int = 3  # the trials of each leader at the end (launcher.plan.tune_search)
+    search: str = SEARCHES[0]
 
     def points(self) -> list:
         """Every point of the space: a tuple of (knob name, value), in the knobs' order."""
@@ -64,7 +66,8 @@ def parse(data, where: str, check_option: CheckOption) -> Space:
                   trial_seconds=_number(data, "trial_seconds", 60.0, where, low=1.0),
                   warmup_steps=int(_number(data, "warmup_steps", 5, where, low=0, whole=True)),
                   steady=_number(data, "steady", 0.02, where, low=0.001, high=0.5),
-                  repeats=int(_number(data, "repeats", 3, where, low=1, high=10, whole=True)))
+                  repeats=int(_number(data, "repeats", 3, where, low=1, high=10, whole=True)),
+                  search=_search(data.get("search", SEARCHES[0]), where))
     if math.prod(len(k.values) for k in space.knobs) > MAX_POINTS:
         raise LaunchError(f"{where} has more than {MAX_POINTS} points; try fewer values or fewer knobs.")
     names = [k.kind + ":" + k.key for k in space.knobs]
@@ -108,6 +111,12 @@ def _metric(value, where: str) -> str:
     if not isinstance(value, str) or not value or not value.isprintable():
         raise LaunchError(f"{where}: metric names the running count the program reports (report(samples=...)), "
                           f"or steps; not {_what(value)}.")
+    return value
+
+
+def _search(value, where: str) -> str:
+    if value not in SEARCHES:
+        raise LaunchError(f"{where}: search is {' or '.join(SEARCHES)}, not {_what(value)}.")
     return value
 
 

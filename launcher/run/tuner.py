@@ -46,7 +46,7 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
         raise LaunchError(f"{job.log_dir} already holds a tuning history ({HISTORY}); add --resume to go on from it, "
                           "or give another --log_dir.")
     os.makedirs(job.log_dir, exist_ok=True)
-    search, done = Search(job.space.points(), job.space.repeats), []
+    search, done = Search(job.space.points(), job.space.repeats, job.space.search == "every"), []
     number = max([r[0] for rs in earlier.values() for r in rs] + _folders(job.log_dir), default=0)
     before = {sig: signal.signal(sig, _interrupted) for sig in STOPPING}
     try:
