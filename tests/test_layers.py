@@ -29,6 +29,7 @@ BASE = ("addresses", "envvars", "errors", "local_channel", "progress_page", "unt
 # rooms inside nodes: module prefix -> rank (an import points to a lower rank, or stays in its own room)
 # (each backend's subpackage, named by its row in launcher/plan/elastic_backends.py, is a room of rank 2)
 NODES_ROOMS = {"launcher.nodes.transport": 0, "launcher.nodes.static": 1, "launcher.nodes.elastic": 1,
+               "launcher.nodes.tune": 1,
                **{row.subpackage: 2 for row in elastic_backends.ROWS if row.subpackage},
                "launcher.nodes.elastic.backends": 3}
 TOP = ("__init__", "__main__")  # the package itself: its docstring/version, and ``python -m launcher``

@@ -1,4 +1,4 @@
-"""What any listener of the launcher must withstand, run on all seven servers: a client that never speaks (one, and
+"""What any listener of the launcher must withstand, run on all eight servers: a client that never speaks (one, and
 more than the server's cap on connections not yet introduced), 1,000 connections at once, a hello that says it is
 huge (1 GB), a closed half (at once, or after half a hello), and the server's process out of descriptors (EMFILE).
 After each attack a legitimate client of that server is still served: its real client, as its own tests make one.
@@ -17,6 +17,7 @@ What 'pass' means, per server:
   that is not one of the launcher's workers (this test's own connections) is closed at once (SO_PEERCRED); the huge
   hello comes from a worker (a child), and is dropped.
 - ``store`` (node 0's rendezvous store, torch's TCPStore protocol): a client sets and gets a key.
+- ``tune`` (the leading tuner's link, ``launcher tune`` on nodes started on their own): a following tuner joins.
 
 Out of descriptors, every server must neither die nor spin (its loop is not woken again and again by a listener it
 cannot accept from: at most a few busy turns while the table is full, which the pause of the listener bounds), and
@@ -50,6 +51,7 @@ from launcher.nodes.static.hub import Hub
 from launcher.nodes.static.spoke import Spoke
 from launcher.nodes.transport import listener as kit
 from launcher.nodes.transport.messages import Identity
+from launcher.nodes.tune import follower as tune_follower, leader as tune_leader
 from launcher.run import store
 from launcher.run.tcpstore_protocol import Query
 from link_harness import C10d, Clock
@@ -165,7 +167,7 @@ def register_all(selector, owners) -> None:
             selector.register(fd, events, owner)
 
 
-# ---------------------------------------------------------------- the seven servers
+# ---------------------------------------------------------------- the eight servers
 
 
 class Server:
@@ -493,7 +495,57 @@ class StoreServer(DrivenServer):
         self.held.close()
 
 
-SERVERS = [HubServer, GatherServer, RingServer, KeeperServer, MonitorServer, WorkerChannelServer, StoreServer]
+class TuneServer(Server):
+    """The leading tuner's end of the tune link (``launcher tune`` on nodes started on their own), pumped by a loop of
+    its own as the tuner pumps it between two looks at its trial."""
+
+    name = "tune"
+    huge = struct.pack("!I", 1 << 30)
+    half = struct.pack("!I", 40) + b'{"type": "tune_he'
+
+    def start(self) -> None:
+        self.counter, self.error = {}, None
+        original = selectors.DefaultSelector
+
+        class Counted(original):  # the link's selector, made by Followers: counted
+            def __init__(inner) -> None:
+                super().__init__()
+                busy(inner, self.counter)
+        self.monkeypatch.setattr(tune_leader.selectors, "DefaultSelector", Counted)
+        port = free_port()
+        self.address = ("127.0.0.1", port)
+        self.followers = tune_leader.Followers.bind("127.0.0.1", port, TOKEN)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.is_set():
+                self.followers.pump(0.02, lambda *lines: None)
+        except Exception as e:  # noqa: BLE001 - the test names it
+            self.error = e
+
+    def serve_legit(self) -> None:
+        joined = len(self.followers.joined)
+        leader = tune_follower.Leader.join("127.0.0.1", self.address[1], TOKEN, "node-b", time.monotonic() + BOUND)
+        try:
+            wait_until(lambda: len(self.followers.joined) > joined, "a following tuner joined")
+        finally:
+            leader.close()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(BOUND)
+        self.followers.close()
+        assert self.error is None, self.error
+
+
+SERVERS = [HubServer, GatherServer, RingServer, KeeperServer, MonitorServer, WorkerChannelServer, StoreServer,
+           TuneServer]
 
 
 @pytest.fixture(params=SERVERS, ids=[s.name for s in SERVERS])

@@ -28,7 +28,7 @@ def test_a_line_per_worker_at_most_every_interval_and_the_last_at_the_close(tmp_
     log.note(0, report(3), now=10.0 + EVERY / 2)  # replaces the one held back
     log.close(10.0 + EVERY / 2)
     got = lines(tmp_path)
-    assert got[-1] == {"rank": 0, **report(3)} and len(got) == 3 and got[1]["scalars"] == {"samples": 32}
+    assert got[-1] == {"rank": 0, "world": None, **report(3)} and len(got) == 3 and got[1]["scalars"] == {"samples": 32}
 
 
 def test_a_folder_that_cannot_be_written_is_one_warning(tmp_path, caplog):

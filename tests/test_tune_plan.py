@@ -191,6 +191,18 @@ def test_a_rate_that_moves_is_not_steady_and_one_rank_alone_is_not_a_rate():
     assert s.rate() is None
 
 
+def test_the_rate_waits_for_every_rank_of_the_world_its_reports_give():
+    series = Series("steps", warmup_steps=0)
+    for i in range(20):
+        series.add({"rank": 0, "world": 2, "step": i, "t": 0.1 * i})
+    assert series.world == 2 and series.rate() is None  # rank 1, on another node, has not reported yet
+    for i in range(20):
+        series.add({"rank": 1, "world": 2, "step": i, "t": 0.1 * i + 0.05})
+    assert series.rate().rate == pytest.approx(20.0, rel=0.01)
+    series.add({"rank": 0, "world": True, "step": 30, "t": 9.0})  # not a world size: the last one stands
+    assert series.world == 2
+
+
 def test_a_short_window_is_not_steady_yet():
     s = Series("steps", warmup_steps=0)
     feed(s, ranks=1, seconds=0.5, step_time=0.01)

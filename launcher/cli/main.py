@@ -15,6 +15,7 @@ from launcher.output.console import console, error, setup_messages
 from launcher.output.messages import log
 from launcher.cli import request as requests
 from launcher.cli.options import GroupedCommand, launch_options, refused_options_epilog
+from launcher.plan.tune_nodes import TUNE_PORT
 from launcher.errors import LaunchError
 
 DEFAULT_PROG = "python -m launcher"
@@ -149,9 +150,11 @@ def logs_command(log_dir: str, follow: bool, ranks, grep, events: bool) -> int:
 @click.option("--resume", is_flag=True, default=False, help="Go on from the log dir's history (tune.jsonl): the "
               "trials measured there are not run again.")
 @click.option("--plot", default=None, metavar="FILE.png", help="Draw the trials (needs matplotlib: the bench extra).")
+@click.option("--tune_port", "--tune-port", default=TUNE_PORT, show_default=True, type=click.IntRange(1, 65535),
+              help="A job of nodes started on their own: where node 0's tuner leads the others' (the same on each).")
 @click.argument("launch_args", nargs=-1, type=click.UNPROCESSED, metavar="[LAUNCH OPTIONS] SCRIPT [ARGS]")
 @click.pass_context
-def tune_command(ctx: click.Context, space: str, out, resume: bool, plot, launch_args: tuple) -> int:
+def tune_command(ctx: click.Context, space: str, out, resume: bool, plot, tune_port: int, launch_args: tuple) -> int:
     """Search the knobs of --space for the fastest settings of SCRIPT: each trial one whole job (any launch option
     works as for a job), stopped as soon as its rate is steady (the program's own reports: launcher.runtime.report),
     the slower points dropped early and the leaders measured again in alternation; at the end the table by rate,
@@ -163,8 +166,13 @@ def tune_command(ctx: click.Context, space: str, out, resume: bool, plot, launch
 
     prog = ctx.command_path.rsplit(" tune", 1)[0]
     setup_messages(logging.WARNING)
-    job = tune.job_of(launch, prog, space, out, resume, plot, list(launch_args), lambda argv: request_of(argv, prog=prog))
-    return tuner.tune(job)
+    job = tune.job_of(launch, prog, space, out, resume, plot, list(launch_args), lambda argv: request_of(argv, prog=prog),
+                      tune_port)
+    if isinstance(job, tuner.TuneJob):
+        return tuner.tune(job)
+    from launcher.run import tune_follow
+
+    return tune_follow.follow(job)
 
 
 TOOLS = {"status": status_command, "logs": logs_command, "tune": tune_command}

@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import tempfile
 from contextlib import suppress
 
 import click
 
+from launcher import envvars as ev
 from launcher.cli import config_file, table
 from launcher.errors import LaunchError
 from launcher.plan import tune_space, tune_trial
+from launcher.plan.tune_nodes import TUNE_PORT, tune_nodes
 from launcher.plan.common import check_run_options
 
-OWN_OPTIONS = ("--space", "--out", "--resume", "--plot")
+OWN_OPTIONS = ("--space", "--out", "--resume", "--plot", "--tune_port")
 OWN_OF_TRIALS = table.names(tag=table.TUNER_OWN)  # given to each trial by the tuner
 DEFAULT_LOG_DIR = "tune_log"
 
 
-def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool, plot, args: list, resolve):
-    """The TuneJob of tune's command line (``launch``: the launch command; ``resolve(argv)``: its request)."""
+def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool, plot, args: list, resolve,
+           tune_port: int = TUNE_PORT):
+    """The TuneJob of tune's command line (``launch``: the launch command; ``resolve(argv)``: its request); on a node
+    that follows the leading tuner of a job of several nodes, its FollowJob."""
     from launcher.run.tuner import TuneJob
 
     try:
@@ -50,9 +55,24 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
                              _option_checker(params, base))
     _check_points(space, base, space_path, resolve)
     log_dir = raw_log_dir or DEFAULT_LOG_DIR
+    request = _resolved(base, resolve)
+    nodes = tune_nodes(request.options, request.elastic, request.nodes_expected, tune_port,
+                       bool(base.get("hostfile") or base.get("hosts")))
+    lead, token = None, os.environ.get(ev.JOB_TOKEN) or None
+    join_timeout = request.elastic.rendezvous.join_timeout if request.elastic else request.options.join_timeout
+    if nodes is not None:
+        from launcher.run.tune_lead import try_to_lead
+
+        lead = try_to_lead(nodes, token)
+        if lead is None:
+            from launcher.run.tune_follow import FollowJob
+
+            name = str(base.get("node_ip") or socket.gethostname())
+            return FollowJob(space, base, log_dir, nodes, token, name, join_timeout)
     command = shlex.join([*prog.split(), "tune", "--space", space_path, *(["--out", out] if out else []),
                           *(["--resume"] if resume else []), *(["--plot", plot] if plot else []), *args])
-    return TuneJob(space, base, log_dir, out or os.path.join(log_dir, "tuned.yaml"), command, resume, plot)
+    return TuneJob(space, base, log_dir, out or os.path.join(log_dir, "tuned.yaml"), command, resume, plot, lead,
+                   join_timeout)
 
 
 def _base(raw: dict, params: dict, ctx: click.Context) -> dict:
@@ -104,6 +124,15 @@ def _option_checker(params: dict, base: dict):
         config_file.convert(params[key], key, value, where)
         return key
     return check
+
+
+def _resolved(settings: dict, resolve):
+    """The request of a launch of these config settings."""
+    with tempfile.TemporaryDirectory(prefix="launcher-tune-") as folder:
+        path = os.path.join(folder, "launch.yaml")
+        with open(path, "w") as f:
+            f.write(tune_trial.to_yaml(settings, ""))
+        return resolve(["--config", path])
 
 
 def _check_points(space: tune_space.Space, base: dict, space_path: str, resolve) -> None:

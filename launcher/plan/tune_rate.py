@@ -18,6 +18,7 @@ from launcher.plan.tune_space import STEPS
 SLICES = 4
 MIN_LINES = 8  # reports of each rank in the window
 MIN_SECONDS = 1.0
+MAX_WORLD = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,16 @@ class Series:
         self.reports = 0  # reports read, warm-up included
         self.counted = 0  # reports that carried the metric
         self.last_time: Optional[float] = None  # the newest report's time (the worker's clock)
+        self.world = 0  # the job's world size, as its reports say: the ranks a rate waits for
 
     def add(self, line: dict) -> None:
         rank, step, t = line.get("rank"), line.get("step"), line.get("t")
         if type(rank) is not int or type(t) not in (int, float) or not math.isfinite(t):
             return
         self.reports += 1
+        world = line.get("world")
+        if type(world) is int and 0 < world <= MAX_WORLD:
+            self.world = world
         self.last_time = t if self.last_time is None else max(self.last_time, t)
         count = step if self.metric == STEPS else (line.get("scalars") or {}).get(self.metric)
         if type(count) not in (int, float) or not math.isfinite(count):
@@ -61,8 +66,9 @@ class Series:
                 points.append((float(t), float(count), index))
 
     def rate(self) -> Optional[Rate]:
-        """The job's rate so far; None until every rank has two reports past its warm-up, over a common time."""
-        if not self.ranks or any(len(p) < 2 for p in self.ranks.values()):
+        """The job's rate so far; None until every rank (of the world size its reports give) has two reports past its
+        warm-up, over a common time."""
+        if not self.ranks or any(len(p) < 2 for p in self.ranks.values()) or len(self.ranks) < self.world:
             return None
         start = max(p[0][0] for p in self.ranks.values())
         end = min(p[-1][0] for p in self.ranks.values())

@@ -55,7 +55,8 @@ class Launch:
                                to_console=plan.events_to_console)  # --event-log-handler console
         self.trainer_status = TrainerStatusPush(plan.base_env) if trainer_status.wanted(plan.base_env, plan.node_rank) \
             else None  # Kubeflow Trainer's TrainJob status, posted by node 0
-        self.report_log = ReportLog(plan.log_dir, plan.node_rank) if plan.report_log and plan.log_dir else None
+        self.report_log = ReportLog(plan.log_dir, plan.node_rank, world=plan.world_size) \
+            if plan.report_log and plan.log_dir else None
         self.progress = ProgressPages(wanted=plan.hang_timeout is not None or plan.monitor is not None
                                       or self.trainer_status is not None or _compares_ranks(plan)
                                       or self.report_log is not None)
@@ -186,6 +187,8 @@ class Launch:
         launch set up stays (the store, the watchdog, the state file)."""
         self.plan = plan
         self.records.plan = plan
+        if self.report_log is not None:
+            self.report_log.world = plan.world_size
         self.stragglers.reset()
         self.events.node = plan.node_rank
         self.store.expected = plan.world_size

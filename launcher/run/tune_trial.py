@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from contextlib import suppress
-from typing import Callable
+from typing import Callable, Optional
 
 from launcher.output import report_log
 from launcher.plan import tune_rate
@@ -29,20 +29,28 @@ def command(config: str, folder: str) -> list:
     return [sys.executable, "-m", "launcher", "--config", config, "--log_dir", folder, "--report_log"]
 
 
-def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Callable) -> tuple:
-    """(why, rate or None) of the trial of ``config`` (``on_progress(seconds, rate)`` while it runs)."""
+def start(config: str, folder: str) -> subprocess.Popen:
+    """The trial's launcher, in a session of its own, its output in FOLDER/launcher.log."""
     os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, OUTPUT), "ab") as out:
+        return subprocess.Popen(command(config, folder), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Callable,
+        wait: Optional[Callable[[float], None]] = None) -> tuple:
+    """(why, rate or None) of the trial of ``config`` (``on_progress(seconds, rate)`` while it runs; ``wait(seconds)``
+    between two looks: the clock's sleep, or the tune link's, which takes the other nodes' reports meanwhile)."""
     series = tune_rate.Series(space.metric, space.warmup_steps)
     reports = TrialReports(folder)
-    with open(os.path.join(folder, OUTPUT), "ab") as out:
-        proc = subprocess.Popen(command(config, folder), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    start = clock.monotonic()
+    proc = start(config, folder)
+    wait = wait or clock.sleep
+    start_time = clock.monotonic()
     try:
         while True:
             code = proc.poll()
             reports.read_into(series)
-            elapsed = clock.monotonic() - start
+            elapsed = clock.monotonic() - start_time
             if code is not None:
                 return _ended(code, series, folder, space, clock)
             done = tune_rate.verdict(series, elapsed, clock.time(), space.trial_seconds, space.steady)
@@ -50,7 +58,7 @@ def run(config: str, folder: str, space: Space, clock: Clock, on_progress: Calla
                 stop(proc, clock)
                 return done
             on_progress(elapsed, series.rate())
-            clock.sleep(POLL)
+            wait(POLL)
     except BaseException:  # Ctrl-C or an error of the tuner: the trial does not outlive it
         before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the stop short
         try:
@@ -93,35 +101,14 @@ def last_line(path: str) -> str:
 
 class TrialReports:
     """Every node's report log in the trial's folder (``reports.nodeN.jsonl``: node 0's, and the other nodes' where
-    they share the log dir), each read as it grows."""
+    they share the log dir; ``reports.nodeN.relayed.jsonl``: those other machines sent), each read as it grows."""
 
     def __init__(self, folder: str) -> None:
-        self.folder, self.logs = folder, {}
+        self.logs = report_log.FolderLines(folder, relayed=True)
 
     def read_into(self, series) -> None:
-        with suppress(OSError):
-            for name in sorted(os.listdir(self.folder)):
-                if report_log.is_report_log(name):
-                    self.logs.setdefault(name, Reports(os.path.join(self.folder, name))).read_into(series)
-
-
-class Reports:
-    """The lines of a report log read as they come (a line cut short is read once whole)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.offset, self.rest = path, 0, b""
-
-    def read_into(self, series) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return
-        self.offset += len(data)
-        *lines, self.rest = (self.rest + data).split(b"\n")
-        for line in lines:
-            doc = json_object(line)
-            if doc is not None:
-                series.add(doc)
-
+        for lines in self.logs.new_lines().values():
+            for line in lines:
+                doc = json_object(line.encode(errors="replace"))
+                if doc is not None:
+                    series.add(doc)

@@ -20,6 +20,7 @@ from launcher.plan.tune_search import DEFAULTS, Result, Search
 from launcher.plan.tune_space import Space, label
 from launcher.run import tune_trial as trials
 from launcher.run.starter import Clock, SystemClock
+from launcher.run.tune_lead import Lead
 
 HISTORY = "tune.jsonl"
 
@@ -37,6 +38,8 @@ class TuneJob:
     command: str  # tune's own command line, to resume with
     resume: bool = False
     plot: Optional[str] = None
+    lead: Optional[Lead] = None  # the other nodes' tuners, in a job of nodes started on their own
+    join_timeout: float = 300.0
 
 
 def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
@@ -49,7 +52,11 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
     search, done = Search(job.space.points(), job.space.repeats, job.space.search == "every"), []
     number = max([r[0] for rs in earlier.values() for r in rs] + _folders(job.log_dir), default=0)
     before = {sig: signal.signal(sig, _interrupted) for sig in STOPPING}
+    over = "interrupted"
     try:
+        if job.lead is not None:
+            _say(f"tune: waiting for the other {job.lead.nodes.followers} node(s)' tuners at {job.lead.where}")
+            job.lead.gather(job.join_timeout)
         while (point := search.next()) is not None:
             if earlier.get(point):
                 n, result = earlier[point].pop(0)
@@ -63,6 +70,10 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
             done.append(result)
             if point == DEFAULTS and result.rate is None and result.why.startswith(NOTHING):
                 raise TrialsFailed(result.why + ".")  # no trial of this program can be measured
+        over = None
+    except LaunchError as e:
+        over = str(e)
+        raise
     except KeyboardInterrupt:
         again = job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
         _say(f"tune: interrupted; the {len(done)} trials measured are kept in {history_path}; resume with: {again}")
@@ -70,6 +81,8 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        if job.lead is not None:
+            job.lead.close(over)
     return _finish(job, search, done)
 
 
@@ -84,13 +97,20 @@ def _trial(job: TuneJob, number: int, point: tuple, clock: Clock) -> Result:
     folder = os.path.join(job.log_dir, f"trial-{number}")
     os.makedirs(folder, exist_ok=True)
     config = os.path.join(folder, "trial.yaml")
+    settings = tune_trial.config(job.base, job.space, point)
+    if job.lead is not None:
+        settings["job_id"] = job.lead.order(number, point)
     with open(config, "w") as f:
-        f.write(tune_trial.to_yaml(tune_trial.config(job.base, job.space, point), f"launcher tune, trial {number}: "
-                                   f"{label(point)}"))
+        f.write(tune_trial.to_yaml(settings, f"launcher tune, trial {number}: {label(point)}"))
     def progress(seconds, rate):
         console.draw(1, LIVE, tune_lines.progress_line(number, point, seconds, rate, job.space.metric).encode())
 
-    why, rate = trials.run(config, folder, job.space, clock, progress)
+    waiting = job.lead.waiting(folder) if job.lead is not None else None
+    try:
+        why, rate = trials.run(config, folder, job.space, clock, progress, waiting)
+    finally:
+        if job.lead is not None:
+            job.lead.stop(number, waiting)
     return Result(point, rate, why)
 
 

@@ -18,6 +18,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 from launcher.nodes.transport.elastic_messages import (  # noqa: F401 (the elastic job's, read and written here too)
     Admitted, Change, Checked, Dropped, KeptOut, Leaving, RoundDone, RoundFailed, RoundStart, Seat, StopWorkers,
     Stopped)
+from launcher.nodes.transport.tune_messages import (  # noqa: F401 (launcher tune's, read and written here too)
+    TrialEnded, TrialLines, TrialOrder, TrialStop, TuneHello, TuneOver)
 from launcher.nodes.transport.values import BY_TYPE, Message, as_attempt
 from launcher.plan.policy import Cause
 from launcher.plan.stragglers import STALE, RankTime, valid
