@@ -2,7 +2,12 @@
 ``LOG_DIR/reports.nodeN.jsonl``, a line ``{"rank": R, "step": S, "t": T, "scalars": {...}}`` each time a worker's
 report changed, at most one line per worker every EVERY seconds (``t``: the worker's own clock at its report, so that
 a rate read from two lines is the worker's, whenever the launcher looked). What ``launcher tune`` measures a trial's
-rate from. Keeping it never fails the job: a write that fails is one warning, then no more writes."""
+rate from. Keeping it never fails the job: a write that fails is one warning, then no more writes.
+
+Under ``--hostfile``, each host's lines are also relayed to the command's machine (``launcher.run.over_ssh``), which
+keeps them in ``LOG_DIR/reports.nodeN.relayed.jsonl``: a name of its own, as on a shared file system the host's own
+file is in that folder too, and two writers never share one file. ``NewLines`` reads a growing file's lines (the
+tuner, the relay)."""
 
 from __future__ import annotations
 
@@ -14,20 +19,21 @@ from launcher.output.messages import log
 from launcher.output.state_file import is_node_file
 
 EVERY = 0.1  # seconds between two lines of one worker
-PREFIX, SUFFIX = "reports.node", ".jsonl"
+PREFIX, SUFFIX, RELAYED_SUFFIX = "reports.node", ".jsonl", ".relayed.jsonl"
 
 
-def path_for(log_dir: str, node: int) -> str:
-    return os.path.join(log_dir, f"{PREFIX}{node}{SUFFIX}")
+def path_for(log_dir: str, node: int, relayed: bool = False) -> str:
+    return os.path.join(log_dir, f"{PREFIX}{node}{RELAYED_SUFFIX if relayed else SUFFIX}")
 
 
 def is_report_log(name: str) -> bool:
-    return is_node_file(name, PREFIX, SUFFIX)
+    """Whether ``name`` is a node's report log, its own or relayed."""
+    return is_node_file(name, PREFIX, SUFFIX) or is_node_file(name, PREFIX, RELAYED_SUFFIX)
 
 
 class ReportLog:
-    def __init__(self, log_dir: str, node: int) -> None:
-        self.path = path_for(log_dir, node)
+    def __init__(self, log_dir: str, node: int, relayed: bool = False) -> None:
+        self.path = path_for(log_dir, node, relayed)
         self.written: dict = {}  # rank -> when its last line was written (the launcher's monotonic clock)
         self.pending: dict = {}  # rank -> its last report not written yet
         self.fd: Optional[int] = None
@@ -45,6 +51,12 @@ class ReportLog:
         lines = b"".join(json.dumps({"rank": rank, **self.pending.pop(rank)}, separators=(",", ":")).encode() + b"\n"
                          for rank in sorted(due))
         self.written.update((rank, now) for rank in due)
+        self.write(lines)
+
+    def write(self, lines: bytes) -> None:
+        """Whole lines appended; a write that fails is one warning, then no more writes."""
+        if not lines or self.failed:
+            return
         try:
             if self.fd is None:
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -59,3 +71,29 @@ class ReportLog:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+class NewLines:
+    """The complete lines (without their newline) that a growing file gained since the last look: a line cut short
+    is read once whole; one longer than ``longest`` bytes is skipped; at most ``most`` bytes are read a look (the
+    rest at the next). A file not there (yet) has none."""
+
+    def __init__(self, path: str, longest: Optional[int] = None, most: int = -1) -> None:
+        self.path, self.longest, self.most = path, longest, most
+        self.offset, self.rest, self.skipping = 0, b"", False  # skipping: the rest of a line too long
+
+    def read(self) -> list:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.most)
+        except OSError:
+            return []
+        self.offset += len(data)
+        *lines, rest = (self.rest + data).split(b"\n")
+        if self.skipping and lines:
+            lines, self.skipping = lines[1:], False
+        if self.longest is not None and len(rest) > self.longest:
+            self.skipping = True
+        self.rest = b"" if self.skipping else rest
+        return [line for line in lines if self.longest is None or len(line) <= self.longest]

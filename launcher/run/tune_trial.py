@@ -93,7 +93,9 @@ def last_line(path: str) -> str:
 
 class TrialReports:
     """Every node's report log in the trial's folder (``reports.nodeN.jsonl``: node 0's, and the other nodes' where
-    they share the log dir), each read as it grows."""
+    they share the log dir; ``reports.nodeN.relayed.jsonl``: the lines of the hosts of a --hostfile job, relayed
+    over ssh), each read as it grows. A line read twice (a host's own file and its relayed copy, in a shared
+    folder) counts once: a rank's points follow its own clock (``tune_rate.Series.add``)."""
 
     def __init__(self, folder: str) -> None:
         self.folder, self.logs = folder, {}
@@ -102,26 +104,6 @@ class TrialReports:
         with suppress(OSError):
             for name in sorted(os.listdir(self.folder)):
                 if report_log.is_report_log(name):
-                    self.logs.setdefault(name, Reports(os.path.join(self.folder, name))).read_into(series)
-
-
-class Reports:
-    """The lines of a report log read as they come (a line cut short is read once whole)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.offset, self.rest = path, 0, b""
-
-    def read_into(self, series) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return
-        self.offset += len(data)
-        *lines, self.rest = (self.rest + data).split(b"\n")
-        for line in lines:
-            doc = json_object(line)
-            if doc is not None:
-                series.add(doc)
-
+                    lines = self.logs.setdefault(name, report_log.NewLines(os.path.join(self.folder, name)))
+                    for doc in filter(None, map(json_object, lines.read())):
+                        series.add(doc)
