@@ -73,7 +73,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
         names, counts, base = [p.address for p in placed], [p.workers for p in placed], _passed_on(argv)
         runs = {p.node: over_ssh.host_options(names, p.node, counts, p.gpus, start, request.elastic is not None,
                                               given("rdzv_endpoint")) + base for p in placed}
-        sig = fan.run(runs, opts.shutdown_timeout)
+        sig = fan.run(runs, opts.shutdown_timeout, _report_dir(opts, request.elastic is not None))
         return 128 + sig if sig is not None else _outcome(fan.remotes)
     finally:
         fan.close()
@@ -85,7 +85,13 @@ def _remotes(hosts, reach: over_ssh.Reach) -> list:
 
     local = _local_names()
     return [Remote(i, h.name, over_ssh.local_command(reach) if h.name in local else over_ssh.ssh_command(h.name, reach),
-                   f"[{h.name}] ".encode()) for i, h in enumerate(hosts)]
+                   f"[{h.name}] ".encode(), ssh=h.name not in local) for i, h in enumerate(hosts)]
+
+
+def _report_dir(opts, elastic: bool) -> Optional[str]:
+    """Where the hosts' reports are relayed to (--report_log's log dir): in a fixed job only, whose hosts' node
+    numbers are the hostfile's (an elastic job's follow its rounds)."""
+    return opts.log_dir if opts.report_log and opts.log_dir and not elastic else None
 
 
 def _probe(opts, values: Mapping, hosts, starts, key: str) -> dict:

@@ -1,7 +1,9 @@
 """A host's launcher under ``--hostfile``'s command (``python -m launcher.cli.over_ssh``, which that command's ssh
 session runs in the command's working directory): it answers the check with this host's facts, then runs the job the
 command sends, a node of an ordinary job, with the command's environment, and ends with the job's exit code and root
-cause. Its stdin is its lifeline (``launcher.run.lifeline``): a stop, its end or its silence stops the workers.
+cause. Its stdin is its lifeline (``launcher.run.lifeline``): a stop, its end or its silence stops the workers. With
+--report_log, the command may ask for the report log's new lines (the run's ``reports``): a thread relays them every
+``RELAY_EVERY`` seconds, and the last ones before the end.
 
 The environment (taken before this module was imported: ``launcher.plan.over_ssh.remote_command``) and the command
 line arrive on stdin, so that neither is on any process's command line; the lifeline is moved off descriptor 0
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from launcher.plan import over_ssh
 from launcher.run import lifeline
@@ -39,8 +42,12 @@ def main() -> None:
     causes = []
     from launcher.cli.main import run_command
 
+    reports = request["run"].get("reports")
+    relay = Relay(reports, key) if isinstance(reports, str) else None
     code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause),
                        a_host=True)
+    if relay is not None:
+        relay.end()
     cause = causes[0].as_dict() if causes and causes[0] is not None else None
     _tell(over_ssh.line(key=key, end=code, cause=cause))
     os._exit(code)
@@ -79,6 +86,40 @@ def _next_request(reader: lifeline.LineReader):
 
 def _is_run(run) -> bool:
     return isinstance(run, dict) and isinstance(run.get("argv"), list) and all(isinstance(a, str) for a in run["argv"])
+
+
+class Relay:
+    """The new lines of the report log at ``path``, sent to the command every RELAY_EVERY seconds from a thread of
+    its own (the console's writes are whole: never inside a worker's line), behind the session's ``key``."""
+
+    def __init__(self, path: str, key: str) -> None:
+        from launcher.output.report_log import NewLines
+
+        self.lines = NewLines(path, longest=over_ssh.REPORT_LINE, most=4 * over_ssh.RELAY_BYTES)
+        self.key = key
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._relay, name="report relay", daemon=True)
+        self.thread.start()
+
+    def _relay(self) -> None:
+        while not self.ended.wait(over_ssh.RELAY_EVERY):
+            self.send()
+
+    def send(self) -> None:
+        """The lines new since the last look sent."""
+        from launcher.output.console import console
+
+        for message in over_ssh.report_messages(self.lines.read(), self.key):
+            console.write(1, message)
+
+    def end(self) -> None:
+        """The thread stopped, and every line left sent."""
+        self.ended.set()
+        self.thread.join()
+        offset = None
+        while offset != self.lines.offset:
+            offset = self.lines.offset
+            self.send()
 
 
 def _tell(data: bytes) -> None:

@@ -2,7 +2,12 @@
 ``LOG_DIR/reports.nodeN.jsonl``, a line ``{"rank": R, "world": W, "step": S, "t": T, "scalars": {...}}`` each time a worker's
 report changed, at most one line per worker every EVERY seconds (``t``: the worker's own clock at its report, so that
 a rate read from two lines is the worker's, whenever the launcher looked). What ``launcher tune`` measures a trial's
-rate from. Keeping it never fails the job: a write that fails is one warning, then no more writes."""
+rate from. Keeping it never fails the job: a write that fails is one warning, then no more writes.
+
+Under ``--hostfile``, each host's lines are also relayed to the command's machine (``launcher.run.over_ssh``), which
+keeps them in ``LOG_DIR/reports.nodeN.relayed.jsonl``: a name of its own, as on a shared file system the host's own
+file is in that folder too, and two writers never share one file. ``NewLines`` reads a growing file's lines (the
+tuner, the relay)."""
 
 from __future__ import annotations
 
@@ -12,24 +17,31 @@ from typing import Optional
 
 from launcher.output.messages import log
 from launcher.output.state_file import is_node_file
-from launcher.untrusted import json_object
 
 EVERY = 0.1  # seconds between two lines of one worker
-PREFIX, SUFFIX = "reports.node", ".jsonl"
-RELAYED = ".relayed.jsonl"  # another machine's report log, its lines sent here (``launcher tune`` across nodes)
+PREFIX, SUFFIX, RELAYED_SUFFIX = "reports.node", ".jsonl", ".relayed.jsonl"
 
 
-def path_for(log_dir: str, node: int, suffix: str = SUFFIX) -> str:
-    return os.path.join(log_dir, f"{PREFIX}{node}{suffix}")
+def path_for(log_dir: str, node: int, relayed: bool = False) -> str:
+    return os.path.join(log_dir, f"{PREFIX}{node}{RELAYED_SUFFIX if relayed else SUFFIX}")
 
 
-def is_report_log(name: str, suffix: str = SUFFIX) -> bool:
-    return is_node_file(name, PREFIX, suffix)
+def is_report_log(name: str) -> bool:
+    """Whether ``name`` is a node's report log, its own or relayed."""
+    return node_of(name) is not None
+
+
+def node_of(name: str) -> Optional[int]:
+    """The node whose report log (its own or relayed) ``name`` is; None for any other file."""
+    for suffix in (RELAYED_SUFFIX, SUFFIX):
+        if is_node_file(name, PREFIX, suffix):
+            return int(name[len(PREFIX):-len(suffix)])
+    return None
 
 
 class ReportLog:
-    def __init__(self, log_dir: str, node: int, suffix: str = SUFFIX, world: Optional[int] = None) -> None:
-        self.path = path_for(log_dir, node, suffix)
+    def __init__(self, log_dir: str, node: int, relayed: bool = False, world: Optional[int] = None) -> None:
+        self.path = path_for(log_dir, node, relayed)
         self.world = world  # the job's world size, in each line: a reader knows how many ranks to wait for
         self.written: dict = {}  # rank -> when its last line was written (the launcher's monotonic clock)
         self.pending: dict = {}  # rank -> its last report not written yet
@@ -46,14 +58,13 @@ class ReportLog:
         if not due or self.failed:
             return
         lines = b"".join(json.dumps({"rank": rank, "world": self.world, **self.pending.pop(rank)},
-                                    separators=(",", ":")).encode() + b"\n"
-                         for rank in sorted(due))
+                                    separators=(",", ":")).encode() + b"\n" for rank in sorted(due))
         self.written.update((rank, now) for rank in due)
         self.write(lines)
 
     def write(self, lines: bytes) -> None:
-        """Whole lines at the end of the file; a write that fails is said once, and no more is written."""
-        if self.failed:
+        """Whole lines appended; a write that fails is one warning, then no more writes."""
+        if not lines or self.failed:
             return
         try:
             if self.fd is None:
@@ -71,61 +82,49 @@ class ReportLog:
             self.fd = None
 
 
-class GrowingFile:
-    """The complete lines of a file that grows, each read once (a line cut short is read once it is whole)."""
+class NewLines:
+    """The complete lines (without their newline) that a growing file gained since the last look: a line cut short
+    is read once whole; one longer than ``longest`` bytes is skipped; at most ``most`` bytes are read a look (the
+    rest at the next). A file not there (yet) has none."""
 
-    def __init__(self, path: str) -> None:
-        self.path, self.offset, self.rest = path, 0, b""
+    def __init__(self, path: str, longest: Optional[int] = None, most: int = -1) -> None:
+        self.path, self.longest, self.most = path, longest, most
+        self.offset, self.rest, self.skipping = 0, b"", False  # skipping: the rest of a line too long
 
-    def new_lines(self) -> list:
+    def read(self) -> list:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(self.most)
         except OSError:
             return []
         self.offset += len(data)
-        *lines, self.rest = (self.rest + data).split(b"\n")
-        return lines
+        *lines, rest = (self.rest + data).split(b"\n")
+        if self.skipping and lines:
+            lines, self.skipping = lines[1:], False
+        if self.longest is not None and len(rest) > self.longest:
+            self.skipping = True
+        self.rest = b"" if self.skipping else rest
+        return [line for line in lines if self.longest is None or len(line) <= self.longest]
 
 
 class FolderLines:
-    """The new lines of every node's report log in ``folder`` (and, with ``relayed``, of those sent from other
-    machines), as text by node."""
+    """The new lines of every node's report log in ``folder`` (its own and those relayed), by node, each file read as
+    it grows (``NewLines``)."""
 
-    def __init__(self, folder: str, relayed: bool = False) -> None:
+    def __init__(self, folder: str) -> None:
         self.folder, self.files = folder, {}
-        self.suffixes = (SUFFIX, RELAYED) if relayed else (SUFFIX,)
 
-    def new_lines(self) -> dict:
+    def read(self) -> dict:
         out: dict = {}
         try:
             names = sorted(os.listdir(self.folder))
         except OSError:
             return out
         for name in names:
-            suffix = next((s for s in self.suffixes if is_report_log(name, s)), None)
-            if suffix is not None:
-                lines = self.files.setdefault(name, GrowingFile(os.path.join(self.folder, name))).new_lines()
+            node = node_of(name)
+            if node is not None:
+                lines = self.files.setdefault(name, NewLines(os.path.join(self.folder, name))).read()
                 if lines:
-                    node = int(name[len(PREFIX):-len(suffix)])
-                    out.setdefault(node, []).extend(x.decode(errors="replace") for x in lines)
+                    out.setdefault(node, []).extend(lines)
         return out
-
-
-class RelayedLogs:
-    """The report lines other machines send, each node's in ``reports.nodeN.relayed.jsonl`` of ``folder``: only lines
-    that are one JSON object each."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder, self.logs = folder, {}
-
-    def write(self, node: int, lines: list) -> None:
-        kept = [line for line in lines if json_object(line.encode(errors="replace")) is not None]
-        if kept and type(node) is int and 0 <= node < 1 << 31:
-            log_file = self.logs.setdefault(node, ReportLog(self.folder, node, RELAYED))
-            log_file.write("".join(line.replace("\n", " ") + "\n" for line in kept).encode(errors="replace"))
-
-    def close(self) -> None:
-        for log_file in self.logs.values():
-            log_file.close(0.0)

@@ -7,8 +7,10 @@ The lifeline is the ssh session itself. The command writes to each host on its s
 (``run``: its command line),
 then a ``beat`` every ``BEAT_EVERY`` seconds and, to stop, ``stop`` with the signal. The host's launcher answers on
 its stdout, each line behind ``MARKER`` so that the workers' output around it is never taken for one: the host's
-facts (``facts``), and at its end the exit code and the job's root cause (``end``). A launcher whose stdin ends (the
-command, its ssh or its machine gone) or stays silent for ``SILENT_AFTER`` stops its workers by itself.
+facts (``facts``), with --report_log the new lines of its report log (``reports``: the command asked for them with the
+``run`` line's ``reports``, the file's path), and at its end the exit code and the job's root cause (``end``). A
+launcher whose stdin ends (the command, its ssh or its machine gone) or stays silent for ``SILENT_AFTER`` stops its
+workers by itself.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ MAX_LINE = 16 << 20  # bytes of one lifeline line: a job's environment fits many
 NO_FOLDER, NO_PYTHON = 201, 127  # the remote command's exit codes: no working directory, no Python
 REMOTE_MODULE = "launcher.cli.over_ssh"
 TABLE_HEADINGS = ("host", "address", "workers", "ranks", "ports", "check")
+RELAY_EVERY = 0.5  # seconds between two looks of a host at its report log, for new lines to relay
+RELAY_LINES, RELAY_BYTES = 256, 256 << 10  # the most report lines, and about the most bytes, in one lifeline line
+REPORT_LINE = 64 << 10  # bytes of the longest report line relayed (the launcher's are well under 1 KiB)
 PORT_TRIES = 8  # candidate port runs each host checks at once
 PORT_LOW, PORT_HIGH = 20000, 32000  # where candidate runs are drawn: below Linux's ephemeral ports (32768 on)
 
@@ -110,6 +115,31 @@ def read_line(data: bytes, key: Optional[str] = None) -> Optional[dict]:
         return None
     fields = json_object(data[len(MARKER):].rstrip(b"\r\n"))
     return fields if fields is not None and (key is None or fields.get("key") == key) else None
+
+
+def report_messages(lines: Sequence[bytes], key: str) -> list:
+    """The lifeline lines that relay a report log's ``lines`` (without their newlines) to the command: each holds at
+    most RELAY_LINES of them and, unless one line is longer, RELAY_BYTES bytes."""
+    messages, batch, size = [], [], 0
+    for text in (raw.decode(errors="replace") for raw in lines):
+        if batch and (len(batch) >= RELAY_LINES or size + len(text) > RELAY_BYTES):
+            messages.append(line(key=key, reports=batch))
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    return messages + ([line(key=key, reports=batch)] if batch else [])
+
+
+def relayed_lines(fields: Mapping) -> bytes:
+    """The lines of a host's ``reports`` line as the command keeps them, each ending with a newline: only those that
+    are one JSON object on one line, of at most REPORT_LINE bytes."""
+    items = fields.get("reports") if isinstance(fields.get("reports"), list) else []
+    texts = [item.encode(errors="replace") for item in items if isinstance(item, str)]
+    return b"".join(text + b"\n" for text in texts if _report_line(text))
+
+
+def _report_line(text: bytes) -> bool:
+    return len(text) <= REPORT_LINE and b"\n" not in text and b"\r" not in text and json_object(text) is not None
 
 
 # ---------------------------------------------------------------- what went wrong with a host

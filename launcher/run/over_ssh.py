@@ -4,7 +4,9 @@ followed to the end from one event loop, with no thread of its own.
 Two steps. The check: at most ``fanout`` sessions connect at once; each is sent the job's environment, and answers
 with its host's facts, or fails with a reason (its ssh's exit and stderr, or no answer within twice the connect
 timeout). The run: each session is sent its node's command line, then a beat every ``BEAT_EVERY`` seconds; the hosts' output is
-relayed, each line behind its host's name (node 0's stdout, its first worker's, as it is). A signal to the command is
+relayed, each line behind its host's name (node 0's stdout, its first worker's, as it is); with --report_log, each
+host reached over ssh is asked for its report log's new lines, kept in ``reports.nodeN.relayed.jsonl`` of the log dir
+here (``launcher.output.report_log``; N: the node this command knows the session is). A signal to the command is
 sent on as a stop: to node 0 in a fixed job (which stops every node, each once, with the one cause), else to
 every host; a second one, or the hosts still running ``shutdown_timeout`` + ``STOP_SLACK``
 seconds later, ends the ssh sessions themselves, and each host's launcher then stops by itself (its stdin ends).
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.output.console import console
+from launcher.output.report_log import ReportLog, path_for
 from launcher.plan import over_ssh
 from launcher.run.signals import SignalIntake
 
@@ -46,6 +49,8 @@ class Remote:
     partial: Dict[int, bytes] = field(default_factory=dict)
     stderr: bytearray = field(default_factory=bytearray)
     open_streams: int = 0
+    ssh: bool = True  # reached over ssh (else run here without: it writes into this machine's log dir itself)
+    relayed: Optional[ReportLog] = None  # where its relayed reports go (--report_log)
 
     @property
     def over(self) -> bool:
@@ -97,11 +102,16 @@ class FanOut:
             self._beat([r for r in self.remotes if r.answered])
         return True
 
-    def run(self, runs: Dict[int, list], shutdown_timeout: float) -> Optional[int]:
+    def run(self, runs: Dict[int, list], shutdown_timeout: float, report_dir: Optional[str] = None) -> Optional[int]:
         """Every host sent its command line (``runs``: by node), followed until every session is over; the first
-        signal received meanwhile (None without one)."""
+        signal received meanwhile (None without one). ``report_dir``: the log dir of --report_log, where each host
+        over ssh has its reports relayed."""
         for remote in self.remotes:
-            self._send(remote, over_ssh.line(run={"argv": runs[remote.node]}))
+            run = {"argv": runs[remote.node]}
+            if report_dir is not None and remote.ssh:
+                remote.relayed = ReportLog(report_dir, remote.node, relayed=True)
+                run["reports"] = path_for(report_dir, remote.node)  # the host's own, in the same working directory
+            self._send(remote, over_ssh.line(run=run))
         stop_by: Optional[float] = None
         told = 0
         while not all(r.over for r in self.remotes):
@@ -140,6 +150,8 @@ class FanOut:
         for remote in self.remotes:
             if remote.proc is not None:
                 remote.proc.wait()
+            if remote.relayed is not None:
+                remote.relayed.close(self.clock())
         self.selector.close()
         self.intake.restore()
         self.intake.close()
@@ -246,6 +258,8 @@ class FanOut:
                     remote.facts = fields["facts"]
                 elif "end" in fields:
                     remote.end = fields
+                elif "reports" in fields and remote.relayed is not None:
+                    remote.relayed.write(over_ssh.relayed_lines(fields))
                 return
         if not remote.answered:  # ssh's own words before the host answered: the reason, if it fails
             remote.stderr += line

@@ -99,8 +99,8 @@ def _trial(job: FollowJob, leader: Leader, order: TrialOrder, clock: Clock) -> O
 
 
 def _relay(leader: Leader, trial: int, logs) -> None:
-    for node, lines in logs.new_lines().items():
-        leader.send_lines(trial, node, lines)
+    for node, lines in logs.read().items():
+        leader.send_lines(trial, node, [line.decode(errors="replace") for line in lines])
 
 
 def _say(line: str) -> None:

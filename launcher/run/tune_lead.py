@@ -13,6 +13,7 @@ from typing import Optional
 from launcher.errors import LaunchError
 from launcher.nodes.tune.leader import Followers, is_taken
 from launcher.output import report_log
+from launcher.plan import over_ssh
 from launcher.plan.tune_nodes import TuneNodes
 from launcher.run.tune_trial import GRACE
 
@@ -51,7 +52,7 @@ class Lead:
         return job_id
 
     def waiting(self, folder: str) -> "Waiting":
-        return Waiting(self.followers, report_log.RelayedLogs(folder))
+        return Waiting(self.followers, folder)
 
     def stop(self, number: int, waiting: "Waiting") -> None:
         """The other nodes' trials stopped and waited for (at most ENDS_WITHIN seconds); NodesLost when a fixed job
@@ -60,7 +61,7 @@ class Lead:
         deadline = time.monotonic() + ENDS_WITHIN
         while not self.followers.ended(number) and time.monotonic() < deadline:
             waiting(0.2)
-        waiting.logs.close()
+        waiting.close()
         if self.followers.lost and not self.nodes.elastic:
             raise NodesLost(f"{self.followers.lost[0]}; a fixed job cannot run its trials without that node, so the "
                             "tuning stops here.")
@@ -70,10 +71,20 @@ class Lead:
 
 
 class Waiting:
-    """What the trial's loop waits with: the other nodes' lines taken meanwhile."""
+    """What the trial's loop waits with: the other nodes' lines taken meanwhile, each node's written to
+    ``reports.nodeN.relayed.jsonl`` in the trial's folder (only lines that are one JSON object each)."""
 
-    def __init__(self, followers: Followers, logs: report_log.RelayedLogs) -> None:
-        self.followers, self.logs = followers, logs
+    def __init__(self, followers: Followers, folder: str) -> None:
+        self.followers, self.folder, self.logs = followers, folder, {}
 
     def __call__(self, seconds: float) -> None:
-        self.followers.pump(seconds, lambda follower, node, lines: self.logs.write(node, lines))
+        self.followers.pump(seconds, self.write)
+
+    def write(self, follower: int, node: int, lines: list) -> None:
+        if 0 <= node < 1 << 31:
+            log_file = self.logs.setdefault(node, report_log.ReportLog(self.folder, node, relayed=True))
+            log_file.write(over_ssh.relayed_lines({"reports": lines}))
+
+    def close(self) -> None:
+        for log_file in self.logs.values():
+            log_file.close(0.0)

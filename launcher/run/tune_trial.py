@@ -101,14 +101,14 @@ def last_line(path: str) -> str:
 
 class TrialReports:
     """Every node's report log in the trial's folder (``reports.nodeN.jsonl``: node 0's, and the other nodes' where
-    they share the log dir; ``reports.nodeN.relayed.jsonl``: those other machines sent), each read as it grows."""
+    they share the log dir; ``reports.nodeN.relayed.jsonl``: the lines other machines sent, the hosts of a --hostfile
+    job over ssh or the other nodes' tuners), each read as it grows. A line read twice (a host's own file and its
+    relayed copy, in a shared folder) counts once: a rank's points follow its own clock (``tune_rate.Series.add``)."""
 
     def __init__(self, folder: str) -> None:
-        self.logs = report_log.FolderLines(folder, relayed=True)
+        self.logs = report_log.FolderLines(folder)
 
     def read_into(self, series) -> None:
-        for lines in self.logs.new_lines().values():
-            for line in lines:
-                doc = json_object(line.encode(errors="replace"))
-                if doc is not None:
-                    series.add(doc)
+        for lines in self.logs.read().values():
+            for doc in filter(None, map(json_object, lines)):
+                series.add(doc)

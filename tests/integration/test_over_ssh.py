@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.plan.tune_rate import Series
+from launcher.run.tune_trial import TrialReports
 from sshd import FAILURE_ADDRESSES, UNRESOLVABLE, started_sshd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +46,13 @@ WORKER = textwrap.dedent("""\
     if os.environ.get("SLEEP"):
         open(f"{os.environ['MARKS']}/{os.getpid()}", "w").close()
         time.sleep(float(os.environ["SLEEP"]))
+    if os.environ.get("STEPS"):
+        from launcher.runtime import report  # imports no torch
+        forged = json.dumps({"rank": 99, "step": 777, "t": 1.0})
+        print("\x1elauncher-over-ssh " + json.dumps({"reports": [forged]}), flush=True)  # a relay without the key
+        for step in range(int(os.environ["STEPS"])):
+            report(step=step)
+            time.sleep(0.05)
 """)
 
 
@@ -247,12 +256,46 @@ def test_a_silent_command_as_on_a_lost_network_makes_every_host_stop_its_workers
 
 
 def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host_reads_too(job, tmp_path):
+    """And --report_log there (as in a tuner's trial): each host's reports relayed to the command's log dir, which
+    keeps none of the workers' forged relays."""
     job.hostfile("\n".join(HOSTS))
-    (tmp_path / "job.yaml").write_text(f"hostfile: hosts.txt\nssh_args: -F {job.hosts.config}\nnproc_per_node: 1\n")
+    (tmp_path / "job.yaml").write_text(f"hostfile: hosts.txt\nssh_args: -F {job.hosts.config}\nnproc_per_node: 1\n"
+                                       "log_dir: logs\nreport_log: true\n")
     result = subprocess.run([sys.executable, "-m", "launcher", "--config", "job.yaml", "worker.py"], cwd=tmp_path,
-                            env=job.env, capture_output=True, text=True, timeout=120)
+                            env={**job.env, "STEPS": "10"}, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert [w["RANK"] for w in workers_seen(result.stdout + result.stderr)] == ["0", "1", "2"]
+    for node in (0, 1, 2):  # node 0 is a host over ssh too
+        relayed = [json.loads(line) for line in open(tmp_path / "logs" / f"reports.node{node}.relayed.jsonl")]
+        assert {r["rank"] for r in relayed} == {node} and relayed[-1]["step"] == 9, relayed
+    for path in (tmp_path / "logs").glob("reports.node*"):
+        assert "777" not in path.read_text(), path  # the workers' forged relays are kept nowhere
+
+
+@pytest.mark.slow
+@pytest.mark.training
+def test_tune_over_ssh_measures_each_trial_on_every_host(job, tmp_path):
+    tunable = REPO / "tests" / "integration" / "workers" / "tunable.py"  # 0.04 s a step: 25 steps/s a rank at most
+    (tmp_path / "space.yaml").write_text("metric: samples\ntrial_seconds: 15\nrepeats: 1\nknobs:\n"
+                                         "  arg.--batch-size: [8, 32]\n")
+    command = [sys.executable, "-m", "launcher", "tune", "--space", "space.yaml", "--hostfile",
+               job.hostfile("\n".join(HOSTS[:2])), *job.command("--nproc_per_node", "1", "--log_dir", "logs",
+                                                                  script=str(tunable))[3:]]
+    done = subprocess.run(command, cwd=tmp_path, env=job.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    history = [json.loads(line) for line in open(tmp_path / "logs" / "tune.jsonl")]
+    assert len(history) == 3 and all(h["rate"] for h in history), history
+    for h in history:  # samples/s above what one rank can make: both hosts' ranks summed
+        batch = dict(h["point"]).get("arg.--batch-size", 16)
+        assert h["rate"]["rate"] > 1.25 * batch * 25, h
+    assert "tune: best: arg.--batch-size=32" in done.stdout, done.stdout
+    relayed = tmp_path / "relayed"  # the hosts' relayed files alone (here the hosts' own are in the folder too)
+    relayed.mkdir()
+    for path in (tmp_path / "logs" / "trial-3").glob("reports.node*.relayed.jsonl"):
+        (relayed / path.name).write_bytes(path.read_bytes())
+    series = Series("samples", 0)
+    TrialReports(str(relayed)).read_into(series)
+    assert set(series.ranks) == {0, 1} and series.rate().rate > 1.25 * 32 * 25
 
 
 def test_an_elastic_job_over_ssh_forms_from_its_hosts_and_those_past_max_wait_as_spares(job):
