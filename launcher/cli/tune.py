@@ -6,10 +6,10 @@ with each point of the space over it resolved as the launch command resolves it.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import tempfile
-from contextlib import suppress
 
 import click
 
@@ -97,13 +97,11 @@ def _setting(param: click.Parameter, text, ctx: click.Context):
     if param.type is click.BOOL:
         return param.type.convert(text, param, ctx)
     if isinstance(text, str) and param.type is not click.STRING:
-        import yaml
-
-        with suppress(yaml.YAMLError):
-            number = yaml.safe_load(text)
-            if isinstance(number, (int, float)) and not isinstance(number, bool):
-                return number
-    return text
+        if re.fullmatch(r"[-+]?[0-9]+", text):
+            return int(text)
+        if re.fullmatch(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][-+]?[0-9]+)?", text):
+            return float(text)
+    return text  # 2:3 stays text (YAML would read it as 123, a number in base 60)
 
 
 def _option_checker(params: dict, base: dict):

@@ -52,7 +52,7 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
     search, done = Search(job.space.points(), job.space.repeats, job.space.search == "every"), []
     number = max([r[0] for rs in earlier.values() for r in rs] + _folders(job.log_dir), default=0)
     before = {sig: signal.signal(sig, _interrupted) for sig in STOPPING}
-    over = "interrupted"
+    over = "the leading tuner stopped on an error"  # what the other nodes' tuners are told, unless said below
     try:
         if job.lead is not None:
             _say(f"tune: waiting for the other {job.lead.nodes.followers} node(s)' tuners at {job.lead.where}")
@@ -75,6 +75,7 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
         over = str(e)
         raise
     except KeyboardInterrupt:
+        over = "interrupted"
         again = job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
         _say(f"tune: interrupted; the {len(done)} trials measured are kept in {history_path}; resume with: {again}")
         return 130

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import REPO, WORKERS, alive, free_port, launcher_cmd, wait_for
@@ -17,13 +18,14 @@ TUNABLE = str(WORKERS / "tunable.py")
 ONE_RANK_AT_MOST = 32 / 0.04  # samples/s
 
 
-def start_node(tmp_path, node: int, port: int, space: str, job_port: int):
+def start_node(tmp_path, node: int, port: int, space: str, job_port: int, elastic: bool = False):
     path = tmp_path / "space.yaml"
     path.write_text(space)
     out = open(tmp_path / f"node{node}.out", "w")
+    nodes = ["--nnodes", "2:3", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{job_port}"] if elastic else \
+        ["--cluster_node_ips", "127.0.0.1,127.0.0.2", "--started_port", job_port]
     proc = subprocess.Popen(launcher_cmd("tune", "--space", path, "--tune_port", port, "--log_dir", tmp_path / f"n{node}",
-                                         "--cluster_node_ips", "127.0.0.1,127.0.0.2", "--node_ip", f"127.0.0.{node + 1}",
-                                         "--started_port", job_port, "--nproc_per_node", "1", TUNABLE,
+                                         *nodes, "--node_ip", f"127.0.0.{node + 1}", "--nproc_per_node", "1", TUNABLE,
                                          "--batch-size", "32"),
                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     proc.output = tmp_path / f"node{node}.out"
@@ -34,12 +36,12 @@ def said(proc) -> str:
     return proc.output.read_text()
 
 
-def both_nodes(tmp_path, space: str):
+def both_nodes(tmp_path, space: str, elastic: bool = False):
     port, job_port = free_port(), free_port()
-    leader = start_node(tmp_path, 0, port, space, job_port)
+    leader = start_node(tmp_path, 0, port, space, job_port, elastic)
     wait_for(lambda: "waiting for the other 1 node(s)' tuners" in said(leader) or leader.poll() is not None,
              timeout=60, what="node 0's tuner listening")
-    return leader, start_node(tmp_path, 1, port, space, job_port)
+    return leader, start_node(tmp_path, 1, port, space, job_port, elastic)
 
 
 def pids(state_file) -> list:
@@ -65,6 +67,19 @@ def test_node_0_leads_the_other_node_runs_each_trial_and_the_rate_is_both_nodes(
         assert relayed and {json.loads(x)["rank"] for x in relayed} == {1}
 
 
+@pytest.mark.slow
+@pytest.mark.training
+def test_an_elastic_job_of_nodes_started_on_their_own_is_tuned_the_same_way(tmp_path):
+    leader, follower = both_nodes(tmp_path, "metric: samples\ntrial_seconds: 30\nrepeats: 1\nknobs:\n"
+                                            "  strategy.use_local_sgd: [true]\n", elastic=True)
+    assert leader.wait(timeout=300) == 0, said(leader)
+    assert follower.wait(timeout=120) == 0, said(follower)
+    history = [json.loads(x) for x in open(tmp_path / "n0" / "tune.jsonl")]
+    assert [h["trial"] for h in history] == [1, 2] and all(h["rate"]["rate"] > ONE_RANK_AT_MOST for h in history)
+
+
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_follower_that_leaves_stops_a_fixed_jobs_tuning_with_its_name_and_nothing_is_left(tmp_path):
     leader, follower = both_nodes(tmp_path, "metric: samples\ntrial_seconds: 20\nrepeats: 1\nknobs:\n"
                                             "  strategy.use_local_sgd: [false, true]\n")
@@ -81,6 +96,8 @@ def test_a_follower_that_leaves_stops_a_fixed_jobs_tuning_with_its_name_and_noth
             wait_for(lambda: not alive(pid), timeout=60, what=f"pid {pid} of a trial gone")
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_the_leader_gone_the_follower_stops_its_trial_and_says_so(tmp_path):
     leader, follower = both_nodes(tmp_path, "metric: samples\ntrial_seconds: 30\nrepeats: 1\nknobs:\n"
                                             "  strategy.use_local_sgd: [false, true]\n")

@@ -29,6 +29,10 @@ MAX_FRAME = 1 << 20  # a message from a follower that joined: its report lines, 
 LinesSink = Callable[[int, int, list], None]  # (follower, node, lines)
 
 
+class _Stranger(Exception):
+    """A connection that is no tuner of this job: dropped, with the reason given."""
+
+
 class Follower(Connection):
     index: int = 0  # 1, 2, ...: the folder of its trials
     host: str = ""
@@ -113,6 +117,8 @@ class Followers:
             self._drop(f, "left")
         except wire.ProtocolError as e:
             self._drop(f, f"sent junk ({e})")
+        except _Stranger as e:
+            self._drop(f, str(e))
 
     def _message(self, f: Follower, message, on_lines: LinesSink) -> None:
         if f not in self.joined:
@@ -127,11 +133,11 @@ class Followers:
 
     def _hello(self, f: Follower, hello) -> None:
         if not isinstance(hello, TuneHello) or not hello.host:
-            raise wire.ProtocolError("not a tuner's hello")
+            raise _Stranger(f"said no tuner's hello ({one_line(str(getattr(hello, 'type', hello)), 80)})")
         problem = f.handshake.hello(hello.host, hello.nonce, hello.proof)
         if problem is not None:
             f.send_within(f.handshake.refusal(problem))
-            raise wire.ProtocolError(problem)
+            raise _Stranger(f"was refused: {problem}")
         f.send_within(f.handshake.welcome())
         f.session, f.host = f.handshake.session, one_line(hello.host, 80)
         self.joins += 1
