@@ -144,6 +144,7 @@ def test_the_outcome_is_the_nodes_code_and_cause_and_a_silent_host_is_not_a_good
     (["--hostfile=h", "-H", "a:1", "-Ha:2", "--ssh-args", "-F c", "--env", "A=1", "t.py"], ["t.py"]),
     (["--nproc_per_node", "2", "-m", "--started-port=7", "--", "pkg.mod"], ["-m", "--", "pkg.mod"]),
     (["--max_restarts", "--hostfile", "t.py"], ["--max_restarts", "--hostfile", "t.py"]),  # a value, not an option
+    (["--config", "trial-3/trial.yaml", "--log_dir=x", "--config=c.yaml", "t.py"], ["--log_dir=x", "t.py"]),  # its text goes
 ])
 def test_the_hosts_get_the_command_line_less_what_the_command_sets_itself(argv, kept):
     assert cluster._passed_on(argv) == kept

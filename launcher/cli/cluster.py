@@ -54,6 +54,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
     request = _request(ctx, values, given)
     _refuse_mixed(given, request)
     hosts = _hosts(values)
+    config = config_file.read_text(values["config"], "--config") if values.get("config") else None  # as checked
     reach = over_ssh.Reach(python=values.get("remote_python") or sys.executable, directory=os.getcwd(),
                            port=values.get("ssh_port"), identity_file=values.get("ssh_identity_file"),
                            extra=tuple(_split(values.get("ssh_args"))), connect_timeout=values["ssh_connect_timeout"])
@@ -73,7 +74,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
         names, counts, base = [p.address for p in placed], [p.workers for p in placed], _passed_on(argv)
         runs = {p.node: over_ssh.host_options(names, p.node, counts, p.gpus, start, request.elastic is not None,
                                               given("rdzv_endpoint")) + base for p in placed}
-        sig = fan.run(runs, opts.shutdown_timeout, _report_dir(opts, request.elastic is not None))
+        sig = fan.run(runs, opts.shutdown_timeout, _report_dir(opts, request.elastic is not None), config)
         return 128 + sig if sig is not None else _outcome(fan.remotes)
     finally:
         fan.close()
@@ -98,7 +99,7 @@ def _probe(opts, values: Mapping, hosts, starts, key: str) -> dict:
     """The check each host answers: its files, and its free ports from each of ``starts`` (as many as the most
     workers a host may get, DEFAULT_RUN where they are not known yet, and the control port)."""
     limit = max([h.slots or 0 for h in hosts] + [_int(opts.nproc_per_node), DEFAULT_RUN]) + 1
-    return over_ssh.probe_request(_script(opts), values.get("config"), starts, limit, key)
+    return over_ssh.probe_request(_script(opts), None, starts, limit, key)  # the config file travels with the job
 
 
 def _script(opts) -> Optional[str]:
@@ -159,7 +160,7 @@ def _local_names() -> frozenset:
 def _place(hosts, remotes, reach: over_ssh.Reach, opts, values) -> list:
     """Each host's place (``over_ssh.Placed``), from its facts."""
     expected = {"python": platform.python_version(), "launcher": launcher.__version__, "directory": reach.directory,
-                "script": _script(opts), "config": values.get("config")}
+                "script": _script(opts), "config": None}
     command_address = next((r.facts["command_address"] for r in remotes if r.facts and r.facts.get("command_address")),
                            None)
     return [_placed(host, remote, expected, _int(opts.nproc_per_node), command_address)
@@ -208,8 +209,9 @@ def _environment(values: Mapping) -> dict:
 
 
 def _passed_on(argv: Sequence[str]) -> list:
-    """The command line less the options this command uses itself or sets for each host."""
-    names = {row.name for row in table.ROWS if {table.OVER_SSH, table.PER_HOST} & set(row.tags)}
+    """The command line less the options this command uses itself or sets for each host, and --config (its text is
+    sent to each host with the job)."""
+    names = {row.name for row in table.ROWS if {table.OVER_SSH, table.PER_HOST} & set(row.tags)} | {"config"}
     takes_value, dropped = {}, set()
     for row in table.ROWS:
         for spelling in (*row.spellings, *row.short):

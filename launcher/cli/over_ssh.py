@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
+from contextlib import contextmanager, suppress
 
 from launcher.plan import over_ssh
 from launcher.run import lifeline
@@ -44,13 +46,31 @@ def main() -> None:
 
     reports = request["run"].get("reports")
     relay = Relay(reports, key) if isinstance(reports, str) else None
-    code = run_command(list(request["run"]["argv"]), on_end=lambda _, cause: causes.append(cause),
-                       a_host=True)
+    with _config_file(request["run"].get("config")) as config:
+        code = run_command([*config, *request["run"]["argv"]], on_end=lambda _, cause: causes.append(cause),
+                           a_host=True)
     if relay is not None:
         relay.end()
     cause = causes[0].as_dict() if causes and causes[0] is not None else None
     _tell(over_ssh.line(key=key, end=code, cause=cause))
     os._exit(code)
+
+
+@contextmanager
+def _config_file(text):
+    """The job's --config as the command sent it, in a file of this host's own for the launch to read (``--config
+    PATH``), removed after; nothing without one."""
+    if not isinstance(text, str):
+        yield []
+        return
+    fd, path = tempfile.mkstemp(prefix="launcher-config-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        yield ["--config", path]
+    finally:
+        with suppress(OSError):
+            os.unlink(path)
 
 
 def _import_the_launch() -> None:

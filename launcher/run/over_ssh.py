@@ -102,12 +102,14 @@ class FanOut:
             self._beat([r for r in self.remotes if r.answered])
         return True
 
-    def run(self, runs: Dict[int, list], shutdown_timeout: float, report_dir: Optional[str] = None) -> Optional[int]:
+    def run(self, runs: Dict[int, list], shutdown_timeout: float, report_dir: Optional[str] = None,
+            config: Optional[str] = None) -> Optional[int]:
         """Every host sent its command line (``runs``: by node), followed until every session is over; the first
         signal received meanwhile (None without one). ``report_dir``: the log dir of --report_log, where each host
-        over ssh has its reports relayed."""
+        over ssh has its reports relayed; ``config``: the text of the job's --config, which each host's launcher
+        reads as its own (no host needs the file)."""
         for remote in self.remotes:
-            run = {"argv": runs[remote.node]}
+            run = {"argv": runs[remote.node], **({"config": config} if config is not None else {})}
             if report_dir is not None and remote.ssh:
                 remote.relayed = ReportLog(report_dir, remote.node, relayed=True)
                 run["reports"] = path_for(report_dir, remote.node)  # the host's own, in the same working directory

@@ -255,14 +255,19 @@ def test_a_silent_command_as_on_a_lost_network_makes_every_host_stop_its_workers
         head.wait()
 
 
-def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host_reads_too(job, tmp_path):
-    """And --report_log there (as in a tuner's trial): each host's reports relayed to the command's log dir, which
-    keeps none of the workers' forged relays."""
+def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host_is_sent(job, tmp_path):
+    """Each host's launcher reads the command's config file as sent with the job (a file of its own: here the hosts
+    share the folder, so the file is changed once the command has read it). And --report_log there (as in a tuner's
+    trial): each host's reports relayed to the command's log dir, which keeps none of the workers' forged relays."""
     job.hostfile("\n".join(HOSTS))
     (tmp_path / "job.yaml").write_text(f"hostfile: hosts.txt\nssh_args: -F {job.hosts.config}\nnproc_per_node: 1\n"
                                        "log_dir: logs\nreport_log: true\n")
-    result = subprocess.run([sys.executable, "-m", "launcher", "--config", "job.yaml", "worker.py"], cwd=tmp_path,
-                            env={**job.env, "STEPS": "10"}, capture_output=True, text=True, timeout=120)
+    command = subprocess.Popen([sys.executable, "-m", "launcher", "--config", "job.yaml", "worker.py"], cwd=tmp_path,
+                               env={**job.env, "STEPS": "10"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = command.stderr.readline()  # the check's table: the command has read its config
+    (tmp_path / "job.yaml").write_text("nproc_per_node: 5\n")  # what a host reading the file itself would take
+    out, err = command.communicate(timeout=120)
+    result = subprocess.CompletedProcess(command.args, command.returncode, out, first + err)
     assert result.returncode == 0, result.stderr
     assert [w["RANK"] for w in workers_seen(result.stdout + result.stderr)] == ["0", "1", "2"]
     for node in (0, 1, 2):  # node 0 is a host over ssh too
