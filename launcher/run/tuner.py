@@ -69,7 +69,8 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
             search.record(result)
             done.append(result)
             if point == DEFAULTS and result.rate is None and result.why.startswith(NOTHING):
-                raise TrialsFailed(result.why + ".")  # no trial of this program can be measured
+                raise TrialsFailed(f"{result.why} (the trial's own output: "  # no trial of it can be measured
+                                   f"{os.path.join(job.log_dir, f'trial-{n}', trials.OUTPUT)}).")
         over = None
     except LaunchError as e:
         over = str(e)

@@ -85,7 +85,8 @@ def test_a_program_that_reports_nothing_is_told_the_call_to_add_after_its_first_
     assert done.returncode == 1
     assert done.stderr == ("launcher: error: the program reported nothing: call launcher.runtime.report(step=step, "
                            "samples=COUNT_SO_FAR) in its training loop after each step (from launcher.runtime import "
-                           "report).\n"), done.stderr
+                           f"report) (the trial's own output: {tmp_path / 'logs' / 'trial-1' / 'launcher.log'}).\n"), \
+        done.stderr
     assert sorted(os.listdir(tmp_path / "logs")) == ["trial-1", "tune.jsonl"]
 
 
