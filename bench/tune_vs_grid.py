@@ -1,7 +1,7 @@
 """launcher tune against an exhaustive grid, on bench/knob_worker.py's two models (docs/tuning.md's goal).
 
     python bench/tune_vs_grid.py [--models mlp,conv] [--knobs full|small|tiny] [--nproc 2] [--steps 60] [--rounds 3]
-                                 [--trial-seconds 60] [--json FILE]
+                                 [--trial-seconds 60] [--json FILE] [--save-grid FILE] [--grid FILE]
 
 The space: fleet's knobs (fuse_all_reduce_ops, nccl_comm_num, use_hierarchical_allreduce, local SGD every 4 steps),
 OMP_NUM_THREADS and --bind_cores_to_rank (``--knobs small``: fuse, local SGD, OMP_NUM_THREADS and binding). For each
@@ -13,6 +13,9 @@ model:
 - the tuner: ``python -m launcher tune`` over the same space, timed whole;
 - the goals: the grid's rate of the tuner's pick within 5% of the grid's best, and the tuner's time at most 0.4x
   the grid's.
+
+``--save-grid FILE`` keeps each model's grid (every point's rates and the grid's time) as JSON; ``--grid FILE`` takes
+one kept so, and runs the tuner alone against it.
 """
 
 from __future__ import annotations
@@ -53,7 +56,11 @@ def base_of(model: str, nproc: int, steps: int, out: Path) -> dict:
 
 
 def grid(model: str, space: tune_space.Space, args, root: Path) -> tuple:
-    """({point: median steps/s}, seconds the grid took)."""
+    """({point: median steps/s}, seconds the grid took): measured, or as ``--grid`` kept it."""
+    if args.grid:
+        kept = json.loads(Path(args.grid).read_text())[model]
+        by_label = {tune_space.label(p): p for p in space.points()}
+        return {by_label[label]: statistics.median(rates) for label, rates in kept["rates"].items()}, kept["seconds"]
     points, rates, start = space.points(), {}, time.monotonic()
     for r in range(args.rounds):
         for i, point in enumerate(points if r % 2 == 0 else points[::-1]):
@@ -69,7 +76,13 @@ def grid(model: str, space: tune_space.Space, args, root: Path) -> tuple:
             rate = json.loads(result.read_text())["steps_per_s"] if done.returncode == 0 and result.exists() else 0.0
             rates.setdefault(point, []).append(rate)
             progress(f"  grid {model} round {r + 1} {i + 1}/{len(points)}: {tune_space.label(point)}: {rate:.3g} steps/s")
-    return {p: statistics.median(v) for p, v in rates.items()}, time.monotonic() - start
+    seconds = time.monotonic() - start
+    if args.save_grid:
+        path = Path(args.save_grid)
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        kept[model] = {"seconds": seconds, "rates": {tune_space.label(p): v for p, v in rates.items()}}
+        path.write_text(json.dumps(kept, indent=1))
+    return {p: statistics.median(v) for p, v in rates.items()}, seconds
 
 
 def tuner(model: str, space_doc: dict, space: tune_space.Space, args, root: Path) -> tuple:
@@ -107,6 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--trial-seconds", type=float, default=60.0)
     p.add_argument("--json", default=None)
+    p.add_argument("--save-grid", default=None, help="keep each model's grid here (JSON)")
+    p.add_argument("--grid", default=None, help="a grid kept by --save-grid: the tuner alone is run against it")
     args = p.parse_args(argv)
     space_doc = space_of(KNOBS[args.knobs], args.trial_seconds)
     space = tune_space.parse(space_doc, "space", lambda name, value, where: name)
