@@ -103,8 +103,9 @@ def test_a_tuner_that_does_not_prove_the_token_is_never_welcomed(leader):
     with pytest.raises(LaunchError, match="the leading tuner refused this node's tuner: wrong job or job token"):
         leader.join(token=None, within=3.0)  # it cannot tell a stranger's refusal from the leader's: it obeys
     assert not leader.followers.joined and not leader.followers.lost
-    leader.join()  # the right one still is
+    follower = leader.join()  # the right one still is
     leader.until(lambda: len(leader.followers.joined) == 1, "the follower joined")
+    follower.close()
 
 
 @pytest.mark.parametrize("sent,why", [(b"\x00\x00\x00\x02{]", "sent junk"),
@@ -119,6 +120,7 @@ def test_a_follower_that_sends_junk_or_what_no_tuner_sends_is_dropped_and_named(
     leader.until(lambda: leader.followers.lost, "the follower dropped")
     assert leader.followers.lost[0].startswith("the tuner of node-b (127.0.0.1:") and why in leader.followers.lost[0]
     assert not leader.followers.joined
+    follower.close()
 
 
 def test_a_stranger_that_is_no_tuner_is_dropped_before_it_joins(leader):
@@ -170,3 +172,17 @@ def test_where_the_leading_tuner_is():
     etcd = next(row for row in elastic_backends.ROWS if not row.has_node_0)
     with pytest.raises(LaunchError, match="needs a rendezvous with a node 0"):
         tune_nodes(options(), ElasticSpec(2, 4, etcd.name), None, 29600, False)
+
+
+def test_a_follower_runs_only_its_own_spaces_points():
+    from launcher.plan.tune_space import ENV, Knob, Space
+    from launcher.run.tune_follow import ordered_outside
+
+    space = Space((Knob("env.A", ENV, "A", (1, 2)), Knob("arg.--b", "arg", "--b", (True,))))
+    assert ordered_outside(space, TrialOrder(1, 1, (("env.A", 2), ("arg.--b", True)), "tune-x-1")) is None
+    assert "knob env.Z, which this node's space" in ordered_outside(space, TrialOrder(1, 1, (("env.Z", 1),), "j"))
+    assert "env.A=3, a value this node's space does not list" in \
+        ordered_outside(space, TrialOrder(1, 1, (("env.A", 3),), "j"))
+    assert "env.A='1'" in ordered_outside(space, TrialOrder(1, 1, (("env.A", "1"),), "j"))  # text is not the number
+    assert "without a job id" in ordered_outside(space, TrialOrder(1, 1, (), None))
+    assert "without a job id" in ordered_outside(space, TrialOrder(1, 1, (), "a\nb"))

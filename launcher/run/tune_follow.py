@@ -67,10 +67,9 @@ def follow(job: FollowJob, clock: Clock = SystemClock()) -> int:
 
 def _trial(job: FollowJob, leader: Leader, order: TrialOrder, clock: Clock) -> Optional[TuneOver]:
     """This node's part of the trial ``order``, to its end; the leader's TuneOver if it came meanwhile."""
-    unknown = [name for name, _ in order.point if name not in {k.name for k in job.space.knobs}]
-    if unknown:
-        raise LaunchError(f"the leading tuner ordered knob {unknown[0]}, which this node's space does not have; start "
-                          "every node with the same --space.")
+    problem = ordered_outside(job.space, order)
+    if problem is not None:
+        raise LaunchError(f"the leading tuner ordered {problem}; start every node with the same --space.")
     folder = os.path.join(job.log_dir, f"trial-{order.trial}", f"follower-{order.follower or 0}")
     os.makedirs(folder, exist_ok=True)
     config = os.path.join(folder, "trial.yaml")
@@ -96,6 +95,20 @@ def _trial(job: FollowJob, leader: Leader, order: TrialOrder, clock: Clock) -> O
     _relay(leader, order.trial, logs)
     leader.send(TrialEnded(order.trial, proc.returncode if 0 <= proc.returncode <= 255 else 128 - proc.returncode))
     return over
+
+
+def ordered_outside(space: Space, order: TrialOrder) -> Optional[str]:
+    """What the order asks that this node's own space does not list (a knob, a value), or a job id no launch takes:
+    this node runs only its own space's points."""
+    values = {k.name: {repr(v) for v in k.values} for k in space.knobs}
+    for name, value in order.point:
+        if name not in values:
+            return f"knob {name}, which this node's space does not have"
+        if repr(value) not in values[name]:
+            return f"{name}={value!r}, a value this node's space does not list"
+    if not (order.job_id and order.job_id.isprintable() and len(order.job_id) <= 200):
+        return "a trial without a job id"
+    return None
 
 
 def _relay(leader: Leader, trial: int, logs) -> None:
