@@ -77,11 +77,11 @@ def test_status_while_the_job_runs(job):
     r = seen["status"]
     assert r.returncode == 0, r.stderr
     assert all(seen["alive"])
-    assert "running, launcher pid" in r.stdout
+    assert "running, launcher pid" in r.stdout, r.stdout
     rows = [line.split() for line in r.stdout.splitlines()[2:]]
     assert [row[1:5] for row in rows] == [["rank", "0", str(seen["pids"][0]), "running"],
-                                          ["rank", "1", str(seen["pids"][1]), "running"]]
-    assert all("tick" in line or "hello" in line for line in r.stdout.splitlines()[2:])
+                                          ["rank", "1", str(seen["pids"][1]), "running"]], r.stdout
+    assert all("tick" in line or "hello" in line for line in r.stdout.splitlines()[2:]), r.stdout
 
 
 def test_status_after_the_job_ended(job):
