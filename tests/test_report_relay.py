@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from launcher.output import report_log
-from launcher.plan import over_ssh
+from launcher.plan import over_ssh, report_lines
 from launcher.plan.tune_rate import Series
 
 
@@ -41,14 +41,14 @@ def test_the_messages_relay_every_line_in_order_each_message_bounded(lines):
     got = []
     for message in messages:
         fields = over_ssh.read_line(message, "k")
-        assert fields is not None and 1 <= len(fields["reports"]) <= over_ssh.RELAY_LINES
-        assert sum(len(x) for x in fields["reports"]) <= over_ssh.RELAY_BYTES
+        assert fields is not None and 1 <= len(fields["reports"]) <= report_lines.MOST_LINES
+        assert sum(len(x) for x in fields["reports"]) <= report_lines.MOST_BYTES
         got += fields["reports"]
     assert got == [line.decode(errors="replace") for line in lines]
 
 
 def test_a_line_past_the_bytes_of_a_message_goes_alone():
-    big = b"x" * (over_ssh.RELAY_BYTES + 1)
+    big = b"x" * (report_lines.MOST_BYTES + 1)
     messages = over_ssh.report_messages([b"a", big, b"b"], "k")
     assert [over_ssh.read_line(m, "k")["reports"] for m in messages] == [["a"], [big.decode()], ["b"]]
 
@@ -56,17 +56,17 @@ def test_a_line_past_the_bytes_of_a_message_goes_alone():
 def test_only_json_objects_on_one_line_are_kept_of_a_relayed_message():
     good = report(0, 1).decode()
     items = [good, "not json", "[1, 2]", "7", '{"a":\n1}', '{"a": 1}\r', "{}", 5, None, {"rank": 0}, "\ud800",
-             '{"a": "\ud800"}', json.dumps({"x" * over_ssh.REPORT_LINE: 1})]
-    assert over_ssh.relayed_lines({"reports": items}) == good.encode() + b"\n{}\n" + b'{"a": "?"}\n'
+             '{"a": "\ud800"}', json.dumps({"x" * report_lines.LONGEST: 1})]
+    assert report_lines.kept(items) == good.encode() + b"\n{}\n" + b'{"a": "?"}\n'
     for fields in ({}, {"reports": "a string"}, {"reports": {"a": 1}}, {"reports": None}):
-        assert over_ssh.relayed_lines(fields) == b""
+        assert report_lines.kept(fields.get("reports")) == b""
 
 
 @settings(max_examples=100)
 @given(st.lists(st.one_of(st.text(max_size=30), st.integers(), st.none(), st.dictionaries(st.text(), st.integers())),
                 max_size=8))
 def test_whatever_a_host_sends_as_reports_never_raises_and_keeps_only_object_lines(items):
-    kept = over_ssh.relayed_lines({"reports": items})
+    kept = report_lines.kept(items)
     for line in kept.splitlines():
         assert isinstance(json.loads(line), dict)
 

@@ -85,7 +85,7 @@ def test_a_follower_is_ordered_each_trial_and_only_its_lines_of_that_trial_reach
     assert (order.trial, order.follower, order.point, order.job_id) == \
         (7, 1, (("env.A", 1), ("strategy.use_local_sgd", True)), "tune-x-7")
     follower.send(TrialLines(6, 1, ['{"rank": 1}']))  # an earlier trial's: dropped
-    follower.send_lines(7, 1, ['{"rank": 1, "t": %d}' % i for i in range(600)])  # three messages
+    follower.send_lines(7, 1, [b'{"rank": 1, "t": %d}' % i for i in range(600)])  # three messages
     follower.send(TrialEnded(7, 143))
     leader.until(lambda: leader.followers.ended(7), "the follower's trial ended")
     assert [len(lines) for _, _, lines in leader.lines] == [256, 256, 88] and {n for _, n, _ in leader.lines} == {1}

@@ -18,7 +18,7 @@ import tempfile
 import threading
 from contextlib import contextmanager, suppress
 
-from launcher.plan import over_ssh
+from launcher.plan import over_ssh, report_lines
 from launcher.run import lifeline
 
 BAD_REQUEST = 2
@@ -115,7 +115,7 @@ class Relay:
     def __init__(self, path: str, key: str) -> None:
         from launcher.output.report_log import NewLines
 
-        self.lines = NewLines(path, longest=over_ssh.REPORT_LINE, most=4 * over_ssh.RELAY_BYTES)
+        self.lines = NewLines(path, longest=report_lines.LONGEST, most=4 * report_lines.MOST_BYTES)
         self.key = key
         self.ended = threading.Event()
         self.thread = threading.Thread(target=self._relay, name="report relay", daemon=True)

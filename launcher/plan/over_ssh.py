@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from launcher.plan import elastic_backends as backends
+from launcher.plan import elastic_backends as backends, report_lines
 from launcher.untrusted import json_object
 
 MARKER = b"\x1elauncher-over-ssh "  # a record separator first: no program prints it at the start of a line
@@ -31,8 +31,6 @@ NO_FOLDER, NO_PYTHON = 201, 127  # the remote command's exit codes: no working d
 REMOTE_MODULE = "launcher.cli.over_ssh"
 TABLE_HEADINGS = ("host", "address", "workers", "ranks", "ports", "check")
 RELAY_EVERY = 0.5  # seconds between two looks of a host at its report log, for new lines to relay
-RELAY_LINES, RELAY_BYTES = 256, 256 << 10  # the most report lines, and about the most bytes, in one lifeline line
-REPORT_LINE = 64 << 10  # bytes of the longest report line relayed (the launcher's are well under 1 KiB)
 PORT_TRIES = 8  # candidate port runs each host checks at once
 PORT_LOW, PORT_HIGH = 20000, 32000  # where candidate runs are drawn: below Linux's ephemeral ports (32768 on)
 
@@ -118,28 +116,9 @@ def read_line(data: bytes, key: Optional[str] = None) -> Optional[dict]:
 
 
 def report_messages(lines: Sequence[bytes], key: str) -> list:
-    """The lifeline lines that relay a report log's ``lines`` (without their newlines) to the command: each holds at
-    most RELAY_LINES of them and, unless one line is longer, RELAY_BYTES bytes."""
-    messages, batch, size = [], [], 0
-    for text in (raw.decode(errors="replace") for raw in lines):
-        if batch and (len(batch) >= RELAY_LINES or size + len(text) > RELAY_BYTES):
-            messages.append(line(key=key, reports=batch))
-            batch, size = [], 0
-        batch.append(text)
-        size += len(text)
-    return messages + ([line(key=key, reports=batch)] if batch else [])
-
-
-def relayed_lines(fields: Mapping) -> bytes:
-    """The lines of a host's ``reports`` line as the command keeps them, each ending with a newline: only those that
-    are one JSON object on one line, of at most REPORT_LINE bytes."""
-    items = fields.get("reports") if isinstance(fields.get("reports"), list) else []
-    texts = [item.encode(errors="replace") for item in items if isinstance(item, str)]
-    return b"".join(text + b"\n" for text in texts if _report_line(text))
-
-
-def _report_line(text: bytes) -> bool:
-    return len(text) <= REPORT_LINE and b"\n" not in text and b"\r" not in text and json_object(text) is not None
+    """The lifeline lines that relay a report log's ``lines`` (without their newlines) to the command, a batch each
+    (``report_lines.batches``)."""
+    return [line(key=key, reports=batch) for batch in report_lines.batches(lines)]
 
 
 # ---------------------------------------------------------------- what went wrong with a host

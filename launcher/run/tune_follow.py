@@ -113,7 +113,7 @@ def ordered_outside(space: Space, order: TrialOrder) -> Optional[str]:
 
 def _relay(leader: Leader, trial: int, logs) -> None:
     for node, lines in logs.read().items():
-        leader.send_lines(trial, node, [line.decode(errors="replace") for line in lines])
+        leader.send_lines(trial, node, lines)
 
 
 def _say(line: str) -> None:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from launcher.nodes.transport.values import Message
+from launcher.plan.report_lines import MOST_LINES
 
 MAX_KNOBS = 64  # knobs a trial's point carries at most
-MAX_LINES = 256  # report lines one message carries at most
 SCALARS = (str, int, float, bool)
 
 
@@ -25,7 +25,7 @@ def as_point(value) -> Optional[tuple]:
 
 
 def as_lines(value) -> Optional[list]:
-    return value if isinstance(value, list) and len(value) <= MAX_LINES and all(isinstance(x, str) for x in value) \
+    return value if isinstance(value, list) and len(value) <= MOST_LINES and all(isinstance(x, str) for x in value) \
         else None
 
 

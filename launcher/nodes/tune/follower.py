@@ -13,11 +13,9 @@ from launcher.nodes.transport import wire
 from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial
 from launcher.nodes.transport.handshake import Client
 from launcher.nodes.transport.messages import Refusal, Welcome, from_wire, to_wire
-from launcher.nodes.transport.tune_messages import MAX_LINES, TrialLines, TuneHello
+from launcher.nodes.transport.tune_messages import TrialLines, TuneHello
 from launcher.nodes.tune.leader import MAX_FRAME, PROOF_JOB
-
-LINES_BYTES = 256 * 1024  # of report lines in one message, at most
-
+from launcher.plan import report_lines
 
 class LeaderGone(ConnectionError):
     """The leading tuner closed the link or sent what no leader sends."""
@@ -89,15 +87,8 @@ class Leader:
             raise LeaderGone("it does not take messages any more")
 
     def send_lines(self, trial: int, node: int, lines: list) -> None:
-        """Report lines, in messages of at most MAX_LINES lines and LINES_BYTES bytes."""
-        batch, size = [], 0
-        for line in lines:
-            if batch and (len(batch) == MAX_LINES or size + len(line) > LINES_BYTES):
-                self.send(TrialLines(trial, node, batch))
-                batch, size = [], 0
-            batch.append(line)
-            size += len(line)
-        if batch:
+        """Report lines (without their newlines), in batches (``report_lines.batches``)."""
+        for batch in report_lines.batches(lines):
             self.send(TrialLines(trial, node, batch))
 
     def close(self) -> None:
