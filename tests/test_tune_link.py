@@ -186,3 +186,16 @@ def test_a_follower_runs_only_its_own_spaces_points():
     assert "env.A='1'" in ordered_outside(space, TrialOrder(1, 1, (("env.A", "1"),), "j"))  # text is not the number
     assert "without a job id" in ordered_outside(space, TrialOrder(1, 1, (), None))
     assert "without a job id" in ordered_outside(space, TrialOrder(1, 1, (), "a\nb"))
+
+
+def test_a_follower_whose_trial_does_not_end_in_time_is_dropped_and_named(leader):
+    follower = leader.join(name="node-c")
+    leader.until(lambda: len(leader.followers.joined) == 1, "the follower joined")
+    with leader.lock:
+        leader.followers.order(3, (), "tune-x-3")
+        leader.followers.stop(3)
+        leader.followers.drop_unended(3, 70.0)  # it said nothing of its trial's end
+    [lost] = leader.followers.lost
+    assert lost.startswith("the tuner of node-c (127.0.0.1:") and lost.endswith("did not end trial 3 within 70 s of its stop")
+    assert not leader.followers.joined
+    follower.close()

@@ -61,6 +61,7 @@ class Lead:
         deadline = time.monotonic() + ENDS_WITHIN
         while not self.followers.ended(number) and time.monotonic() < deadline:
             waiting(0.2)
+        self.followers.drop_unended(number, ENDS_WITHIN)
         waiting.close()
         if self.followers.lost and not self.nodes.elastic:
             raise NodesLost(f"{self.followers.lost[0]}; a fixed job cannot run its trials without that node, so the "

@@ -77,6 +77,11 @@ class Followers:
     def ended(self, trial: int) -> bool:
         return all(f.ended >= trial for f in self.joined)
 
+    def drop_unended(self, trial: int, within: float) -> None:
+        """The followers whose trial did not end in time dropped (a stopped or lost machine), each named in ``lost``."""
+        for f in [f for f in self.joined if f.ended < trial]:
+            self._drop(f, f"did not end trial {trial} within {within:g} s of its stop")
+
     def close(self, reason: Optional[str] = None) -> None:
         for f in self.joined:
             f.send_within(TuneOver(reason))
