@@ -53,10 +53,11 @@ class Pumped:
     def join(self, token="secret", name="127.0.0.2", within=BOUND) -> Leader:
         return Leader.join("127.0.0.1", self.port, token, name, time.monotonic() + within)
 
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(BOUND)
-        self.followers.close()
+    def close(self, reason=None) -> None:
+        if not self.stopped.is_set():
+            self.stopped.set()
+            self.thread.join(BOUND)
+            self.followers.close(reason)
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_a_follower_is_ordered_each_trial_and_only_its_lines_of_that_trial_reach
     assert [len(lines) for _, _, lines in leader.lines] == [256, 256, 88] and {n for _, n, _ in leader.lines} == {1}
     with leader.lock:
         leader.followers.stop(8)
-        leader.followers.close("done")
+    leader.close("done")
     assert next_message(follower, TrialStop).trial == 8 and next_message(follower, TuneOver).reason == "done"
     with pytest.raises(LeaderGone):
         next_message(follower, TuneOver)
