@@ -87,13 +87,19 @@ def test_a_follower_is_ordered_each_trial_and_only_its_lines_of_that_trial_reach
         (7, 1, (("env.A", 1), ("strategy.use_local_sgd", True)), "tune-x-7")
     follower.send(TrialLines(6, 1, ['{"rank": 1}']))  # an earlier trial's: dropped
     follower.send_lines(7, 1, [b'{"rank": 1, "t": %d}' % i for i in range(600)])  # three messages
-    follower.send(TrialEnded(7, 143))
+    follower.send(TrialEnded(7, 2, "launcher: error: no such script"))  # while the trial runs: it failed
     leader.until(lambda: leader.followers.ended(7), "the follower's trial ended")
-    assert [len(lines) for _, _, lines in leader.lines] == [256, 256, 88] and {n for _, n, _ in leader.lines} == {1}
+    assert leader.followers.failed == ["127.0.0.2's part: exit code 2: launcher: error: no such script"]
     with leader.lock:
+        leader.followers.order(8, (), "tune-x-8")
         leader.followers.stop(8)
+    follower.send(TrialEnded(8, 143, "the job stopped"))  # after its stop: no failure
+    leader.until(lambda: leader.followers.ended(8), "the follower's second trial ended")
+    assert leader.followers.failed == []
+    assert [len(lines) for _, _, lines in leader.lines] == [256, 256, 88] and {n for _, n, _ in leader.lines} == {1}
     leader.close("done")
-    assert next_message(follower, TrialStop).trial == 8 and next_message(follower, TuneOver).reason == "done"
+    assert next_message(follower, TrialOrder).trial == 8 and next_message(follower, TrialStop).trial == 8
+    assert next_message(follower, TuneOver).reason == "done"
     with pytest.raises(LeaderGone):
         next_message(follower, TuneOver)
 

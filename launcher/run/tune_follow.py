@@ -93,7 +93,8 @@ def _trial(job: FollowJob, leader: Leader, order: TrialOrder, clock: Clock) -> O
             signal.signal(signal.SIGINT, before)
         raise
     _relay(leader, order.trial, logs)
-    leader.send(TrialEnded(order.trial, proc.returncode if 0 <= proc.returncode <= 255 else 128 - proc.returncode))
+    code = proc.returncode if 0 <= proc.returncode <= 255 else 128 - proc.returncode
+    leader.send(TrialEnded(order.trial, code, trials.last_line(os.path.join(folder, trials.OUTPUT)) if code else None))
     return over
 
 

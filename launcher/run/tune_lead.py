@@ -1,7 +1,8 @@
 """``launcher tune`` on node 0 of a job whose nodes are started on their own: the leading tuner's side of each trial.
 Before it: every other node's tuner (``launcher.nodes.tune``) ordered the trial's point and the trial's job id. While
 it runs: their report lines written beside this node's, in the trial's folder (``reports.nodeN.relayed.jsonl``),
-where the rate is read from. After it: their trials stopped and waited for. A fixed job cannot go on without a node
+where the rate is read from; a node whose part fails (its launcher's exit code) fails the trial at once, with that
+node's reason. After it: their trials stopped and waited for. A fixed job cannot go on without a node
 whose tuner left; an elastic one goes on with the nodes it has."""
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ ENDS_WITHIN = GRACE + 10.0  # seconds the other nodes' trials have to end after 
 
 class NodesLost(LaunchError):
     exit_code = 1
+
+
+class PartFailed(Exception):
+    """Another node's part of the running trial failed (its launcher ended with an exit code): the trial has."""
 
 
 def try_to_lead(nodes: TuneNodes, token: Optional[str]) -> Optional["Lead"]:
@@ -80,6 +85,8 @@ class Waiting:
 
     def __call__(self, seconds: float) -> None:
         self.followers.pump(seconds, self.write)
+        if self.followers.failed:
+            raise PartFailed(self.followers.failed[0])
 
     def write(self, follower: int, node: int, lines: list) -> None:
         if 0 <= node < 1 << 31:

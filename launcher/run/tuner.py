@@ -20,7 +20,7 @@ from launcher.plan.tune_search import DEFAULTS, Result, Search
 from launcher.plan.tune_space import Space, label
 from launcher.run import tune_trial as trials
 from launcher.run.starter import Clock, SystemClock
-from launcher.run.tune_lead import Lead
+from launcher.run.tune_lead import Lead, PartFailed
 
 HISTORY = "tune.jsonl"
 
@@ -71,7 +71,9 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
             if point == DEFAULTS and result.rate is None and result.why.startswith(NOTHING):
                 raise TrialsFailed(f"{result.why} (the trial's own output: "  # no trial of it can be measured
                                    f"{os.path.join(job.log_dir, f'trial-{n}', trials.OUTPUT)}).")
+        code = _finish(job, search, done)
         over = None
+        return code
     except LaunchError as e:
         over = str(e)
         raise
@@ -85,7 +87,6 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
             signal.signal(sig, handler)
         if job.lead is not None:
             job.lead.close(over)
-    return _finish(job, search, done)
 
 
 STOPPING = (signal.SIGTERM, signal.SIGHUP)  # as Ctrl-C: the running trial stopped, the history kept
@@ -110,6 +111,8 @@ def _trial(job: TuneJob, number: int, point: tuple, clock: Clock) -> Result:
     waiting = job.lead.waiting(folder) if job.lead is not None else None
     try:
         why, rate = trials.run(config, folder, job.space, clock, progress, waiting)
+    except PartFailed as e:  # another node's part failed (its own trial was stopped on the way out)
+        why, rate = str(e), None
     finally:
         if job.lead is not None:
             job.lead.stop(number, waiting)

@@ -67,10 +67,11 @@ class TrialLines(Message, kind="trial_lines"):
 
 @dataclass(frozen=True)
 class TrialEnded(Message, kind="trial_ended"):
-    """A follower to the leader: its trial's launcher exited with ``code``."""
+    """A follower to the leader: its trial's launcher exited with ``code`` (not 0: ``why``, its last line)."""
 
     trial: Optional[int]
     code: int
+    why: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ class Followers:
         self.lost: list = []  # each follower that left, in words
         self.joins = 0
         self.trial = 0  # the trial ordered last
+        self.failed: list = []  # the followers' parts of that trial that failed while it ran, in words
+        self.stopped = 0  # the trial stopped last: its parts' ends after the stop are no failures
 
     @classmethod
     def bind(cls, address: str, port: int, token: Optional[str]) -> "Followers":
@@ -66,11 +68,12 @@ class Followers:
             self.pump(min(left, 0.5), lambda *_: None)
 
     def order(self, trial: int, point: tuple, job_id: str) -> None:
-        self.trial = trial
+        self.trial, self.failed = trial, []
         for f in self.joined:
             f.send_within(TrialOrder(trial, f.index, [list(p) for p in point], job_id))
 
     def stop(self, trial: int) -> None:
+        self.stopped = trial
         for f in self.joined:
             f.send_within(TrialStop(trial))
 
@@ -133,6 +136,8 @@ class Followers:
             on_lines(f.index, message.node, message.lines)
         elif isinstance(message, TrialEnded) and message.trial is not None:
             f.ended = max(f.ended, message.trial)
+            if message.trial == self.trial != self.stopped and message.code != 0:
+                self.failed.append(f"{f.host}'s part: exit code {message.code}: {one_line(message.why or '', 300)}")
         elif not isinstance(message, (Beat, TrialLines, TrialEnded)):
             self._drop(f, f"sent a {getattr(message, 'type', '?')} message, which no tuner sends")
 
