@@ -17,7 +17,7 @@ from launcher.plan.tune_space import STEPS
 
 SLICES = 4
 MIN_LINES = 8  # reports of each rank in the window
-MIN_SECONDS = 1.0
+MIN_SECONDS = 3.0  # a trial's rate is of at least this long: its first second is not the program's steady speed
 MAX_WORLD = 1 << 20
 
 
