@@ -7,6 +7,8 @@ import pytest
 from conftest import free_port
 from test_runtime_elastic import Launcher, entries, env_of, lines
 
+pytestmark = pytest.mark.training  # CI runs them after the quick loop (README's development lines)
+
 
 @pytest.mark.parametrize("wrapper, comm_num", [("optimizer", 2), ("model", 1), ("model", 2)])
 def test_a_fleet_program_wraps_its_model_again_in_each_round(tmp_path, wrapper, comm_num):

@@ -9,6 +9,8 @@ import pytest
 from test_real_paddle import PROGRAMS, folders, results, run_ours, run_paddles
 from test_real_paddle import paddle3, paddle26  # noqa: F401 - the fixtures
 
+pytestmark = pytest.mark.training  # CI runs them after the quick loop (README's development lines)
+
 _PADDLES = {}  # the roles under Paddle's launcher, once per test run
 
 
