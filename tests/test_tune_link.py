@@ -3,6 +3,7 @@ launcher: who is welcomed (the job token proven both ways), what reaches the lea
 the trial ordered, its ends), and what costs a follower its place (junk, a message no tuner sends); the messages read
 off the wire never raise; where the leader is, pure (launcher.plan.tune_nodes). No test asserts a duration."""
 
+import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -80,6 +81,8 @@ def next_message(follower: Leader, kind):
 def test_a_follower_is_ordered_each_trial_and_only_its_lines_of_that_trial_reach_the_leader(leader):
     follower = leader.join()
     leader.until(lambda: len(leader.followers.joined) == 1, "the follower joined")
+    sock = follower.conn.sock  # a leader whose machine is lost is noticed by TCP, not waited for forever
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     with leader.lock:
         leader.followers.order(7, (("env.A", 1), ("strategy.use_local_sgd", True)), "tune-x-7")
     order = next_message(follower, TrialOrder)
@@ -131,8 +134,6 @@ def test_a_follower_that_sends_junk_or_what_no_tuner_sends_is_dropped_and_named(
 
 
 def test_a_stranger_that_is_no_tuner_is_dropped_before_it_joins(leader):
-    import socket
-
     with socket.create_connection(("127.0.0.1", leader.port), timeout=BOUND) as sock:
         sock.sendall(wire.encode({"type": "hello", "node": 1, "nonce": "n" * 32}))
         sock.settimeout(BOUND)

@@ -17,6 +17,7 @@ from typing import Optional
 
 from launcher.output.messages import log
 from launcher.output.state_file import is_node_file
+from launcher.plan import report_lines
 
 EVERY = 0.1  # seconds between two lines of one worker
 PREFIX, SUFFIX, RELAYED_SUFFIX = "reports.node", ".jsonl", ".relayed.jsonl"
@@ -73,6 +74,10 @@ class ReportLog:
         except OSError as e:
             self.failed = True
             log.warning("cannot write the reports to %s (%s); the job goes on", self.path, e.strerror or e)
+
+    def relay(self, items) -> None:
+        """Lines another machine sent (``report_lines.kept``: only those that are one JSON object each) appended."""
+        self.write(report_lines.kept(items))
 
     def close(self, now: float) -> None:
         """The last reports written, whatever their time."""

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.output.console import console
 from launcher.output.report_log import ReportLog, path_for
-from launcher.plan import over_ssh, report_lines
+from launcher.plan import over_ssh
 from launcher.run.signals import SignalIntake
 
 STOP_SLACK = 10.0  # seconds past the workers' shutdown_timeout that a host's launcher has to end after a stop
@@ -261,7 +261,7 @@ class FanOut:
                 elif "end" in fields:
                     remote.end = fields
                 elif "reports" in fields and remote.relayed is not None:
-                    remote.relayed.write(report_lines.kept(fields.get("reports")))
+                    remote.relayed.relay(fields.get("reports"))
                 return
         if not remote.answered:  # ssh's own words before the host answered: the reason, if it fails
             remote.stderr += line

@@ -14,7 +14,6 @@ from typing import Optional
 from launcher.errors import LaunchError
 from launcher.nodes.tune.leader import Followers, is_taken
 from launcher.output import report_log
-from launcher.plan import report_lines
 from launcher.plan.tune_nodes import TuneNodes
 from launcher.run.tune_trial import GRACE
 
@@ -91,7 +90,7 @@ class Waiting:
     def write(self, follower: int, node: int, lines: list) -> None:
         if 0 <= node < 1 << 31:
             log_file = self.logs.setdefault(node, report_log.ReportLog(self.folder, node, relayed=True))
-            log_file.write(report_lines.kept(lines))
+            log_file.relay(lines)
 
     def close(self) -> None:
         for log_file in self.logs.values():

@@ -10,12 +10,13 @@ from typing import Optional
 
 from launcher.errors import LaunchError
 from launcher.nodes.transport import wire
-from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial
+from launcher.nodes.transport.connection import RETRY_REFUSED, Connection, dial, tune
 from launcher.nodes.transport.handshake import Client
 from launcher.nodes.transport.messages import Refusal, Welcome, from_wire, to_wire
 from launcher.nodes.transport.tune_messages import TrialLines, TuneHello
-from launcher.nodes.tune.leader import MAX_FRAME, PROOF_JOB
+from launcher.nodes.tune.leader import HEARTBEAT, MAX_FRAME, PROOF_JOB
 from launcher.plan import report_lines
+
 
 class LeaderGone(ConnectionError):
     """The leading tuner closed the link or sent what no leader sends."""
@@ -35,6 +36,7 @@ class Leader:
         while clock() < deadline:
             try:
                 sock = dial(host, port, deadline, clock)
+                tune(sock, HEARTBEAT)  # a leader whose machine is lost is known within it, not waited for forever
             except OSError as e:
                 last = e.strerror or str(e)
                 break

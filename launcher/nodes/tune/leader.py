@@ -23,7 +23,7 @@ from launcher.output.messages import log
 from launcher.plan.policy import one_line
 
 PROOF_JOB = "launcher-tune"  # the job id the proofs are made over (each trial's job has its own)
-HEARTBEAT = 30.0  # seconds of TCP's patience with a silent follower
+HEARTBEAT = 30.0  # seconds of TCP's patience with a silent peer, on either end of the link
 HELLO_WITHIN = 10.0
 MAX_FRAME = 1 << 20  # a message from a follower that joined: its report lines, a few hundred at a time
 LinesSink = Callable[[int, int, list], None]  # (follower, node, lines)
