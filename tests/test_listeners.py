@@ -202,6 +202,18 @@ class Server:
             sock.connect_ex(self.address)
         return sock
 
+    def count_selectors_of(self, module) -> None:
+        """The selectors ``module`` makes from now on, each counted in ``self.counter`` (``busy``): for a server whose
+        loop makes its own selector."""
+        self.counter = {}
+        original = selectors.DefaultSelector
+
+        class Counted(original):
+            def __init__(inner) -> None:
+                super().__init__()
+                busy(inner, self.counter)
+        self.monkeypatch.setattr(module.selectors, "DefaultSelector", Counted)
+
     def busy_turns(self) -> int:
         return self.counter.get("turns", 0)
 
@@ -275,14 +287,7 @@ class GatherServer(Server):
     half = struct.pack("!I", 40) + b'{"type": "jo'
 
     def start(self) -> None:
-        self.counter = {}
-        original = selectors.DefaultSelector
-
-        class Counted(original):  # rank 0's selector, made inside gather(): counted
-            def __init__(inner) -> None:
-                super().__init__()
-                busy(inner, self.counter)
-        self.monkeypatch.setattr(gather.selectors, "DefaultSelector", Counted)
+        self.count_selectors_of(gather)  # rank 0's selector, made inside gather()
         port = free_port()
         self.address = ("127.0.0.1", port)
         self.rank0 = start_rank(spec(0, 2, port), "127.0.0.1", timeout=2 * BOUND)
@@ -504,14 +509,8 @@ class TuneServer(Server):
     half = struct.pack("!I", 40) + b'{"type": "tune_he'
 
     def start(self) -> None:
-        self.counter, self.error = {}, None
-        original = selectors.DefaultSelector
-
-        class Counted(original):  # the link's selector, made by Followers: counted
-            def __init__(inner) -> None:
-                super().__init__()
-                busy(inner, self.counter)
-        self.monkeypatch.setattr(tune_leader.selectors, "DefaultSelector", Counted)
+        self.error = None
+        self.count_selectors_of(tune_leader)  # the link's selector, made by Followers
         port = free_port()
         self.address = ("127.0.0.1", port)
         self.followers = tune_leader.Followers.bind("127.0.0.1", port, TOKEN)
