@@ -2,6 +2,8 @@
 trial's config, the rate from reports on the workers' clock, the steady rule, hangs and silence on a fake clock, and
 the search (successive halving, the leaders measured again in alternating order), replayed for --resume."""
 
+import json
+import math
 import os
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 from launcher.cli import tune as tune_cli
 from launcher.cli.main import launch, request_of
 from launcher.errors import LaunchError
-from launcher.plan import tune_rate, tune_search, tune_space, tune_trial
+from launcher.plan import tune_history, tune_rate, tune_search, tune_space, tune_trial
 from launcher.plan.tune_rate import Rate, Series
 from launcher.plan.tune_search import DEFAULTS, Result, Search
 
@@ -20,8 +22,9 @@ from launcher.plan.tune_search import DEFAULTS, Result, Search
 def job(tmp_path, space: str, *args):
     path = tmp_path / "space.yaml"
     path.write_text(space)
-    return tune_cli.job_of(launch, "python -m launcher", str(path), None, False, None,
-                           list(args or ("--nproc_per_node", "1", "train.py")), request_of)
+    args = list(args or ("--nproc_per_node", "1", "train.py"))
+    own = [] if "--log_dir" in args else ["--log_dir", str(tmp_path / "logs")]  # tune makes its log dir at once
+    return tune_cli.job_of(launch, "python -m launcher", str(path), None, False, None, own + args, request_of)
 
 
 def refused(tmp_path, space: str, *args) -> str:
@@ -86,6 +89,35 @@ def test_plot_without_matplotlib_is_refused_before_any_trial(tmp_path, monkeypat
     path.write_text("knobs:\n  env.A: [1]\n")
     with pytest.raises(LaunchError, match=r"--plot needs matplotlib: pip install 'launcher\[bench\]'"):
         tune_cli.job_of(launch, "python -m launcher", str(path), None, False, "t.png", ["t.py"], request_of)
+
+
+def test_an_out_a_plot_or_a_log_dir_that_cannot_be_written_is_refused_before_any_trial(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("knobs:\n  env.A: [1]\n")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    logs = ["--log_dir", str(tmp_path / "logs")]
+
+    def refusal(out, plot, *args):
+        with pytest.raises(LaunchError) as e:
+            tune_cli.job_of(launch, "python -m launcher", str(path), out, False, plot, [*args, "t.py"], request_of)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert refusal(None, None, "--log_dir", str(a_file / "logs")) == \
+        f"--log_dir {a_file / 'logs'} cannot be created (a part of its path is a file); choose a folder you can write to."
+    assert refusal(str(tmp_path), None, *logs) == f"--out {tmp_path} is a folder; give the path of a file."
+    assert refusal(str(a_file / "t.yaml"), None, *logs) == \
+        f"--out {a_file / 't.yaml'}: its folder {a_file} cannot be created (a part of its path is a file); give another path."
+    matplotlib = pytest.importorskip("matplotlib")
+    assert matplotlib  # the test extra's, as --plot's
+    assert refusal(None, str(a_file / "t.png"), *logs).startswith(f"--plot {a_file / 't.png'}: its folder ")
+    message = refusal(None, str(tmp_path / "trials.jpeg2000"), *logs)
+    assert message.startswith(f"--plot {tmp_path / 'trials.jpeg2000'}: matplotlib cannot draw to a file ending in "
+                              ".jpeg2000; give one ending in ")
+    assert " .png, " in message and message.endswith(f", say {tmp_path / 'trials'}.png.")
+    assert "with no ending; " in refusal(None, str(tmp_path / "trials"), *logs)
+    assert not (tmp_path / "logs" / "trial-1").exists()
 
 
 def test_no_script_says_where_tunes_own_options_go(tmp_path):
@@ -374,3 +406,63 @@ def test_a_history_line_cut_short_is_run_again(tmp_path):
     assert list(got) == [DEFAULTS, (("env.A", 1),)]
     assert got[DEFAULTS][0][1].rate.rate == 5.0 and got[(("env.A", 1),)][0] == (2, Result((("env.A", 1),), None,
                                                                                          "exit code 3: x"))
+
+
+def test_a_history_file_is_read_whole_whatever_it_holds(tmp_path):
+    # --resume trusts nothing of the file: each of these lines is skipped (its trial runs again), none raises
+    from launcher.run.tuner import read_history
+
+    good = tune_history.line_of(4, Result((("env.A", 1),), Rate(5.0, 0.1, 9, 3.0, 9), "steady"))
+    bad = ['{"trial": Infinity, "point": [], "why": "x", "rate": null}', "[" * 100_000 + "]" * 100_000,
+           '{"trial": 1, "point": [], "why": "x", "rate": {"rate": "fast", "spread": 0, "steps": 1, "seconds": 3, '
+           '"lines": 9}}', good.replace("5.0", "NaN"), good.replace('"steps": 9', '"steps": 9.5'),
+           '{"trial": 1, "point": [["env.A", {"x": 1}]], "why": "x", "rate": null}', '{"trial": true, "point": [], '
+           '"why": "x", "rate": null}', '{"trial": 2, "point": [["env.A"]], "why": "x", "rate": null}',
+           '{"trial": 1' + "0" * 5000 + ', "point": [], "why": "x", "rate": null}', "7", "null", good[:-3]]
+    path = tmp_path / "tune.jsonl"
+    path.write_bytes(("\n".join(bad) + "\n").encode() + b"\xff\xfe\n" + good.encode() + b"\n")
+    assert read_history(str(path)) == {(("env.A", 1),): [(4, Result((("env.A", 1),), Rate(5.0, 0.1, 9, 3.0, 9),
+                                                                    "steady"))]}
+
+
+HISTORY_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                          max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["trial", "point", "why", "rate"]), HISTORY_JSON, max_size=4),
+       st.dictionaries(st.sampled_from(["rate", "spread", "steps", "seconds", "lines"]), HISTORY_JSON, max_size=5))
+def test_a_history_line_never_raises_and_what_it_gives_has_its_types(doc, rate):
+    for line in (json.dumps(doc), json.dumps({**doc, "rate": rate})):
+        found = tune_history.entry(line)
+        if found is not None:
+            number, result = found
+            assert isinstance(number, int) and number >= 1 and isinstance(result.why, str)
+            assert all(isinstance(name, str) for name, _ in result.point)
+            if result.rate is not None:
+                assert all(math.isfinite(v) for v in vars(result.rate).values())
+                assert tune_history.entry(tune_history.line_of(number, result)) == found  # the round trip
+
+
+def test_trials_that_cannot_be_drawn_say_so_in_one_sentence_with_the_best_kept(tmp_path, monkeypatch):
+    import errno
+
+    from launcher.output import tune_lines
+    from launcher.run import tuner
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tune_lines, "plot", full)
+    space = tune_space.parse({"knobs": {"env.A": [1]}}, "space", lambda name, value, where: name)
+    search, done = Search(space.points(), 1), []
+    while (point := search.next()) is not None:
+        done.append(Result(point, Rate(10.0 if point else 5.0, 0.1, 50, 3.0, 50), "steady"))
+        search.record(done[-1])
+    job = tuner.TuneJob(space, {"training_script": "t.py"}, str(tmp_path), str(tmp_path / "t.yaml"), "c", plot="t.png")
+    with pytest.raises(tuner.NotKept) as e:
+        tuner._finish(job, search, done)
+    assert str(e.value) == f"cannot draw the trials in t.png (No space left on device); the best settings are kept in " \
+                           f"{tmp_path / 't.yaml'}."
+    assert e.value.exit_code == 1 and "env" in yaml.safe_load((tmp_path / "t.yaml").read_text())

@@ -16,6 +16,7 @@ import click
 from launcher import envvars as ev
 from launcher.cli import config_file, table
 from launcher.errors import LaunchError
+from launcher.output import log_files, tune_lines
 from launcher.plan import tune_space, tune_trial
 from launcher.plan.tune_nodes import TUNE_PORT, tune_nodes
 from launcher.plan.common import check_run_options
@@ -47,14 +48,15 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
     raw_log_dir = base.get("log_dir")
     base = {name: value for name, value in base.items() if name not in OWN_OF_TRIALS}
     if plot:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise LaunchError("--plot needs matplotlib: pip install 'launcher[bench]' (or leave --plot out).")
+        _check_plot(plot)
     space = tune_space.parse(config_file.read(space_path, "space file", "--space"), f"space file {space_path}",
                              _option_checker(params, base))
     _check_points(space, base, space_path, resolve)
     log_dir = raw_log_dir or DEFAULT_LOG_DIR
+    log_files.make_log_dir(log_dir)
+    for option, path in (("--out", out or os.path.join(log_dir, "tuned.yaml")), ("--plot", plot)):
+        if path:
+            log_files.make_folder_of(path, option)
     request = _resolved(base, resolve)
     nodes = tune_nodes(request.options, request.elastic, request.nodes_expected, tune_port,
                        bool(base.get("hostfile") or base.get("hosts")))
@@ -73,6 +75,18 @@ def job_of(launch: click.Command, prog: str, space_path: str, out, resume: bool,
                           *(["--resume"] if resume else []), *(["--plot", plot] if plot else []), *args])
     return TuneJob(space, base, log_dir, out or os.path.join(log_dir, "tuned.yaml"), command, resume, plot, lead,
                    join_timeout)
+
+
+def _check_plot(path: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise LaunchError("--plot needs matplotlib: pip install 'launcher[bench]' (or leave --plot out).")
+    ending = os.path.splitext(path)[1][1:].lower()
+    formats = tune_lines.plot_formats()
+    if ending not in formats:
+        raise LaunchError(f"--plot {path}: matplotlib cannot draw to a file {'ending in .' + ending if ending else 'with no ending'}; "
+                          f"give one ending in {', '.join('.' + f for f in formats)}, say {os.path.splitext(path)[0]}.png.")
 
 
 def _base(raw: dict, params: dict, ctx: click.Context) -> dict:

@@ -68,6 +68,23 @@ def make_log_dir(log_dir: str) -> None:
         raise LaunchError(f"--log_dir {log_dir} is not a folder; choose another --log_dir.")
 
 
+def make_folder_of(path: str, option: str) -> None:
+    """The folder of a file written at the run's end (tune's --out and --plot), made now, and the file refused in one
+    sentence where it could not be written there, so that no trial runs before the user learns it."""
+    if os.path.isdir(path):
+        raise LaunchError(f"{option} {path} is a folder; give the path of a file.")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        why = "a part of its path is a file" if e.errno in (errno.ENOTDIR, errno.EEXIST) else e.strerror
+        raise LaunchError(f"{option} {path}: its folder {folder} cannot be created ({why}); give another path.") from None
+    target = path if os.path.lexists(path) else folder
+    if not os.access(target, os.W_OK):
+        raise LaunchError(f"{option} {path} cannot be written ({target}: {os.strerror(errno.EACCES)}); give another "
+                          "path.")
+
+
 def _log_problem(log_dir: str, path: str, e: OSError) -> str:
     if e.errno == errno.ENXIO:
         return f"--log_dir {log_dir}: {path} is a FIFO nobody reads, not a regular file; remove it or choose another --log_dir."

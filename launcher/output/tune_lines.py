@@ -49,6 +49,17 @@ def final_lines(standings: list, metric: str, command: str, out: str) -> list:
     return lines
 
 
+def plot_formats() -> list:
+    """The file name endings matplotlib can draw to (png, pdf, svg, ...)."""
+    import matplotlib  # there: launcher.cli.tune made sure
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
+
+
 def plot(path: str, results: list, metric: str) -> None:
     """Each trial's rate (with its spread) in the order run, failed ones marked at zero: a PNG at ``path``."""
     import matplotlib  # there: launcher.cli.tune made sure before the first trial

@@ -5,17 +5,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 from launcher.errors import LaunchError
 from launcher.output import tune_lines
 from launcher.output.console import console
-from launcher.plan import tune_trial
-from launcher.plan.tune_rate import NOTHING, Rate
+from launcher.plan import tune_history, tune_trial
+from launcher.plan.tune_rate import NOTHING
 from launcher.plan.tune_search import DEFAULTS, Result, Search
 from launcher.plan.tune_space import Space, label
 from launcher.run import tune_trial as trials
@@ -26,6 +25,12 @@ HISTORY = "tune.jsonl"
 
 
 class TrialsFailed(LaunchError):
+    exit_code = 1
+
+
+class NotKept(LaunchError):
+    """The trials ran, but their outcome could not be written (--out, --plot)."""
+
     exit_code = 1
 
 
@@ -79,8 +84,8 @@ def tune(job: TuneJob, clock: Clock = SystemClock()) -> int:
         raise
     except KeyboardInterrupt:
         over = "interrupted"
-        again = job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
-        _say(f"tune: interrupted; the {len(done)} trials measured are kept in {history_path}; resume with: {again}")
+        _say(f"tune: interrupted; the {len(done)} trials measured are kept in {history_path}; resume with: "
+             f"{_again(job)}")
         return 130
     finally:
         for sig, handler in before.items():
@@ -133,17 +138,38 @@ def _finish(job: TuneJob, search: Search, done: list) -> int:
     header = (f"launcher tune: the best of {len(done)} trials ({os.path.join(job.log_dir, HISTORY)}): {label(best.point)}, "
               f"{tune_lines.rate_text(best.rate, best.spread, job.space.metric)} over {best.trials} trial(s){ratio}\n"
               f"run it with: {command}")
-    folder = os.path.dirname(job.out)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    with open(job.out, "w") as f:
-        f.write(tune_trial.to_yaml(tune_trial.config(job.base, job.space, best.point), header))
-    for line in tune_lines.final_lines(standings, job.space.metric, command, job.out):
+    lines = tune_lines.final_lines(standings, job.space.metric, command, job.out)
+    try:
+        _write(job.out, tune_trial.to_yaml(tune_trial.config(job.base, job.space, best.point), header))
+    except OSError as e:
+        for line in lines[:-1]:
+            _say(line)
+        raise NotKept(f"cannot write the best settings to {job.out} ({e.strerror}); every trial is kept in "
+                      f"{os.path.join(job.log_dir, HISTORY)}; run {_again(job)} with another --out to write them "
+                      "without running a trial again.") from None
+    for line in lines:
         _say(line)
     if job.plot:
-        tune_lines.plot(job.plot, done, job.space.metric)
+        try:
+            tune_lines.plot(job.plot, done, job.space.metric)
+        except OSError as e:
+            raise NotKept(f"cannot draw the trials in {job.plot} ({e.strerror}); the best settings are kept in "
+                          f"{job.out}.") from None
         _say(f"tune: the trials drawn in {job.plot}")
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _again(job: TuneJob) -> str:
+    """Tune's command line with --resume, which replays the trials measured instead of running them again."""
+    return job.command if job.resume else job.command.replace(" tune ", " tune --resume ", 1)
 
 
 LIVE = object()  # the owner of the live line, which each line of the tuner ends
@@ -155,10 +181,8 @@ def _say(line: str) -> None:
 
 def _keep(path: str, number: int, result: Result) -> None:
     """The trial's result, a line of the history, written whole before the next trial starts."""
-    doc = {"trial": number, "point": [list(p) for p in result.point], "why": result.why,
-           "rate": asdict(result.rate) if result.rate is not None else None}
     with open(path, "a") as f:
-        f.write(json.dumps(doc) + "\n")
+        f.write(tune_history.line_of(number, result) + "\n")
 
 
 def _folders(log_dir: str) -> list:
@@ -171,18 +195,14 @@ def read_history(path: str) -> dict:
     """The results of the history file by point: [(trial number, Result)], in the order measured."""
     out: dict = {}
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
         return out
     except OSError as e:
         raise LaunchError(f"cannot read the tuning history {path} ({e.strerror}); check its permissions.") from None
     for line in lines:
-        try:
-            doc = json.loads(line)
-            point = tuple((str(name), value) for name, value in doc["point"])
-            rate = Rate(**doc["rate"]) if doc["rate"] is not None else None
-            out.setdefault(point, []).append((int(doc["trial"]), Result(point, rate, str(doc["why"]))))
-        except (ValueError, TypeError, KeyError):
-            continue  # a line cut short by a kill: that trial runs again
+        found = tune_history.entry(line)  # None: a line cut short by a kill, or not ours: that trial runs again
+        if found is not None:
+            out.setdefault(found[1].point, []).append(found)
     return out

@@ -1,6 +1,7 @@
 """launcher tune on real trials of a program that imports no torch (tests/integration/workers/tunable.py: its step
 time made of sleeps, so that its best settings hold on a busy machine): the known best found and its config running
-exactly those settings (fleet applying the strategy, which imports torch once), failed trials recorded and every
+exactly those settings (fleet applying the strategy, which imports torch once) and the trials drawn (--plot), best
+settings that cannot be written (--out on a full device) and --resume writing them, failed trials recorded and every
 trial of the space failing, a program that reports nothing, Ctrl-C and --resume, a process of the same name outside
 the job left alone. No test asserts a duration."""
 
@@ -22,8 +23,9 @@ def space(tmp_path, text: str) -> str:
     return str(path)
 
 
-def tune(tmp_path, text: str, *args, env=None, timeout=300):
-    return run_launcher("tune", "--space", space(tmp_path, text), "--nproc_per_node", "1", "--log_dir",
+def tune(tmp_path, text: str, *args, own=(), env=None, timeout=300):
+    """``own``: tune's own options (--out, --plot), which come before the launch's."""
+    return run_launcher("tune", "--space", space(tmp_path, text), *own, "--nproc_per_node", "1", "--log_dir",
                         tmp_path / "logs", *args, TUNABLE, env=env, timeout=timeout)
 
 
@@ -39,7 +41,7 @@ def pids_of_trial(folder) -> list:
 
 def test_the_known_best_is_found_and_its_config_runs_exactly_its_settings(tmp_path):
     done = tune(tmp_path, "metric: samples\ntrial_seconds: 20\nrepeats: 1\nknobs:\n  arg.--batch-size: [32]\n"
-                "  strategy.use_local_sgd: [false, true]\n")
+                "  strategy.use_local_sgd: [false, true]\n", own=("--plot", tmp_path / "trials.png"))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "tune: best: arg.--batch-size=32 strategy.use_local_sgd=true, " in out, out  # 4x the defaults' rate
@@ -48,6 +50,8 @@ def test_the_known_best_is_found_and_its_config_runs_exactly_its_settings(tmp_pa
     for n in range(1, 4):
         trial = tmp_path / "logs" / f"trial-{n}"
         assert (trial / "workerlog.0").exists() and (trial / "trial.yaml").exists() and (trial / "launcher.log").exists()
+    assert f"tune: the trials drawn in {tmp_path / 'trials.png'}" in out
+    assert (tmp_path / "trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     tuned = tmp_path / "logs" / "tuned.yaml"
     command = f"python -m launcher --config {tuned} {TUNABLE}"
     assert f"tune: kept in {tuned}; run it with: {command}" in out
@@ -115,6 +119,23 @@ def test_ctrl_c_stops_the_running_trial_keeps_the_history_and_resume_skips_what_
     assert "tune: trial 2: " not in resumed.stdout  # the interrupted trial's number is not taken again
     assert "tune: trial 3: env.TUNE_MODE=hang: failed: hung" in resumed.stdout
     assert "tune: best: env.TUNE_MODE=ok" in resumed.stdout
+
+
+def test_best_settings_that_cannot_be_written_say_so_and_resume_writes_them_without_a_trial(tmp_path):
+    done = tune(tmp_path, "metric: samples\ntrial_seconds: 20\nrepeats: 1\nknobs:\n  arg.--batch-size: [32]\n",
+                own=("--out", "/dev/full"))  # no space left on it
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "tune: best: arg.--batch-size=32, " in done.stdout and "tune: kept in" not in done.stdout, done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("launcher: error: cannot write the best settings to /dev/full (No space left on device); "
+                           f"every trial is kept in {tmp_path / 'logs' / 'tune.jsonl'}; run python -m launcher tune "
+                           "--resume "), last
+    again = shlex.split(last.split("; run ")[1].split(" with another --out")[0])
+    again[again.index("--out") + 1] = str(tmp_path / "tuned.yaml")
+    resumed = run_launcher(*again[3:], timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.count("(measured before)") == 2 and "tune: trial 3" not in resumed.stdout, resumed.stdout
+    assert "--batch-size" in (tmp_path / "tuned.yaml").read_text()
 
 
 def test_a_refused_space_is_one_line_and_no_trial(tmp_path):

@@ -20,11 +20,13 @@ TUNABLE = str(WORKERS / "tunable.py")
 ONE_RANK_AT_MOST = 32 / 0.04  # samples/s
 
 
-def start_node(tmp_path, node: int, port: int, space: str, job_port: int, elastic: bool = False, script=TUNABLE):
+def start_node(tmp_path, node: int, port: int, space: str, job_port: int, elastic: str = "", script=TUNABLE):
+    """``elastic``: the --nnodes of an elastic job at a c10d rendezvous (``2`` is PyTorch's own recipe, the nodes
+    ranked in the order they arrive); none: Paddle's fixed node list."""
     path = tmp_path / "space.yaml"
     path.write_text(space)
     out = open(tmp_path / f"node{node}.out", "w")
-    nodes = ["--nnodes", "2:3", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{job_port}"] if elastic else \
+    nodes = ["--nnodes", elastic, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{job_port}"] if elastic else \
         ["--cluster_node_ips", "127.0.0.1,127.0.0.2", "--started_port", job_port]
     proc = subprocess.Popen(launcher_cmd("tune", "--space", path, "--tune_port", port, "--log_dir", tmp_path / f"n{node}",
                                          *nodes, "--node_ip", f"127.0.0.{node + 1}", "--nproc_per_node", "1", script,
@@ -38,7 +40,7 @@ def said(proc) -> str:
     return proc.output.read_text()
 
 
-def both_nodes(tmp_path, space: str, elastic: bool = False, script_1=TUNABLE):
+def both_nodes(tmp_path, space: str, elastic: str = "", script_1=TUNABLE):
     port, job_port = free_port(), free_port()
     leader = start_node(tmp_path, 0, port, space, job_port, elastic)
     wait_for(lambda: "waiting for the other 1 node(s)' tuners" in said(leader) or leader.poll() is not None,
@@ -95,9 +97,10 @@ def test_a_trial_whose_part_on_another_node_fails_fails_at_once_with_that_nodes_
 
 @pytest.mark.slow
 @pytest.mark.training
-def test_an_elastic_job_of_nodes_started_on_their_own_is_tuned_the_same_way(tmp_path):
+@pytest.mark.parametrize("nnodes", ["2:3", "2"])  # 2: PyTorch's recipe (docs/tuning.md), no node rank
+def test_an_elastic_job_of_nodes_started_on_their_own_is_tuned_the_same_way(tmp_path, nnodes):
     leader, follower = both_nodes(tmp_path, "metric: samples\ntrial_seconds: 30\nrepeats: 1\nknobs:\n"
-                                            "  strategy.use_local_sgd: [true]\n", elastic=True)
+                                            "  strategy.use_local_sgd: [true]\n", elastic=nnodes)
     assert leader.wait(timeout=300) == 0, said(leader)
     assert follower.wait(timeout=120) == 0, said(follower)
     history = [json.loads(x) for x in open(tmp_path / "n0" / "tune.jsonl")]
