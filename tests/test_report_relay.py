@@ -88,18 +88,24 @@ def test_new_lines_of_a_growing_file_each_once_whole_and_a_line_too_long_skipped
 # ---------------------------------------------------------------- the host's relay thread
 
 
-def test_the_host_relays_every_line_of_its_report_log_at_its_end_behind_the_key(tmp_path, capfd):
+def test_the_host_relays_every_line_of_its_report_logs_at_its_end_behind_the_key(tmp_path, capfd, monkeypatch):
     from launcher.cli.over_ssh import Relay
 
-    path = tmp_path / "reports.node1.jsonl"
-    path.write_bytes(b"".join(report(r, s) + b"\n" for s in range(300) for r in range(2)) + b"cut sh")
-    relay = Relay(str(path), "k")
+    monkeypatch.setattr(report_log, "_WRITTEN", [])  # this test's process has written no report log before
+    (tmp_path / "reports.node0.jsonl").write_bytes(report(7, 0) + b"\n")  # another host's, in a shared folder
+    first = report_log.ReportLog(str(tmp_path), 1)  # an elastic job's node 1 in its first round...
+    first.write(b"".join(report(r, s) + b"\n" for s in range(300) for r in range(2)) + b"cut sh")
+    again = report_log.ReportLog(str(tmp_path), 2)  # ...and node 2 after it re-formed
+    again.write(report(2, 300) + b"\n")
+    report_log.ReportLog(str(tmp_path), 3, relayed=True).write(report(9, 0) + b"\n")  # a relay's, kept here
+    relay = Relay("k")
     relay.end()  # the last lines sent before the end line, whether the thread looked or not
     out = capfd.readouterr().out.encode()
     messages = [over_ssh.read_line(m + b"\n", "k") for m in out.splitlines()]
-    assert all(m is not None for m in messages) and len(messages) >= 3  # 600 lines: at most 256 a message
+    assert all(m is not None for m in messages) and len(messages) >= 3  # 601 lines: at most 256 a message
     relayed = [json.loads(x) for m in messages for x in m["reports"]]
-    assert len(relayed) == 600 and relayed[-1] == {"rank": 1, "step": 299, "t": 399.0, "scalars": {}}
+    assert len(relayed) == 601 and relayed[-2] == {"rank": 1, "step": 299, "t": 399.0, "scalars": {}}
+    assert relayed[-1]["rank"] == 2 and {r["rank"] for r in relayed} == {0, 1, 2}  # never rank 7's nor 9's
     assert not relay.thread.is_alive()
 
 
@@ -160,7 +166,7 @@ def fan_out(tmp_path, ssh=True, log_dir=None):
 def test_the_command_keeps_only_the_host_s_keyed_json_lines_under_the_node_it_knows(tmp_path, capfd):
     (tmp_path / "logs").mkdir()
     asked = fan_out(tmp_path)
-    assert asked == {"argv": ["x.py"], "reports": report_log.path_for(str(tmp_path / "logs"), 1)}
+    assert asked == {"argv": ["x.py"], "reports": True}
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["reports.node1.relayed.jsonl"]  # not node 7
     kept = (tmp_path / "logs" / "reports.node1.relayed.jsonl").read_bytes()
     assert kept == json.dumps({"rank": 3, "step": 9, "t": 1.0}).encode() + b"\n"

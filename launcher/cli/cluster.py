@@ -74,7 +74,7 @@ def run(ctx: click.Context, values: Mapping, argv: Sequence[str]) -> int:
         names, counts, base = [p.address for p in placed], [p.workers for p in placed], _passed_on(argv)
         runs = {p.node: over_ssh.host_options(names, p.node, counts, p.gpus, start, request.elastic is not None,
                                               given("rdzv_endpoint")) + base for p in placed}
-        sig = fan.run(runs, opts.shutdown_timeout, _report_dir(opts, request.elastic is not None), config)
+        sig = fan.run(runs, opts.shutdown_timeout, _report_dir(opts), config)
         return 128 + sig if sig is not None else _outcome(fan.remotes)
     finally:
         fan.close()
@@ -89,10 +89,10 @@ def _remotes(hosts, reach: over_ssh.Reach) -> list:
                    f"[{h.name}] ".encode(), ssh=h.name not in local) for i, h in enumerate(hosts)]
 
 
-def _report_dir(opts, elastic: bool) -> Optional[str]:
-    """Where the hosts' reports are relayed to (--report_log's log dir): in a fixed job only, whose hosts' node
-    numbers are the hostfile's (an elastic job's follow its rounds)."""
-    return opts.log_dir if opts.report_log and opts.log_dir and not elastic else None
+def _report_dir(opts) -> Optional[str]:
+    """Where the hosts' reports are relayed to (--report_log's log dir), each host's in a file named by its place in
+    the hostfile (a fixed job's node; an elastic job's node numbers follow its rounds)."""
+    return opts.log_dir if opts.report_log and opts.log_dir else None
 
 
 def _probe(opts, values: Mapping, hosts, starts, key: str) -> dict:

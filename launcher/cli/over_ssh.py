@@ -2,8 +2,9 @@
 session runs in the command's working directory): it answers the check with this host's facts, then runs the job the
 command sends, a node of an ordinary job, with the command's environment, and ends with the job's exit code and root
 cause. Its stdin is its lifeline (``launcher.run.lifeline``): a stop, its end or its silence stops the workers. With
---report_log, the command may ask for the report log's new lines (the run's ``reports``): a thread relays them every
-``RELAY_EVERY`` seconds, and the last ones before the end.
+--report_log, the command may ask for the report logs' new lines (the run's ``reports``): a thread relays those of
+every report log this host's launcher writes (``launcher.output.report_log.OwnLines``) every ``RELAY_EVERY`` seconds,
+and the last ones before the end.
 
 The environment (taken before this module was imported: ``launcher.plan.over_ssh.remote_command``) and the command
 line arrive on stdin, so that neither is on any process's command line; the lifeline is moved off descriptor 0
@@ -44,8 +45,7 @@ def main() -> None:
     causes = []
     from launcher.cli.main import run_command
 
-    reports = request["run"].get("reports")
-    relay = Relay(reports, key) if isinstance(reports, str) else None
+    relay = Relay(key) if request["run"].get("reports") is True else None
     with _config_file(request["run"].get("config")) as config:
         code = run_command([*config, *request["run"]["argv"]], on_end=lambda _, cause: causes.append(cause),
                            a_host=True)
@@ -109,13 +109,13 @@ def _is_run(run) -> bool:
 
 
 class Relay:
-    """The new lines of the report log at ``path``, sent to the command every RELAY_EVERY seconds from a thread of
-    its own (the console's writes are whole: never inside a worker's line), behind the session's ``key``."""
+    """The new lines of this host's report logs, sent to the command every RELAY_EVERY seconds from a thread of its
+    own (the console's writes are whole: never inside a worker's line), behind the session's ``key``."""
 
-    def __init__(self, path: str, key: str) -> None:
-        from launcher.output.report_log import NewLines
+    def __init__(self, key: str) -> None:
+        from launcher.output.report_log import OwnLines
 
-        self.lines = NewLines(path, longest=report_lines.LONGEST, most=4 * report_lines.MOST_BYTES)
+        self.lines = OwnLines(longest=report_lines.LONGEST, most=4 * report_lines.MOST_BYTES)
         self.key = key
         self.ended = threading.Event()
         self.thread = threading.Thread(target=self._relay, name="report relay", daemon=True)

@@ -5,9 +5,11 @@ a rate read from two lines is the worker's, whenever the launcher looked). What 
 rate from. Keeping it never fails the job: a write that fails is one warning, then no more writes.
 
 Under ``--hostfile``, each host's lines are also relayed to the command's machine (``launcher.run.over_ssh``), which
-keeps them in ``LOG_DIR/reports.nodeN.relayed.jsonl``: a name of its own, as on a shared file system the host's own
-file is in that folder too, and two writers never share one file. ``NewLines`` reads a growing file's lines (the
-tuner, the relay)."""
+keeps them in ``LOG_DIR/reports.nodeN.relayed.jsonl`` (N: the host's place in the hostfile, its node in a fixed
+job): a name of its own, as on a shared file system the host's own file is in that folder too, and two writers never
+share one file. The host relays the report logs its own launcher wrote (``OwnLines``: in an elastic job, one for each
+node number its rounds gave it), never another host's in a shared folder. ``NewLines`` reads a growing file's lines
+(the tuner, the relay)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from launcher.output.state_file import is_node_file
 from launcher.plan import report_lines
 
 EVERY = 0.1  # seconds between two lines of one worker
+_WRITTEN: list = []  # the paths of the report logs (never a relayed one) this process has written, in order
 PREFIX, SUFFIX, RELAYED_SUFFIX = "reports.node", ".jsonl", ".relayed.jsonl"
 
 
@@ -43,6 +46,7 @@ def node_of(name: str) -> Optional[int]:
 class ReportLog:
     def __init__(self, log_dir: str, node: int, relayed: bool = False, world: Optional[int] = None) -> None:
         self.path = path_for(log_dir, node, relayed)
+        self.relayed = relayed
         self.world = world  # the job's world size, in each line: a reader knows how many ranks to wait for
         self.written: dict = {}  # rank -> when its last line was written (the launcher's monotonic clock)
         self.pending: dict = {}  # rank -> its last report not written yet
@@ -70,6 +74,8 @@ class ReportLog:
         try:
             if self.fd is None:
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                if not self.relayed and self.path not in _WRITTEN:
+                    _WRITTEN.append(self.path)
             os.write(self.fd, lines)
         except OSError as e:
             self.failed = True
@@ -111,6 +117,25 @@ class NewLines:
             self.skipping = True
         self.rest = b"" if self.skipping else rest
         return [line for line in lines if self.longest is None or len(line) <= self.longest]
+
+
+class OwnLines:
+    """The new lines of every report log this process has written (its launcher's node's; in an elastic job, one for
+    each node number its rounds gave it), each file read as it grows (``NewLines``, with its bounds)."""
+
+    def __init__(self, longest: Optional[int] = None, most: int = -1) -> None:
+        self.longest, self.most = longest, most
+        self.files: dict = {}  # path -> NewLines
+
+    def read(self) -> list:
+        for path in tuple(_WRITTEN):
+            self.files.setdefault(path, NewLines(path, self.longest, self.most))
+        return [line for lines in self.files.values() for line in lines.read()]
+
+    @property
+    def offset(self) -> tuple:
+        """Where each file was read up to: the same after a look that found nothing new."""
+        return tuple(lines.offset for lines in self.files.values())
 
 
 class FolderLines:

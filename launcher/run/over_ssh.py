@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.output.console import console
-from launcher.output.report_log import ReportLog, path_for
+from launcher.output.report_log import ReportLog
 from launcher.plan import over_ssh
 from launcher.run.signals import SignalIntake
 
@@ -112,7 +112,7 @@ class FanOut:
             run = {"argv": runs[remote.node], **({"config": config} if config is not None else {})}
             if report_dir is not None and remote.ssh:
                 remote.relayed = ReportLog(report_dir, remote.node, relayed=True)
-                run["reports"] = path_for(report_dir, remote.node)  # the host's own, in the same working directory
+                run["reports"] = True  # the host's own report logs' lines
             self._send(remote, over_ssh.line(run=run))
         stop_by: Optional[float] = None
         told = 0

@@ -279,12 +279,13 @@ def test_the_hosts_and_ssh_options_may_come_from_the_config_file_which_each_host
 
 @pytest.mark.slow
 @pytest.mark.training
-def test_tune_over_ssh_measures_each_trial_on_every_host(job, tmp_path):
+@pytest.mark.parametrize("nodes", [(), ("--nnodes", "2:2")], ids=["fixed", "elastic"])
+def test_tune_over_ssh_measures_each_trial_on_every_host(job, tmp_path, nodes):
     tunable = REPO / "tests" / "integration" / "workers" / "tunable.py"  # 0.04 s a step: 25 steps/s a rank at most
     (tmp_path / "space.yaml").write_text("metric: samples\ntrial_seconds: 15\nrepeats: 1\nknobs:\n"
                                          "  arg.--batch-size: [8, 32]\n")
     command = [sys.executable, "-m", "launcher", "tune", "--space", "space.yaml", "--hostfile",
-               job.hostfile("\n".join(HOSTS[:2])), *job.command("--nproc_per_node", "1", "--log_dir", "logs",
+               job.hostfile("\n".join(HOSTS[:2])), *job.command("--nproc_per_node", "1", "--log_dir", "logs", *nodes,
                                                                   script=str(tunable))[3:]]
     done = subprocess.run(command, cwd=tmp_path, env=job.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
