@@ -43,6 +43,9 @@ WORKER = textwrap.dedent("""\
     print("WORKER " + json.dumps(seen), flush=True)
     if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
         sys.exit(7)
+    deadline = time.monotonic() + 120
+    while os.environ.get("GO") and not os.path.exists(os.environ["GO"]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the test says go (within a bound)
     if os.environ.get("SLEEP"):
         open(f"{os.environ['MARKS']}/{os.getpid()}", "w").close()
         time.sleep(float(os.environ["SLEEP"]))
@@ -305,9 +308,24 @@ def test_tune_over_ssh_measures_each_trial_on_every_host(job, tmp_path, nodes):
 
 
 def test_an_elastic_job_over_ssh_forms_from_its_hosts_and_those_past_max_wait_as_spares(job):
-    result = job.run("--nproc_per_node", "1", "--nnodes", "1:2", hostfile=job.hostfile("\n".join(HOSTS)))
+    go = job.folder / "go"  # the workers wait for it: the job cannot end before the third host has come
+    out, err = job.folder / "out.txt", job.folder / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        head = subprocess.Popen(job.command("--nproc_per_node", "1", "--nnodes", "1:2",
+                                            hostfile=job.hostfile("\n".join(HOSTS))),
+                                cwd=job.folder, env={**job.env, "GO": str(go)}, stdout=stdout, stderr=stderr)
+    try:
+        wait_for(lambda: "waits as a standby" in err.read_text() or head.poll() is not None,
+                 "a host past the job's 2 waiting as a standby", bound=120)
+    finally:
+        go.touch()
+        try:
+            head.wait(timeout=120)
+        finally:
+            head.kill()  # nothing when it has ended
+    result = subprocess.CompletedProcess(head.args, head.returncode, out.read_text(), err.read_text())
     assert result.returncode == 0, result.stderr
     assert "by round" in result.stderr  # ranks follow each round, not the hostfile
     seen = workers_seen(result.stdout + result.stderr)  # a round of one node may come first on a busy machine
-    assert {w["RANK"] for w in seen} == {"0", "1"} and seen[-1]["WORLD_SIZE"] == "2"
-    assert "waits as a standby" in result.stderr and "the job ended without this launcher" in result.stderr
+    assert {w["RANK"] for w in seen} == {"0", "1"} and seen[-1]["WORLD_SIZE"] == "2", result.stderr
+    assert "waits as a standby" in result.stderr and "the job ended without this launcher" in result.stderr, result.stderr
