@@ -7,7 +7,7 @@ from etcd_servers import etcd  # noqa: F401 - the fixture (of inprocess_job.job'
 from inprocess_job import Job, check_ended_well, check_went_on, job, pids_in  # noqa: F401 - job: the fixture
 from test_elastic import family, power_off, stop_all
 
-pytestmark = [pytest.mark.real_torch, pytest.mark.training]  # CI runs them after the quick loop
+pytestmark = pytest.mark.real_torch
 
 
 def test_a_joiner_gets_the_survivors_parameters_bit_for_bit(job):
