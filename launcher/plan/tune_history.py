@@ -1,7 +1,7 @@
 """A line of ``launcher tune``'s history (LOG_DIR/tune.jsonl), written and read back, pure. ``--resume`` reads the
 file, which anything may have written or cut short: a line is the trial's result only when every field has its type
-(a finite rate, counts that are whole numbers, a point of knob names and plain values); any other line, however it
-is broken, is skipped and its trial runs again. Reading never raises."""
+(a finite rate, counts that are whole numbers, a point as ``tune_space.point_of`` reads one); any other line, however
+it is broken, is skipped and its trial runs again. Reading never raises."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import math
 from dataclasses import asdict, fields
 from typing import Optional
 
+from launcher.plan import tune_space
 from launcher.plan.tune_rate import Rate
 from launcher.plan.tune_search import Result
 
 MAX_LINE = 1 << 16  # characters: a result is a few hundred; a longer line is not one of ours
 MAX_TRIAL = 1 << 31
-PLAIN = (str, int, float, bool, type(None))  # a knob's value, as the space's YAML gives it
 _COUNTS = ("steps", "lines")
 
 
@@ -39,23 +39,10 @@ def entry(line: str) -> Optional[tuple]:
     if not _whole(number) or not 1 <= number <= MAX_TRIAL or not isinstance(why, str):
         return None
     kept = _rate(rate) if rate is not None else None
-    point = _point(point)
+    point = tune_space.point_of(point)
     if point is None or (rate is not None and kept is None):
         return None
     return number, Result(point, kept, why)
-
-
-def _point(doc) -> Optional[tuple]:
-    if not isinstance(doc, list):
-        return None
-    pairs = []
-    for pair in doc:
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], PLAIN)):
-            return None
-        if isinstance(pair[1], float) and not math.isfinite(pair[1]):
-            return None
-        pairs.append(tuple(pair))
-    return tuple(pairs)
 
 
 def _rate(doc) -> Optional[Rate]:

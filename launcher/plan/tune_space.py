@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from launcher.errors import LaunchError
 from launcher.plan import strategy_fields
@@ -48,6 +48,17 @@ class Space:
 
 
 CheckOption = Callable[[str, object, str], str]  # (name, value, where) -> the option's name; LaunchError if refused
+
+
+def point_of(value) -> Optional[tuple]:
+    """A point read back from JSON (the tune link, the history): a list of [knob name, value], each value one a space
+    may list (text, a finite number, true/false); None otherwise."""
+    if not isinstance(value, list):
+        return None
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], SCALARS)
+               and not (isinstance(p[1], float) and not math.isfinite(p[1])) for p in value):
+        return None
+    return tuple((name, v) for name, v in value)
 
 
 def parse(data, where: str, check_option: CheckOption) -> Space:

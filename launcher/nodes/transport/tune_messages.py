@@ -9,19 +9,14 @@ from typing import Optional
 
 from launcher.nodes.transport.values import Message
 from launcher.plan.report_lines import MOST_LINES
+from launcher.plan.tune_space import point_of
 
 MAX_KNOBS = 64  # knobs a trial's point carries at most
-SCALARS = (str, int, float, bool)
 
 
 def as_point(value) -> Optional[tuple]:
-    """A point off the wire: a list of [knob name, value], each value text, a number or true/false; None otherwise."""
-    if not isinstance(value, list) or len(value) > MAX_KNOBS:
-        return None
-    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], SCALARS)
-               for p in value):
-        return None
-    return tuple((name, v) for name, v in value)
+    """A point off the wire (``tune_space.point_of``) of at most MAX_KNOBS knobs; None otherwise."""
+    return point_of(value) if isinstance(value, list) and len(value) <= MAX_KNOBS else None
 
 
 def as_lines(value) -> Optional[list]:
