@@ -85,8 +85,9 @@ def _check_plot(path: str) -> None:
     ending = os.path.splitext(path)[1][1:].lower()
     formats = tune_lines.plot_formats()
     if ending not in formats:
-        raise LaunchError(f"--plot {path}: matplotlib cannot draw to a file {'ending in .' + ending if ending else 'with no ending'}; "
-                          f"give one ending in {', '.join('.' + f for f in formats)}, say {os.path.splitext(path)[0]}.png.")
+        this = f"ending in .{ending}" if ending else "with no ending"
+        raise LaunchError(f"--plot {path}: matplotlib cannot draw to a file {this}; give one ending in "
+                          f"{', '.join('.' + f for f in formats)}, say {os.path.splitext(path)[0]}.png.")
 
 
 def _base(raw: dict, params: dict, ctx: click.Context) -> dict:
